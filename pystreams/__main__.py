@@ -1,0 +1,5 @@
+import sys
+
+from pystreams.cli import main
+
+sys.exit(main())

@@ -1,0 +1,53 @@
+"""The Kafka API messages pystreams speaks, as kafka-python 3 ApiMessage classes.
+
+The KIP-848 APIs are generated from the JSON specs in ``schemas/`` (the one source of truth for
+their shape, as Apache Kafka generates its ``*Data`` classes); the APIs Kafka already has are
+kafka-python's own classes, so standard tooling and pystreams agree byte for byte.
+"""
+from __future__ import annotations
+
+from kafka.protocol.admin.configs import (
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
+)
+from kafka.protocol.admin.groups import (
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+)
+from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.consumer.group import (
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
+from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
+from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+
+from pystreams.protocol import schemas as _schemas
+
+
+class ConsumerGroupHeartbeatRequest(ApiMessage, load_json=_schemas): pass
+class ConsumerGroupHeartbeatResponse(ApiMessage, load_json=_schemas): pass
+class ConsumerGroupDescribeRequest(ApiMessage, load_json=_schemas): pass
+class ConsumerGroupDescribeResponse(ApiMessage, load_json=_schemas): pass
+class ConsumerGroupPrepareAssignmentRequest(ApiMessage, load_json=_schemas): pass
+class ConsumerGroupPrepareAssignmentResponse(ApiMessage, load_json=_schemas): pass
+class ConsumerGroupInstallAssignmentRequest(ApiMessage, load_json=_schemas): pass
+class ConsumerGroupInstallAssignmentResponse(ApiMessage, load_json=_schemas): pass
+
+
+__all__ = [name for name in dir() if name.endswith(("Request", "Response")) and not name.startswith("_")]
