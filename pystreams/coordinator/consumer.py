@@ -1,0 +1,739 @@
+"""KIP-848 consumer groups: ConsumerGroupHeartbeat, Prepare/InstallAssignment and Describe.
+
+Handlers validate, then *generate* records; ``emit`` replays each record on the spot, so the
+state a handler reads after emitting is exactly what a shard replaying the log would have.
+Timers (session, revocation, client-side computation) are runtime state, re-armed on load.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from uuid import UUID
+
+import kafka.errors as Errors
+
+from pystreams import partitions as tp
+from pystreams.assignors.api import (
+    AssignmentSpec,
+    AssignorMetadata,
+    MemberSpec,
+    PartitionAssignorError,
+    TopicMetadata,
+)
+from pystreams.coordinator import records as r
+from pystreams.coordinator.consumer_group import (
+    LEAVE_EPOCH,
+    LEAVE_STATIC_EPOCH,
+    ConsumerGroup,
+    ConsumerMember,
+    GroupState,
+    to_record_partitions,
+)
+from pystreams.coordinator.reconciliation import MemberAssignmentState, reconcile
+from pystreams.coordinator.subscriptions import InvalidRegex, subscribed_names, subscribed_topic_ids, validate_regex
+from pystreams.protocol import messages as m
+from pystreams.protocol.errors import InvalidAssignmentError
+
+HeartbeatRequest = m.ConsumerGroupHeartbeatRequest
+HeartbeatResponse = m.ConsumerGroupHeartbeatResponse
+
+
+class RequestError(Exception):
+    """A request is refused with a Kafka error code and a message saying why."""
+
+    def __init__(self, error: type[Errors.BrokerResponseError], message: str) -> None:
+        super().__init__(message)
+        self.code = error.errno
+        self.message = message
+
+
+@dataclass
+class ClientComputation:
+    """The one client-side assignment computation a group may have in flight (not persisted)."""
+
+    member_id: str
+    assignor: str
+    notified: bool = False
+    prepared_epoch: int | None = None
+    prepared_members: dict[str, frozenset[UUID]] = field(default_factory=dict)
+    prepared_topics: dict[UUID, TopicMetadata] = field(default_factory=dict)
+    tried: set[str] = field(default_factory=set)
+
+
+def session_key(group_id: str, member_id: str) -> tuple:
+    return ("session", group_id, member_id)
+
+
+def revocation_key(group_id: str, member_id: str) -> tuple:
+    return ("revocation", group_id, member_id)
+
+
+def computation_key(group_id: str) -> tuple:
+    return ("computation", group_id)
+
+
+def empty_group_key(group_id: str) -> tuple:
+    return ("empty", group_id)
+
+
+def validate_heartbeat(request: HeartbeatRequest, server_assignors: tuple[str, ...]) -> None:
+    """KIP-848 "Request Validation" of ConsumerGroupHeartbeat."""
+    invalid = Errors.InvalidRequestError
+    epoch = request.member_epoch
+    if not request.group_id:
+        raise RequestError(invalid, "GroupId must be non-empty.")
+    if epoch < LEAVE_STATIC_EPOCH:
+        raise RequestError(invalid, f"MemberEpoch must be >= -1 (or -2 for a static member's temporary leave), got {epoch}.")
+    if epoch != 0 and not request.member_id:
+        raise RequestError(invalid, "MemberId must be non-empty.")
+    if request.instance_id is not None and not request.instance_id:
+        raise RequestError(invalid, "InstanceId, if provided, must be non-empty.")
+    if epoch == LEAVE_STATIC_EPOCH and request.instance_id is None:
+        raise RequestError(invalid, "MemberEpoch -2 (temporary leave) requires the member's InstanceId.")
+    if epoch == 0:
+        if request.rebalance_timeout_ms <= 0:
+            raise RequestError(invalid, "RebalanceTimeoutMs must be larger than zero in the first heartbeat request.")
+        if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
+            raise RequestError(invalid, "SubscribedTopicNames or SubscribedTopicRegex must be set in the first heartbeat request.")
+    if request.subscribed_topic_regex is not None:
+        try:
+            validate_regex(request.subscribed_topic_regex)
+        except InvalidRegex as exc:
+            raise RequestError(invalid, str(exc)) from None
+    if request.server_assignor is not None and request.client_assignors is not None:
+        raise RequestError(invalid, "ServerAssignor and ClientAssignors cannot be used together.")
+    for assignor in request.client_assignors or ():
+        if not assignor.name:
+            raise RequestError(invalid, "Assignor.Name must be non-empty.")
+        if assignor.minimum_version < -1:
+            raise RequestError(invalid, f"Assignor {assignor.name}: MinimumVersion must be >= -1.")
+        if assignor.maximum_version < 0 or assignor.maximum_version < assignor.minimum_version:
+            raise RequestError(invalid, f"Assignor {assignor.name}: MaximumVersion must be >= 0 and >= MinimumVersion.")
+        if not assignor.minimum_version <= assignor.metadata_version <= assignor.maximum_version:
+            raise RequestError(invalid, f"Assignor {assignor.name}: MetadataVersion must lie within [MinimumVersion, MaximumVersion].")
+    if request.server_assignor is not None and request.server_assignor not in server_assignors:
+        raise RequestError(
+            Errors.UnsupportedAssignorError,
+            f"ServerAssignor {request.server_assignor!r} is not supported; this coordinator offers {', '.join(server_assignors)}.",
+        )
+
+
+class ConsumerGroupHandlers:
+    """Mixed into the shard: the consumer group type's request handling.
+
+    Expects from the shard: ``config``, ``assignors`` (name -> ServerAssignor), ``topics``
+    (name -> TopicMetadata), ``timers``, ``groups``, ``computations``, ``emit(record)``,
+    ``new_member_id()``, ``group_config_value(group_id, name)``.
+    """
+
+    # --- ConsumerGroupHeartbeat -------------------------------------------------------------
+
+    def consumer_group_heartbeat(self, request: HeartbeatRequest, now_ms: int) -> HeartbeatResponse:
+        try:
+            validate_heartbeat(request, self.config.assignors)
+            group = self.groups.get(request.group_id)
+            if group is not None and group.group_type != "consumer":
+                raise RequestError(Errors.InconsistentGroupProtocolError, f"Group {request.group_id} is not a consumer group.")
+            if request.member_epoch in (LEAVE_EPOCH, LEAVE_STATIC_EPOCH):
+                return self._leave(group, request, now_ms)
+            if request.member_epoch == 0:
+                group, member, is_new = self._join(group, request, now_ms)
+            else:
+                group, member = self._existing_member(group, request, now_ms)
+                is_new = False
+            return self._update_and_reconcile(group, member, request, is_new, now_ms)
+        except RequestError as exc:
+            return HeartbeatResponse(error_code=exc.code, error_message=exc.message, member_epoch=-1, heartbeat_interval_ms=0)
+
+    def _join(self, group: ConsumerGroup | None, request, now_ms: int) -> tuple[ConsumerGroup, ConsumerMember, bool]:
+        if group is None:
+            if self.config.max_group_size < 1:
+                raise RequestError(Errors.GroupMaxSizeReachedError, "The coordinator's group.consumer.max.size is 0.")
+            group = self.create_group(request.group_id, now_ms)
+        if request.instance_id is not None:
+            holder_id = group.static_members.get(request.instance_id)
+            if holder_id is not None:
+                holder = group.members[holder_id]
+                if holder.member_epoch == LEAVE_STATIC_EPOCH:
+                    return group, self._replace_static_member(group, holder, request), False
+                if holder_id != request.member_id:
+                    raise RequestError(
+                        Errors.UnreleasedInstanceIdError,
+                        f"Instance id {request.instance_id} is still used by member {holder_id}; it must leave first.",
+                    )
+        member_id = request.member_id or self.new_member_id()
+        member = group.members.get(member_id)
+        if member is not None:
+            return group, member, False  # rejoin after losing everything: keep the member (as Kafka)
+        if len(group.members) >= self.config.max_group_size:
+            raise RequestError(
+                Errors.GroupMaxSizeReachedError,
+                f"Group {group.group_id} already has the maximum of {self.config.max_group_size} members.",
+            )
+        return group, ConsumerMember(member_id=member_id), True
+
+    def _replace_static_member(self, group: ConsumerGroup, old: ConsumerMember, request) -> ConsumerMember:
+        """A static member is back: its new incarnation takes the old one's assignment, no bump."""
+        new_id = request.member_id or self.new_member_id()
+        new = ConsumerMember(
+            member_id=new_id,
+            client_id=old.client_id,
+            client_host=old.client_host,
+            rebalance_timeout_ms=old.rebalance_timeout_ms,
+            subscribed_topic_names=old.subscribed_topic_names,
+            subscribed_topic_regex=old.subscribed_topic_regex,
+            instance_id=old.instance_id,
+            rack_id=old.rack_id,
+            server_assignor=old.server_assignor,
+            assignors=old.assignors,
+        )
+        target = group.targets.get(old.member_id)
+        assignment = old.assignment_value()
+        self._cancel_member_timers(group.group_id, old.member_id)
+        self._emit_member_tombstones(group, old.member_id)
+        self.emit(r.Record(r.MemberMetadataKey(group.group_id, new_id), new.metadata_value(group.group_epoch)))
+        if target is not None:
+            self.emit(
+                r.Record(
+                    r.TargetAssignmentMemberKey(group.group_id, new_id),
+                    r.TargetAssignmentMemberValue(to_record_partitions(target.partitions), target.metadata_version, target.metadata),
+                )
+            )
+        # The epoch it held before leaving; the member reconciles from there like any other.
+        restored = r.CurrentAssignmentValue(
+            member_epoch=assignment.previous_member_epoch,
+            previous_member_epoch=assignment.previous_member_epoch,
+            assigned=assignment.assigned,
+            error=assignment.error,
+            metadata_version=assignment.metadata_version,
+            metadata=assignment.metadata,
+        )
+        self.emit(r.Record(r.CurrentAssignmentKey(group.group_id, new_id), restored))
+        return group.members[new_id]
+
+    def _existing_member(self, group: ConsumerGroup | None, request, now_ms: int) -> tuple[ConsumerGroup, ConsumerMember]:
+        member = group.members.get(request.member_id) if group is not None else None
+        if member is None:
+            raise RequestError(Errors.UnknownMemberIdError, f"Member {request.member_id} is not a member of group {request.group_id}.")
+        if request.member_epoch == member.member_epoch:
+            return group, member
+        owned = tp.from_topic_partitions(request.topic_partitions) if request.topic_partitions is not None else None
+        if (
+            request.member_epoch == member.previous_member_epoch
+            and owned is not None
+            and tp.is_subset(owned, member.assigned)
+        ):
+            # The response that moved the member to its epoch was lost; it is safe to resend it.
+            return group, member
+        expected = member.member_epoch
+        self.remove_member(group, member, now_ms)
+        raise RequestError(
+            Errors.FencedMemberEpochError,
+            f"Member {request.member_id} sent epoch {request.member_epoch} but its epoch is {expected}; "
+            "it was removed from the group and must rejoin with epoch 0.",
+        )
+
+    def _leave(self, group: ConsumerGroup | None, request, now_ms: int) -> HeartbeatResponse:
+        member = group.members.get(request.member_id) if group is not None else None
+        if member is None:
+            raise RequestError(Errors.UnknownMemberIdError, f"Member {request.member_id} is not a member of group {request.group_id}.")
+        if request.member_epoch == LEAVE_EPOCH or member.instance_id is None:
+            self.remove_member(group, member, now_ms)
+            return HeartbeatResponse(member_id=member.member_id, member_epoch=LEAVE_EPOCH, heartbeat_interval_ms=0)
+        # Temporary leave of a static member: keep its assignment for the session timeout; what it
+        # was still revoking is released, since it stopped processing everything.
+        away = r.CurrentAssignmentValue(
+            member_epoch=LEAVE_STATIC_EPOCH,
+            previous_member_epoch=member.member_epoch,
+            assigned=to_record_partitions(member.assigned),
+            error=member.error,
+            metadata_version=member.metadata_version,
+            metadata=member.metadata,
+        )
+        self.emit(r.Record(r.CurrentAssignmentKey(group.group_id, member.member_id), away))
+        self.timers.cancel(revocation_key(group.group_id, member.member_id))
+        self.timers.schedule(session_key(group.group_id, member.member_id), now_ms + self.session_timeout_ms(group.group_id))
+        self._maybe_restart_computation(group, member.member_id, now_ms)
+        return HeartbeatResponse(member_id=member.member_id, member_epoch=LEAVE_STATIC_EPOCH, heartbeat_interval_ms=0)
+
+    def _update_and_reconcile(self, group: ConsumerGroup, member: ConsumerMember, request, is_new: bool, now_ms: int) -> HeartbeatResponse:
+        updated, bump = _apply_request_fields(member, request, self.context)
+        self._check_assignor_versions(group, updated)
+        bump = bump or is_new
+        if is_new or updated != member:
+            self.emit(r.Record(r.MemberMetadataKey(group.group_id, updated.member_id), updated.metadata_value(group.group_epoch)))
+            member = group.members[updated.member_id]
+        if bump:
+            self._refresh_subscription_metadata(group)
+            self.bump_group_epoch(group)
+        self.timers.cancel(empty_group_key(group.group_id))
+        self.maybe_compute_target(group, now_ms)
+
+        owned = tp.from_topic_partitions(request.topic_partitions) if request.topic_partitions is not None else None
+        if request.member_epoch == 0:
+            owned = owned or {}
+        changed = self._reconcile_member(group, member, owned, now_ms)
+        self.timers.schedule(session_key(group.group_id, member.member_id), now_ms + self.session_timeout_ms(group.group_id))
+
+        computation = self.computations.get(group.group_id)
+        should_compute = computation is not None and computation.member_id == member.member_id and computation.prepared_epoch is None
+        if should_compute and not computation.notified:
+            computation.notified = True
+            # The member has its rebalance timeout to deliver, counted from this notification.
+            self.timers.schedule(computation_key(group.group_id), now_ms + member.rebalance_timeout_ms)
+
+        include_assignment = (
+            request.member_epoch == 0
+            or changed
+            or (owned is not None and dict(owned) != dict(member.assigned))
+            or not group.is_reconciled(member)
+        )
+        return HeartbeatResponse(
+            member_id=member.member_id,
+            member_epoch=member.member_epoch,
+            heartbeat_interval_ms=self.heartbeat_interval_ms(group.group_id),
+            should_compute_assignment=should_compute,
+            assignment=self._assignment_for(group, member) if include_assignment else None,
+        )
+
+    def _assignment_for(self, group: ConsumerGroup, member: ConsumerMember):
+        pending = tp.difference(group.target_of(member.member_id), member.assigned) if not member.revoking else {}
+        return HeartbeatResponse.Assignment(
+            error=member.error,
+            assigned_topic_partitions=tp.to_topic_partitions(member.assigned, HeartbeatResponse.Assignment.TopicPartitions),
+            pending_topic_partitions=tp.to_topic_partitions(pending, HeartbeatResponse.Assignment.TopicPartitions),
+            metadata_version=member.metadata_version,
+            metadata_bytes=member.metadata,
+        )
+
+    def _check_assignor_versions(self, group: ConsumerGroup, member: ConsumerMember) -> None:
+        """UNSUPPORTED_ASSIGNOR when a client assignor's version range overlaps no one else's."""
+        for assignor in member.assignors:
+            for other in group.members.values():
+                if other.member_id == member.member_id:
+                    continue
+                theirs = other.assignor(assignor.name)
+                if theirs is not None and (
+                    assignor.maximum_version < theirs.minimum_version or theirs.maximum_version < assignor.minimum_version
+                ):
+                    raise RequestError(
+                        Errors.UnsupportedAssignorError,
+                        f"Assignor {assignor.name} versions [{assignor.minimum_version}, {assignor.maximum_version}] do not overlap "
+                        f"member {other.member_id}'s [{theirs.minimum_version}, {theirs.maximum_version}].",
+                    )
+
+    def _reconcile_member(self, group: ConsumerGroup, member: ConsumerMember, owned, now_ms: int) -> bool:
+        """Moves the member toward its target; emits its new current assignment. True if it changed."""
+        if member.member_epoch == LEAVE_STATIC_EPOCH:
+            return False
+        current = MemberAssignmentState(member.member_epoch, member.previous_member_epoch, member.assigned, member.revoking)
+        target = group.target_of(member.member_id)
+        nxt = reconcile(current, group.assignment_epoch, target, owned, lambda t, p: group.is_free_for(member.member_id, t, p))
+        if nxt is current:
+            return False
+        meta = group.targets.get(member.member_id)
+        at_target = nxt.member_epoch == group.assignment_epoch
+        value = r.CurrentAssignmentValue(
+            member_epoch=nxt.member_epoch,
+            previous_member_epoch=nxt.previous_member_epoch,
+            assigned=to_record_partitions(nxt.assigned),
+            revoking=to_record_partitions(nxt.revoking),
+            error=group.assignment_error if at_target else member.error,
+            metadata_version=(meta.metadata_version if meta else 0) if at_target else member.metadata_version,
+            metadata=(meta.metadata if meta else b"") if at_target else member.metadata,
+        )
+        if value == member.assignment_value():
+            return False
+        self.emit(r.Record(r.CurrentAssignmentKey(group.group_id, member.member_id), value))
+        key = revocation_key(group.group_id, member.member_id)
+        if nxt.revoking and not current.revoking:
+            self.timers.schedule(key, now_ms + member.rebalance_timeout_ms)
+        elif not nxt.revoking:
+            self.timers.cancel(key)
+        return True
+
+    # --- membership changes ------------------------------------------------------------------
+
+    def bump_group_epoch(self, group: ConsumerGroup) -> None:
+        self.emit(r.Record(r.GroupMetadataKey(group.group_id), r.GroupMetadataValue(group.group_epoch + 1)))
+
+    def _emit_member_tombstones(self, group: ConsumerGroup, member_id: str) -> None:
+        self.emit(r.Record(r.CurrentAssignmentKey(group.group_id, member_id), None))
+        if member_id in group.targets:
+            self.emit(r.Record(r.TargetAssignmentMemberKey(group.group_id, member_id), None))
+        self.emit(r.Record(r.MemberMetadataKey(group.group_id, member_id), None))
+
+    def _cancel_member_timers(self, group_id: str, member_id: str) -> None:
+        self.timers.cancel(session_key(group_id, member_id))
+        self.timers.cancel(revocation_key(group_id, member_id))
+
+    def remove_member(self, group: ConsumerGroup, member: ConsumerMember, now_ms: int) -> None:
+        """Fenced, expired or left: tombstones, a new group epoch, a new target."""
+        self._cancel_member_timers(group.group_id, member.member_id)
+        self._emit_member_tombstones(group, member.member_id)
+        self._refresh_subscription_metadata(group)
+        self.bump_group_epoch(group)
+        self._maybe_restart_computation(group, member.member_id, now_ms)
+        self.maybe_compute_target(group, now_ms)
+        if not group.members:
+            self.timers.schedule(empty_group_key(group.group_id), now_ms + self.config.empty_group_retention_ms)
+
+    def _refresh_subscription_metadata(self, group: ConsumerGroup) -> bool:
+        """Re-resolve the group's subscribed topics against the topic image; True if changed."""
+        names: set[str] = set()
+        for member in group.members.values():
+            names |= subscribed_names(member.subscribed_topic_names, member.subscribed_topic_regex, self.topics)
+        current = {name: r.TopicMetadataValue(self.topics[name].topic_id, name, self.topics[name].num_partitions) for name in names}
+        if current == group.subscribed_topics:
+            return False
+        self.emit(
+            r.Record(r.PartitionMetadataKey(group.group_id), r.PartitionMetadataValue([current[n] for n in sorted(current)]))
+        )
+        return True
+
+    def on_topics_changed(self, group: ConsumerGroup, now_ms: int) -> None:
+        if self._refresh_subscription_metadata(group):
+            self.bump_group_epoch(group)
+            self.maybe_compute_target(group, now_ms)
+
+    # --- target assignment -------------------------------------------------------------------
+
+    def member_topic_ids(self, group: ConsumerGroup, member: ConsumerMember) -> frozenset[UUID]:
+        return subscribed_topic_ids(member.subscribed_topic_names, member.subscribed_topic_regex, group.subscribed_topics)
+
+    def select_assignor(self, group: ConsumerGroup) -> tuple[bool, str]:
+        """(is_client_side, name): a client assignor all members support, by their precedence;
+        else the most common server assignor; else the coordinator's default."""
+        members = list(group.members.values())
+        if members and all(m.assignors for m in members):
+            common = set.intersection(*({a.name for a in m.assignors} for m in members))
+            if common:
+                rank = Counter()
+                for m in members:
+                    for position, assignor in enumerate(m.assignors):
+                        if assignor.name in common:
+                            rank[assignor.name] += position
+                return True, min(common, key=lambda name: (rank[name], name))
+        chosen = Counter(m.server_assignor for m in members if m.server_assignor)
+        if chosen:
+            order = {name: i for i, name in enumerate(self.config.assignors)}
+            return False, max(chosen, key=lambda name: (chosen[name], -order.get(name, len(order))))
+        return False, self.config.assignors[0]
+
+    def assignment_spec(self, group: ConsumerGroup, assignor: str | None = None) -> AssignmentSpec:
+        members = {}
+        for member in group.members.values():
+            metadata = None
+            if assignor is not None:
+                a = member.assignor(assignor)
+                if a is not None:
+                    metadata = AssignorMetadata(a.reason, a.version, a.metadata, a.minimum_version, a.maximum_version)
+            members[member.member_id] = MemberSpec(
+                subscribed_topic_ids=self.member_topic_ids(group, member),
+                target_partitions=group.target_of(member.member_id),
+                instance_id=member.instance_id,
+                rack_id=member.rack_id,
+                metadata=metadata,
+            )
+        topics = {t.topic_id: TopicMetadata(t.topic_id, t.name, t.num_partitions) for t in group.subscribed_topics.values()}
+        return AssignmentSpec(members=members, topics=topics)
+
+    def maybe_compute_target(self, group: ConsumerGroup, now_ms: int) -> None:
+        if group.group_epoch <= group.assignment_epoch:
+            return
+        if not group.members:
+            self.emit(r.Record(r.TargetAssignmentMetadataKey(group.group_id), r.TargetAssignmentMetadataValue(group.group_epoch)))
+            self._end_computation(group.group_id)
+            return
+        client_side, name = self.select_assignor(group)
+        if client_side:
+            self._start_computation(group, name, now_ms)
+            return
+        self._end_computation(group.group_id)
+        try:
+            result = self.assignors[name].assign(self.assignment_spec(group))
+        except PartitionAssignorError:
+            # Keep the current target; a later change of the group retries.
+            self.emit(
+                r.Record(r.TargetAssignmentMetadataKey(group.group_id), r.TargetAssignmentMetadataValue(group.group_epoch, group.assignment_error))
+            )
+            return
+        self.install_target(group, {mid: (a.partitions, a.metadata_version, a.metadata) for mid, a in result.members.items()}, group.group_epoch, 0)
+
+    def install_target(self, group: ConsumerGroup, assignment: dict, epoch: int, error: int) -> None:
+        """Writes the new target as one batch of deltas followed by its metadata record."""
+        for member_id in group.members:
+            partitions, version, metadata = assignment.get(member_id, ({}, 0, b""))
+            partitions = tp.normalize(partitions)
+            old = group.targets.get(member_id)
+            if old is not None and dict(old.partitions) == partitions and old.metadata_version == version and old.metadata == metadata:
+                continue
+            self.emit(
+                r.Record(
+                    r.TargetAssignmentMemberKey(group.group_id, member_id),
+                    r.TargetAssignmentMemberValue(to_record_partitions(partitions), version, metadata),
+                )
+            )
+        self.emit(r.Record(r.TargetAssignmentMetadataKey(group.group_id), r.TargetAssignmentMetadataValue(epoch, error)))
+
+    # --- client-side assignment ----------------------------------------------------------------
+
+    def choose_computing_member(self, group: ConsumerGroup, assignor: str, exclude: set[str]) -> str | None:
+        """The member whose version range covers every version the group's metadata uses
+        (KIP-848 "Member Selection": A[1-5], B[3-4], C[2-4] -> A)."""
+        present = [m for m in group.members.values() if m.member_epoch != LEAVE_STATIC_EPOCH and m.assignor(assignor)]
+        if not present:
+            return None
+        ranges = [m.assignor(assignor) for m in present]
+        lowest, highest = min(a.minimum_version for a in ranges), max(a.maximum_version for a in ranges)
+        used = {a.version for a in ranges}
+
+        def preference(m: ConsumerMember):
+            a = m.assignor(assignor)
+            covers_ranges = a.minimum_version <= lowest and a.maximum_version >= highest
+            covers_used = all(a.minimum_version <= v <= a.maximum_version for v in used)
+            return (m.member_id in exclude, not covers_ranges, not covers_used, -(a.maximum_version - a.minimum_version), m.member_id)
+
+        return min(present, key=preference).member_id
+
+    def _start_computation(self, group: ConsumerGroup, assignor: str, now_ms: int) -> None:
+        computation = self.computations.get(group.group_id)
+        if computation is not None and computation.assignor == assignor and computation.member_id in group.members:
+            return  # one computation in flight; it is recomputed after its install
+        chosen = self.choose_computing_member(group, assignor, set())
+        self._end_computation(group.group_id)
+        if chosen is not None:
+            self.computations[group.group_id] = ClientComputation(member_id=chosen, assignor=assignor, tried={chosen})
+
+    def _end_computation(self, group_id: str) -> None:
+        self.computations.pop(group_id, None)
+        self.timers.cancel(computation_key(group_id))
+
+    def _maybe_restart_computation(self, group: ConsumerGroup, departed_member_id: str, now_ms: int) -> None:
+        computation = self.computations.get(group.group_id)
+        if computation is not None and computation.member_id == departed_member_id:
+            self.reassign_computation(group, now_ms)
+
+    def reassign_computation(self, group: ConsumerGroup, now_ms: int) -> None:
+        """The chosen member did not deliver in time (or left): pick another one."""
+        computation = self.computations.get(group.group_id)
+        if computation is None:
+            return
+        self.timers.cancel(computation_key(group.group_id))
+        chosen = self.choose_computing_member(group, computation.assignor, computation.tried)
+        if chosen is None:
+            self.computations.pop(group.group_id, None)
+            return
+        tried = computation.tried | {chosen}
+        if tried >= set(group.members):
+            tried = {chosen}  # everyone had a turn: start the round again
+        self.computations[group.group_id] = ClientComputation(member_id=chosen, assignor=computation.assignor, tried=tried)
+
+    def _computing_member(self, group_id: str, member_id: str, member_epoch: int) -> tuple[ConsumerGroup, ConsumerMember, ClientComputation]:
+        """The checks Prepare and Install share (KIP-848 "Request Handling" steps 1-4)."""
+        invalid = Errors.InvalidRequestError
+        if not group_id:
+            raise RequestError(invalid, "GroupId must be non-empty.")
+        if not member_id:
+            raise RequestError(invalid, "MemberId must be non-empty.")
+        if member_epoch < 0:
+            raise RequestError(invalid, f"MemberEpoch must be >= 0, got {member_epoch}.")
+        group = self.groups.get(group_id)
+        if group is None or group.group_type != "consumer":
+            raise RequestError(Errors.GroupIdNotFoundError, f"Consumer group {group_id} does not exist.")
+        member = group.members.get(member_id)
+        if member is None:
+            raise RequestError(Errors.UnknownMemberIdError, f"Member {member_id} is not a member of group {group_id}.")
+        if member_epoch != member.member_epoch:
+            raise RequestError(Errors.StaleMemberEpochError, f"Member epoch {member_epoch} is stale; the member's epoch is {member.member_epoch}.")
+        computation = self.computations.get(group_id)
+        if computation is None or computation.member_id != member_id:
+            raise RequestError(Errors.UnknownMemberIdError, f"Member {member_id} was not chosen to compute the assignment of group {group_id}.")
+        return group, member, computation
+
+    def consumer_group_prepare_assignment(self, request, now_ms: int):
+        Response = m.ConsumerGroupPrepareAssignmentResponse
+        try:
+            group, _, computation = self._computing_member(request.group_id, request.member_id, request.member_epoch)
+        except RequestError as exc:
+            return Response(error_code=exc.code, error_message=exc.message, group_epoch=-1, assignor_name="", members=[], topics=[])
+        spec = self.assignment_spec(group, computation.assignor)
+        computation.prepared_epoch = group.group_epoch
+        computation.prepared_members = {mid: s.subscribed_topic_ids for mid, s in spec.members.items()}
+        computation.prepared_topics = dict(spec.topics)
+        members = []
+        for member_id, s in sorted(spec.members.items()):
+            member = group.members[member_id]
+            meta = s.metadata or AssignorMetadata()
+            members.append(
+                Response.Member(
+                    member_id=member_id,
+                    member_epoch=member.member_epoch,
+                    instance_id=member.instance_id,
+                    rack_id=member.rack_id,
+                    subscribed_topic_ids=sorted(s.subscribed_topic_ids),
+                    assignor=Response.Member.Assignor(
+                        reason=meta.reason,
+                        minimum_version=meta.minimum_version,
+                        maximum_version=meta.maximum_version,
+                        metadata_version=meta.version,
+                        metadata_bytes=meta.data,
+                    ),
+                    topic_partitions=tp.to_topic_partitions(s.target_partitions, Response.Member.TopicPartitions),
+                )
+            )
+        topics = [Response.TopicMetadata(topic_id=t.topic_id, topic_name=t.name, num_partitions=t.num_partitions) for t in sorted(spec.topics.values(), key=lambda t: t.name)]
+        return Response(group_epoch=group.group_epoch, assignor_name=computation.assignor, members=members, topics=topics)
+
+    def consumer_group_install_assignment(self, request, now_ms: int):
+        Response = m.ConsumerGroupInstallAssignmentResponse
+        try:
+            group, _, computation = self._computing_member(request.group_id, request.member_id, request.member_epoch)
+            if computation.prepared_epoch is None or computation.prepared_epoch != request.group_epoch:
+                raise RequestError(
+                    InvalidAssignmentError,
+                    f"The assignment was computed for group epoch {request.group_epoch}, but the prepared epoch is {computation.prepared_epoch}.",
+                )
+            if request.group_epoch <= group.assignment_epoch:
+                raise RequestError(
+                    InvalidAssignmentError,
+                    f"Group epoch {request.group_epoch} is not newer than the installed assignment epoch {group.assignment_epoch}.",
+                )
+            if request.error:
+                # The assignor could not compute: keep the current target, record the error.
+                self.install_target(group, {mid: (t.partitions, t.metadata_version, t.metadata) for mid, t in group.targets.items()}, request.group_epoch, request.error)
+            else:
+                assignment = _validated_assignment(request, computation)
+                self.install_target(group, assignment, request.group_epoch, 0)
+        except RequestError as exc:
+            return Response(error_code=exc.code, error_message=exc.message)
+        self._end_computation(group.group_id)
+        self.maybe_compute_target(group, now_ms)
+        return Response()
+
+    # --- ConsumerGroupDescribe ---------------------------------------------------------------
+
+    def consumer_group_describe(self, request, now_ms: int):
+        Response = m.ConsumerGroupDescribeResponse
+        Group, Member, Assignment = Response.DescribedGroup, Response.DescribedGroup.Member, Response.DescribedGroup.Member.Assignment
+        if not request.group_ids:
+            return Response(groups=[Group(error_code=Errors.InvalidRequestError.errno, error_message="GroupIds must be non-empty.", group_id="")])
+
+        def assignment(partitions, names, error=0, version=0, metadata=b""):
+            return Assignment(
+                topic_partitions=[
+                    Assignment.TopicPartitions(topic_id=t, topic_name=names.get(t, ""), partitions=sorted(partitions[t]))
+                    for t in sorted(partitions, key=lambda t: names.get(t, str(t)))
+                ],
+                error=error,
+                metadata_version=version,
+                metadata_bytes=metadata,
+            )
+
+        described = []
+        for group_id in request.group_ids:
+            group = self.groups.get(group_id)
+            if group is None or group.group_type != "consumer":
+                described.append(Group(error_code=Errors.GroupIdNotFoundError.errno, error_message=f"Group {group_id} not found.", group_id=group_id, group_state=GroupState.DEAD.value))
+                continue
+            names = group.topic_names_by_id()
+            client_side, assignor = self.select_assignor(group)
+            members = []
+            for member in sorted(group.members.values(), key=lambda mb: mb.member_id):
+                target = group.targets.get(member.member_id)
+                members.append(
+                    Member(
+                        member_id=member.member_id,
+                        instance_id=member.instance_id,
+                        rack_id=member.rack_id,
+                        member_epoch=member.member_epoch,
+                        client_id=member.client_id,
+                        client_host=member.client_host,
+                        subscribed_topic_names=list(member.subscribed_topic_names),
+                        subscribed_topic_regex=member.subscribed_topic_regex,
+                        assignment=assignment(tp.union(member.assigned, member.revoking), names, member.error, member.metadata_version, member.metadata),
+                        target_assignment=assignment(
+                            target.partitions if target else {}, names, group.assignment_error,
+                            target.metadata_version if target else 0, target.metadata if target else b"",
+                        ),
+                    )
+                )
+            described.append(
+                Group(
+                    group_id=group_id,
+                    group_state=group.state.value,
+                    group_epoch=group.group_epoch,
+                    assignment_epoch=group.assignment_epoch,
+                    assignor_name=assignor,
+                    members=members,
+                )
+            )
+        return Response(groups=described)
+
+
+def _apply_request_fields(member: ConsumerMember, request, context) -> tuple[ConsumerMember, bool]:
+    """The member as updated by the request's non-null fields, and whether the change is a
+    rebalance trigger (subscriptions, assignors, assignor reason or metadata)."""
+    changes = {}
+    if request.instance_id is not None and request.member_epoch == 0:
+        changes["instance_id"] = request.instance_id
+    if request.rack_id is not None:
+        changes["rack_id"] = request.rack_id
+    if request.rebalance_timeout_ms > 0:
+        changes["rebalance_timeout_ms"] = request.rebalance_timeout_ms
+    if request.subscribed_topic_names is not None:
+        changes["subscribed_topic_names"] = tuple(sorted(set(request.subscribed_topic_names)))
+    if request.subscribed_topic_regex is not None:
+        changes["subscribed_topic_regex"] = request.subscribed_topic_regex or None
+    if request.server_assignor is not None:
+        changes["server_assignor"] = request.server_assignor
+        changes["assignors"] = ()
+    if request.client_assignors is not None:
+        changes["assignors"] = tuple(
+            r.AssignorValue(a.name, a.minimum_version, a.maximum_version, a.reason, a.metadata_version, bytes(a.metadata_bytes))
+            for a in request.client_assignors
+        )
+        changes["server_assignor"] = None
+    if request.member_epoch == 0:
+        changes["client_id"] = context.client_id
+        changes["client_host"] = context.client_host
+    updated = replace(member, **changes) if changes else member
+    trigger = (
+        updated.subscribed_topic_names != member.subscribed_topic_names
+        or updated.subscribed_topic_regex != member.subscribed_topic_regex
+        or updated.server_assignor != member.server_assignor
+        or updated.assignors != member.assignors
+    )
+    return updated, trigger
+
+
+def _validated_assignment(request, computation: ClientComputation) -> dict:
+    """KIP-848 "Assignment Validation", against the metadata the assignment was computed from."""
+    invalid = InvalidAssignmentError
+    assignment: dict[str, tuple] = {}
+    holders: dict[tuple[UUID, int], str] = {}
+    for entry in request.members:
+        if entry.member_id not in computation.prepared_members:
+            raise RequestError(invalid, f"Member {entry.member_id} was not in the group the assignment was computed for.")
+        if entry.member_id in assignment:
+            raise RequestError(invalid, f"Member {entry.member_id} appears twice in the assignment.")
+        partitions: dict[UUID, set[int]] = {}
+        for item in entry.partitions:
+            topic = computation.prepared_topics.get(item.topic_id)
+            if topic is None:
+                raise RequestError(invalid, f"Topic {item.topic_id} assigned to {entry.member_id} is not a subscribed topic.")
+            for p in item.partitions:
+                if not 0 <= p < topic.num_partitions:
+                    raise RequestError(invalid, f"Partition {topic.name}-{p} does not exist ({topic.num_partitions} partitions).")
+                holder = holders.setdefault((item.topic_id, p), entry.member_id)
+                if holder != entry.member_id or p in partitions.get(item.topic_id, ()):
+                    raise RequestError(invalid, f"Partition {topic.name}-{p} is assigned more than once.")
+                partitions.setdefault(item.topic_id, set()).add(p)
+        assignment[entry.member_id] = (tp.normalize(partitions), entry.metadata_version, bytes(entry.metadata_bytes))
+    subscribed = set().union(*computation.prepared_members.values()) if computation.prepared_members else set()
+    for topic_id in subscribed:
+        topic = computation.prepared_topics[topic_id]
+        missing = [p for p in range(topic.num_partitions) if (topic_id, p) not in holders]
+        if missing:
+            raise RequestError(invalid, f"Partitions {', '.join(f'{topic.name}-{p}' for p in missing[:10])} are not assigned.")
+    return assignment

@@ -1,0 +1,133 @@
+"""Drives a GroupCoordinatorShard the way the KIP's case studies talk about it."""
+from __future__ import annotations
+
+import uuid
+
+from pystreams import partitions as tp
+from pystreams.assignors.api import GroupAssignment, MemberAssignment, TopicMetadata
+from pystreams.coordinator.config import CoordinatorConfig
+from pystreams.coordinator.shard import GroupCoordinatorShard
+from pystreams.protocol import messages as m
+
+HB = m.ConsumerGroupHeartbeatRequest
+GROUP = "grp"
+TOPIC_IDS = {name: uuid.UUID(int=i + 1) for i, name in enumerate(["foo", "bar", "baz", "qux"])}
+NAMES = {v: k for k, v in TOPIC_IDS.items()}
+
+FAST = CoordinatorConfig(
+    session_timeout_ms=1_000, min_session_timeout_ms=100, max_session_timeout_ms=10_000,
+    heartbeat_interval_ms=100, min_heartbeat_interval_ms=10, max_heartbeat_interval_ms=1_000,
+)
+
+
+def topics(**counts: int) -> dict[str, TopicMetadata]:
+    return {name: TopicMetadata(TOPIC_IDS[name], name, n) for name, n in counts.items()}
+
+
+def parts(spec: str) -> dict[uuid.UUID, frozenset[int]]:
+    """'foo-0, foo-1, bar-2' -> {foo: {0, 1}, bar: {2}}"""
+    out: dict[uuid.UUID, set[int]] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, p = item.rsplit("-", 1)
+        out.setdefault(TOPIC_IDS[name], set()).add(int(p))
+    return tp.normalize(out)
+
+
+def owned(spec: str):
+    return tp.to_topic_partitions(parts(spec), HB.TopicPartitions)
+
+
+class ScriptedAssignor:
+    """A server assignor that returns the target a case study prints, and records its inputs."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.next: dict[str, str] | None = None
+        self.specs = []
+
+    def assign(self, spec):
+        self.specs.append(spec)
+        if self.next is None:
+            raise AssertionError("the coordinator computed an assignment the test did not expect")
+        plan, self.next = self.next, None
+        return GroupAssignment({mid: MemberAssignment(parts(plan.get(mid, ""))) for mid in spec.members})
+
+
+class Harness:
+    def __init__(self, config: CoordinatorConfig = FAST, assignors=None) -> None:
+        self.scripted = ScriptedAssignor()
+        if assignors is None:
+            config = CoordinatorConfig(**{**_fields(config), "assignors": ("scripted",)})
+            assignors = {"scripted": self.scripted}
+        self.shard = GroupCoordinatorShard(config, assignors=assignors, new_member_id=self._new_id)
+        self.log = []
+        self.now = 0
+        self.ids = iter(f"member-{i}" for i in range(1_000_000))
+
+    def _new_id(self) -> str:
+        return next(self.ids)
+
+    def _collect(self, result):
+        self.log.extend(result.records)
+        return result.response
+
+    def topics(self, **counts: int) -> None:
+        self._collect(self.shard.update_topics(topics(**counts), self.now))
+
+    def send(self, request):
+        return self._collect(self.shard.handle(request, self.now))
+
+    def heartbeat(self, member_id: str, epoch: int, owned_spec: str | None = None, **fields):
+        return self.send(
+            HB(group_id=fields.pop("group_id", GROUP), member_id=member_id, member_epoch=epoch,
+               topic_partitions=owned(owned_spec) if owned_spec is not None else None, **fields)
+        )
+
+    def join(self, member_id: str, subscribe=("foo",), **fields):
+        fields.setdefault("rebalance_timeout_ms", 5_000)
+        if "subscribed_topic_regex" not in fields:
+            fields.setdefault("subscribed_topic_names", list(subscribe))
+        return self.heartbeat(member_id, 0, "", **fields)
+
+    def advance(self, ms: int):
+        self.now += ms
+        return self._collect(self.shard.expire(self.now))
+
+    @property
+    def group(self):
+        return self.shard.groups[GROUP]
+
+    def target(self) -> dict[str, str]:
+        return {mid: tp.describe(t.partitions, NAMES) for mid, t in sorted(self.group.targets.items())}
+
+    def members(self) -> dict[str, tuple[int, str, str]]:
+        """member -> (epoch, partitions, pending-partitions), as the case studies print them."""
+        out = {}
+        for mid, member in sorted(self.group.members.items()):
+            at_target = member.member_epoch == self.group.assignment_epoch and not member.revoking
+            pending = tp.difference(self.group.target_of(mid), member.assigned) if at_target else {}
+            held = tp.union(member.assigned, member.revoking)  # revoking partitions are still held
+            out[mid] = (member.member_epoch, tp.describe(held, NAMES), tp.describe(pending, NAMES))
+        return out
+
+    def replayed(self) -> GroupCoordinatorShard:
+        fresh = GroupCoordinatorShard(self.shard.config, assignors=self.shard.assignors)
+        for record in self.log:
+            fresh.replay(record)
+        return fresh
+
+    def assert_replay_equals_live(self) -> None:
+        assert self.replayed().snapshot() == self.shard.snapshot()
+
+
+def response_parts(response, field: str = "assigned_topic_partitions") -> str:
+    if response.assignment is None:
+        return None
+    return tp.describe(tp.from_topic_partitions(getattr(response.assignment, field)), NAMES)
+
+
+def _fields(config: CoordinatorConfig) -> dict:
+    import msgspec
+
+    return msgspec.structs.asdict(config)
