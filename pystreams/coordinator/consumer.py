@@ -76,8 +76,21 @@ def empty_group_key(group_id: str) -> tuple:
     return ("empty", group_id)
 
 
+def validate_first_heartbeat(request: HeartbeatRequest) -> None:
+    """The rules for a member's first heartbeat (epoch 0, a member the group does not know).
+
+    A known member may legitimately heartbeat with epoch 0 while it waits for its first
+    assignment (a client-side computation in flight); that is not a first heartbeat.
+    """
+    invalid = Errors.InvalidRequestError
+    if request.rebalance_timeout_ms <= 0:
+        raise RequestError(invalid, "RebalanceTimeoutMs must be larger than zero in the first heartbeat request.")
+    if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
+        raise RequestError(invalid, "SubscribedTopicNames or SubscribedTopicRegex must be set in the first heartbeat request.")
+
+
 def validate_heartbeat(request: HeartbeatRequest, server_assignors: tuple[str, ...]) -> None:
-    """KIP-848 "Request Validation" of ConsumerGroupHeartbeat."""
+    """KIP-848 "Request Validation" of ConsumerGroupHeartbeat (first-heartbeat rules aside)."""
     invalid = Errors.InvalidRequestError
     epoch = request.member_epoch
     if not request.group_id:
@@ -90,11 +103,6 @@ def validate_heartbeat(request: HeartbeatRequest, server_assignors: tuple[str, .
         raise RequestError(invalid, "InstanceId, if provided, must be non-empty.")
     if epoch == LEAVE_STATIC_EPOCH and request.instance_id is None:
         raise RequestError(invalid, "MemberEpoch -2 (temporary leave) requires the member's InstanceId.")
-    if epoch == 0:
-        if request.rebalance_timeout_ms <= 0:
-            raise RequestError(invalid, "RebalanceTimeoutMs must be larger than zero in the first heartbeat request.")
-        if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
-            raise RequestError(invalid, "SubscribedTopicNames or SubscribedTopicRegex must be set in the first heartbeat request.")
     if request.subscribed_topic_regex is not None:
         try:
             validate_regex(request.subscribed_topic_regex)
@@ -146,6 +154,8 @@ class ConsumerGroupHandlers:
             return HeartbeatResponse(error_code=exc.code, error_message=exc.message, member_epoch=-1, heartbeat_interval_ms=0)
 
     def _join(self, group: ConsumerGroup | None, request, now_ms: int) -> tuple[ConsumerGroup, ConsumerMember, bool]:
+        if group is None or request.member_id not in group.members:
+            validate_first_heartbeat(request)
         if group is None:
             if self.config.max_group_size < 1:
                 raise RequestError(Errors.GroupMaxSizeReachedError, "The coordinator's group.consumer.max.size is 0.")
@@ -237,6 +247,11 @@ class ConsumerGroupHandlers:
         member = group.members.get(request.member_id) if group is not None else None
         if member is None:
             raise RequestError(Errors.UnknownMemberIdError, f"Member {request.member_id} is not a member of group {request.group_id}.")
+        if request.member_epoch == LEAVE_STATIC_EPOCH and request.instance_id != member.instance_id:
+            raise RequestError(
+                Errors.UnknownMemberIdError,
+                f"Member {member.member_id} is not the static member with instance id {request.instance_id}.",
+            )
         if request.member_epoch == LEAVE_EPOCH or member.instance_id is None:
             self.remove_member(group, member, now_ms)
             return HeartbeatResponse(member_id=member.member_id, member_epoch=LEAVE_EPOCH, heartbeat_interval_ms=0)
@@ -466,6 +481,10 @@ class ConsumerGroupHandlers:
             partitions, version, metadata = assignment.get(member_id, ({}, 0, b""))
             partitions = tp.normalize(partitions)
             old = group.targets.get(member_id)
+            if not partitions and not version and not metadata:
+                if old is not None:  # an empty target is no target
+                    self.emit(r.Record(r.TargetAssignmentMemberKey(group.group_id, member_id), None))
+                continue
             if old is not None and dict(old.partitions) == partitions and old.metadata_version == version and old.metadata == metadata:
                 continue
             self.emit(
