@@ -58,8 +58,8 @@ class Harness:
     def __init__(self, config: CoordinatorConfig = FAST, assignors=None) -> None:
         self.scripted = ScriptedAssignor()
         if assignors is None:
-            config = CoordinatorConfig(**{**_fields(config), "assignors": ("scripted",)})
             assignors = {"scripted": self.scripted}
+        config = CoordinatorConfig(**{**_fields(config), "assignors": tuple(assignors)})
         self.shard = GroupCoordinatorShard(config, assignors=assignors, new_member_id=self._new_id)
         self.log = []
         self.now = 0
@@ -131,3 +131,19 @@ def _fields(config: CoordinatorConfig) -> dict:
     import msgspec
 
     return msgspec.structs.asdict(config)
+
+
+class RoundRobinAssignor:
+    """A simple valid server assignor for property tests: sorted members take turns."""
+
+    name = "scripted"
+
+    def assign(self, spec):
+        members = sorted(spec.members)
+        out = {mid: {} for mid in members}
+        for topic_id in sorted(spec.topics):
+            subscribers = [mid for mid in members if topic_id in spec.members[mid].subscribed_topic_ids]
+            for p in range(spec.topics[topic_id].num_partitions):
+                if subscribers:
+                    out[subscribers[p % len(subscribers)]].setdefault(topic_id, set()).add(p)
+        return GroupAssignment({mid: MemberAssignment(tp.normalize(a)) for mid, a in out.items()})

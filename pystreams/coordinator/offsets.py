@@ -117,7 +117,9 @@ class OffsetHandlers:
 
     def offset_fetch(self, request, now_ms: int):
         Response = m.OffsetFetchResponse
-        version = request.API_VERSION if request.API_VERSION is not None else Response.max_version
+        version = request.API_VERSION
+        if version is None:  # built in-process rather than decoded: the layout tells
+            version = 8 if request.groups else 7
         if version >= 8:
             Group = Response.OffsetFetchResponseGroup
             Topics, Partitions = Group.OffsetFetchResponseTopics, Group.OffsetFetchResponseTopics.OffsetFetchResponsePartitions
