@@ -10,7 +10,9 @@ import importlib
 import sys
 
 #: subcommand -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {}
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("pystreams.demo", "replay a scripted KIP-848 rebalance through the coordinator state machine"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
