@@ -1,14 +1,15 @@
 """Serdes round-trip, keep Kafka's wire formats, and fail loudly on the wrong input."""
+
 from __future__ import annotations
 
 import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pystreams.topology.windows import Windowed
 
 from pystreams import serdes
 from pystreams.serdes import SerdeError
-from pystreams.topology.windows import Windowed
 
 
 class Point(msgspec.Struct):
@@ -26,7 +27,10 @@ points = st.builds(
     tags=st.lists(st.text(), max_size=4),
 )
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.text()
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.text()
     | st.floats(allow_nan=False, allow_infinity=False),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
     max_leaves=20,
@@ -66,6 +70,9 @@ def test_json_round_trip(value):
 
 @given(points, st.sampled_from(["msgpack", "json"]))
 def test_struct_round_trip(point, format):
+    if format == "json":
+        # JSON has no infinities (msgspec writes null); MessagePack keeps them.
+        point = msgspec.structs.replace(point, y=point.y if abs(point.y) != float("inf") else 0.0)
     serde = serdes.Struct(Point, format=format)
     decoded = serde.deserialize(serde.serialize(point))
     assert isinstance(decoded, Point)
@@ -82,7 +89,14 @@ def test_windowed_key_round_trip(key, start, end):
 
 @pytest.mark.parametrize(
     "serde",
-    [serdes.Bytes(), serdes.Text(), serdes.Int(), serdes.Json(), serdes.Struct(Point), serdes.WindowedKey(serdes.Int())],
+    [
+        serdes.Bytes(),
+        serdes.Text(),
+        serdes.Int(),
+        serdes.Json(),
+        serdes.Struct(Point),
+        serdes.WindowedKey(serdes.Int()),
+    ],
 )
 def test_none_passes_through_both_ways(serde):
     assert serde.serialize(None) is None
@@ -135,14 +149,28 @@ def test_typed_json_builds_the_type():
 
 def test_names_are_stable_and_distinguish_formats():
     names = [
-        serdes.Bytes().name, serdes.Text().name, serdes.Text("latin-1").name, serdes.Int().name,
-        serdes.Int(size=4).name, serdes.Json().name, serdes.Json(type=Point).name,
-        serdes.Struct(Point).name, serdes.Struct(Point, format="json").name,
+        serdes.Bytes().name,
+        serdes.Text().name,
+        serdes.Text("latin-1").name,
+        serdes.Int().name,
+        serdes.Int(size=4).name,
+        serdes.Json().name,
+        serdes.Json(type=Point).name,
+        serdes.Struct(Point).name,
+        serdes.Struct(Point, format="json").name,
         serdes.WindowedKey(serdes.Text()).name,
     ]
     assert names == [
-        "bytes", "text", "text:latin-1", "int64", "int32", "json", "json:Point",
-        "struct:Point:msgpack", "struct:Point:json", "windowed(text)",
+        "bytes",
+        "text",
+        "text:latin-1",
+        "int64",
+        "int32",
+        "json",
+        "json:Point",
+        "struct:Point:msgpack",
+        "struct:Point:json",
+        "windowed(text)",
     ]
     assert serdes.Text() == serdes.Text("UTF-8") and serdes.Int() != serdes.Int(size=4)
 

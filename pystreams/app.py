@@ -1,0 +1,1122 @@
+"""The app API: decorators that *declare* a stream-processing topology.
+
+    app = App("wordcount")
+    lines = app.topic("text-lines", value=serdes.Text())
+
+    @app.flat_map(lines)
+    def words(key, line):
+        for word in line.lower().split():
+            yield word, 1                 # a new key: a repartition topic goes in front of counts
+
+    @app.aggregate(words, store="counts", initial=0)
+    def counts(total, key, value):
+        return total + value
+
+    counts.to("word-counts")
+
+Nothing runs at import except building the graph. Each decorated function becomes a node
+named after the function (``name=`` overrides it) and the decorator returns a handle — a
+``Stream``, a ``Table`` or ``Branches`` — to build on, with decorators or with the handle's
+fluent methods (``words.filter(fn)``, ``counts.to(topic)``). Every function is a plain
+synchronous callable and receives the record key first: ``fn(key, value)``; aggregators get
+the accumulator before it, ``fn(acc, key, value)``; joiners ``fn(key, left, right)``.
+
+Serdes: a source declares its own (``key=``, ``value=``); an operation that produces new keys or
+values takes ``key=``/``value=`` for them; anything undeclared uses the app defaults
+(``Text()`` keys, ``Json()`` values). ``count`` yields ``Int()`` (8-byte big-endian) values, and
+``aggregate`` picks its value serde from ``initial`` (int → ``Int``, str → ``Text``, bytes →
+``Bytes``, a Struct → ``Struct``) unless ``value=`` says otherwise.
+
+``App.topology()`` turns the declarations into the IR (``pystreams.topology.ir``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pystreams import serdes
+from pystreams.serdes import Serde
+from pystreams.topology.errors import (
+    InvalidNameError,
+    MissingSourceError,
+    StoreError,
+    TopologyError,
+)
+from pystreams.topology.ir import (
+    TABLE_KINDS,
+    JoinHow,
+    JoinKind,
+    JoinSide,
+    JoinSpec,
+    Node,
+    NodeKind,
+    PunctuationType,
+    Store,
+    StoreKind,
+)
+from pystreams.topology.naming import check_name, repartition_source_node
+from pystreams.topology.patterns import compile_pattern
+from pystreams.topology.processor import Processor, ProcessorContext, punctuate, punctuations_of
+from pystreams.topology.windows import (
+    AggregationWindow,
+    Duration,
+    HoppingWindow,
+    JoinWindow,
+    SessionWindow,
+    TumblingWindow,
+    Windowed,
+    to_millis,
+)
+
+if TYPE_CHECKING:
+    from pystreams.topology.ir import Topology
+
+__all__ = [
+    "App",
+    "Branches",
+    "HoppingWindow",
+    "JoinWindow",
+    "Processor",
+    "ProcessorContext",
+    "PunctuationType",
+    "SessionWindow",
+    "StoreDeclaration",
+    "Stream",
+    "Table",
+    "TumblingWindow",
+    "Windowed",
+    "kv_store",
+    "load_app",
+    "punctuate",
+    "session_store",
+    "window_store",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+TimestampExtractor = Callable[[Any, Any, int], int]
+
+
+# --------------------------------------------------------------------------- handles
+
+
+class _Handle:
+    """A named node of one app; what decorators and fluent methods build on."""
+
+    __slots__ = ("app", "name")
+
+    def __init__(self, app: App, name: str) -> None:
+        self.app = app
+        self.name = name
+
+    @property
+    def node(self) -> Node:
+        """The node as declared (before the builder wires children and sub-topologies)."""
+        return self.app._nodes[self.name]
+
+    def to(self, topic: str, *, key: Serde | None = None, value: Serde | None = None, name: str | None = None) -> None:
+        """Write every record (for a table: every update) to ``topic``."""
+        self.app.to(self, topic, key=key, value=value, name=name)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} of app {self.app.app_id!r}>"
+
+
+class Stream(_Handle):
+    """A record stream. Methods mirror the ``App`` decorators, taking the function first."""
+
+    __slots__ = ()
+
+    def map(self, fn: Callable, **options: Any) -> Stream:
+        return self.app.map(self, **options)(fn)
+
+    def map_values(self, fn: Callable, **options: Any) -> Stream:
+        return self.app.map_values(self, **options)(fn)
+
+    def flat_map(self, fn: Callable, **options: Any) -> Stream:
+        return self.app.flat_map(self, **options)(fn)
+
+    def flat_map_values(self, fn: Callable, **options: Any) -> Stream:
+        return self.app.flat_map_values(self, **options)(fn)
+
+    def filter(self, fn: Callable, **options: Any) -> Stream:
+        return self.app.filter(self, **options)(fn)
+
+    def peek(self, fn: Callable, **options: Any) -> Stream:
+        return self.app.peek(self, **options)(fn)
+
+    def branch(self, fn: Callable, branches: Sequence[str], **options: Any) -> Branches:
+        return self.app.branch(self, branches=branches, **options)(fn)
+
+    def merge(self, *others: Stream, name: str | None = None) -> Stream:
+        return self.app.merge(self, *others, name=name)
+
+    def group_by(self, fn: Callable, **options: Any) -> Stream:
+        return self.app.group_by(self, **options)(fn)
+
+    def repartition(self, **options: Any) -> Stream:
+        return self.app.repartition(self, **options)
+
+    def count(self, **options: Any) -> Table:
+        return self.app.count(self, **options)
+
+    def aggregate(self, fn: Callable, **options: Any) -> Table:
+        return self.app.aggregate(self, **options)(fn)
+
+    def reduce(self, fn: Callable, **options: Any) -> Table:
+        return self.app.reduce(self, **options)(fn)
+
+    def join(self, other: Stream | Table, fn: Callable, **options: Any) -> Stream:
+        return self.app.join(self, other, **options)(fn)
+
+    def process(self, processor_class: type[Processor], **options: Any) -> Stream:
+        return self.app.processor(self, **options)(processor_class)
+
+
+class Table(_Handle):
+    """A table: the latest value per key, kept in a store (``store``)."""
+
+    __slots__ = ()
+
+    @property
+    def store(self) -> str:
+        return self.node.stores[0]
+
+    @property
+    def windowed(self) -> bool:
+        return self.node.window is not None
+
+    def to_stream(self, *, name: str | None = None) -> Stream:
+        return self.app.to_stream(self, name=name)
+
+
+class Branches(Mapping[str, Stream]):
+    """The streams of a ``branch``, by label: ``branches["big"]`` or ``branches.big``."""
+
+    def __init__(self, streams: dict[str, Stream]) -> None:
+        self._streams = streams
+
+    def __getitem__(self, label: str) -> Stream:
+        return self._streams[label]
+
+    def __getattr__(self, label: str) -> Stream:
+        try:
+            return self._streams[label]
+        except KeyError:
+            raise AttributeError(f"no branch {label!r}; branches are {sorted(self._streams)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._streams)
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+
+# --------------------------------------------------------------------------- processor stores
+
+
+@dataclass(frozen=True, slots=True)
+class StoreDeclaration:
+    """A store a low-level processor owns; make one with ``kv_store``, ``window_store`` or
+    ``session_store``. ``None`` serdes mean the app defaults."""
+
+    name: str
+    kind: StoreKind
+    key: Serde | None = None
+    value: Serde | None = None
+    window_size_ms: int | None = None
+    retention_ms: int | None = None
+    retain_duplicates: bool = False
+    logging: bool = True
+
+
+def kv_store(
+    name: str, *, key: Serde | None = None, value: Serde | None = None, logging: bool = True
+) -> StoreDeclaration:
+    return StoreDeclaration(check_name("store", name), StoreKind.KEY_VALUE, key, value, logging=logging)
+
+
+def window_store(
+    name: str,
+    *,
+    size: Duration,
+    retention: Duration | None = None,
+    key: Serde | None = None,
+    value: Serde | None = None,
+    retain_duplicates: bool = False,
+    logging: bool = True,
+) -> StoreDeclaration:
+    size_ms = to_millis(size, f"window store {name!r} size", allow_zero=False)
+    retention_ms = size_ms if retention is None else to_millis(retention, f"window store {name!r} retention")
+    if retention_ms < size_ms:
+        raise ValueError(
+            f"window store {name!r}: retention ({retention_ms} ms) is shorter than a window ({size_ms} ms)"
+        )
+    return StoreDeclaration(
+        check_name("store", name), StoreKind.WINDOW, key, value, size_ms, retention_ms, retain_duplicates, logging
+    )
+
+
+def session_store(
+    name: str, *, retention: Duration, key: Serde | None = None, value: Serde | None = None, logging: bool = True
+) -> StoreDeclaration:
+    retention_ms = to_millis(retention, f"session store {name!r} retention", allow_zero=False)
+    return StoreDeclaration(
+        check_name("store", name), StoreKind.SESSION, key, value, None, retention_ms, False, logging
+    )
+
+
+# --------------------------------------------------------------------------- built-in steps
+# Module-level (not lambdas) so they pickle by reference for runtimes that ship functions.
+
+
+def count_step(count: int, key: Any, value: Any) -> int:
+    """COUNT's aggregator."""
+    return count + 1
+
+
+def sum_merger(key: Any, older: int, newer: int) -> int:
+    """COUNT's session merger."""
+    return older + newer
+
+
+class ReduceMerger:
+    """A reducer used as a session merger: ``merger(key, older, newer) = reducer(older, key, newer)``."""
+
+    def __init__(self, reducer: Callable[[Any, Any, Any], Any]) -> None:
+        self.reducer = reducer
+
+    def __call__(self, key: Any, older: Any, newer: Any) -> Any:
+        return self.reducer(older, key, newer)
+
+
+# --------------------------------------------------------------------------- the app
+
+
+class App:
+    """One stream-processing application: its id, default serdes and declared topology.
+
+    ``name`` is the application id: it prefixes internal topics and names the consumer group.
+    """
+
+    def __init__(self, name: str, *, key_serde: Serde | None = None, value_serde: Serde | None = None) -> None:
+        self.app_id = check_name("app", name)
+        self.default_key_serde = key_serde or serdes.Text()
+        self.default_value_serde = value_serde or serdes.Json()
+        self._nodes: dict[str, Node] = {}
+        self._stores: dict[str, Store] = {}
+        self._sources_by_topic: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"<App {self.app_id!r}: {len(self._nodes)} nodes>"
+
+    # ----------------------------------------------------------------- build
+
+    def topology(self) -> Topology:
+        """Validate the declarations and build the IR (raises ``TopologyError``)."""
+        from pystreams.topology.builder import build
+
+        return build(self.app_id, list(self._nodes.values()), list(self._stores.values()))
+
+    # ----------------------------------------------------------------- sources
+
+    def topic(
+        self,
+        topic: str | Sequence[str] | None = None,
+        *,
+        pattern: str | None = None,
+        key: Serde | None = None,
+        value: Serde | None = None,
+        timestamp: TimestampExtractor | None = None,
+        name: str | None = None,
+    ) -> Stream:
+        """A stream read from a topic (or several), or from every topic matching an RE2 pattern.
+
+        ``timestamp(key, value, record_timestamp_ms) -> ms`` sets event time; without it the
+        record's own timestamp is used.
+        """
+        if (topic is None) == (pattern is None):
+            raise TopologyError(f"source {name or topic or pattern!r}: give exactly one of a topic or pattern=")
+        if pattern is not None:
+            node_name = self._fresh_name(name, "pattern-source")
+            compile_pattern(pattern, node_name)
+            topics: tuple[str, ...] = ()
+        else:
+            topics = (topic,) if isinstance(topic, str) else tuple(topic)  # type: ignore[arg-type]
+            if not topics:
+                raise TopologyError(f"source {name!r}: no topics given")
+            if name is None and len(topics) > 1:
+                raise InvalidNameError(f"a source of several topics {list(topics)} needs name=")
+            node_name = name or topics[0]
+        node = Node(
+            name=node_name,
+            kind=NodeKind.SOURCE,
+            key_serde=key or self.default_key_serde,
+            value_serde=value or self.default_value_serde,
+            topics=tuple(check_name("topic", t) for t in topics),
+            pattern=pattern,
+            timestamp_extractor=None if timestamp is None else _callable(timestamp, "timestamp extractor"),
+        )
+        self._add_source(node)
+        return Stream(self, node_name)
+
+    def table(
+        self,
+        topic: str,
+        *,
+        store: str | None = None,
+        key: Serde | None = None,
+        value: Serde | None = None,
+        timestamp: TimestampExtractor | None = None,
+        name: str | None = None,
+    ) -> Table:
+        """A table read from a topic: the latest value per key, kept in ``store``."""
+        node_name = name or topic
+        store_name = store or node_name
+        node = Node(
+            name=node_name,
+            kind=NodeKind.TABLE_SOURCE,
+            key_serde=key or self.default_key_serde,
+            value_serde=value or self.default_value_serde,
+            topics=(check_name("topic", topic),),
+            timestamp_extractor=None if timestamp is None else _callable(timestamp, "timestamp extractor"),
+            stores=(store_name,),
+        )
+        self._add_source(node)
+        self._add_store(
+            Store(
+                name=store_name,
+                kind=StoreKind.KEY_VALUE,
+                owner=node_name,
+                key_serde=node.key_serde,
+                value_serde=node.value_serde,
+            )
+        )
+        return Table(self, node_name)
+
+    # ----------------------------------------------------------------- stateless
+
+    def map(
+        self,
+        stream: Stream,
+        *,
+        key: Serde | None = None,
+        value: Serde | None = None,
+        key_changing: bool = True,
+        name: str | None = None,
+    ) -> Callable[[Callable], Stream]:
+        """``fn(key, value) -> (key, value)``. Pass ``key_changing=False`` if keys never change."""
+        return self._stateless(
+            NodeKind.MAP,
+            stream,
+            name,
+            key=key,
+            value=value,
+            key_changing=key_changing,
+            inherit_key=_keeps_keys(key, key_changing),
+        )
+
+    def map_values(
+        self, stream: Stream, *, value: Serde | None = None, name: str | None = None
+    ) -> Callable[[Callable], Stream]:
+        """``fn(key, value) -> value``; keys stay, so no repartition follows."""
+        return self._stateless(NodeKind.MAP_VALUES, stream, name, value=value, inherit_key=True)
+
+    def flat_map(
+        self,
+        stream: Stream,
+        *,
+        key: Serde | None = None,
+        value: Serde | None = None,
+        key_changing: bool = True,
+        name: str | None = None,
+    ) -> Callable[[Callable], Stream]:
+        """``fn(key, value) -> iterable of (key, value)`` (a generator is fine)."""
+        return self._stateless(
+            NodeKind.FLAT_MAP,
+            stream,
+            name,
+            key=key,
+            value=value,
+            key_changing=key_changing,
+            inherit_key=_keeps_keys(key, key_changing),
+        )
+
+    def flat_map_values(
+        self, stream: Stream, *, value: Serde | None = None, name: str | None = None
+    ) -> Callable[[Callable], Stream]:
+        """``fn(key, value) -> iterable of value``; keys stay."""
+        return self._stateless(NodeKind.FLAT_MAP_VALUES, stream, name, value=value, inherit_key=True)
+
+    def filter(self, stream: Stream, *, name: str | None = None) -> Callable[[Callable], Stream]:
+        """``fn(key, value) -> bool``: keep records for which it is true."""
+        return self._stateless(NodeKind.FILTER, stream, name, inherit_key=True, inherit_value=True)
+
+    def peek(self, stream: Stream, *, name: str | None = None) -> Callable[[Callable], Stream]:
+        """``fn(key, value)`` for its side effect; records pass unchanged."""
+        return self._stateless(NodeKind.PEEK, stream, name, inherit_key=True, inherit_value=True)
+
+    def group_by(
+        self, stream: Stream, *, key: Serde | None = None, name: str | None = None
+    ) -> Callable[[Callable], Stream]:
+        """``fn(key, value) -> new key``: re-key for a following aggregation (which repartitions)."""
+        return self._stateless(NodeKind.SELECT_KEY, stream, name, key=key, inherit_value=True, key_changing=True)
+
+    def branch(
+        self, stream: Stream, *, branches: Sequence[str], name: str | None = None
+    ) -> Callable[[Callable], Branches]:
+        """``fn(key, value) -> label or None``: route each record to one named branch (None drops)."""
+        labels = tuple(branches)
+        if not labels or len(set(labels)) != len(labels):
+            raise TopologyError(f"branch {name!r}: branches must be distinct labels, got {list(labels)}")
+
+        def declare(fn: Callable) -> Branches:
+            parent = self._stream(stream, "branch")
+            node_name = self._function_name(fn, name, parent, "branch")
+            for label in labels:
+                check_name(f"branch {node_name!r} label", label)
+            self._add(
+                Node(
+                    name=node_name,
+                    kind=NodeKind.BRANCH,
+                    parents=(parent.name,),
+                    fn=_callable(fn),
+                    key_serde=parent.key_serde,
+                    value_serde=parent.value_serde,
+                    branches=labels,
+                )
+            )
+            streams = {}
+            for label in labels:
+                output = Node(
+                    name=f"{node_name}-{label}",
+                    kind=NodeKind.BRANCH_OUTPUT,
+                    parents=(node_name,),
+                    key_serde=parent.key_serde,
+                    value_serde=parent.value_serde,
+                    branches=(label,),
+                )
+                self._add(output)
+                streams[label] = Stream(self, output.name)
+            return Branches(streams)
+
+        return declare
+
+    def merge(self, *streams: Stream, name: str | None = None) -> Stream:
+        """One stream of the records of all ``streams`` (serdes of the first)."""
+        if len(streams) < 2:
+            raise TopologyError(f"merge {name!r} needs at least two streams")
+        parents = [self._stream(s, "merge") for s in streams]
+        names = [p.name for p in parents]
+        if len(set(names)) != len(names):
+            raise TopologyError(f"merge {name!r}: a stream is given twice: {names}", nodes=names)
+        node_name = self._fresh_name(name, f"{names[0]}-merge")
+        self._add(
+            Node(
+                name=node_name,
+                kind=NodeKind.MERGE,
+                parents=tuple(names),
+                key_serde=parents[0].key_serde,
+                value_serde=parents[0].value_serde,
+            )
+        )
+        return Stream(self, node_name)
+
+    def repartition(self, stream: Stream, *, name: str | None = None, partitions: int | None = None) -> Stream:
+        """Write the stream through ``<app>-<name>-repartition`` (``name`` defaults to the
+        stream's) so it is partitioned by its current key; ``partitions`` fixes the count."""
+        parent = self._stream(stream, "repartition")
+        if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
+            raise TopologyError(
+                f"repartition of {parent.name!r}: partitions must be a positive int, got {partitions!r}"
+            )
+        base = check_name("repartition", name or parent.name)
+        node_name = repartition_source_node(base)
+        self._add(
+            Node(
+                name=node_name,
+                kind=NodeKind.REPARTITION,
+                parents=(parent.name,),
+                key_serde=parent.key_serde,
+                value_serde=parent.value_serde,
+                partitions=partitions,
+                internal=True,
+            )
+        )
+        return Stream(self, node_name)
+
+    def to_stream(self, table: Table, *, name: str | None = None) -> Stream:
+        """The table's updates as a stream."""
+        parent = self._table(table, "to_stream")
+        node_name = self._fresh_name(name, f"{parent.name}-stream")
+        self._add(
+            Node(
+                name=node_name,
+                kind=NodeKind.TO_STREAM,
+                parents=(parent.name,),
+                key_serde=parent.key_serde,
+                value_serde=parent.value_serde,
+            )
+        )
+        return Stream(self, node_name)
+
+    # ----------------------------------------------------------------- stateful
+
+    def count(
+        self,
+        stream: Stream,
+        *,
+        store: str | None = None,
+        window: AggregationWindow | None = None,
+        name: str | None = None,
+    ) -> Table:
+        """Records per key (per window with ``window=``); values are ``Int()`` (8-byte big-endian)."""
+        parent = self._stream(stream, "count")
+        node_name = self._fresh_name(name or store, f"{parent.name}-count")
+        return self._aggregation(
+            NodeKind.COUNT,
+            parent,
+            node_name,
+            store,
+            window,
+            fn=count_step,
+            initial=0,
+            merger=sum_merger,
+            value_serde=serdes.Int(),
+        )
+
+    def aggregate(
+        self,
+        stream: Stream,
+        *,
+        initial: Any,
+        store: str | None = None,
+        window: AggregationWindow | None = None,
+        merge: Callable[[Any, Any, Any], Any] | None = None,
+        value: Serde | None = None,
+        name: str | None = None,
+    ) -> Callable[[Callable], Table]:
+        """``fn(acc, key, value) -> acc`` per key (per window), from ``initial`` (a value, or a
+        zero-argument factory such as ``list``). Session windows need ``merge(key, older, newer)``."""
+
+        def declare(fn: Callable) -> Table:
+            parent = self._stream(stream, "aggregate")
+            node_name = self._function_name(fn, name, parent, "aggregate")
+            value_serde = value or serdes.for_value(initial) or self.default_value_serde
+            merger = None if merge is None else _callable(merge, "merger")
+            return self._aggregation(
+                NodeKind.AGGREGATE,
+                parent,
+                node_name,
+                store,
+                window,
+                fn=_callable(fn),
+                initial=initial,
+                merger=merger,
+                value_serde=value_serde,
+            )
+
+        return declare
+
+    def reduce(
+        self,
+        stream: Stream,
+        *,
+        store: str | None = None,
+        window: AggregationWindow | None = None,
+        name: str | None = None,
+    ) -> Callable[[Callable], Table]:
+        """``fn(acc, key, value) -> acc``; a key's first value is its accumulator."""
+
+        def declare(fn: Callable) -> Table:
+            parent = self._stream(stream, "reduce")
+            node_name = self._function_name(fn, name, parent, "reduce")
+            fn = _callable(fn)
+            return self._aggregation(
+                NodeKind.REDUCE,
+                parent,
+                node_name,
+                store,
+                window,
+                fn=fn,
+                initial=None,
+                merger=ReduceMerger(fn),
+                value_serde=parent.value_serde,
+            )
+
+        return declare
+
+    def join(
+        self,
+        left: Stream,
+        right: Stream | Table,
+        *,
+        window: JoinWindow | None = None,
+        how: str = "inner",
+        value: Serde | None = None,
+        name: str | None = None,
+    ) -> Callable[[Callable], Stream]:
+        """``fn(key, left_value, right_value) -> value``.
+
+        With a ``Table``: a stream–table join (``how`` inner or left; no window). With a
+        ``Stream``: a windowed stream–stream join (``window=JoinWindow(...)``; inner, left or
+        outer). Both sides must be co-partitioned; re-keyed sides are repartitioned first.
+        """
+
+        def declare(fn: Callable) -> Stream:
+            left_node = self._stream(left, "join")
+            node_name = self._function_name(fn, name, left_node, "join")
+            join_how = _join_how(how, node_name)
+            value_serde = value or self.default_value_serde
+            if isinstance(right, Table):
+                return self._stream_table_join(
+                    node_name, left_node, right, window, join_how, _callable(fn), value_serde
+                )
+            if isinstance(right, Stream):
+                return self._stream_stream_join(
+                    node_name, left_node, right, window, join_how, _callable(fn), value_serde
+                )
+            raise TypeError(f"join {node_name!r}: the right side must be a Stream or Table, got {right!r}")
+
+        return declare
+
+    def processor(
+        self,
+        stream: Stream,
+        *,
+        stores: Sequence[StoreDeclaration | str] = (),
+        key: Serde | None = None,
+        value: Serde | None = None,
+        key_changing: bool = True,
+        name: str | None = None,
+    ) -> Callable[[type[Processor]], Stream]:
+        """A low-level ``Processor`` subclass; one instance per task.
+
+        ``stores`` lists stores it owns (``kv_store(...)`` etc.) and, by name, stores of other
+        nodes it may read — those must be in the same sub-topology. A processor with stores
+        gets a repartition in front of it when its input's key changed.
+        """
+
+        def declare(processor_class: type[Processor]) -> Stream:
+            parent = self._stream(stream, "processor")
+            if not (isinstance(processor_class, type) and issubclass(processor_class, Processor)):
+                raise TypeError(f"@app.processor needs a Processor subclass, got {processor_class!r}")
+            punctuations = punctuations_of(processor_class)
+            for method in ("init", "process", "close", *(p.method for p in punctuations)):
+                _callable(getattr(processor_class, method), f"{processor_class.__name__}.{method}")
+            node_name = check_name("node", name or processor_class.__name__)
+            store_names = []
+            owned = []
+            for entry in stores:
+                if isinstance(entry, StoreDeclaration):
+                    owned.append(entry)
+                    store_names.append(entry.name)
+                elif isinstance(entry, str):
+                    store_names.append(entry)
+                else:
+                    raise TypeError(
+                        f"processor {node_name!r}: stores must be store declarations or names, got {entry!r}"
+                    )
+            self._add(
+                Node(
+                    name=node_name,
+                    kind=NodeKind.PROCESSOR,
+                    parents=(parent.name,),
+                    fn=processor_class,
+                    key_serde=key or (self.default_key_serde if key_changing else parent.key_serde),
+                    value_serde=value or self.default_value_serde,
+                    key_changing=key_changing,
+                    stores=tuple(store_names),
+                    punctuations=punctuations,
+                )
+            )
+            for declaration in owned:
+                self._add_store(
+                    Store(
+                        name=declaration.name,
+                        kind=declaration.kind,
+                        owner=node_name,
+                        key_serde=declaration.key or self.default_key_serde,
+                        value_serde=declaration.value or self.default_value_serde,
+                        window=TumblingWindow(declaration.window_size_ms) if declaration.window_size_ms else None,
+                        retention_ms=declaration.retention_ms,
+                        retain_duplicates=declaration.retain_duplicates,
+                        logging=declaration.logging,
+                    )
+                )
+            return Stream(self, node_name)
+
+        return declare
+
+    # ----------------------------------------------------------------- sinks
+
+    def to(
+        self,
+        source: Stream | Table,
+        topic: str,
+        *,
+        key: Serde | None = None,
+        value: Serde | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Write a stream's records, or a table's updates, to ``topic``."""
+        parent = self._handle(source, "to")
+        check_name("topic", topic)
+        node_name = self._fresh_name(name, f"{parent.name}-to-{topic}")
+        self._add(
+            Node(
+                name=node_name,
+                kind=NodeKind.SINK,
+                parents=(parent.name,),
+                topics=(topic,),
+                key_serde=key or parent.key_serde,
+                value_serde=value or parent.value_serde,
+            )
+        )
+
+    # ----------------------------------------------------------------- internals
+
+    def _add(self, node: Node) -> None:
+        check_name(f"{node.kind} node", node.name)
+        existing = self._nodes.get(node.name)
+        if existing is not None:
+            raise InvalidNameError(
+                f"node name {node.name!r} is already used by a {existing.kind} node; pass name= to choose another",
+                nodes=[node.name],
+            )
+        self._nodes[node.name] = node
+
+    def _add_source(self, node: Node) -> None:
+        for topic in node.topics:
+            owner = self._sources_by_topic.get(topic)
+            if owner is not None:
+                raise InvalidNameError(
+                    f"topic {topic!r} is already read by source {owner!r}; "
+                    f"source {node.name!r} cannot read it too — reuse that stream",
+                    nodes=[owner, node.name],
+                    topics=[topic],
+                )
+        self._add(node)
+        for topic in node.topics:
+            self._sources_by_topic[topic] = node.name
+
+    def _add_store(self, store: Store) -> None:
+        check_name("store", store.name)
+        existing = self._stores.get(store.name)
+        if existing is not None:
+            raise StoreError(
+                f"store {store.name!r} is declared by both {existing.owner!r} and {store.owner!r}",
+                nodes=[existing.owner, store.owner],
+            )
+        self._stores[store.name] = store
+
+    def _fresh_name(self, name: str | None, base: str) -> str:
+        """``name`` if given (it must be free), else ``base``, numbered if taken."""
+        if name is not None:
+            return check_name("node", name)
+        candidate, number = base, 2
+        while candidate in self._nodes:
+            candidate, number = f"{base}-{number}", number + 1
+        return check_name("node", candidate)
+
+    def _function_name(self, fn: Callable, name: str | None, parent: Node, kind: str) -> str:
+        """The node name for a decorated function: ``name=``, else the function's name (which
+        must be free), else — for lambdas — ``<parent>-<kind>``, numbered if taken."""
+        if not callable(fn):
+            raise TypeError(f"@app.{kind} decorates a function, got {fn!r}")
+        if name is not None:
+            return check_name("node", name)
+        function_name = getattr(fn, "__name__", "")
+        if function_name.isidentifier() and function_name != "<lambda>":
+            return check_name("node", function_name)
+        return self._fresh_name(None, f"{parent.name}-{kind}")
+
+    def _handle(self, handle: Any, operation: str) -> Node:
+        if not isinstance(handle, _Handle):
+            raise TypeError(f"{operation} needs a Stream or Table of app {self.app_id!r}, got {handle!r}")
+        if handle.app is not self:
+            raise MissingSourceError(
+                f"{operation}: {handle.name!r} belongs to app {handle.app.app_id!r}, not {self.app_id!r}",
+                nodes=[handle.name],
+            )
+        return handle.node
+
+    def _stream(self, handle: Any, operation: str) -> Node:
+        node = self._handle(handle, operation)
+        if isinstance(handle, Table):
+            raise TopologyError(
+                f"{operation} needs a stream, but {node.name!r} is a table; use .to_stream() first", nodes=[node.name]
+            )
+        return node
+
+    def _table(self, handle: Any, operation: str) -> Node:
+        node = self._handle(handle, operation)
+        if not isinstance(handle, Table):
+            raise TopologyError(f"{operation} needs a table, but {node.name!r} is a stream", nodes=[node.name])
+        return node
+
+    def _stateless(
+        self,
+        kind: NodeKind,
+        stream: Stream,
+        name: str | None,
+        *,
+        key: Serde | None = None,
+        value: Serde | None = None,
+        inherit_key: bool = False,
+        inherit_value: bool = False,
+        key_changing: bool = False,
+    ) -> Callable[[Callable], Stream]:
+        def declare(fn: Callable) -> Stream:
+            parent = self._stream(stream, str(kind))
+            node_name = self._function_name(fn, name, parent, str(kind))
+            self._add(
+                Node(
+                    name=node_name,
+                    kind=kind,
+                    parents=(parent.name,),
+                    fn=_callable(fn),
+                    key_serde=parent.key_serde if inherit_key else key or self.default_key_serde,
+                    value_serde=parent.value_serde if inherit_value else value or self.default_value_serde,
+                    key_changing=key_changing,
+                )
+            )
+            return Stream(self, node_name)
+
+        return declare
+
+    def _aggregation(
+        self,
+        kind: NodeKind,
+        parent: Node,
+        node_name: str,
+        store: str | None,
+        window: AggregationWindow | None,
+        *,
+        fn: Callable,
+        initial: Any,
+        merger: Callable | None,
+        value_serde: Serde,
+    ) -> Table:
+        if window is not None and not isinstance(window, TumblingWindow | HoppingWindow | SessionWindow):
+            raise TypeError(
+                f"{kind} {node_name!r}: window must be a Tumbling, Hopping or Session window, got {window!r}"
+            )
+        if isinstance(window, SessionWindow):
+            if merger is None:
+                raise TopologyError(
+                    f"aggregate {node_name!r} over session windows needs merge=(key, older, newer)", nodes=[node_name]
+                )
+        elif kind is NodeKind.AGGREGATE and merger is not None:
+            raise TopologyError(f"aggregate {node_name!r}: merge= only applies to session windows", nodes=[node_name])
+        else:
+            merger = None
+        store_name = check_name("store", store or node_name)
+        store_kind = (
+            StoreKind.KEY_VALUE
+            if window is None
+            else StoreKind.SESSION
+            if isinstance(window, SessionWindow)
+            else StoreKind.WINDOW
+        )
+        self._add(
+            Node(
+                name=node_name,
+                kind=kind,
+                parents=(parent.name,),
+                fn=fn,
+                initial=initial,
+                merger=merger,
+                key_serde=serdes.WindowedKey(parent.key_serde) if window is not None else parent.key_serde,
+                value_serde=value_serde,
+                stores=(store_name,),
+                window=window,
+            )
+        )
+        self._add_store(
+            Store(
+                name=store_name,
+                kind=store_kind,
+                owner=node_name,
+                key_serde=parent.key_serde,
+                value_serde=value_serde,
+                window=window,
+                retention_ms=window.retention_ms if window is not None else None,
+            )
+        )
+        return Table(self, node_name)
+
+    def _stream_table_join(
+        self,
+        node_name: str,
+        left: Node,
+        right: Table,
+        window: JoinWindow | None,
+        how: JoinHow,
+        fn: Callable,
+        value_serde: Serde,
+    ) -> Stream:
+        table = self._table(right, "join")
+        if window is not None:
+            raise TopologyError(f"join {node_name!r}: a stream-table join takes no window", nodes=[node_name])
+        if how is JoinHow.OUTER:
+            raise TopologyError(
+                f"join {node_name!r}: a stream-table join is inner or left, not outer", nodes=[node_name]
+            )
+        if table.kind not in TABLE_KINDS:
+            raise TopologyError(f"join {node_name!r}: {table.name!r} is not a table", nodes=[node_name, table.name])
+        if table.window is not None:
+            raise TopologyError(
+                f"join {node_name!r}: cannot join a stream with the windowed table {table.name!r}",
+                nodes=[node_name, table.name],
+            )
+        table_store = table.stores[0]
+        self._add(
+            Node(
+                name=node_name,
+                kind=NodeKind.STREAM_TABLE_JOIN,
+                parents=(left.name,),
+                fn=fn,
+                stores=(table_store,),
+                key_serde=left.key_serde,
+                value_serde=value_serde,
+                join=JoinSpec(kind=JoinKind.STREAM_TABLE, how=how, table=table.name, table_store=table_store),
+            )
+        )
+        return Stream(self, node_name)
+
+    def _stream_stream_join(
+        self,
+        node_name: str,
+        left: Node,
+        right: Stream,
+        window: JoinWindow | None,
+        how: JoinHow,
+        fn: Callable,
+        value_serde: Serde,
+    ) -> Stream:
+        right_node = self._stream(right, "join")
+        if not isinstance(window, JoinWindow):
+            raise TopologyError(
+                f"join {node_name!r}: a stream-stream join needs window=JoinWindow(...)",
+                nodes=[node_name, left.name, right_node.name],
+            )
+        sides = {JoinSide.LEFT: left, JoinSide.RIGHT: right_node}
+        side_names = {side: f"{node_name}-{side}" for side in sides}
+        store_names = {side: f"{node_name}-{side}-store" for side in sides}
+        for side, input_node in sides.items():
+            other = JoinSide.RIGHT if side is JoinSide.LEFT else JoinSide.LEFT
+            self._add(
+                Node(
+                    name=side_names[side],
+                    kind=NodeKind.STREAM_STREAM_JOIN,
+                    parents=(input_node.name,),
+                    fn=fn,
+                    stores=(store_names[side], store_names[other]),
+                    key_serde=left.key_serde,
+                    value_serde=value_serde,
+                    window=window,
+                    join=JoinSpec(
+                        kind=JoinKind.STREAM_STREAM,
+                        how=how,
+                        side=side,
+                        other=side_names[other],
+                        window=window,
+                        this_store=store_names[side],
+                        other_store=store_names[other],
+                    ),
+                )
+            )
+        for side, input_node in sides.items():
+            self._add_store(
+                Store(
+                    name=check_name("store", store_names[side]),
+                    kind=StoreKind.WINDOW,
+                    owner=side_names[side],
+                    key_serde=input_node.key_serde,
+                    value_serde=input_node.value_serde,
+                    window=window,
+                    retention_ms=window.retention_ms,
+                    retain_duplicates=True,
+                )
+            )
+        self._add(
+            Node(
+                name=node_name,
+                kind=NodeKind.MERGE,
+                parents=(side_names[JoinSide.LEFT], side_names[JoinSide.RIGHT]),
+                key_serde=left.key_serde,
+                value_serde=value_serde,
+            )
+        )
+        return Stream(self, node_name)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _callable(fn: Any, what: str = "function") -> Callable:
+    """Check that ``fn`` is a plain synchronous callable: runtimes call it inline, per record."""
+    if not callable(fn):
+        raise TypeError(f"expected a {what}, got {fn!r}")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"{what} {getattr(fn, '__name__', fn)!r} is async; pystreams functions are plain synchronous callables"
+        )
+    return fn
+
+
+def _keeps_keys(key: Serde | None, key_changing: bool) -> bool:
+    """A map promising unchanged keys keeps its input's key serde unless it names one."""
+    return key is None and not key_changing
+
+
+def _join_how(how: str, node_name: str) -> JoinHow:
+    try:
+        return JoinHow(how)
+    except ValueError:
+        raise TopologyError(
+            f"join {node_name!r}: how must be one of {[h.value for h in JoinHow]}, got {how!r}", nodes=[node_name]
+        ) from None
+
+
+def load_app(target: str) -> App:
+    """Load an app from ``path/to/app.py`` or ``package.module``, optionally ``:attribute``.
+
+    Without an attribute: the module's ``app`` if it is an ``App``, else its only ``App``.
+    A file's directory goes on ``sys.path`` first, as when Python runs it as a script.
+    """
+    location, _, attribute = target.partition(":") if not Path(target).exists() else (target, "", "")
+    if location.endswith(".py") or Path(location).exists():
+        path = Path(location).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"no app file {location}")
+        module_name = f"pystreams_app_{path.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        sys.modules[module_name] = module  # so dataclasses, pickling and msgspec can find it
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(location)
+    if attribute:
+        found = getattr(module, attribute, None)
+        if not isinstance(found, App):
+            raise LookupError(f"{target}: {attribute!r} is not a pystreams App")
+        return found
+    named = getattr(module, "app", None)
+    if isinstance(named, App):
+        return named
+    apps = [value for value in vars(module).values() if isinstance(value, App)]
+    if len(apps) != 1:
+        raise LookupError(f"{target}: expected one pystreams App, found {len(apps)}; use {location}:NAME")
+    return apps[0]

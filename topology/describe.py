@@ -1,0 +1,159 @@
+"""Human views of a topology: a text description and a Mermaid flowchart.
+
+The text lists sub-topologies with their nodes (arrows to children, from parents), their
+tasks, the stores and every topic with how it is sized. With a ``ResolvedTopology`` the tasks
+and partition counts are concrete; without one they are stated as rules.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .ir import Node, NodeKind, SubTopology, TopicRole, Topology
+from .resolve import ResolvedTopology
+from .windows import describe_window
+
+
+def _node_line(node: Node) -> str:
+    if node.is_source:
+        what = f"pattern {node.pattern!r}" if node.pattern is not None else f"topics {list(node.topics)}"
+        label = "Table source" if node.kind is NodeKind.TABLE_SOURCE else "Source"
+        line = f"{label}: {node.name} ({what})"
+    elif node.kind is NodeKind.SINK:
+        line = f"Sink: {node.name} (topic {node.topics[0]!r})"
+    else:
+        line = f"Processor: {node.name} ({node.kind})"
+    details = []
+    if node.stores:
+        details.append(f"stores {list(node.stores)}")
+    if node.window is not None:
+        details.append(describe_window(node.window))
+    if node.join is not None:
+        details.append(
+            f"{node.join.how} {node.join.kind} join" + (f", {node.join.side} side" if node.join.side else "")
+        )
+    if node.punctuations:
+        details.append(
+            "punctuate " + ", ".join(f"{p.method} every {p.interval_ms}ms {p.type}" for p in node.punctuations)
+        )
+    if node.timestamp_extractor is not None:
+        details.append("event time from extractor")
+    if node.kind is NodeKind.BRANCH_OUTPUT:
+        details.append(f"branch {node.branches[0]!r}")
+    details.append(f"serdes {node.key_serde.name}/{node.value_serde.name}")
+    return f"{line} [{'; '.join(details)}]"
+
+
+def _tasks_line(topology: Topology, sub: SubTopology, resolved: ResolvedTopology | None) -> str:
+    if resolved is not None:
+        tasks = resolved.tasks_of(sub.id)
+        shown = ", ".join(str(t) for t in tasks[:8]) + (", ..." if len(tasks) > 8 else "")
+        return f"tasks ({len(tasks)}): {shown}"
+    inputs = [*sub.source_topics, *(f"/{p}/" for p in sub.source_patterns)]
+    return f"tasks: {sub.id}_0 .. {sub.id}_(N-1), one per partition; N = max partitions of {inputs}"
+
+
+def describe(topology: Topology, resolved: ResolvedTopology | None = None) -> str:
+    lines = [f"Topology {topology.app_id} (hash {topology.hash})"]
+    for sub in topology.subtopologies:
+        lines.append(f"Sub-topology {sub.id}")
+        lines.append(f"  {_tasks_line(topology, sub, resolved)}")
+        for node in topology.nodes_of(sub.id):
+            lines.append(f"  {_node_line(node)}")
+            if node.children:
+                lines.append(f"    --> {', '.join(node.children)}")
+            if node.parents:
+                lines.append(f"    <-- {', '.join(node.parents)}")
+    if topology.stores:
+        lines.append("Stores")
+        for store in topology.stores.values():
+            window = f", {describe_window(store.window)}" if store.window is not None else ""
+            changelog = store.changelog_topic or "no changelog"
+            lines.append(
+                f"  {store.name}: {store.kind} in sub-topology {store.subtopology}, owner {store.owner}"
+                f"{window}, {changelog}"
+            )
+    lines.append("Topics")
+    for topic in topology.external_source_topics:
+        lines.append(f"  {topic}: source{_partitions(resolved, topic)}")
+    for pattern in topology.source_patterns:
+        matched = ""
+        if resolved is not None:
+            node = next(n for n in topology.nodes.values() if n.pattern == pattern)
+            matched = f" -> {list(resolved.source_topics[node.name])}"
+        lines.append(f"  /{pattern}/: source pattern{matched}")
+    for topic in topology.sink_topics:
+        lines.append(f"  {topic}: sink{_partitions(resolved, topic)}")
+    for internal in topology.internal_topics.values():
+        if internal.role is TopicRole.REPARTITION:
+            role = f"repartition, written by sub-topology {internal.subtopology}, read by {internal.reader_subtopology}"
+        else:
+            role = f"changelog of store {internal.store}"
+        if resolved is not None:
+            size = f"{resolved.partitions[internal.name]} partitions"
+        elif internal.partitions:
+            size = f"{internal.partitions} partitions"
+        else:
+            size = f"partitions = tasks of sub-topology {internal.subtopology}"
+        config = " ".join(f"{k}={v}" for k, v in sorted(internal.config.items()))
+        lines.append(f"  {internal.name}: {role}; {size}; {config}")
+    for group in topology.copartition_groups:
+        lines.append(
+            f"Co-partitioned for {', '.join(group.required_by)}: "
+            f"{list(group.topics) or ''}{' + patterns' if len(group.topics) < len(group.source_nodes) else ''}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _partitions(resolved: ResolvedTopology | None, topic: str) -> str:
+    if resolved is None or topic not in resolved.partitions:
+        return ""
+    return f", {resolved.partitions[topic]} partitions"
+
+
+# --------------------------------------------------------------------------- Mermaid
+
+
+def _mermaid_id(prefix: str, name: str) -> str:
+    # Mermaid ids must be plain words; the prefix keeps nodes, topics and stores apart.
+    return prefix + re.sub(r"[^A-Za-z0-9_]", lambda m: f"_{ord(m.group()):x}_", name)
+
+
+def _label(text: str) -> str:
+    return '"' + text.replace('"', "#quot;") + '"'
+
+
+def to_mermaid(topology: Topology) -> str:
+    """A ``flowchart LR``: sub-topologies as subgraphs, topics as asymmetric boxes, stores as
+    cylinders (dotted links to the nodes using them)."""
+    lines = ["flowchart LR"]
+    topics: dict[str, str] = {}
+    for node in topology.nodes.values():
+        for topic in node.topics:
+            topics.setdefault(topic, _mermaid_id("t_", topic))
+        if node.pattern is not None:
+            topics.setdefault(f"/{node.pattern}/", _mermaid_id("t_", f"/{node.pattern}/"))
+    for name, topic_id in topics.items():
+        lines.append(f"  {topic_id}>{_label(name)}]")
+    for sub in topology.subtopologies:
+        lines.append(f"  subgraph st{sub.id}[{_label(f'Sub-topology {sub.id}')}]")
+        for node in topology.nodes_of(sub.id):
+            label = _label(f"{node.name}<br/>{node.kind}")
+            node_id = _mermaid_id("n_", node.name)
+            shape = f"([{label}])" if node.is_source or node.kind is NodeKind.SINK else f"[{label}]"
+            lines.append(f"    {node_id}{shape}")
+        for store in sub.stores:
+            lines.append(f"    {_mermaid_id('s_', store)}[({_label(store)})]")
+        lines.append("  end")
+    for node in topology.nodes.values():
+        node_id = _mermaid_id("n_", node.name)
+        if node.is_source:
+            for topic in node.topics or (f"/{node.pattern}/",):
+                lines.append(f"  {topics[topic]} --> {node_id}")
+        if node.kind is NodeKind.SINK:
+            lines.append(f"  {node_id} --> {topics[node.topics[0]]}")
+        for child in node.children:
+            lines.append(f"  {node_id} --> {_mermaid_id('n_', child)}")
+        for store in node.stores:
+            lines.append(f"  {node_id} -.- {_mermaid_id('s_', store)}")
+    return "\n".join(lines) + "\n"

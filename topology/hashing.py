@@ -1,0 +1,112 @@
+"""The topology hash: a UUID (KIP-848's ``TopologyHash``) that members compare to notice that
+they run different topologies.
+
+It covers the *structure* — node names, kinds and edges, topics and patterns, stores and
+their windows, serde names, join and punctuation specs, internal topic configs — written as
+canonical JSON and hashed with SHA-256. User functions are left out: their bytecode and
+addresses vary between processes and Python versions, while a structural change (a node
+added, a topic renamed, a serde or window changed) always changes the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+from uuid import UUID
+
+import msgspec
+
+from .ir import CopartitionGroup, InternalTopic, JoinSpec, Node, Store, SubTopology
+from .windows import window_fields
+
+#: Bump when the canonical form changes meaning, so old and new hashes never collide.
+CANONICAL_FORM_VERSION = 1
+
+
+def _join(spec: JoinSpec | None) -> dict[str, Any] | None:
+    if spec is None:
+        return None
+    return {
+        "kind": spec.kind.value,
+        "how": spec.how.value,
+        "table": spec.table,
+        "table_store": spec.table_store,
+        "side": spec.side.value if spec.side else None,
+        "other": spec.other,
+        "window": window_fields(spec.window) if spec.window else None,
+        "this_store": spec.this_store,
+        "other_store": spec.other_store,
+    }
+
+
+def _node(node: Node) -> dict[str, Any]:
+    return {
+        "name": node.name,
+        "kind": node.kind.value,
+        "parents": list(node.parents),
+        "subtopology": node.subtopology,
+        "key_serde": node.key_serde.name,
+        "value_serde": node.value_serde.name,
+        "key_changing": node.key_changing,
+        "topics": list(node.topics),
+        "pattern": node.pattern,
+        "has_timestamp_extractor": node.timestamp_extractor is not None,
+        "internal": node.internal,
+        "partitions": node.partitions,
+        "stores": list(node.stores),
+        "window": window_fields(node.window) if node.window else None,
+        "join": _join(node.join),
+        "branches": list(node.branches),
+        "punctuations": [[p.method, p.interval_ms, p.type.value] for p in node.punctuations],
+    }
+
+
+def _store(store: Store) -> dict[str, Any]:
+    return {
+        "name": store.name,
+        "kind": store.kind.value,
+        "owner": store.owner,
+        "key_serde": store.key_serde.name,
+        "value_serde": store.value_serde.name,
+        "window": window_fields(store.window) if store.window else None,
+        "retention_ms": store.retention_ms,
+        "retain_duplicates": store.retain_duplicates,
+        "logging": store.logging,
+        "changelog_topic": store.changelog_topic,
+        "subtopology": store.subtopology,
+    }
+
+
+def _topic(topic: InternalTopic) -> dict[str, Any]:
+    return {
+        "name": topic.name,
+        "role": topic.role.value,
+        "subtopology": topic.subtopology,
+        "config": dict(topic.config),
+        "partitions": topic.partitions,
+    }
+
+
+def canonical_form(
+    app_id: str,
+    nodes: list[Node],
+    stores: list[Store],
+    subtopologies: list[SubTopology],
+    internal_topics: list[InternalTopic],
+    copartition_groups: list[CopartitionGroup],
+) -> bytes:
+    """The structure as canonical JSON (sorted keys; lists in processing or name order)."""
+    form = {
+        "version": CANONICAL_FORM_VERSION,
+        "app": app_id,
+        "nodes": [_node(node) for node in nodes],
+        "stores": [_store(store) for store in sorted(stores, key=lambda s: s.name)],
+        "subtopologies": [list(sub.nodes) for sub in subtopologies],
+        "internal_topics": [_topic(topic) for topic in sorted(internal_topics, key=lambda t: t.name)],
+        "copartition_groups": sorted(list(group.source_nodes) for group in copartition_groups),
+    }
+    return msgspec.json.encode(form, order="sorted")
+
+
+def topology_hash(canonical: bytes) -> UUID:
+    return UUID(bytes=hashlib.sha256(canonical).digest()[:16])

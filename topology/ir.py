@@ -1,0 +1,334 @@
+"""The topology IR: what an app *is*, as plain frozen data both runtimes consume.
+
+A ``Topology`` is a graph of ``Node`` s (sources, processors, sinks) grouped into
+``SubTopology`` s, plus the ``Store`` s the nodes use and the internal topics the app needs.
+Sub-topologies are the connected parts of the graph once it is cut at repartition topics; a
+*task* is one sub-topology working on one partition number, ``TaskId(subtopology, partition)``.
+
+Partition counts are unknown until run time (they come from the cluster), so the IR only
+states *constraints*: which topics must be co-partitioned, and how each internal topic's count
+follows from its sub-topology's inputs. ``pystreams.topology.resolve.resolve`` turns a
+topology plus the cluster's partition counts into tasks and concrete counts.
+
+Callables (the user's functions, timestamp extractors, processor classes) are held by
+reference; nothing here is serialized. The topology hash covers structure only.
+
+How a runtime executes each node kind (``key``/``value`` are deserialized objects; a record
+also carries a timestamp, inherited by every record derived from it):
+
+=====================  ===========================================================================
+kind                   behaviour, and the signature of ``fn``
+=====================  ===========================================================================
+SOURCE                 reads ``topics`` (or topics matching ``pattern``), deserializes with
+                       ``key_serde``/``value_serde``; the timestamp is
+                       ``timestamp_extractor(key, value, record_timestamp_ms)`` if set, else the
+                       record's own. ``internal`` sources read repartition topics.
+TABLE_SOURCE           as SOURCE, then upserts ``key -> value`` into ``stores[0]`` (deletes on a
+                       ``None`` value) and forwards the update.
+SINK                   serializes with its serdes and produces to ``topics[0]`` using Kafka's
+                       default partitioner (murmur2 of the key bytes), so Java clients agree.
+MAP                    ``fn(key, value) -> (key, value)``
+MAP_VALUES             ``fn(key, value) -> value``
+FLAT_MAP               ``fn(key, value) -> iterable of (key, value)``
+FLAT_MAP_VALUES        ``fn(key, value) -> iterable of value``
+FILTER                 ``fn(key, value) -> bool``; forwards when true
+PEEK                   ``fn(key, value) -> None``; forwards unchanged
+SELECT_KEY             ``fn(key, value) -> new key`` (``group_by``); forwards ``(new key, value)``
+BRANCH                 ``fn(key, value) -> label or None``; forwards to the child BRANCH_OUTPUT whose
+                       ``label`` matches (``None`` drops the record)
+BRANCH_OUTPUT          forwards unchanged (it only exists so each branch is a named stream)
+MERGE                  forwards records from every parent unchanged
+TO_STREAM              forwards a table's updates as a stream
+COUNT                  like AGGREGATE with ``initial=0`` and ``fn=acc+1``; both are filled in so a
+                       runtime may treat COUNT as AGGREGATE
+AGGREGATE              ``acc = fn(acc, key, value)`` with ``acc`` starting at ``initial`` (or
+                       ``initial()`` when callable); stores in ``stores[0]``; forwards
+                       ``(key, acc)``, or ``(Windowed(key, start, end), acc)`` per window when
+                       ``window`` is set. Session windows merge with ``merger(key, older, newer)``.
+REDUCE                 like AGGREGATE, but the first value of a key is the accumulator itself
+STREAM_TABLE_JOIN      looks the record's key up in the table's store (``join.table_store``);
+                       forwards ``(key, fn(key, value, table_value))``; an inner join drops misses,
+                       a left join calls ``fn`` with ``None``. Table updates trigger nothing.
+STREAM_STREAM_JOIN     one node per side (``join.side``): stores the record in ``join.this_store``,
+                       looks up ``join.other_store`` within ``join.window`` and forwards
+                       ``(key, fn(key, left_value, right_value))``. The two sides feed a MERGE
+                       node that carries the join's name.
+PROCESSOR              ``fn`` is a ``Processor`` subclass: one instance per task, ``init(context)``,
+                       ``process(key, value)``, ``close()``; ``punctuations`` name methods to call
+                       with a timestamp on stream time or wall-clock time.
+=====================  ===========================================================================
+
+Window stores for stream–stream joins keep duplicates (several records per key and time);
+aggregation window stores keep one value per (key, window).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from pystreams.serdes import Serde
+
+from .windows import JoinWindow, Window
+
+
+class NodeKind(enum.StrEnum):
+    SOURCE = "source"
+    TABLE_SOURCE = "table-source"
+    SINK = "sink"
+    MAP = "map"
+    MAP_VALUES = "map-values"
+    FLAT_MAP = "flat-map"
+    FLAT_MAP_VALUES = "flat-map-values"
+    FILTER = "filter"
+    PEEK = "peek"
+    SELECT_KEY = "select-key"
+    BRANCH = "branch"
+    BRANCH_OUTPUT = "branch-output"
+    MERGE = "merge"
+    TO_STREAM = "to-stream"
+    #: Only in declarations: the builder replaces it with a repartition sink + source pair.
+    REPARTITION = "repartition"
+    COUNT = "count"
+    AGGREGATE = "aggregate"
+    REDUCE = "reduce"
+    STREAM_TABLE_JOIN = "stream-table-join"
+    STREAM_STREAM_JOIN = "stream-stream-join"
+    PROCESSOR = "processor"
+
+
+#: Kinds whose input must be partitioned by the current key; a changed key upstream gets a
+#: repartition topic in front of them.
+KEYED_INPUT_KINDS = frozenset(
+    {NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE, NodeKind.STREAM_TABLE_JOIN, NodeKind.STREAM_STREAM_JOIN}
+)
+#: Kinds whose output is a table (an update stream of a keyed state).
+TABLE_KINDS = frozenset({NodeKind.TABLE_SOURCE, NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE})
+
+
+class StoreKind(enum.StrEnum):
+    KEY_VALUE = "key-value"
+    WINDOW = "window"
+    SESSION = "session"
+
+
+class JoinKind(enum.StrEnum):
+    STREAM_TABLE = "stream-table"
+    STREAM_STREAM = "stream-stream"
+
+
+class JoinHow(enum.StrEnum):
+    INNER = "inner"
+    LEFT = "left"
+    OUTER = "outer"
+
+
+class JoinSide(enum.StrEnum):
+    LEFT = "left"
+    RIGHT = "right"
+
+
+class PunctuationType(enum.StrEnum):
+    #: Fires as stream time (the highest record timestamp a task has seen) advances.
+    STREAM_TIME = "stream-time"
+    #: Fires on the worker's clock, even when no records arrive.
+    WALL_CLOCK_TIME = "wall-clock-time"
+
+
+class TopicRole(enum.StrEnum):
+    SOURCE = "source"
+    SINK = "sink"
+    REPARTITION = "repartition"
+    CHANGELOG = "changelog"
+
+
+@dataclass(frozen=True, slots=True)
+class Punctuation:
+    """Call ``processor.<method>(timestamp_ms)`` every ``interval_ms`` of ``type`` time."""
+
+    method: str
+    interval_ms: int
+    type: PunctuationType
+
+
+@dataclass(frozen=True, slots=True)
+class JoinSpec:
+    kind: JoinKind
+    how: JoinHow
+    #: STREAM_TABLE: the table node and its store (read-only for the join).
+    table: str | None = None
+    table_store: str | None = None
+    #: STREAM_STREAM: which side this node is, the other side's node, the join window, the
+    #: store this side writes and the store it probes.
+    side: JoinSide | None = None
+    other: str | None = None
+    window: JoinWindow | None = None
+    this_store: str | None = None
+    other_store: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """One step of the graph. Serdes describe the records this node *emits* (for a SINK: the
+    records it writes; for a SOURCE: the records it reads)."""
+
+    name: str
+    kind: NodeKind
+    key_serde: Serde
+    value_serde: Serde
+    parents: tuple[str, ...] = ()
+    children: tuple[str, ...] = ()
+    #: The sub-topology id; -1 in declarations, before the builder assigns it.
+    subtopology: int = -1
+    #: The user's callable; see the module docstring for its signature per kind.
+    fn: Callable[..., Any] | None = None
+    #: True if the node may emit keys other than the ones it received.
+    key_changing: bool = False
+    #: SOURCE/TABLE_SOURCE: the topics read; SINK: ``(topic,)``.
+    topics: tuple[str, ...] = ()
+    #: SOURCE only: an RE2 pattern matched in full against topic names (``topics`` is empty).
+    pattern: str | None = None
+    timestamp_extractor: Callable[[Any, Any, int], int] | None = None
+    #: SOURCE/SINK of a repartition topic.
+    internal: bool = False
+    #: Explicit partition count of a repartition topic (SINK/SOURCE of ``app.repartition``).
+    partitions: int | None = None
+    #: Stores this node reads or writes. The owner is ``Store.owner``.
+    stores: tuple[str, ...] = ()
+    window: Window | None = None
+    #: AGGREGATE/COUNT: the starting accumulator, or a zero-argument factory of it.
+    initial: Any = None
+    #: Session-windowed aggregations: ``merger(key, older, newer) -> merged``.
+    merger: Callable[[Any, Any, Any], Any] | None = None
+    join: JoinSpec | None = None
+    #: BRANCH: the labels ``fn`` may return; BRANCH_OUTPUT: ``(its label,)``.
+    branches: tuple[str, ...] = ()
+    punctuations: tuple[Punctuation, ...] = ()
+
+    @property
+    def is_source(self) -> bool:
+        return self.kind in (NodeKind.SOURCE, NodeKind.TABLE_SOURCE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Store:
+    """A state store: local (RocksDB in the worker) and backed by a changelog topic."""
+
+    name: str
+    kind: StoreKind
+    #: The node that writes the store; others in ``readers`` only read it.
+    owner: str
+    #: Serdes of the stored key and value; for WINDOW/SESSION stores the key is the grouping
+    #: key, and the store adds the window bounds in its own byte layout.
+    key_serde: Serde
+    value_serde: Serde
+    #: WINDOW/SESSION stores: the window spec, and how long entries are kept.
+    window: Window | None = None
+    retention_ms: int | None = None
+    #: WINDOW stores of stream–stream joins keep every record of a key, not one per window.
+    retain_duplicates: bool = False
+    #: False: no changelog, the store starts empty on every new owner.
+    logging: bool = True
+    changelog_topic: str | None = None
+    subtopology: int = -1
+    readers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InternalTopic:
+    """A topic the app creates itself.
+
+    Its partition count is ``partitions`` if set, else the number of tasks of
+    ``subtopology`` (for a repartition topic, the one writing it; for a changelog, the one
+    owning the store); ``resolve`` computes it, and co-partitioning may raise it.
+    """
+
+    name: str
+    role: TopicRole
+    subtopology: int
+    #: Topic configs to create it with (``cleanup.policy``, ``retention.ms``, ...).
+    config: Mapping[str, str]
+    partitions: int | None = None
+    #: REPARTITION: the sub-topology reading it. CHANGELOG: the store it logs.
+    reader_subtopology: int | None = None
+    store: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CopartitionGroup:
+    """Sources whose topics must all have the same partition count, and the joins needing it."""
+
+    source_nodes: tuple[str, ...]
+    #: Named topics of those sources (external and repartition); patterns expand at resolve.
+    topics: tuple[str, ...]
+    required_by: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubTopology:
+    id: int
+    #: Node names in processing order (every parent before its children).
+    nodes: tuple[str, ...]
+    source_nodes: tuple[str, ...]
+    sink_nodes: tuple[str, ...]
+    #: Named topics read (external and repartition) and the patterns subscribed.
+    source_topics: tuple[str, ...]
+    source_patterns: tuple[str, ...]
+    #: Topics written (external and repartition).
+    sink_topics: tuple[str, ...]
+    stores: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TaskId:
+    """One unit of work: a sub-topology on one partition number. Printed as ``"1_3"``."""
+
+    subtopology: int
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.subtopology}_{self.partition}"
+
+    @classmethod
+    def parse(cls, text: str) -> TaskId:
+        subtopology, _, partition = text.partition("_")
+        return cls(int(subtopology), int(partition))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Topology:
+    """A built, validated topology. Build it with ``App.topology()`` (or ``builder.build``)."""
+
+    app_id: str
+    #: Every node, in processing order.
+    nodes: Mapping[str, Node]
+    stores: Mapping[str, Store]
+    subtopologies: tuple[SubTopology, ...]
+    internal_topics: Mapping[str, InternalTopic]
+    #: Topics of other systems: read by name, and written.
+    external_source_topics: tuple[str, ...]
+    source_patterns: tuple[str, ...]
+    sink_topics: tuple[str, ...]
+    copartition_groups: tuple[CopartitionGroup, ...]
+    #: Stable across processes; changes whenever the structure changes (KIP-848 TopologyHash).
+    hash: UUID = field(default=UUID(int=0))
+
+    def node(self, name: str) -> Node:
+        return self.nodes[name]
+
+    def subtopology_of(self, node: str) -> SubTopology:
+        return self.subtopologies[self.nodes[node].subtopology]
+
+    def nodes_of(self, subtopology: int) -> Iterable[Node]:
+        return (self.nodes[name] for name in self.subtopologies[subtopology].nodes)
+
+    @property
+    def repartition_topics(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.internal_topics.values() if t.role is TopicRole.REPARTITION)
+
+    @property
+    def changelog_topics(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.internal_topics.values() if t.role is TopicRole.CHANGELOG)
