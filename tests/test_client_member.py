@@ -545,6 +545,45 @@ def test_session_guard_drops_partitions_before_the_coordinator_can_expire_the_me
     assert m.owned_partitions == frozenset() and m.state is MemberState.JOINING
 
 
+def test_an_unacknowledged_revocation_past_the_rebalance_timeout_loses_everything():
+    m = member(rebalance_timeout_ms=5 * INTERVAL)
+    join(m, 0, epoch=1, assigned=parts(FOO, 0, 1))
+    m.take_events()
+    settled = only_heartbeat(m, INTERVAL)  # answered with nothing to revoke
+    m.on_response(settled, hb_response(epoch=1, assigned=parts(FOO, 0, 1)), INTERVAL)
+    request = only_heartbeat(m, 2 * INTERVAL)
+    m.on_response(request, hb_response(epoch=1, assigned=parts(FOO, 0)), 2 * INTERVAL)
+    (revoke,) = m.take_events()
+    # The coordinator's timer started no earlier than the settled heartbeat's send.
+    assert m.next_deadline() == 2 * INTERVAL + INTERVAL  # next heartbeat first
+    m.revocation_done(3 * INTERVAL, revoke.revocation_id)
+    ack = only_heartbeat(m, 3 * INTERVAL)
+    m.on_request_failed(ack, 3 * INTERVAL + 50)
+    for now in range(3 * INTERVAL + 150, 6 * INTERVAL, 100):  # every acknowledgement is lost
+        for request in m.poll(now):
+            m.on_request_failed(request, now)
+    assert m.next_deadline() == 6 * INTERVAL and m.state is MemberState.ACKNOWLEDGING
+    rejoin = only_heartbeat(m, 6 * INTERVAL)
+    assert m.take_events() == [PartitionsLost(parts(FOO, 0), Errors.RequestTimedOutError.errno)]
+    assert rejoin.member_epoch == 0 and m.owned_partitions == frozenset()
+
+
+def test_an_acknowledged_revocation_clears_the_rebalance_timeout():
+    m = member(rebalance_timeout_ms=5 * INTERVAL)
+    join(m, 0, epoch=1, assigned=parts(FOO, 0, 1))
+    request = only_heartbeat(m, INTERVAL)
+    m.on_response(request, hb_response(epoch=1, assigned=parts(FOO, 0)), INTERVAL)
+    m.take_events()
+    m.revocation_done(INTERVAL + 1)
+    ack = only_heartbeat(m, INTERVAL + 1)
+    m.on_response(ack, hb_response(epoch=2, assigned=parts(FOO, 0)), INTERVAL + 2)
+    assert m.state is MemberState.STABLE
+    for now in range(2 * INTERVAL + 1, 20 * INTERVAL, INTERVAL):
+        request = only_heartbeat(m, now)
+        m.on_response(request, hb_response(epoch=2), now)
+    assert m.owned_partitions == parts(FOO, 0)
+
+
 # ---------------------------------------------------------------------------- leaving
 
 
