@@ -228,12 +228,10 @@ class ConsumerGroupHandlers:
         if request.member_epoch == member.member_epoch:
             return group, member
         owned = tp.from_topic_partitions(request.topic_partitions) if request.topic_partitions is not None else None
-        if (
-            request.member_epoch == member.previous_member_epoch
-            and owned is not None
-            and tp.is_subset(owned, member.assigned)
-        ):
-            # The response that moved the member to its epoch was lost; it is safe to resend it.
+        if request.member_epoch < member.member_epoch and owned is not None and tp.is_subset(owned, member.assigned):
+            # Responses that moved the member on were lost. It holds nothing the coordinator did
+            # not give it, so resending its state is safe (the KIP's edge case; Kafka accepts only
+            # the previous epoch, which fences a live member after two lost responses).
             return group, member
         expected = member.member_epoch
         self.remove_member(group, member, now_ms)
