@@ -11,6 +11,7 @@ import sys
 
 #: subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "broker": ("pystreams.commands.broker", "run the embedded Kafka-compatible broker (Tansu, memory storage) on loopback"),
     "demo": ("pystreams.demo", "replay a scripted KIP-848 rebalance through the coordinator state machine"),
     "topology": ("pystreams.commands.topology", "describe an app's topology: sub-topologies, tasks, stores and topics (or Mermaid)"),
 }
