@@ -185,18 +185,7 @@ class ConsumerGroupHandlers:
     def _replace_static_member(self, group: ConsumerGroup, old: ConsumerMember, request) -> ConsumerMember:
         """A static member is back: its new incarnation takes the old one's assignment, no bump."""
         new_id = request.member_id or self.new_member_id()
-        new = ConsumerMember(
-            member_id=new_id,
-            client_id=old.client_id,
-            client_host=old.client_host,
-            rebalance_timeout_ms=old.rebalance_timeout_ms,
-            subscribed_topic_names=old.subscribed_topic_names,
-            subscribed_topic_regex=old.subscribed_topic_regex,
-            instance_id=old.instance_id,
-            rack_id=old.rack_id,
-            server_assignor=old.server_assignor,
-            assignors=old.assignors,
-        )
+        new = replace(old, member_id=new_id)
         target = group.targets.get(old.member_id)
         assignment = old.assignment_value()
         self._cancel_member_timers(group.group_id, old.member_id)
