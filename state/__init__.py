@@ -1,0 +1,61 @@
+"""Task state: RocksDB key-value, window and session stores (rocksdict) behind a record
+cache, backed by compacted changelog topics, with checkpoints and restore.
+
+Layout on disk: ``<state_dir>/<application_id>/<task_id>/{.lock,.checkpoint,<store>/}``.
+Stores take and return bytes; serdes live in the runtime above.
+"""
+from .cache import CacheLimits
+from .changelog import (
+    ChangelogReader,
+    ChangelogRecord,
+    ChangelogSink,
+    RestoreProgress,
+    TopicPartition,
+    changelog_topic_config,
+    changelog_topic_name,
+)
+from .checkpoint import read_checkpoint, write_checkpoint
+from .errors import (
+    CheckpointCorruptedError,
+    StateError,
+    StoreCorruptedError,
+    TaskDirectoryLockedError,
+)
+from .key_value_store import KeyValueChange, KeyValueStore
+from .memory_changelog import InMemoryChangelog
+from .restore import RestoreProgressLogger
+from .rocksdb import RocksDBSettings
+from .session_store import Session, SessionChange, SessionStore
+from .task_state import StateWipe, TaskState, read_local_task_offsets
+from .window_store import WindowChange, WindowedValue, WindowStore
+
+__all__ = [
+    "CacheLimits",
+    "ChangelogReader",
+    "ChangelogRecord",
+    "ChangelogSink",
+    "CheckpointCorruptedError",
+    "InMemoryChangelog",
+    "KeyValueChange",
+    "KeyValueStore",
+    "RestoreProgress",
+    "RestoreProgressLogger",
+    "RocksDBSettings",
+    "Session",
+    "SessionChange",
+    "SessionStore",
+    "StateError",
+    "StateWipe",
+    "StoreCorruptedError",
+    "TaskDirectoryLockedError",
+    "TaskState",
+    "TopicPartition",
+    "WindowChange",
+    "WindowStore",
+    "WindowedValue",
+    "changelog_topic_config",
+    "changelog_topic_name",
+    "read_checkpoint",
+    "read_local_task_offsets",
+    "write_checkpoint",
+]

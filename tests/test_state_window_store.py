@@ -149,3 +149,11 @@ def test_restore_rebuilds_identical_windows_and_applies_retention(tmp_path):
         assert list(store.fetch_all(MIN_TIMESTAMP, MAX_TIMESTAMP)) == sorted(
             expected, key=lambda w: (w.window_start, w.key)
         )
+
+
+def test_retention_boundary_is_observed_time_minus_retention_plus_one(store):
+    store.put(b"k", 1_500, b"now")
+    assert store.put(b"k", 501, b"oldest live")
+    assert not store.put(b"k", 500, b"just expired")
+    assert store.get(b"k", 501) == b"oldest live"
+    assert list(store.fetch(b"k", 0, 2_000)) == [(501, b"oldest live"), (1_500, b"now")]

@@ -1,0 +1,175 @@
+"""Properties: a store always reads like a plain model of its writes, and its changelog,
+replayed into an empty store, reproduces it exactly — whatever the flush points and however
+small the cache."""
+import tempfile
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pystreams.state import CacheLimits, InMemoryChangelog, TaskState
+
+KEYS = st.sampled_from([b"", b"a", b"a\x00", b"ab", b"b", b"\xff", b"\x00"])
+VALUES = st.binary(max_size=4)
+cache_limits = st.builds(
+    CacheLimits,
+    max_entries=st.integers(min_value=1, max_value=8),
+    max_bytes=st.sampled_from([100, 300, 10_000_000]),
+    evict_to_fraction=st.sampled_from([0.0, 0.5, 0.9]),
+)
+property_settings = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+kv_operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), KEYS, VALUES),
+        st.tuples(st.just("delete"), KEYS, st.none()),
+        st.tuples(st.just("flush"), st.none(), st.none()),
+    ),
+    max_size=60,
+)
+
+
+def open_state(directory, changelog):
+    return TaskState(directory, "app", "0_0", 0, changelog)
+
+
+@property_settings
+@given(kv_operations, cache_limits, st.integers(min_value=1, max_value=5))
+def test_key_value_changelog_replay_reproduces_the_store(operations, limits, read_batch_size):
+    changelog = InMemoryChangelog(read_batch_size=read_batch_size)
+    forwarded = {}
+    model: dict[bytes, bytes] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        with open_state(f"{directory}/live", changelog) as state:
+            store = state.key_value_store(
+                "kv",
+                cache_limits=limits,
+                forward=lambda changes: forwarded.update((c.key, c.value) for c in changes),
+            )
+            state.restore(changelog)
+            for operation, key, value in operations:
+                if operation == "put":
+                    store.put(key, value)
+                    model[key] = value
+                elif operation == "delete":
+                    store.delete(key)
+                    model.pop(key, None)
+                else:
+                    state.flush()
+                    state.checkpoint(changelog.take_written_offsets())
+                assert list(store.all()) == sorted(model.items())
+                assert all(store.get(key) == model.get(key) for key in (b"a", b"\xff", b"zz"))
+            state.flush()
+            state.checkpoint(changelog.take_written_offsets())
+            live = list(store.all())
+        assert {key: value for key, value in forwarded.items() if value is not None} == model
+        with open_state(f"{directory}/replayed", changelog) as state:
+            store = state.key_value_store("kv")
+            state.restore(changelog)
+            assert list(store.all()) == live
+        # Reopening the live state needs nothing from the changelog and reads the same.
+        with open_state(f"{directory}/live", changelog) as state:
+            store = state.key_value_store("kv")
+            assert state.restore(changelog) == {"kv": 0}
+            assert list(store.all()) == live
+
+
+def test_one_changelog_record_per_key_per_flush_without_eviction(tmp_path):
+    changelog = InMemoryChangelog()
+    with open_state(tmp_path, changelog) as state:
+        store = state.key_value_store("kv")
+        for index in range(10_000):
+            store.put(b"k%d" % (index % 10), b"%d" % index)
+            if index % 1_000 == 999:
+                state.flush()
+    assert sum(len(changelog.records(p)) for p in changelog.partitions()) == 10 * 10
+
+
+RETENTION = 50
+window_operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), KEYS, st.integers(0, 200), st.one_of(st.none(), VALUES)),
+        st.tuples(st.just("flush"), st.none(), st.none(), st.none()),
+    ),
+    max_size=50,
+)
+
+
+@property_settings
+@given(window_operations, cache_limits)
+def test_window_store_reads_like_its_model_and_replays_exactly(operations, limits):
+    changelog = InMemoryChangelog(read_batch_size=3)
+    model: dict[tuple[bytes, int], bytes] = {}
+    observed = None
+    with tempfile.TemporaryDirectory() as directory:
+        with open_state(f"{directory}/live", changelog) as state:
+            store = state.window_store("w", retention_ms=RETENTION, cache_limits=limits)
+            state.restore(changelog)
+            for operation, key, start, value in operations:
+                if operation == "flush":
+                    state.flush()
+                    continue
+                observed = start if observed is None else max(observed, start)
+                accepted = store.put(key, start, value)
+                assert accepted == (start > observed - RETENTION)
+                if accepted:
+                    if value is None:
+                        model.pop((key, start), None)
+                    else:
+                        model[(key, start)] = value
+                live_model = sorted((k, s, v) for (k, s), v in model.items() if s > observed - RETENTION)
+                assert [tuple(w) for w in store.all()] == live_model
+                assert list(store.fetch(b"a", 0, 200)) == [(s, v) for k, s, v in live_model if k == b"a"]
+            state.flush()
+            live = list(store.all())
+        with open_state(f"{directory}/replayed", changelog) as state:
+            store = state.window_store("w", retention_ms=RETENTION)
+            state.restore(changelog)
+            assert list(store.all()) == live
+
+
+session_operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), KEYS, st.integers(0, 100), st.integers(0, 100), st.one_of(st.none(), VALUES)),
+        st.tuples(st.just("flush"), st.none(), st.none(), st.none(), st.none()),
+    ),
+    max_size=50,
+)
+
+
+@property_settings
+@given(session_operations, cache_limits, st.integers(0, 120), st.integers(0, 120))
+def test_session_store_finds_what_its_model_finds_and_replays_exactly(operations, limits, earliest_end, latest_start):
+    changelog = InMemoryChangelog(read_batch_size=4)
+    model: dict[tuple[bytes, int, int], bytes] = {}
+    observed = None
+    with tempfile.TemporaryDirectory() as directory:
+        with open_state(f"{directory}/live", changelog) as state:
+            store = state.session_store("s", retention_ms=RETENTION, cache_limits=limits)
+            state.restore(changelog)
+            for operation, key, start, length, value in operations:
+                if operation == "flush":
+                    state.flush()
+                    continue
+                end = start + length
+                observed = end if observed is None else max(observed, end)
+                if store.put(key, start, end, value):
+                    if value is None:
+                        model.pop((key, start, end), None)
+                    else:
+                        model[(key, start, end)] = value
+                live = {k: v for k, v in model.items() if k[2] > observed - RETENTION}
+                expected = sorted(
+                    (
+                        (k, s, e, v)
+                        for (k, s, e), v in live.items()
+                        if k == b"a" and e >= earliest_end and s <= latest_start
+                    ),
+                    key=lambda session: (session[2], session[1]),
+                )
+                assert [tuple(s) for s in store.find_sessions(b"a", earliest_end, latest_start)] == expected
+            state.flush()
+            sessions = list(store.all())
+        with open_state(f"{directory}/replayed", changelog) as state:
+            store = state.session_store("s", retention_ms=RETENTION)
+            state.restore(changelog)
+            assert list(store.all()) == sessions
