@@ -12,6 +12,8 @@ import sys
 #: subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("pystreams.commands.broker", "run the embedded Kafka-compatible broker (Tansu, memory storage) on loopback"),
+    "coordinator": ("pystreams.commands.coordinator", "run the KIP-848 group coordinator server (Kafka protocol, record log, metrics)"),
+    "dev": ("pystreams.commands.dev", "start the embedded Kafka broker and a coordinator together for local development"),
     "demo": ("pystreams.demo", "replay a scripted KIP-848 rebalance through the coordinator state machine"),
     "topology": ("pystreams.commands.topology", "describe an app's topology: sub-topologies, tasks, stores and topics (or Mermaid)"),
 }

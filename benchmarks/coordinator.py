@@ -1,0 +1,333 @@
+"""Coordinator benchmark: heartbeats and offset commits over TCP, and loading a big log.
+
+* **heartbeats** — ``pystreams coordinator --log memory`` in its own process; N simulated
+  members (one TCP connection each, 5 per group) join, then heartbeat in a closed loop (each
+  member sends its next heartbeat as soon as the last is answered). Steady-state heartbeats
+  change nothing, so they generate no records. Reported for 1 and 4 shards and a few
+  concurrency levels: heartbeats/s and p50/p99 latency; ``best`` is the highest sustained rate.
+* **offset commits** — the same closed loop with OffsetCommit (member epoch fenced), which
+  *does* append a record each: memory log vs the Kafka log on the embedded broker (one
+  transaction per batch of requests — group commit), 4 shards.
+* **load** — a log of 10,000 groups (2 members each, converged, 2 committed offsets) replayed
+  by a coordinator with 1 and 4 shards, from the memory log and from the Kafka log.
+
+The load generator pre-encodes its requests and reads only the error code of each answer, so
+the coordinator, not the generator, is what is measured. Prints one JSON document.
+
+    python benchmarks/coordinator.py [--duration S] [--groups N] [--skip-kafka]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import struct
+import subprocess
+import sys
+import time
+import uuid
+
+from pystreams.assignors.api import TopicMetadata
+from pystreams.coordinator import records as r
+from pystreams.coordinator.config import CoordinatorConfig
+from pystreams.coordinator.runtime import Coordinator, StaticTopics, group_shard
+from pystreams.coordinator.shard import GroupCoordinatorShard
+from pystreams.protocol import messages as m
+
+MEMBERS_PER_GROUP = 5
+CONCURRENCY = (64, 256)
+HB = m.ConsumerGroupHeartbeatRequest
+CONFIG = CoordinatorConfig(session_timeout_ms=60_000, heartbeat_interval_ms=5_000)
+
+
+# --- coordinator processes ---------------------------------------------------------------------
+
+
+class CoordinatorProcess:
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pystreams.commands.coordinator", "--listen", "127.0.0.1:0",
+             "--session-timeout-ms", "60000", "--log-level", "WARNING", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        self.address: tuple[str, int] | None = None
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("coordinator: "):
+                host, _, port = line.split(": ", 1)[1].strip().rpartition(":")
+                self.address = (host, int(port))
+            if line.startswith("coordinator ready"):
+                return
+        raise RuntimeError("the coordinator did not start")
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+# --- the load generator ------------------------------------------------------------------------
+
+
+def frame(request, version: int, correlation_id: int = 1) -> bytes:
+    request.API_VERSION = version
+    request.with_header(correlation_id=correlation_id, client_id="bench")
+    return bytes(request.encode(header=True, framed=True))
+
+
+async def roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes) -> bytes:
+    writer.write(data)
+    size = struct.unpack(">i", await reader.readexactly(4))[0]
+    return await reader.readexactly(size)
+
+
+def decode(response_class, body: bytes, version: int):
+    # Response header v1 for flexible versions: correlation id + empty tagged fields.
+    return response_class.decode(body[5:], version=version)
+
+
+class SimulatedMember:
+    def __init__(self, group_id: str) -> None:
+        self.group_id = group_id
+        self.member_id = ""
+        self.epoch = 0
+
+    async def connect(self, address: tuple[str, int]) -> None:
+        self.reader, self.writer = await asyncio.open_connection(*address)
+
+    async def join(self) -> None:
+        request = HB(group_id=self.group_id, member_id="", member_epoch=0, rebalance_timeout_ms=30_000,
+                     subscribed_topic_names=["bench-topic"], topic_partitions=[])
+        response = decode(m.ConsumerGroupHeartbeatResponse, await roundtrip(self.reader, self.writer, frame(request, 0)), 0)
+        assert response.error_code == 0, response
+        self.member_id, self.epoch = response.member_id, response.member_epoch
+
+    async def settle(self) -> None:
+        """Heartbeat until the epoch stops moving (everyone in the group has joined)."""
+        while True:
+            request = HB(group_id=self.group_id, member_id=self.member_id, member_epoch=self.epoch,
+                         rebalance_timeout_ms=-1, topic_partitions=[])
+            response = decode(m.ConsumerGroupHeartbeatResponse, await roundtrip(self.reader, self.writer, frame(request, 0)), 0)
+            assert response.error_code == 0, response
+            if response.member_epoch == self.epoch:
+                return
+            self.epoch = response.member_epoch
+
+    def heartbeat_frame(self) -> bytes:
+        return frame(HB(group_id=self.group_id, member_id=self.member_id, member_epoch=self.epoch, rebalance_timeout_ms=-1), 0)
+
+    def commit_frame(self) -> bytes:
+        Commit = m.OffsetCommitRequest
+        return frame(Commit(
+            group_id=self.group_id, generation_id_or_member_epoch=self.epoch, member_id=self.member_id,
+            topics=[Commit.OffsetCommitRequestTopic(name="bench-topic", partitions=[
+                Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                    partition_index=0, committed_offset=12345, committed_leader_epoch=-1, committed_metadata="")])],
+        ), 9)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def closed_loop(members: list[SimulatedMember], frames: list[bytes], error_offset: int, duration_s: float, warmup_s: float) -> dict:
+    latencies: list[float] = []
+    errors = 0
+    start = time.perf_counter()
+    measure_from, measure_to = start + warmup_s, start + warmup_s + duration_s
+
+    async def run(member: SimulatedMember, data: bytes) -> None:
+        nonlocal errors
+        while True:
+            sent = time.perf_counter()
+            if sent >= measure_to:
+                return
+            body = await roundtrip(member.reader, member.writer, data)
+            done = time.perf_counter()
+            if sent >= measure_from:
+                latencies.append(done - sent)
+                if struct.unpack_from(">h", body, error_offset)[0] != 0:
+                    errors += 1
+
+    await asyncio.gather(*(run(member, data) for member, data in zip(members, frames)))
+    latencies.sort()
+    return {
+        "concurrency": len(members),
+        "per_second": round(len(latencies) / duration_s),
+        "p50_ms": round(statistics.median(latencies) * 1000, 3),
+        "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 3),
+        "errors": errors,
+    }
+
+
+async def prepared_members(address: tuple[str, int], count: int, prefix: str) -> list[SimulatedMember]:
+    members = [SimulatedMember(f"{prefix}-{i // MEMBERS_PER_GROUP}") for i in range(count)]
+    await asyncio.gather(*(member.connect(address) for member in members))
+    for member in members:  # one by one: each join bumps its group's epoch
+        await member.join()
+    for member in members:
+        await member.settle()
+    return members
+
+
+# Offsets of the ErrorCode in the response body (after the response header).
+HEARTBEAT_ERROR_AT = 5 + 4  # header v1 (correlation id, tags) + ThrottleTimeMs
+COMMIT_ERROR_AT = 5 + 4 + 1 + 1 + len("bench-topic") + 1 + 4  # header, throttle, topics, name, partitions, index
+
+
+async def bench_heartbeats(shards: int, duration_s: float) -> dict:
+    coordinator = CoordinatorProcess("--log", "memory", "--shards", str(shards))
+    try:
+        runs = []
+        for concurrency in CONCURRENCY:
+            members = await prepared_members(coordinator.address, concurrency, f"hb-{concurrency}")
+            try:
+                runs.append(await closed_loop(members, [member.heartbeat_frame() for member in members], HEARTBEAT_ERROR_AT, duration_s, 0.5))
+            finally:
+                for member in members:
+                    member.close()
+        best = max(runs, key=lambda run: run["per_second"])
+        return {"shards": shards, "runs": runs, "best_per_second": best["per_second"], "best_p50_ms": best["p50_ms"], "best_p99_ms": best["p99_ms"]}
+    finally:
+        coordinator.stop()
+
+
+async def bench_commits(log_args: list[str], duration_s: float) -> dict:
+    coordinator = CoordinatorProcess(*log_args, "--shards", "4")
+    try:
+        members = await prepared_members(coordinator.address, CONCURRENCY[0], "commit")
+        try:
+            return await closed_loop(members, [member.commit_frame() for member in members], COMMIT_ERROR_AT, duration_s, 0.5)
+        finally:
+            for member in members:
+                member.close()
+    finally:
+        coordinator.stop()
+
+
+# --- loading -----------------------------------------------------------------------------------
+
+
+def generate_group_records(groups: int) -> list[r.Record]:
+    """Records of ``groups`` converged groups: 2 members, a target, 2 committed offsets each."""
+    topic = TopicMetadata(uuid.UUID(int=7), "orders", 8)
+    shard = GroupCoordinatorShard(CONFIG)
+    shard.update_topics({"orders": topic}, 0)
+    out: list[r.Record] = []
+    Commit = m.OffsetCommitRequest
+    for g in range(groups):
+        group_id = f"load-{g}"
+        members = []
+        for _ in range(2):
+            result = shard.handle(HB(group_id=group_id, member_id="", member_epoch=0, rebalance_timeout_ms=30_000,
+                                     subscribed_topic_names=["orders"], topic_partitions=[]), 0)
+            out += result.records
+            members.append(result.response)
+        for response in members:  # converge: report what was handed out
+            result = shard.handle(HB(group_id=group_id, member_id=response.member_id, member_epoch=response.member_epoch,
+                                     rebalance_timeout_ms=-1, topic_partitions=response.assignment.assigned_topic_partitions
+                                     if response.assignment else []), 0)
+            out += result.records
+        first = shard.groups[group_id].members[members[0].member_id]
+        result = shard.handle(Commit(group_id=group_id, generation_id_or_member_epoch=first.member_epoch, member_id=first.member_id,
+                                     topics=[Commit.OffsetCommitRequestTopic(name="orders", partitions=[
+                                         Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                                             partition_index=p, committed_offset=1000 + p, committed_leader_epoch=-1, committed_metadata="")
+                                         for p in (0, 1)])]), 0)
+        out += result.records
+    return out
+
+
+async def fill(record_log, records: list[r.Record], shards: int, chunk: int = 2000) -> None:
+    by_shard: dict[int, list[r.Record]] = {}
+    for record in records:
+        by_shard.setdefault(group_shard(record.key.group_id, shards), []).append(record)
+    for shard_id, shard_records in by_shard.items():
+        handle = await record_log.claim(shard_id)
+        try:
+            for start in range(0, len(shard_records), chunk):
+                await handle.append(shard_records[start:start + chunk])
+        finally:
+            await handle.close()
+
+
+async def time_load(record_log, groups: int) -> dict:
+    topics = StaticTopics({"orders": TopicMetadata(uuid.UUID(int=7), "orders", 8)})
+    coordinator = Coordinator(record_log, config=CONFIG, topic_source=topics)
+    started = time.perf_counter()
+    await coordinator.start()
+    await coordinator.wait_until_loaded()
+    seconds = time.perf_counter() - started
+    loaded = sum(len(runner.shard.groups) for runner in coordinator.runners)
+    await coordinator.close()
+    assert loaded == groups, (loaded, groups)
+    loads = coordinator.metrics.load_times
+    return {"seconds": round(seconds, 3), "groups": loaded, "partition_load_time_max_ms": round(loads.max_ms, 1),
+            "partition_load_time_avg_ms": round(loads.avg_ms, 1)}
+
+
+async def bench_load(groups: int, bootstrap: str | None) -> dict:
+    from pystreams.coordinator.log import KafkaLog, MemoryLog
+
+    started = time.perf_counter()
+    records = generate_group_records(groups)
+    result: dict = {"groups": groups, "records": len(records), "generate_seconds": round(time.perf_counter() - started, 2)}
+    for shards in (1, 4):
+        memory = MemoryLog(shards)
+        await fill(memory, records, shards)
+        result[f"memory_{shards}_shards"] = await time_load(memory, groups)
+    if bootstrap:
+        topic = f"__pystreams_groups_bench_{uuid.uuid4().hex[:8]}"
+        writer = KafkaLog(bootstrap, 4, topic=topic)
+        started = time.perf_counter()
+        await fill(writer, records, 4)
+        result["kafka_write_seconds"] = round(time.perf_counter() - started, 2)
+        result["kafka_4_shards"] = await time_load(KafkaLog(bootstrap, 4, topic=topic), groups)
+    return result
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    from pystreams.broker import EmbeddedBroker
+
+    results: dict = {
+        "benchmark": "coordinator",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "members_per_group": MEMBERS_PER_GROUP,
+        "duration_s": args.duration,
+        "note": "closed loop over TCP on loopback; load generator and coordinator share the machine",
+    }
+    results["heartbeats"] = {f"{shards}_shards": await bench_heartbeats(shards, args.duration) for shards in (1, 4)}
+    broker = None if args.skip_kafka else EmbeddedBroker().start()
+    try:
+        commits = {"memory_log": await bench_commits(["--log", "memory"], args.duration)}
+        if broker is not None:
+            commits["kafka_log"] = await bench_commits(["--log", "kafka", "--bootstrap-servers", broker.bootstrap_servers,
+                                                        "--log-topic", f"__pystreams_groups_bench_{uuid.uuid4().hex[:8]}"], args.duration)
+        results["offset_commits_4_shards"] = commits
+        results["load"] = await bench_load(args.groups, broker.bootstrap_servers if broker else None)
+    finally:
+        if broker is not None:
+            broker.stop()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per closed-loop run")
+    parser.add_argument("--groups", type=int, default=10_000, help="groups in the log for the load benchmark")
+    parser.add_argument("--skip-kafka", action="store_true", help="memory log only (no embedded broker)")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    results = asyncio.run(main_async(args))
+    results["total_seconds"] = round(time.perf_counter() - started, 1)
+    json.dump(results, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""``pystreams coordinator``: run the KIP-848 group coordinator as a server.
+
+It speaks the Kafka protocol on ``--listen`` (clients bootstrap at it: it answers Metadata and
+FindCoordinator as a one-broker cluster that coordinates every group), keeps its records in
+the compacted topic ``__pystreams_groups`` of the Kafka cluster at ``--bootstrap-servers``
+(``--log kafka``) or in memory (``--log memory``: nothing survives a restart), reads topic
+metadata from that cluster, and serves Prometheus metrics on ``--metrics-port``.
+
+Every option can also come from a ``PYSTREAMS_*`` environment variable (listed in ``--help``);
+a command-line option wins. SIGTERM or SIGINT stop it cleanly: new requests are refused with
+NOT_COORDINATOR, queued requests and in-flight appends finish, the producers close.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+HELP = "run the KIP-848 group coordinator server (Kafka protocol, record log, metrics)"
+
+DEFAULT_LISTEN = "127.0.0.1:9093"
+DEFAULT_SHARDS = 4
+DEFAULT_LOG_TOPIC = "__pystreams_groups"
+
+#: Lines scripts and tests look for on standard output.
+LISTEN_LINE_PREFIX = "coordinator: "
+METRICS_LINE_PREFIX = "metrics: "
+READY_LINE = "coordinator ready"
+
+# KIP-848 broker defaults; a value given outside them widens the bounds to include it.
+_SESSION_DEFAULTS = (45_000, 45_000, 60_000)  # default, min, max
+_HEARTBEAT_DEFAULTS = (5_000, 5_000, 15_000)
+
+
+@dataclass(frozen=True)
+class _Option:
+    flags: str
+    env: str
+    default: str | None
+    help: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 0-65535: {value}")
+    return value
+
+
+_CLUSTER_OPTIONS = [
+    _Option("--bootstrap-servers", "PYSTREAMS_BOOTSTRAP_SERVERS", None,
+            "the Kafka cluster holding the record log and the topics (HOST:PORT[,HOST:PORT...]); "
+            "required with --log kafka", {"metavar": "SERVERS"}),
+    _Option("--log", "PYSTREAMS_LOG", "kafka",
+            "where group records live: kafka (the compacted log topic) or memory (lost on exit)",
+            {"choices": ["kafka", "memory"]}),
+    _Option("--log-topic", "PYSTREAMS_LOG_TOPIC", DEFAULT_LOG_TOPIC,
+            "the compacted topic of the record log; one partition per shard", {"metavar": "TOPIC"}),
+]
+
+_SERVER_OPTIONS = [
+    _Option("--listen", "PYSTREAMS_LISTEN", DEFAULT_LISTEN,
+            "address to serve the Kafka protocol on; port 0 picks a free port", {"type": _host_port, "metavar": "HOST:PORT"}),
+    _Option("--advertised-listener", "PYSTREAMS_ADVERTISED_LISTENER", None,
+            "address clients are told to connect to (needed when --listen binds 0.0.0.0)",
+            {"type": _host_port, "metavar": "HOST:PORT"}),
+    _Option("--shards", "PYSTREAMS_SHARDS", str(DEFAULT_SHARDS),
+            "number of shards = partitions of the log topic; cannot change once the topic exists",
+            {"type": _positive_int, "metavar": "N"}),
+    _Option("--metrics-port", "PYSTREAMS_METRICS_PORT", None,
+            "serve Prometheus metrics (GET /metrics, GET /ready) on this port; 0 picks one; off by default",
+            {"type": _port, "metavar": "PORT"}),
+    _Option("--metrics-host", "PYSTREAMS_METRICS_HOST", None,
+            "address for the metrics endpoint (default: the --listen host)", {"metavar": "HOST"}),
+    _Option("--session-timeout-ms", "PYSTREAMS_SESSION_TIMEOUT_MS", str(_SESSION_DEFAULTS[0]),
+            "group.consumer.session.timeout.ms", {"type": _positive_int, "metavar": "MS"}),
+    _Option("--min-session-timeout-ms", "PYSTREAMS_MIN_SESSION_TIMEOUT_MS", None,
+            "group.consumer.min.session.timeout.ms (default: 45000, or the session timeout if lower)",
+            {"type": _positive_int, "metavar": "MS"}),
+    _Option("--max-session-timeout-ms", "PYSTREAMS_MAX_SESSION_TIMEOUT_MS", None,
+            "group.consumer.max.session.timeout.ms (default: 60000, or the session timeout if higher)",
+            {"type": _positive_int, "metavar": "MS"}),
+    _Option("--heartbeat-interval-ms", "PYSTREAMS_HEARTBEAT_INTERVAL_MS", str(_HEARTBEAT_DEFAULTS[0]),
+            "group.consumer.heartbeat.interval.ms", {"type": _positive_int, "metavar": "MS"}),
+    _Option("--min-heartbeat-interval-ms", "PYSTREAMS_MIN_HEARTBEAT_INTERVAL_MS", None,
+            "group.consumer.min.heartbeat.interval.ms (default: 5000, or the interval if lower)",
+            {"type": _positive_int, "metavar": "MS"}),
+    _Option("--max-heartbeat-interval-ms", "PYSTREAMS_MAX_HEARTBEAT_INTERVAL_MS", None,
+            "group.consumer.max.heartbeat.interval.ms (default: 15000, or the interval if higher)",
+            {"type": _positive_int, "metavar": "MS"}),
+    _Option("--metadata-refresh-ms", "PYSTREAMS_METADATA_REFRESH_MS", "5000",
+            "how often topic metadata is read from the cluster", {"type": _positive_int, "metavar": "MS"}),
+    _Option("--event-queue-size", "PYSTREAMS_EVENT_QUEUE_SIZE", "1024",
+            "events a shard queues before callers wait", {"type": _positive_int, "metavar": "N"}),
+    _Option("--log-level", "PYSTREAMS_LOG_LEVEL", "INFO",
+            "logging level of the coordinator's own log (stderr)",
+            {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"], "type": str.upper}),
+]
+
+
+def _add(parser: argparse.ArgumentParser, options: list[_Option]) -> None:
+    for option in options:
+        default = os.environ.get(option.env, option.default)
+        shown = f"default: {option.default}, " if option.default is not None else ""
+        parser.add_argument(option.flags, default=default, help=f"{option.help} ({shown}env {option.env})", **option.kwargs)
+
+
+def _epilog(options: list[_Option]) -> str:
+    lines = ["environment variables (a command-line option wins over its variable):"]
+    lines += [f"  {option.env:<38} {option.flags}" for option in options]
+    lines.append("\nStops cleanly on SIGTERM or Ctrl-C (SIGINT).")
+    return "\n".join(lines) + "\n"
+
+
+def add_coordinator_options(parser: argparse.ArgumentParser, *, cluster: bool = True) -> None:
+    """The server options (and, with ``cluster``, where the log and topics live)."""
+    options = (_CLUSTER_OPTIONS if cluster else []) + _SERVER_OPTIONS
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (parser.epilog or "") + _epilog(options)
+    _add(parser, options)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_coordinator_options(parser, cluster=True)
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    bootstrap_servers: str | None
+    log: str
+    log_topic: str
+    listen: tuple[str, int]
+    advertised: tuple[str, int] | None
+    shards: int
+    metrics_port: int | None
+    metrics_host: str | None
+    config: Any  # CoordinatorConfig
+    metadata_refresh_ms: int
+    event_queue_size: int
+
+
+def _parse(value: Any, convert: Any) -> Any:
+    # Environment defaults arrive as strings when argparse did not convert them.
+    return convert(value) if isinstance(value, str) else value
+
+
+def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | None = None, log: str | None = None,
+                       log_topic: str | None = None) -> CoordinatorSettings:
+    """Validated settings; raises ValueError with a message for the user."""
+    from pystreams.coordinator.config import CoordinatorConfig
+
+    bootstrap = bootstrap_servers or getattr(args, "bootstrap_servers", None)
+    log_kind = log or args.log
+    if log_kind not in ("kafka", "memory"):
+        raise ValueError(f"--log must be kafka or memory, got {log_kind!r}")
+    if log_kind == "kafka" and not bootstrap:
+        raise ValueError("--log kafka needs --bootstrap-servers (or PYSTREAMS_BOOTSTRAP_SERVERS)")
+    session = _parse(args.session_timeout_ms, int)
+    heartbeat = _parse(args.heartbeat_interval_ms, int)
+
+    def bound(value: Any, fallback: int) -> int:
+        return _parse(value, int) if value is not None else fallback
+
+    config = CoordinatorConfig(
+        session_timeout_ms=session,
+        min_session_timeout_ms=bound(args.min_session_timeout_ms, min(_SESSION_DEFAULTS[1], session)),
+        max_session_timeout_ms=bound(args.max_session_timeout_ms, max(_SESSION_DEFAULTS[2], session)),
+        heartbeat_interval_ms=heartbeat,
+        min_heartbeat_interval_ms=bound(args.min_heartbeat_interval_ms, min(_HEARTBEAT_DEFAULTS[1], heartbeat)),
+        max_heartbeat_interval_ms=bound(args.max_heartbeat_interval_ms, max(_HEARTBEAT_DEFAULTS[2], heartbeat)),
+    )
+    metrics_port = args.metrics_port
+    return CoordinatorSettings(
+        bootstrap_servers=bootstrap,
+        log=log_kind,
+        log_topic=log_topic or getattr(args, "log_topic", None) or DEFAULT_LOG_TOPIC,
+        listen=_parse(args.listen, _host_port),
+        advertised=_parse(args.advertised_listener, _host_port) if args.advertised_listener else None,
+        shards=_parse(args.shards, _positive_int),
+        metrics_port=_parse(metrics_port, _port) if metrics_port not in (None, "") else None,
+        metrics_host=args.metrics_host,
+        config=config,
+        metadata_refresh_ms=_parse(args.metadata_refresh_ms, int),
+        event_queue_size=_parse(args.event_queue_size, int),
+    )
+
+
+# --- running -----------------------------------------------------------------------------------
+
+
+@dataclass
+class RunningCoordinator:
+    coordinator: Any  # pystreams.coordinator.runtime.Coordinator
+    address: str  # HOST:PORT clients bootstrap at
+    metrics_url: str | None
+
+
+@contextlib.asynccontextmanager
+async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[RunningCoordinator]:
+    """Start the coordinator, its Kafka-protocol server and metrics; stop them all on exit.
+
+    Yields as soon as the server listens (shards may still be loading; they answer
+    COORDINATOR_LOAD_IN_PROGRESS until ``coordinator.wait_until_loaded()`` returns).
+    """
+    from pystreams.cluster import ClusterMetadata
+    from pystreams.coordinator.log import KafkaLog, MemoryLog
+    from pystreams.coordinator.metrics import MetricsHttpServer
+    from pystreams.coordinator.runtime import Coordinator, StaticTopics
+    from pystreams.protocol.server import KafkaProtocolServer
+
+    loop = asyncio.get_running_loop()
+    topic_source: Any
+    if settings.bootstrap_servers:
+        topic_source = ClusterMetadata(settings.bootstrap_servers, client_id="pystreams-coordinator-metadata")
+    else:
+        topic_source = StaticTopics()
+    if settings.log == "kafka":
+        assert settings.bootstrap_servers
+        record_log: Any = KafkaLog(settings.bootstrap_servers, settings.shards, topic=settings.log_topic)
+    else:
+        record_log = MemoryLog(settings.shards)
+    coordinator = Coordinator(
+        record_log, config=settings.config, topic_source=topic_source,
+        metadata_refresh_ms=settings.metadata_refresh_ms, queue_size=settings.event_queue_size,
+    )
+    host, port = settings.listen
+    advertised_host, advertised_port = settings.advertised or (None, None)
+    server = KafkaProtocolServer(host, port, coordinator.handle, advertised_host=advertised_host, advertised_port=advertised_port)
+    metrics = None
+    try:
+        await coordinator.start()
+        await server.start()
+        if settings.metrics_port is not None:
+            metrics = MetricsHttpServer(settings.metrics_host or host, settings.metrics_port, coordinator.render_metrics, coordinator.is_ready)
+            await metrics.start()
+        address = server.address
+        metrics_url = None
+        if metrics is not None:
+            metrics_host = settings.metrics_host or advertised_host or host
+            metrics_url = f"http://{metrics_host}:{metrics.port}/metrics"
+        yield RunningCoordinator(coordinator, f"{address.host}:{address.port}", metrics_url)
+    finally:
+        # Refuse new work and finish queued requests and appends while connections are still
+        # open, so their answers go out; then close the sockets and the log.
+        await coordinator.close()
+        await asyncio.sleep(0.1)  # let the connections write the answers just resolved
+        await server.close()
+        if metrics is not None:
+            await metrics.close()
+        if isinstance(topic_source, ClusterMetadata):
+            await loop.run_in_executor(None, topic_source.close)
+
+
+def _install_stop_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(signum, stop.set)
+
+
+async def wait_loaded_or_stopped(running: RunningCoordinator, stop: asyncio.Event) -> bool:
+    """True once every shard is loaded; False if asked to stop first. Raises if a shard failed."""
+    loaded = asyncio.ensure_future(running.coordinator.wait_until_loaded())
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({loaded, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if loaded.done():
+        loaded.result()  # raises if a shard failed for good
+        return True
+    loaded.cancel()
+    return False
+
+
+async def serve(settings: CoordinatorSettings, *, stop: asyncio.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop``); the exit status."""
+    from pystreams.coordinator.log import LogError
+
+    stop = stop or asyncio.Event()
+    _install_stop_signals(stop)
+    try:
+        async with running_coordinator(settings) as running:
+            where = "memory (lost on exit)" if settings.log == "memory" else f"topic {settings.log_topic!r} at {settings.bootstrap_servers}"
+            print(f"record log: {where}, {settings.shards} shards")
+            print(f"{LISTEN_LINE_PREFIX}{running.address}")
+            if running.metrics_url:
+                print(f"{METRICS_LINE_PREFIX}{running.metrics_url}")
+            sys.stdout.flush()
+            try:
+                if await wait_loaded_or_stopped(running, stop):
+                    print(READY_LINE, flush=True)
+            except RuntimeError as error:
+                print(f"pystreams coordinator: {error}", file=sys.stderr)
+                return 1
+            await stop.wait()
+            print("stopping the coordinator", flush=True)
+    except LogError as error:
+        print(f"pystreams coordinator: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"pystreams coordinator: cannot listen: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except (ValueError, argparse.ArgumentTypeError) as error:
+        print(f"pystreams coordinator: {error}", file=sys.stderr)
+        return 2
+    _configure_logging(args.log_level)
+    try:
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run without the ``pystreams`` CLI (``python -m pystreams.commands.coordinator``)."""
+    parser = argparse.ArgumentParser(prog="pystreams coordinator", description=HELP)
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,491 @@
+"""Where a coordinator shard's records live: the record log, one partition per shard.
+
+The interface is small. A :class:`RecordLog` has ``partition_count`` partitions; a runtime that
+wants to own shard ``p`` calls ``claim(p)`` and gets a :class:`PartitionLog`, its exclusive
+writer for that partition. Claiming *fences* every earlier claim of the same partition (an old
+coordinator process that is still alive gets :class:`LogFencedError` on its next append) and
+finishes whatever append such a writer left half-done, so that ``read()`` afterwards sees a
+quiescent partition: every committed record, in order, from the beginning to the end.
+``append(records)`` is atomic: after a crash or a failure the log holds all of an append's
+records or none of them (the KIP writes a new target assignment as one batch).
+
+Backends:
+
+* :class:`MemoryLog` — records kept in the process (encoded and decoded like the real thing).
+  One instance can be shared by two coordinator runtimes in one process to simulate a restart;
+  the newer claim fences the older one, as a transactional id does in Kafka. An optional
+  ``before_append`` hook lets tests and simulations delay or fail appends.
+* :class:`KafkaLog` — the compacted topic ``__pystreams_groups`` (``cleanup.policy=compact``),
+  one partition per shard, created if absent. Each partition is written by a *transactional*
+  kafka-python producer whose transactional id names the partition: one transaction per append
+  gives atomicity on Apache Kafka, and ``init_transactions()`` at claim time fences the previous
+  owner and aborts its open transaction. Reads use ``read_committed``.
+
+  The embedded broker (Tansu) holds back open transactions under ``read_committed`` but does not
+  report *aborted* ones, so kafka-python would hand us the records of an aborted transaction.
+  Every record therefore also carries a small *append frame* header (append id, index, count),
+  and the loader drops an append whose writer stopped part-way (a prefix of its records followed
+  only by the abort marker), while still accepting appends that compaction thinned out (see
+  ``_AppendAssembler``). A crash or failure in the middle of an append thus leaves nothing
+  behind on either broker. (A complete append whose commit was aborted afterwards is still
+  applied on Tansu; that is the same "unknown outcome" a timed-out commit has on any broker,
+  which the protocol tolerates: the request was answered with an error and the client retries.)
+
+  "The end" of a partition is found by fetching: reading stops once the consumer's position has
+  reached the high watermark reported by the fetch responses themselves, never by trusting
+  ``end_offsets`` (ListOffsets LATEST is wrong on the embedded broker). Since the partition has
+  just been claimed, nobody else writes to it and that watermark cannot move under us.
+
+Blocking kafka-python calls run on one worker thread per claimed partition, so the event loop
+never blocks and one slow partition never holds up another.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import functools
+import logging
+import struct
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pystreams.coordinator import records as r
+
+__all__ = [
+    "DEFAULT_TOPIC",
+    "KafkaLog",
+    "LogConfigurationError",
+    "LogError",
+    "LogFencedError",
+    "MemoryLog",
+    "PartitionLog",
+    "RecordLog",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TOPIC = "__pystreams_groups"
+
+#: Record header that frames an append: 16-byte append id, index, count (big-endian uint32s).
+FRAME_HEADER = "pystreams.append"
+_FRAME = struct.Struct(">16sII")
+
+
+class LogError(Exception):
+    """The log could not be read or written; the outcome of a failed append is unknown."""
+
+
+class LogFencedError(LogError):
+    """Another writer claimed the partition after us: we no longer own this shard."""
+
+
+class LogConfigurationError(LogError):
+    """The log exists but cannot be used as configured (e.g. a different partition count)."""
+
+
+class PartitionLog(abc.ABC):
+    """The exclusive writer (and reader) of one claimed partition."""
+
+    partition: int
+
+    @abc.abstractmethod
+    def read(self) -> AsyncIterator[list[r.Record]]:
+        """Every committed record of the partition, oldest first, in chunks; then stops."""
+
+    @abc.abstractmethod
+    async def append(self, records: Sequence[r.Record]) -> None:
+        """Make ``records`` durable, all or none. Raises LogFencedError or LogError."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release the writer; the log itself stays."""
+
+
+class RecordLog(abc.ABC):
+    """A set of partitions, one per coordinator shard."""
+
+    partition_count: int
+
+    async def open(self) -> None:
+        """Connect and check (or create) the storage. Idempotent."""
+
+    @abc.abstractmethod
+    async def claim(self, partition: int) -> PartitionLog:
+        """Become the only writer of ``partition``, fencing earlier claims."""
+
+    async def close(self) -> None:
+        """Release what ``open`` acquired."""
+
+    @property
+    def internal_topics(self) -> frozenset[str]:
+        """Topics of the cluster that belong to the log, to hide from subscriptions."""
+        return frozenset()
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def _check_partition(self, partition: int) -> None:
+        if not 0 <= partition < self.partition_count:
+            raise ValueError(f"partition {partition} outside 0..{self.partition_count - 1}")
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+#: ``before_append(partition, records)``: awaited before an append is stored; raise to fail it.
+AppendHook = Callable[[int, Sequence[r.Record]], Awaitable[None]]
+
+
+class MemoryLog(RecordLog):
+    """Records in memory, encoded as they would be in Kafka. Not durable across processes."""
+
+    def __init__(self, partition_count: int, *, before_append: AppendHook | None = None, read_chunk: int = 1000) -> None:
+        if partition_count < 1:
+            raise ValueError("partition_count must be >= 1")
+        self.partition_count = partition_count
+        self.before_append = before_append
+        self._read_chunk = read_chunk
+        self._entries: list[list[tuple[bytes, bytes | None]]] = [[] for _ in range(partition_count)]
+        self._writer_epochs = [0] * partition_count
+
+    async def claim(self, partition: int) -> PartitionLog:
+        self._check_partition(partition)
+        self._writer_epochs[partition] += 1
+        return _MemoryPartition(self, partition, self._writer_epochs[partition])
+
+    def records(self, partition: int) -> list[r.Record]:
+        """What the partition holds, decoded (for tests and tools)."""
+        return [r.decode(key, value) for key, value in self._entries[partition]]
+
+    def size(self, partition: int) -> int:
+        return len(self._entries[partition])
+
+    def describe(self) -> str:
+        return f"memory log, {self.partition_count} partitions"
+
+
+class _MemoryPartition(PartitionLog):
+    def __init__(self, owner: MemoryLog, partition: int, epoch: int) -> None:
+        self._owner = owner
+        self.partition = partition
+        self._epoch = epoch
+
+    def _check_owner(self) -> None:
+        if self._owner._writer_epochs[self.partition] != self._epoch:
+            raise LogFencedError(f"memory log partition {self.partition} was claimed by a newer writer")
+
+    async def read(self) -> AsyncIterator[list[r.Record]]:
+        entries = list(self._owner._entries[self.partition])  # a stable view: appends may follow
+        chunk = self._owner._read_chunk
+        for start in range(0, len(entries), chunk):
+            yield [r.decode(key, value) for key, value in entries[start:start + chunk]]
+            await asyncio.sleep(0)  # a big log must not starve the other shards
+
+    async def append(self, records: Sequence[r.Record]) -> None:
+        self._check_owner()
+        encoded = [r.encode(record) for record in records]
+        if self._owner.before_append is not None:
+            await self._owner.before_append(self.partition, records)
+        self._check_owner()  # claimed by someone else while the hook waited
+        self._owner._entries[self.partition].extend(encoded)
+
+    async def close(self) -> None:
+        pass
+
+
+# --- Kafka -------------------------------------------------------------------------------------
+
+
+class KafkaLog(RecordLog):
+    """The compacted topic ``topic`` with ``partition_count`` partitions; see the module docstring.
+
+    ``client_config`` goes to every kafka-python client (security settings and the like).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Sequence[str],
+        partition_count: int,
+        *,
+        topic: str = DEFAULT_TOPIC,
+        transactional_id_prefix: str = "pystreams-coordinator",
+        replication_factor: int = -1,
+        append_timeout_s: float = 30.0,
+        load_timeout_s: float = 300.0,
+        client_id: str = "pystreams-coordinator",
+        **client_config: Any,
+    ) -> None:
+        if partition_count < 1:
+            raise ValueError("partition_count must be >= 1")
+        self.bootstrap_servers = bootstrap_servers
+        self.partition_count = partition_count
+        self.topic = topic
+        self.transactional_id_prefix = transactional_id_prefix
+        self.replication_factor = replication_factor
+        self.append_timeout_s = append_timeout_s
+        self.load_timeout_s = load_timeout_s
+        self.client_id = client_id
+        self.client_config = client_config
+        self._opened = False
+
+    @property
+    def internal_topics(self) -> frozenset[str]:
+        return frozenset({self.topic})
+
+    def describe(self) -> str:
+        return f"Kafka topic {self.topic!r} ({self.partition_count} partitions) at {self.bootstrap_servers}"
+
+    async def open(self) -> None:
+        if self._opened:
+            return
+        await asyncio.get_running_loop().run_in_executor(None, self._ensure_topic)
+        self._opened = True
+
+    def _ensure_topic(self) -> None:
+        from pystreams.cluster import ClusterMetadata, TopicMismatchError, TopicSpec
+
+        spec = TopicSpec(self.topic, self.partition_count, self.replication_factor, {"cleanup.policy": "compact"})
+        with ClusterMetadata(self.bootstrap_servers, client_id=f"{self.client_id}-admin", **self.client_config) as cluster:
+            try:
+                cluster.ensure_topics([spec])
+            except TopicMismatchError as error:
+                raise LogConfigurationError(
+                    f"{error}. A group's shard is a hash of its id modulo the partition count, so the "
+                    f"count of {self.topic!r} can never change: run with as many shards as the topic "
+                    "has partitions, or point the coordinator at another log topic"
+                ) from error
+            except Exception as error:
+                raise LogError(f"cannot create or check the log topic {self.topic!r} at {self.bootstrap_servers}: {error!r}") from error
+
+    async def claim(self, partition: int) -> PartitionLog:
+        self._check_partition(partition)
+        if not self._opened:
+            await self.open()
+        handle = _KafkaPartition(self, partition)
+        try:
+            await handle._run(handle._init_producer, timeout_s=self.append_timeout_s)
+        except BaseException:
+            await handle.close()
+            raise
+        return handle
+
+    def transactional_id(self, partition: int) -> str:
+        return f"{self.transactional_id_prefix}-{self.topic}-{partition}"
+
+
+def _is_fencing(error: BaseException) -> bool:
+    from kafka.errors import InvalidProducerEpochError, ProducerFencedError
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (ProducerFencedError, InvalidProducerEpochError)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class _AppendAssembler:
+    """Turns framed records back into whole appends; drops the unfinished ones.
+
+    A writer sends an append's records in order, so one that died mid-append (its transaction
+    aborted, yet visible on a broker that does not report aborted transactions) leaves a
+    *prefix* of the append followed by nothing but the abort marker: the next offset is at most
+    two past its last record. Compaction on Apache Kafka removes records too (older values of a
+    key), from anywhere in an append, but then the removed records and the commit marker leave a
+    wider gap, or the missing records are not a suffix. Only the first case is dropped.
+    """
+
+    def __init__(self, partition: int) -> None:
+        self._partition = partition
+        self._append_id: bytes | None = None
+        self._count = 0
+        self._pending: list[tuple[int, r.Record]] = []
+        self._last_offset = -1
+        self.dropped_records = 0
+
+    def add(self, offset: int, key: bytes, value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> list[r.Record]:
+        frame = next((v for k, v in headers or () if k == FRAME_HEADER), None)
+        if frame is None:  # not written by an append of ours: take it as it is
+            return self._close(offset) + [r.decode(key, value)]
+        append_id, index, count = _FRAME.unpack(frame)
+        ready: list[r.Record] = []
+        if append_id != self._append_id or (self._pending and index <= self._pending[-1][0]):
+            ready = self._close(offset)
+            self._append_id, self._count = append_id, count
+        self._pending.append((index, r.decode(key, value)))
+        self._last_offset = offset
+        if len(self._pending) == self._count:
+            ready += self._take()
+        return ready
+
+    def finish(self, end_offset: int) -> list[r.Record]:
+        """The end of the partition (the offset after its last record or marker) was reached."""
+        return self._close(end_offset)
+
+    def _take(self) -> list[r.Record]:
+        records = [record for _, record in self._pending]
+        self._pending, self._append_id = [], None
+        return records
+
+    def _close(self, next_offset: int) -> list[r.Record]:
+        """The pending append will get no more records: apply it, or drop it if unfinished."""
+        if not self._pending:
+            return []
+        indexes = [index for index, _ in self._pending]
+        unfinished = indexes == list(range(len(indexes))) and next_offset - self._last_offset <= 2
+        if not unfinished:  # complete but for what compaction removed
+            return self._take()
+        log.warning(
+            "log partition %d: dropping %d of %d records of an append its writer never finished",
+            self._partition, len(self._pending), self._count,
+        )
+        self.dropped_records += len(self._pending)
+        self._pending, self._append_id = [], None
+        return []
+
+
+class _KafkaPartition(PartitionLog):
+    """One claimed partition: a transactional producer and a worker thread of its own."""
+
+    def __init__(self, owner: KafkaLog, partition: int) -> None:
+        self._owner = owner
+        self.partition = partition
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pystreams-log-{partition}")
+        self._producer: Any = None
+        self._closed = False
+
+    async def _run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+        if self._closed:
+            raise LogError(f"log partition {self.partition} is closed")
+        future = asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+        if timeout_s is None:
+            return await future
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise LogError(f"log partition {self.partition}: no answer within {timeout_s:g} s") from None
+
+    # -- worker-thread side ------------------------------------------------------------------
+
+    def _common_config(self) -> dict[str, Any]:
+        return {"bootstrap_servers": self._owner.bootstrap_servers, **self._owner.client_config}
+
+    def _init_producer(self) -> None:
+        from kafka import KafkaProducer
+
+        timeout_ms = int(self._owner.append_timeout_s * 1000)
+        producer = KafkaProducer(
+            **self._common_config(),
+            client_id=f"{self._owner.client_id}-{self.partition}",
+            transactional_id=self._owner.transactional_id(self.partition),
+            enable_idempotence=True,
+            linger_ms=0,
+            batch_size=1024 * 1024,  # an append (a target assignment, a group commit) in few batches
+            max_block_ms=timeout_ms,
+            request_timeout_ms=min(timeout_ms, 30_000),
+        )
+        try:
+            # Fences the previous owner and completes (aborts) the transaction it left open.
+            producer.init_transactions()
+        except BaseException:
+            producer.close(timeout=1)
+            raise
+        self._producer = producer
+
+    def _append(self, records: Sequence[r.Record]) -> None:
+        producer = self._producer
+        append_id, count = uuid.uuid4().bytes, len(records)
+        producer.begin_transaction()
+        try:
+            for index, record in enumerate(records):
+                key, value = r.encode(record)
+                producer.send(
+                    self._owner.topic, key=key, value=value, partition=self.partition,
+                    headers=[(FRAME_HEADER, _FRAME.pack(append_id, index, count))],
+                )
+            producer.commit_transaction()
+        except BaseException as error:
+            if _is_fencing(error):
+                raise LogFencedError(f"log partition {self.partition}: another coordinator took over ({error!r})") from error
+            with contextlib.suppress(Exception):
+                producer.abort_transaction()
+            raise LogError(f"log partition {self.partition}: append failed: {error!r}") from error
+
+    def _open_consumer(self) -> Any:
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(
+            **self._common_config(),
+            client_id=f"{self._owner.client_id}-loader-{self.partition}",
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            max_poll_records=10_000,
+            fetch_max_wait_ms=100,
+        )
+        partition = TopicPartition(self._owner.topic, self.partition)
+        consumer.assign([partition])
+        consumer.seek_to_beginning(partition)
+        return consumer, partition
+
+    def _read_chunk(self, consumer: Any, partition: Any, assembler: _AppendAssembler) -> tuple[list[r.Record], bool]:
+        batches = consumer.poll(timeout_ms=200)
+        records: list[r.Record] = []
+        for message in batches.get(partition, ()):
+            records.extend(assembler.add(message.offset, message.key, message.value, message.headers))
+        highwater = consumer.highwater(partition)  # from the fetch responses, not ListOffsets
+        position = consumer.position(partition)
+        done = highwater is not None and position >= highwater
+        if done:
+            records.extend(assembler.finish(position))
+        return records, done
+
+    # -- event-loop side ---------------------------------------------------------------------
+
+    async def read(self) -> AsyncIterator[list[r.Record]]:
+        consumer, partition = await self._run(self._open_consumer, timeout_s=self._owner.append_timeout_s)
+        assembler = _AppendAssembler(self.partition)
+        deadline = time.monotonic() + self._owner.load_timeout_s
+        try:
+            while True:
+                records, done = await self._run(self._read_chunk, consumer, partition, assembler, timeout_s=self._owner.append_timeout_s)
+                if records:
+                    yield records
+                if done:
+                    return
+                if time.monotonic() > deadline:
+                    raise LogError(f"log partition {self.partition}: not read to its end within {self._owner.load_timeout_s:g} s")
+        finally:
+            with contextlib.suppress(Exception):
+                await self._run(consumer.close)
+
+    async def append(self, records: Sequence[r.Record]) -> None:
+        if self._producer is None:
+            raise LogError(f"log partition {self.partition} has no writer")
+        await self._run(self._append, list(records), timeout_s=self._owner.append_timeout_s)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            # On a thread of its own: if the worker is stuck in a call that never returns,
+            # closing must not wait for it.
+            closer = threading.Thread(target=_close_quietly, args=(producer,), daemon=True, name=f"pystreams-log-close-{self.partition}")
+            closer.start()
+            await asyncio.get_running_loop().run_in_executor(None, closer.join, 10.0)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _close_quietly(producer: Any) -> None:
+    try:
+        producer.close(timeout=5)
+    except Exception:  # closing is best effort; the next claim fences this producer anyway
+        log.debug("closing a log producer failed", exc_info=True)

@@ -1,0 +1,709 @@
+"""The coordinator runtime: sans-IO shards driven by asyncio, made durable by a record log.
+
+**Shards.** A :class:`ShardRunner` is one asyncio task that owns one
+:class:`~pystreams.coordinator.shard.GroupCoordinatorShard` and one claimed partition of the
+record log. Everything that touches the shard — requests, timer expiry, new topic metadata —
+goes through the runner's bounded event queue and runs serially, so the shard needs no locks.
+When the queue is full, callers wait (backpressure). The runner takes the events that are
+queued (up to ``max_batch``), runs them, appends all the records they generated to the log in
+*one* append (group commit: one transaction amortised over many requests), and only once that
+append is durable resolves the responses. A response that generated no records still waits for
+its batch, since it may have read state the batch changed.
+
+**Routing.** Group ``g`` lives on shard ``abs(javaHashCode(g)) % shards`` — Kafka's
+``partitionFor`` for ``__consumer_offsets`` (``Utils.abs(groupId.hashCode) % partitions``), so
+the mapping is stable across processes and versions and matches Kafka for the same count. That
+is also why the log's partition count can never change. Requests that name several groups
+(ListGroups, ConsumerGroupDescribe, OffsetFetch v8+, Describe/IncrementalAlterConfigs) are
+split by shard, run concurrently, and merged back in request order.
+
+**Loading and fail-over.** On start each shard claims its partition (fencing any previous
+owner), replays every record, receives the current topic metadata, then runs the KIP's
+fail-over duties (``on_loaded``: re-arm session timers, re-check metadata and regexes, compute
+a missing assignment) and appends what they generated. Until then its requests are answered
+COORDINATOR_LOAD_IN_PROGRESS. The ``partition-load-time`` metric covers claim to active.
+
+**When an append fails** the shard holds state the log does not have. The runner answers the
+whole batch with COORDINATOR_NOT_AVAILABLE (clients look the coordinator up again and retry),
+throws the shard away and *reloads it from the log* — the log is the truth, and the outcome of
+a failed append is unknown, so replaying is the only way to agree with it. While reloading the
+shard answers COORDINATOR_LOAD_IN_PROGRESS. If the append failed because another coordinator
+claimed the partition (fenced), the shard is no longer ours: it answers NOT_COORDINATOR from
+then on and does not reload. A handler that raises is treated the same way (its half-emitted
+records were replayed but are lost): the events after it in the batch are answered
+COORDINATOR_NOT_AVAILABLE, the records before it are appended, and the shard reloads.
+
+**Topic metadata** comes from a :class:`TopicSource` (``ClusterMetadata``): fetched every
+``metadata_refresh_ms`` and on demand — a heartbeat subscribing to a topic name the coordinator
+does not know triggers a refresh, at most one per ``metadata_min_interval_ms``. A changed
+image is delivered to every shard as an ``update_topics`` event (coalesced: a shard only ever
+applies the newest image). Topics of the log itself are hidden.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import kafka.errors as Errors
+from kafka.protocol.api_header import RequestHeader
+from kafka.protocol.api_message import ApiMessage
+
+from pystreams.assignors.api import TopicMetadata
+from pystreams.coordinator import records as r
+from pystreams.coordinator.config import CoordinatorConfig
+from pystreams.coordinator.consumer_group import CLASSIC, CONSUMER, GroupState
+from pystreams.coordinator.log import LogConfigurationError, LogFencedError, PartitionLog, RecordLog
+from pystreams.coordinator.metrics import CoordinatorMetrics, Exposition, IdleTracker
+from pystreams.coordinator.shard import GroupCoordinatorShard, RequestContext
+from pystreams.protocol import codec
+from pystreams.protocol import messages as m
+from pystreams.protocol.server import current_peer
+
+__all__ = ["Coordinator", "ShardRunner", "ShardState", "StaticTopics", "TopicSource", "group_shard", "java_string_hash"]
+
+log = logging.getLogger(__name__)
+
+Topics = Mapping[str, TopicMetadata]
+
+
+def wall_clock_ms() -> int:
+    # Wall clock, as Kafka's coordinator: it stamps offset commits, and timers only need ms.
+    return time.time_ns() // 1_000_000
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode``: over UTF-16 code units, as a signed 32-bit int."""
+    encoded = text.encode("utf-16-be", "surrogatepass")
+    h = 0
+    for i in range(0, len(encoded), 2):
+        h = (31 * h + ((encoded[i] << 8) | encoded[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= (1 << 31) else h
+
+
+def group_shard(group_id: str, shard_count: int) -> int:
+    """Kafka's ``Utils.abs(groupId.hashCode) % partitions`` (``abs(MIN_VALUE)`` is 0)."""
+    h = java_string_hash(group_id)
+    return (0 if h == -(1 << 31) else abs(h)) % shard_count
+
+
+class TopicSource(Protocol):
+    """Where topic metadata comes from; blocking (run in a thread). ``ClusterMetadata`` is one."""
+
+    def fetch_topics(self) -> dict[str, TopicMetadata]: ...
+
+
+class StaticTopics:
+    """A fixed topic image (tests, benchmarks, a coordinator without a cluster)."""
+
+    def __init__(self, topics: Topics | None = None) -> None:
+        self.topics = dict(topics or {})
+
+    def fetch_topics(self) -> dict[str, TopicMetadata]:
+        return dict(self.topics)
+
+
+# --- one shard ---------------------------------------------------------------------------------
+
+
+class ShardState(enum.Enum):
+    LOADING = "loading"
+    ACTIVE = "active"
+    FAILED = "failed"  # fenced, or a log that cannot be used: requests get NOT_COORDINATOR
+    CLOSED = "closed"
+
+
+@dataclass(slots=True)
+class _Request:
+    request: ApiMessage
+    context: RequestContext
+    future: asyncio.Future
+
+
+class _Wake:
+    """Queued only to wake an idle runner (new topics, stop); carries nothing."""
+
+
+_WAKE = _Wake()
+
+
+class _Outcome(enum.Enum):
+    STOP = "stop"
+    RELOAD = "reload"
+    FENCED = "fenced"
+
+
+def _not_coordinator(shard_id: int, why: str) -> Errors.BrokerResponseError:
+    return Errors.NotCoordinatorError(f"shard {shard_id} {why}")
+
+
+class ShardRunner:
+    """One shard: an asyncio task, a bounded event queue, a claimed log partition."""
+
+    def __init__(
+        self,
+        shard_id: int,
+        log: RecordLog,
+        *,
+        shard_factory: Callable[[], GroupCoordinatorShard],
+        topics: Callable[[], Awaitable[Topics]],
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        queue_size: int = 1024,
+        max_batch: int = 256,
+        metrics: CoordinatorMetrics | None = None,
+        reload_backoff_s: tuple[float, float] = (0.1, 5.0),
+    ) -> None:
+        if queue_size < 1 or max_batch < 1:
+            raise ValueError("queue_size and max_batch must be >= 1")
+        self.shard_id = shard_id
+        self._log = log
+        self._shard_factory = shard_factory
+        self._topics = topics
+        self._clock_ms = clock_ms
+        self._queue: asyncio.Queue[_Request | _Wake] = asyncio.Queue(maxsize=queue_size)
+        self._max_batch = max_batch
+        self.metrics = metrics or CoordinatorMetrics()
+        self._backoff_s = reload_backoff_s
+        self.state = ShardState.LOADING
+        self.shard: GroupCoordinatorShard | None = None
+        self.failure: BaseException | None = None
+        self.loaded = asyncio.Event()
+        self.load_count = 0
+        self.idle = IdleTracker()
+        self._handle: PartitionLog | None = None
+        self._pending_topics: Topics | None = None
+        self._stopping = False
+        self.task: asyncio.Task[None] | None = None
+
+    # -- the outside ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.task is None:
+            self.task = asyncio.create_task(self._run(), name=f"pystreams-coordinator-shard-{self.shard_id}")
+
+    @property
+    def queue_size(self) -> int:
+        return self._queue.qsize()
+
+    async def submit(self, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        """The shard's response, once the records it generated are durable.
+
+        Raises COORDINATOR_LOAD_IN_PROGRESS while loading and NOT_COORDINATOR once failed or
+        stopped (as ``kafka.errors`` exceptions); may wait while the queue is full.
+        """
+        self._check_accepting()
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Request(request, context, future))
+        if self.state in (ShardState.FAILED, ShardState.CLOSED) and not future.done():
+            future.set_exception(self._terminal_error())  # queued after the runner's last drain
+        return await future
+
+    def offer_topics(self, topics: Topics) -> None:
+        """Newer topic metadata; applied before the next batch (older offers are superseded)."""
+        self._pending_topics = topics
+        self._wake()
+
+    async def stop(self) -> None:
+        """Refuse new requests, finish the queued ones and the append in flight, release the log.
+
+        A shard still loading has nothing in flight worth waiting for: its loading is cancelled
+        (it may be waiting for a log or a cluster that does not answer).
+        """
+        self._stopping = True
+        self._wake()
+        if self.task is None:
+            return
+        if self.state is ShardState.LOADING:
+            self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+    def _check_accepting(self) -> None:
+        if self._stopping or self.state in (ShardState.FAILED, ShardState.CLOSED):
+            raise self._terminal_error()
+        if self.state is ShardState.LOADING:
+            raise Errors.CoordinatorLoadInProgressError(f"shard {self.shard_id} is loading its groups")
+
+    def _terminal_error(self) -> Errors.BrokerResponseError:
+        if self.state is ShardState.FAILED:
+            return _not_coordinator(self.shard_id, f"is not served here: {self.failure}")
+        return _not_coordinator(self.shard_id, "is shutting down")
+
+    def _wake(self) -> None:
+        if self._queue.empty():
+            self._queue.put_nowait(_WAKE)
+
+    # -- the task ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            while not self._stopping:
+                if not await self._load():
+                    break
+                outcome = await self._serve()
+                if outcome is not _Outcome.RELOAD:
+                    break
+        except Exception as error:  # a bug: never leave callers waiting forever
+            log.exception("coordinator shard %d crashed", self.shard_id)
+            self._fail(error)
+        finally:
+            if self.state is not ShardState.FAILED:
+                self.state = ShardState.CLOSED
+            self.loaded.clear()
+            self._drain_queue(self._terminal_error)
+            await self._release_handle()
+
+    def _fail(self, error: BaseException) -> None:
+        self.state = ShardState.FAILED
+        self.failure = error
+        self.loaded.clear()
+
+    async def _release_handle(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                await handle.close()
+            except Exception:
+                log.warning("shard %d: releasing its log partition failed", self.shard_id, exc_info=True)
+
+    def _drain_queue(self, error: Callable[[], BaseException]) -> None:
+        while not self._queue.empty():
+            event = self._queue.get_nowait()
+            if isinstance(event, _Request) and not event.future.done():
+                event.future.set_exception(error())
+
+    async def _load(self) -> bool:
+        """Claim, replay, fail-over duties. False if stopping or failed for good."""
+        self.state = ShardState.LOADING
+        self.loaded.clear()
+        self.shard = None
+        backoff = self._backoff_s[0]
+        while not self._stopping:
+            started = time.monotonic()
+            try:
+                await self._release_handle()
+                self._handle = await self._log.claim(self.shard_id)
+                shard = self._shard_factory()
+                replayed = 0
+                async with contextlib.aclosing(self._handle.read()) as chunks:
+                    async for chunk in chunks:
+                        for record in chunk:
+                            shard.replay(record)
+                        replayed += len(chunk)
+                waited = time.monotonic()
+                topics = await self._topics()  # the newest image: older offers are moot
+                waited = time.monotonic() - waited
+                self._pending_topics = None
+                now = self._clock_ms()
+                records = shard.update_topics(topics, now).records + shard.on_loaded(now).records
+                if records:
+                    await self._handle.append(records)
+                    self._count_rebalances(records)
+            except (LogFencedError, LogConfigurationError) as error:
+                log.error("shard %d cannot be served by this coordinator: %s", self.shard_id, error)
+                self._fail(error)
+                return False
+            except Exception as error:
+                log.warning("shard %d: loading failed (%r); retrying in %.1f s", self.shard_id, error, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._backoff_s[1])
+                continue
+            self.metrics.load_times.record((time.monotonic() - started - waited) * 1000)
+            self.load_count += 1
+            self.shard = shard
+            self.state = ShardState.ACTIVE
+            self.loaded.set()
+            log.info("shard %d loaded: %d records, %d groups", self.shard_id, replayed, len(shard.groups))
+            return True
+        return False
+
+    async def _next_events(self, shard: GroupCoordinatorShard) -> list[_Request | _Wake] | None:
+        """The next batch of events, [] when only a timer or new topics are due, None to stop."""
+        while True:
+            if self._stopping and self._queue.empty():
+                return None
+            if self._pending_topics is not None:
+                timeout: float | None = 0.0
+            else:
+                deadline = shard.next_deadline()
+                timeout = None if deadline is None else max(0.0, (deadline - self._clock_ms()) / 1000)
+            if self._queue.empty() and timeout == 0.0:
+                return []
+            self.idle.idle()
+            try:
+                async with asyncio.timeout(timeout):
+                    first = await self._queue.get()
+            except TimeoutError:
+                return []
+            finally:
+                self.idle.busy()
+            events = [first]
+            while len(events) < self._max_batch and not self._queue.empty():
+                events.append(self._queue.get_nowait())
+            return events
+
+    async def _serve(self) -> _Outcome:
+        shard = self.shard
+        assert shard is not None and self._handle is not None
+        while True:
+            events = await self._next_events(shard)
+            if events is None:
+                return _Outcome.STOP
+            now = self._clock_ms()
+            records: list[r.Record] = []
+            answers: list[tuple[asyncio.Future, Any]] = []
+            broken = False
+            try:
+                topics, self._pending_topics = self._pending_topics, None
+                if topics is not None:
+                    records += shard.update_topics(topics, now).records
+                deadline = shard.next_deadline()
+                if deadline is not None and deadline <= now:
+                    records += shard.expire(now).records
+            except Exception:
+                log.exception("shard %d: applying topics or timers failed; reloading it", self.shard_id)
+                broken = True
+            for event in events:
+                if not isinstance(event, _Request):
+                    continue
+                if broken:
+                    answers.append((event.future, Errors.CoordinatorNotAvailableError(f"shard {self.shard_id} is reloading")))
+                    continue
+                try:
+                    result = shard.handle(event.request, now, event.context)
+                except Exception:
+                    log.exception("shard %d: %s failed; reloading the shard", self.shard_id, type(event.request).__name__)
+                    answers.append((event.future, Errors.UnknownError("the coordinator failed to handle the request")))
+                    broken = True
+                    continue
+                records += result.records
+                answers.append((event.future, result.response))
+            if records:
+                try:
+                    await self._handle.append(records)
+                except LogFencedError as error:
+                    log.error("shard %d: fenced by another coordinator: %s", self.shard_id, error)
+                    self._fail(error)
+                    self._answer([(f, _not_coordinator(self.shard_id, "moved to another coordinator")) for f, _ in answers])
+                    return _Outcome.FENCED
+                except Exception as error:
+                    log.warning("shard %d: append failed (%r); answering COORDINATOR_NOT_AVAILABLE and reloading", self.shard_id, error)
+                    self.state = ShardState.LOADING  # refuse new requests right away
+                    self.loaded.clear()
+                    self._answer([(f, Errors.CoordinatorNotAvailableError(f"shard {self.shard_id}: the log append failed")) for f, _ in answers])
+                    return _Outcome.RELOAD
+                self._count_rebalances(records)
+            self._answer(answers)
+            if broken:
+                self.state = ShardState.LOADING
+                self.loaded.clear()
+                return _Outcome.RELOAD
+
+    @staticmethod
+    def _answer(answers: Sequence[tuple[asyncio.Future, Any]]) -> None:
+        for future, outcome in answers:
+            if future.done():  # the caller went away; the work is done regardless
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    def _count_rebalances(self, records: Sequence[r.Record]) -> None:
+        count = sum(1 for record in records if isinstance(record.key, r.TargetAssignmentMetadataKey) and record.value is not None)
+        if count:
+            self.metrics.rebalances.record(count)
+
+
+# --- the server --------------------------------------------------------------------------------
+
+Route = Callable[[RequestHeader, ApiMessage, RequestContext], Awaitable[ApiMessage]]
+
+
+class Coordinator:
+    """N shards behind one request handler (``handle``, for ``KafkaProtocolServer``).
+
+    ``start()`` opens the log, starts the metadata refresher and loads every shard in the
+    background; ``wait_until_loaded()`` waits for them; ``close()`` drains and releases.
+    """
+
+    def __init__(
+        self,
+        log: RecordLog,
+        *,
+        config: CoordinatorConfig | None = None,
+        topic_source: TopicSource | None = None,
+        metadata_refresh_ms: int = 5_000,
+        metadata_min_interval_ms: int = 1_000,
+        queue_size: int = 1024,
+        max_batch: int = 256,
+        shard_factory: Callable[[], GroupCoordinatorShard] | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.log = log
+        self.config = config or CoordinatorConfig()
+        self.shard_count = log.partition_count
+        self.metrics = CoordinatorMetrics()
+        self._topic_source = topic_source if topic_source is not None else StaticTopics()
+        self._metadata_refresh_s = metadata_refresh_ms / 1000
+        self._metadata_min_interval_s = metadata_min_interval_ms / 1000
+        self._topics: dict[str, TopicMetadata] | None = None
+        self._topics_ready = asyncio.Event()
+        self._refresh_requested = asyncio.Event()
+        self._metadata_task: asyncio.Task[None] | None = None
+        self._closing = False
+        factory = shard_factory or (lambda: GroupCoordinatorShard(self.config))
+        self.runners = [
+            ShardRunner(
+                shard_id, log, shard_factory=factory, topics=self._current_topics, clock_ms=clock_ms,
+                queue_size=queue_size, max_batch=max_batch, metrics=self.metrics,
+            )
+            for shard_id in range(self.shard_count)
+        ]
+        self._routes: dict[int, Route] = {
+            m.ConsumerGroupHeartbeatRequest.API_KEY: self._heartbeat,
+            m.ConsumerGroupPrepareAssignmentRequest.API_KEY: self._single_group,
+            m.ConsumerGroupInstallAssignmentRequest.API_KEY: self._single_group,
+            m.OffsetCommitRequest.API_KEY: self._single_group,
+            m.OffsetFetchRequest.API_KEY: self._offset_fetch,
+            m.ConsumerGroupDescribeRequest.API_KEY: self._consumer_group_describe,
+            m.ListGroupsRequest.API_KEY: self._list_groups,
+            m.DescribeConfigsRequest.API_KEY: self._describe_configs,
+            m.IncrementalAlterConfigsRequest.API_KEY: self._incremental_alter_configs,
+        }
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.log.open()
+        self._metadata_task = asyncio.create_task(self._refresh_metadata_forever(), name="pystreams-coordinator-metadata")
+        for runner in self.runners:
+            runner.start()
+
+    async def wait_until_loaded(self) -> None:
+        """Return once every shard is active; raise if one failed for good."""
+        for runner in self.runners:
+            assert runner.task is not None, "start() first"
+            waiter = asyncio.ensure_future(runner.loaded.wait())
+            try:
+                done, _ = await asyncio.wait({waiter, runner.task}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waiter.cancel()
+            if waiter not in done or runner.state is not ShardState.ACTIVE:
+                raise RuntimeError(f"shard {runner.shard_id} failed to load: {runner.failure}")
+
+    def is_ready(self) -> bool:
+        return not self._closing and all(runner.state is ShardState.ACTIVE for runner in self.runners)
+
+    async def close(self) -> None:
+        """Stop taking requests, finish queued work and in-flight appends, release the log."""
+        self._closing = True
+        if self._metadata_task is not None:
+            self._metadata_task.cancel()
+            await asyncio.gather(self._metadata_task, return_exceptions=True)
+        await asyncio.gather(*(runner.stop() for runner in self.runners))
+        await self.log.close()
+
+    async def __aenter__(self) -> Coordinator:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def shard_for(self, group_id: str) -> int:
+        return group_shard(group_id, self.shard_count)
+
+    async def handle(self, header: RequestHeader, request: ApiMessage) -> ApiMessage:
+        """The ``KafkaProtocolServer`` handler: route, wait for durability, answer."""
+        peer = current_peer()
+        context = RequestContext(client_id=header.client_id or "", client_host=peer[0] if peer else "")
+        route = self._routes.get(request.API_KEY)
+        if route is None:
+            return codec.error_response(
+                header, Errors.UnsupportedVersionError.errno,
+                f"{type(request).__name__.removesuffix('Request')} is not served by this coordinator yet", request,
+            )
+        return await route(header, request, context)
+
+    async def _call(self, shard_id: int, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        try:
+            return await self.runners[shard_id].submit(request, context)
+        except Errors.BrokerResponseError as error:
+            message = str(error.args[0]) if error.args else None
+            return codec.error_response(header, error.errno, message, request)
+
+    async def _single_group(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        return await self._call(self.shard_for(request.group_id), header, request, context)
+
+    async def _heartbeat(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        names = request.subscribed_topic_names
+        if names and self._topics is not None and any(name not in self._topics for name in names):
+            self._refresh_requested.set()  # a topic we have not seen yet may just have been created
+        return await self._single_group(header, request, context)
+
+    async def _split(
+        self,
+        header: RequestHeader,
+        request: ApiMessage,
+        context: RequestContext,
+        items_field: str,
+        group_of: Callable[[Any], str],
+        results_field: str,
+    ) -> ApiMessage:
+        """Send each shard the items of ``items_field`` it owns; merge ``results_field`` back
+        in request order (each shard answers its items one for one, in order)."""
+        items = list(getattr(request, items_field) or [])
+        by_shard: dict[int, list[int]] = {}
+        for index, item in enumerate(items):
+            by_shard.setdefault(self.shard_for(group_of(item)), []).append(index)
+        if len(by_shard) <= 1:
+            shard_id = next(iter(by_shard), 0)
+            return await self._call(shard_id, header, request, context)
+        shard_ids = list(by_shard)
+        responses = await asyncio.gather(*(
+            self._call(shard_id, header, _with_fields(request, header, **{items_field: [items[i] for i in by_shard[shard_id]]}), context)
+            for shard_id in shard_ids
+        ))
+        merged: list[Any] = [None] * len(items)
+        for shard_id, response in zip(shard_ids, responses):
+            results = list(getattr(response, results_field) or [])
+            if len(results) != len(by_shard[shard_id]):
+                raise RuntimeError(f"shard {shard_id} answered {len(results)} {results_field} for {len(by_shard[shard_id])} {items_field}")
+            for index, result in zip(by_shard[shard_id], results):
+                merged[index] = result
+        answer = responses[0]
+        setattr(answer, results_field, merged)
+        return answer
+
+    async def _offset_fetch(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        if header.request_api_version >= 8:
+            return await self._split(header, request, context, "groups", lambda group: group.group_id, "groups")
+        return await self._single_group(header, request, context)
+
+    async def _consumer_group_describe(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        return await self._split(header, request, context, "group_ids", lambda group_id: group_id, "groups")
+
+    async def _describe_configs(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        return await self._split(header, request, context, "resources", lambda resource: resource.resource_name, "results")
+
+    async def _incremental_alter_configs(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        return await self._split(header, request, context, "resources", lambda resource: resource.resource_name, "responses")
+
+    async def _list_groups(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        responses = await asyncio.gather(*(self._call(shard_id, header, request, context) for shard_id in range(self.shard_count)))
+        # As Kafka: the groups of every shard that answered, and the first error of those that did not.
+        error = next((response.error_code for response in responses if response.error_code), 0)
+        groups = [group for response in responses for group in (response.groups or [])]
+        return m.ListGroupsResponse(throttle_time_ms=0, error_code=error, groups=groups)
+
+    # -- topic metadata ------------------------------------------------------------------------
+
+    async def _current_topics(self) -> Topics:
+        await self._topics_ready.wait()
+        assert self._topics is not None
+        return self._topics
+
+    @property
+    def topics(self) -> dict[str, TopicMetadata] | None:
+        """The latest topic image (None before the first fetch)."""
+        return self._topics
+
+    def request_metadata_refresh(self) -> None:
+        self._refresh_requested.set()
+
+    async def _refresh_metadata_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        failures = 0
+        last_fetch = -float("inf")
+        while True:
+            since = loop.time() - last_fetch
+            if since < self._metadata_min_interval_s:
+                await asyncio.sleep(self._metadata_min_interval_s - since)
+            self._refresh_requested.clear()
+            last_fetch = loop.time()
+            try:
+                fetched = await loop.run_in_executor(None, self._topic_source.fetch_topics)
+            except Exception as error:
+                failures += 1
+                (log.warning if failures in (1, 10) or failures % 100 == 0 else log.debug)(
+                    "fetching topic metadata failed (%d in a row): %r", failures, error,
+                )
+                await asyncio.sleep(min(0.2 * 2 ** min(failures, 5), self._metadata_refresh_s))
+                continue
+            failures = 0
+            hidden = self.log.internal_topics
+            topics = {name: topic for name, topic in fetched.items() if name not in hidden}
+            if topics != self._topics:
+                self._topics = topics
+                if self._topics_ready.is_set():  # loading shards take the image themselves
+                    for runner in self.runners:
+                        runner.offer_topics(topics)
+            self._topics_ready.set()
+            try:
+                await asyncio.wait_for(self._refresh_requested.wait(), self._metadata_refresh_s)
+            except TimeoutError:
+                pass
+
+    # -- metrics -------------------------------------------------------------------------------
+
+    def render_metrics(self) -> str:
+        """The KIP-848 coordinator metrics in Prometheus text format (see ``metrics``)."""
+        by_protocol = {CONSUMER: 0, CLASSIC: 0}
+        by_state = {state.value.lower(): 0 for state in GroupState}
+        by_partition_state = {"loading": 0, "active": 0, "failed": 0}
+        for runner in self.runners:
+            if runner.state is ShardState.ACTIVE:
+                by_partition_state["active"] += 1
+            elif runner.state is ShardState.LOADING:
+                by_partition_state["loading"] += 1
+            else:
+                by_partition_state["failed"] += 1
+            if runner.state is not ShardState.ACTIVE or runner.shard is None:
+                continue
+            for group in runner.shard.groups.values():
+                by_protocol[group.group_type] = by_protocol.get(group.group_type, 0) + 1
+                if group.group_type == CONSUMER:
+                    by_state[group.state.value.lower()] += 1
+        idle = [runner.idle.ratio() for runner in self.runners]
+        rebalances = self.metrics.rebalances
+        loads = self.metrics.load_times
+        out = Exposition()
+        out.metric("group_count", "gauge", "Number of groups by rebalance protocol (KIP-848 group-count).",
+                   (({"protocol": protocol}, count) for protocol, count in by_protocol.items()))
+        out.metric("consumer_group_count", "gauge", "Number of consumer groups by state (consumer-group-count).",
+                   (({"state": state}, count) for state, count in by_state.items()))
+        out.metric("partition_count", "gauge", "Number of record-log partitions (shards) by state (partition-count).",
+                   (({"state": state}, count) for state, count in by_partition_state.items()))
+        out.metric("event_queue_size", "gauge", "Events waiting in the shards' queues (event-queue-size).",
+                   [({}, sum(runner.queue_size for runner in self.runners))])
+        out.metric("shard_event_queue_size", "gauge", "Events waiting in one shard's queue.",
+                   (({"shard": str(runner.shard_id)}, runner.queue_size) for runner in self.runners))
+        out.metric("consumer_group_rebalance_rate", "gauge", "New target assignments per second over the last minute (consumer-group-rebalance-rate).",
+                   [({}, rebalances.rate())])
+        out.metric("consumer_group_rebalance_count", "counter", "New target assignments since start (consumer-group-rebalance-count).",
+                   [({}, rebalances.total)])
+        out.metric("partition_load_time_avg", "gauge", "Average shard load time in ms (partition-load-time-avg).",
+                   [({}, loads.avg_ms)])
+        out.metric("partition_load_time_max", "gauge", "Longest shard load time in ms (partition-load-time-max).",
+                   [({}, loads.max_ms)])
+        out.metric("thread_idle_ratio_min", "gauge", "Lowest share of the last minute a shard spent waiting for events (thread-idle-ratio-min).",
+                   [({}, min(idle) if idle else 1.0)])
+        out.metric("thread_idle_ratio_avg", "gauge", "Average share of the last minute the shards spent waiting for events (thread-idle-ratio-avg).",
+                   [({}, sum(idle) / len(idle) if idle else 1.0)])
+        return out.text()
+
+
+def _with_fields(request: ApiMessage, header: RequestHeader, **changes: Any) -> ApiMessage:
+    """A copy of ``request`` with some fields replaced, at the request's version."""
+    values = {name: getattr(request, name) for name in type(request).fields}
+    values.update(changes)
+    copy = type(request)(**values)
+    copy.API_VERSION = header.request_api_version
+    return copy
