@@ -9,7 +9,11 @@ topics, every member subscribed to every topic. For each assignor and group it m
 * an incremental assignment after one member leaves: milliseconds, partitions moved, and the
   leaver's partition count (the ideal).
 
-"Moved" counts previously assigned partitions whose owner changed. Prints one JSON document.
+"Moved" counts previously assigned partitions whose owner changed.
+
+It also measures steady-state heartbeats handled per second by one coordinator shard,
+in-process (no network): a stable group whose members heartbeat with nothing changed — the
+common case the shard must make cheap. Prints one JSON document.
 
     python benchmarks/assignors.py            # every case (a few minutes at most)
     python benchmarks/assignors.py --quick    # only the 100- and 1000-member groups
@@ -157,6 +161,44 @@ def run(cases: Iterable[Case]) -> dict[str, object]:
     }
 
 
+def shard_heartbeats(members: int, partitions_per_member: int = 5, seconds: float = 2.0) -> dict[str, object]:
+    """Steady-state heartbeats/s of one GroupCoordinatorShard, plus the cost of forming the group."""
+    from pystreams import partitions as tp
+    from pystreams.coordinator.shard import GroupCoordinatorShard
+    from pystreams.protocol.messages import ConsumerGroupHeartbeatRequest as Heartbeat
+
+    shard = GroupCoordinatorShard()
+    topic = TopicMetadata(uuid.UUID(int=7), "events", members * partitions_per_member)
+    shard.update_topics({topic.name: topic}, 0)
+    started = time.perf_counter()
+    member_ids = []
+    for _ in range(members):
+        join = Heartbeat(group_id="bench", member_id="", member_epoch=0, rebalance_timeout_ms=60_000, subscribed_topic_names=[topic.name])
+        member_ids.append(shard.handle(join, 0).response.member_id)
+    joins_s = time.perf_counter() - started
+    group = shard.groups["bench"]
+    for _ in range(3):  # well-behaved members: acknowledge revocations until stable
+        for member_id in member_ids:
+            member = group.members[member_id]
+            owned = tp.to_topic_partitions(member.assigned, Heartbeat.TopicPartitions) if member.revoking else None
+            shard.handle(Heartbeat(group_id="bench", member_id=member_id, member_epoch=member.member_epoch, topic_partitions=owned), 0)
+    requests = [Heartbeat(group_id="bench", member_id=m, member_epoch=group.members[m].member_epoch) for m in member_ids]
+    handled, now, started = 0, 1, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for request in requests:
+            shard.handle(request, now)
+        handled += len(requests)
+        now += 1
+    elapsed = time.perf_counter() - started
+    return {
+        "members": members,
+        "partitions": topic.num_partitions,
+        "state": group.state.value,
+        "steady_heartbeats_per_s": round(handled / elapsed),
+        "group_formation_ms_per_join": round(joins_s * 1000 / members, 3),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the 100- and 1000-member groups")
@@ -168,7 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     member_counts = QUICK_MEMBER_COUNTS if args.quick else MEMBER_COUNTS
     cases = benchmark_cases(member_counts, [name.strip() for name in args.assignors.split(",") if name.strip()])
-    document = {"assignors": run(cases)}
+    document = {
+        "assignors": run(cases),
+        # Forming a 10,000-member group one join at a time is O(N^2) assignor work: left out.
+        "shard_heartbeats": [shard_heartbeats(n) for n in (100, 1000)],
+    }
     json.dump(document, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -424,14 +424,19 @@ class ConsumerGroupHandlers:
 
     def assignment_spec(self, group: ConsumerGroup, assignor: str | None = None) -> AssignmentSpec:
         members = {}
+        resolved: dict[tuple, frozenset[UUID]] = {}  # members mostly share one subscription
         for member in group.members.values():
+            subscription = (member.subscribed_topic_names, member.subscribed_topic_regex)
+            topic_ids = resolved.get(subscription)
+            if topic_ids is None:
+                topic_ids = resolved[subscription] = self.member_topic_ids(group, member)
             metadata = None
             if assignor is not None:
                 a = member.assignor(assignor)
                 if a is not None:
                     metadata = AssignorMetadata(a.reason, a.version, a.metadata, a.minimum_version, a.maximum_version)
             members[member.member_id] = MemberSpec(
-                subscribed_topic_ids=self.member_topic_ids(group, member),
+                subscribed_topic_ids=topic_ids,
                 target_partitions=group.target_of(member.member_id),
                 instance_id=member.instance_id,
                 rack_id=member.rack_id,
@@ -466,8 +471,10 @@ class ConsumerGroupHandlers:
         """Writes the new target as one batch of deltas followed by its metadata record."""
         for member_id in group.members:
             partitions, version, metadata = assignment.get(member_id, ({}, 0, b""))
-            partitions = tp.normalize(partitions)
             old = group.targets.get(member_id)
+            if old is not None and partitions is old.partitions and old.metadata_version == version and old.metadata == metadata:
+                continue  # the assignor handed the target back untouched
+            partitions = tp.normalize(partitions)
             if not partitions and not version and not metadata:
                 if old is not None:  # an empty target is no target
                     self.emit(r.Record(r.TargetAssignmentMemberKey(group.group_id, member_id), None))
