@@ -19,3 +19,5 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/assignors.py
+	$(VENV)/bin/python benchmarks/coordinator.py
+	$(VENV)/bin/python benchmarks/state.py
