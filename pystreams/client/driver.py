@@ -1,0 +1,721 @@
+"""An asyncio driver that runs a :class:`~pystreams.client.member.GroupMember` over the Kafka
+wire protocol against a group coordinator.
+
+The member is sans-IO; this module owns the IO around it:
+
+* **Discovery.** ``FindCoordinator`` (v4, key = group id) against the bootstrap addresses, then
+  one connection to the coordinator. A connection that *is* the coordinator is kept.
+* **Connection.** :class:`KafkaConnection` — asyncio streams, correlation ids, request header
+  v1/v2 and response header v0/v1 by the API version's flexibility, several requests in flight
+  (the server answers them in order; we match by correlation id anyway), a per-request timeout.
+  A timed-out request closes the connection, as Kafka's NetworkClient does: what the server did
+  with it is unknown, and the next request should not queue behind it.
+* **Reconnect.** Lost connection, NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE (the member's
+  :class:`CoordinatorUnavailable` event) → forget the coordinator and discover it again, with an
+  exponential, capped, jittered back-off (:class:`Backoff`, injectable random).
+  COORDINATOR_LOAD_IN_PROGRESS needs nothing here: the member retries on the same coordinator
+  after its ``retry_backoff_ms``.
+* **Timing.** The loop sleeps until ``member.next_deadline()`` or until something wakes it: a
+  response, a failure, an application call (``revocation_done``, ``leave``, ``subscribe``). The
+  heartbeat interval is the coordinator's (the member reads it from the responses).
+* **Events.** Delivered in order, one at a time, to ``on_event`` (an async callable) or, without
+  one, to the :attr:`MemberDriver.events` queue. A :class:`RevokePartitions` is acknowledged once
+  ``on_event`` returned for it (commit offsets in it); queue users call
+  :meth:`MemberDriver.revocation_done` themselves. Events go through a separate task, so the
+  member keeps heartbeating while the application commits.
+* **Offsets.** :meth:`MemberDriver.commit_offsets` (OffsetCommit v9 by topic name, v10 by topic
+  id) and :meth:`MemberDriver.fetch_offsets` (OffsetFetch v9/v10) with the member id and epoch.
+  Errors come back per partition, never raised. STALE_MEMBER_EPOCH means "your epoch is behind
+  the coordinator's": ``await driver.next_heartbeat()`` and commit again
+  (:attr:`CommitResult.stale_member_epoch`).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import random as random_module
+import struct
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from uuid import UUID
+
+import kafka.errors as Errors
+from kafka.protocol.api_header import RequestHeader, ResponseHeader
+from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.metadata.find_coordinator import CoordinatorType
+
+from pystreams.client.member import (
+    CoordinatorUnavailable,
+    GroupMember,
+    LeftGroup,
+    MemberConfig,
+    MemberEvent,
+    MemberState,
+    RevokePartitions,
+)
+from pystreams.protocol import messages as m
+from pystreams.protocol.registry import ApiSpec, api_spec
+
+log = logging.getLogger(__name__)
+
+Address = tuple[str, int]
+#: A partition named by topic id (OffsetCommit/OffsetFetch v10) or topic name (v9).
+OffsetKey = tuple[UUID | str, int]
+EventHandler = Callable[[MemberEvent], Awaitable[None]]
+
+_FRAME_SIZE = struct.Struct(">i")
+_CORRELATION_ID = struct.Struct(">i")
+
+#: The versions this driver speaks. FindCoordinator v4 is the batched form every Kafka 3+/4
+#: broker and our coordinator serve; OffsetCommit/OffsetFetch v9 carry names, v10 topic ids.
+_VERSIONS: dict[type[ApiMessage], int] = {
+    m.FindCoordinatorRequest: 4,
+    m.ConsumerGroupHeartbeatRequest: 0,
+    m.ConsumerGroupPrepareAssignmentRequest: 0,
+    m.ConsumerGroupInstallAssignmentRequest: 0,
+}
+_OFFSET_VERSION_BY_NAME = 9
+_OFFSET_VERSION_BY_ID = 10
+
+_NONE = Errors.NoError.errno
+_STALE_MEMBER_EPOCH = Errors.StaleMemberEpochError.errno
+_COORDINATOR_MOVED = frozenset(
+    {Errors.NotCoordinatorError.errno, Errors.CoordinatorNotAvailableError.errno}
+)
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def parse_bootstrap(bootstrap: str | Iterable[str | Address]) -> list[Address]:
+    """``"h1:9092,h2:9092"``, or a list of ``"host:port"`` strings or (host, port) pairs."""
+    items: Iterable[str | Address] = bootstrap.split(",") if isinstance(bootstrap, str) else bootstrap
+    addresses: list[Address] = []
+    for item in items:
+        if isinstance(item, str):
+            host, _, port = item.strip().rpartition(":")
+            if not host or not port:
+                raise ValueError(f"bootstrap address {item!r} is not host:port")
+            addresses.append((host, int(port)))
+        else:
+            addresses.append((item[0], int(item[1])))
+    if not addresses:
+        raise ValueError("at least one bootstrap address is needed")
+    return addresses
+
+
+# ----------------------------------------------------------------------------- back-off
+
+
+class Backoff:
+    """Exponential back-off: ``initial * 2**attempt``, capped at ``maximum``, then jittered by
+    ±``jitter`` (a fraction) so that members cut off together do not reconnect in lockstep."""
+
+    def __init__(
+        self,
+        initial_ms: int,
+        maximum_ms: int,
+        *,
+        jitter: float = 0.2,
+        random: Callable[[], float] = random_module.random,
+    ) -> None:
+        if initial_ms <= 0 or maximum_ms < initial_ms:
+            raise ValueError("need 0 < initial_ms <= maximum_ms")
+        if not 0 <= jitter < 1:
+            raise ValueError("jitter must lie in [0, 1)")
+        self.initial_ms = initial_ms
+        self.maximum_ms = maximum_ms
+        self.jitter = jitter
+        self._random = random
+        self.attempts = 0
+
+    def next_ms(self) -> int:
+        """The delay before the next attempt; each call counts one more failed attempt."""
+        base = min(self.maximum_ms, self.initial_ms * 2 ** min(self.attempts, 62))
+        self.attempts += 1
+        factor = 1 + self.jitter * (2 * self._random() - 1)
+        return max(0, min(self.maximum_ms, round(base * factor)))
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+
+# ----------------------------------------------------------------------------- connection
+
+
+class ConnectionLost(ConnectionError):
+    """The connection closed (or was closed) before the response arrived."""
+
+
+class KafkaConnection:
+    """One Kafka-protocol connection with several requests in flight, matched by correlation id."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: Address, client_id: str
+    ) -> None:
+        self.address = address
+        self._reader = reader
+        self._writer = writer
+        self._client_id = client_id
+        self._next_correlation_id = 0
+        # correlation id -> (the spec and version to decode with, the waiting future)
+        self._pending: dict[int, tuple[ApiSpec, int, asyncio.Future[ApiMessage]]] = {}
+        self._closed = False
+        self._close_reason: BaseException | None = None
+        self._reader_task = asyncio.create_task(self._read_responses(), name=f"kafka-connection-{address}")
+
+    @classmethod
+    async def open(cls, address: Address, client_id: str, timeout_s: float) -> KafkaConnection:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout_s)
+        return cls(reader, writer, address, client_id)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def send(self, request: ApiMessage, version: int, timeout_s: float) -> ApiMessage:
+        """Send and wait for the answer. Raises ConnectionLost, or TimeoutError (which closes
+        the connection)."""
+        if self._closed:
+            raise ConnectionLost(f"connection to {self.address} is closed")
+        spec = api_spec(request.API_KEY)
+        if spec is None or not spec.supports(version):
+            raise ValueError(f"{type(request).__name__} v{version} is not a served API version")
+        correlation_id = self._next_correlation_id
+        self._next_correlation_id = (self._next_correlation_id + 1) & 0x7FFFFFFF
+        header = RequestHeader(
+            request_api_key=request.API_KEY, request_api_version=version,
+            correlation_id=correlation_id, client_id=self._client_id,
+        )
+        payload = bytes(header.encode(flexible=spec.request_header_version(version) == 2))
+        payload += bytes(request.encode(version=version))
+        future: asyncio.Future[ApiMessage] = asyncio.get_running_loop().create_future()
+        self._pending[correlation_id] = (spec, version, future)
+        try:
+            self._writer.write(_FRAME_SIZE.pack(len(payload)) + payload)
+            async with asyncio.timeout(timeout_s):
+                await self._writer.drain()
+                return await future
+        except TimeoutError:
+            self.close(TimeoutError(f"{spec.name} timed out after {timeout_s} s"))
+            raise
+        except (ConnectionError, OSError) as exc:
+            self.close(exc)
+            raise ConnectionLost(str(exc)) from exc
+        finally:
+            self._pending.pop(correlation_id, None)
+
+    def close(self, reason: BaseException | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._close_reason = reason
+        self._writer.close()
+        if asyncio.current_task() is not self._reader_task:
+            self._reader_task.cancel()
+        for _, _, future in self._pending.values():
+            if not future.done():
+                future.set_exception(ConnectionLost(f"connection to {self.address} closed: {reason!r}"))
+        self._pending.clear()
+
+    async def wait_closed(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader_task
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+    async def _read_responses(self) -> None:
+        try:
+            while True:
+                size = _FRAME_SIZE.unpack(await self._reader.readexactly(_FRAME_SIZE.size))[0]
+                frame = await self._reader.readexactly(size)
+                (correlation_id,) = _CORRELATION_ID.unpack_from(frame, 0)
+                entry = self._pending.get(correlation_id)
+                if entry is None:
+                    continue  # the request timed out and was given up on
+                spec, version, future = entry
+                stream = io.BytesIO(frame)
+                ResponseHeader.decode(stream, flexible=spec.response_header_version(version) == 1)
+                response = spec.response_class.decode(stream.read(), version=version)
+                if not future.done():
+                    future.set_result(response)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # EOF, reset, or a response we cannot parse: all fatal here
+            self.close(exc)
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What OffsetCommit said, per partition (error code 0 = committed)."""
+
+    errors: dict[OffsetKey, int]
+    member_epoch: int  # the epoch the commit was sent with
+
+    @property
+    def ok(self) -> bool:
+        return all(code == _NONE for code in self.errors.values())
+
+    @property
+    def stale_member_epoch(self) -> bool:
+        """The coordinator's epoch for this member is newer: ``await driver.next_heartbeat()``
+        (which brings the new epoch) and commit again."""
+        return any(code == _STALE_MEMBER_EPOCH for code in self.errors.values())
+
+    @property
+    def failed(self) -> dict[OffsetKey, int]:
+        return {key: code for key, code in self.errors.items() if code != _NONE}
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """Committed offsets (-1: none committed) and per-partition error codes."""
+
+    offsets: dict[OffsetKey, int]
+    errors: dict[OffsetKey, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(code == _NONE for code in self.errors.values())
+
+
+class DriverClosed(RuntimeError):
+    pass
+
+
+# ----------------------------------------------------------------------------- the driver
+
+
+class MemberDriver:
+    """Runs one :class:`GroupMember` against the coordinator; see the module docstring.
+
+    Typical use::
+
+        driver = MemberDriver(MemberConfig(group_id="g", server_assignor="uniform"),
+                              "127.0.0.1:9092", on_event=handle)
+        driver.subscribe(topics=["orders"])
+        await driver.start()
+        ...
+        await driver.close()    # revokes (handle gets RevokePartitions), leaves, stops
+    """
+
+    def __init__(
+        self,
+        config: MemberConfig,
+        bootstrap: str | Iterable[str | Address],
+        *,
+        on_event: EventHandler | None = None,
+        request_timeout_ms: int = 30_000,
+        reconnect_backoff_ms: int = 50,
+        reconnect_backoff_max_ms: int = 1_000,
+        clock_ms: Callable[[], int] = monotonic_ms,
+        random: Callable[[], float] = random_module.random,
+    ) -> None:
+        self.config = config
+        self.member = GroupMember(config)
+        self.bootstrap = parse_bootstrap(bootstrap)
+        self.request_timeout_ms = request_timeout_ms
+        self._on_event = on_event
+        #: Events for callers without ``on_event``; RevokePartitions needs revocation_done().
+        self.events: asyncio.Queue[MemberEvent] = asyncio.Queue()
+        self._clock_ms = clock_ms
+        self._backoff = Backoff(reconnect_backoff_ms, reconnect_backoff_max_ms, random=random)
+        self._client_id = config.client_id or f"pystreams-{config.group_id}"
+
+        self._connection: KafkaConnection | None = None
+        self._connected = asyncio.Event()
+        self._wakeup = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._dispatch_task: asyncio.Task[None] | None = None
+        self._pending_events: asyncio.Queue[MemberEvent] = asyncio.Queue()
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._heartbeat_waiters: list[asyncio.Future[None]] = []
+        self._left = asyncio.Event()
+        self._stopping = False
+
+        #: Observability (and tests): how often the coordinator was looked up, and where it is.
+        self.find_coordinator_count = 0
+        self.coordinator: Address | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def subscribe(self, topics: Iterable[str] | None = None, regex: str | None = None) -> None:
+        self.member.subscribe(topics=topics, regex=regex)
+        self._left.clear()
+        self._wake()
+
+    async def start(self) -> None:
+        if self._loop_task is not None:
+            raise RuntimeError("already started")
+        self._loop_task = asyncio.create_task(self._run(), name=f"member-driver-{self.config.group_id}")
+        self._dispatch_task = asyncio.create_task(self._dispatch_events(), name="member-driver-events")
+
+    async def __aenter__(self) -> MemberDriver:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def leave(self, *, permanent: bool = False, timeout_s: float | None = None) -> None:
+        """Leave the group: the application gets RevokePartitions for everything it owns, then
+        the member heartbeats -1 (or -2 for a static member unless ``permanent``). Returns once
+        left (or the leave heartbeat failed: leaving is best effort, as in Kafka)."""
+        self.member.leave(self._clock_ms(), permanent=permanent)
+        self._take_events()
+        self._wake()
+        if self.member.state is MemberState.UNSUBSCRIBED:
+            return
+        timeout = self.request_timeout_ms / 1000 * 2 if timeout_s is None else timeout_s
+        async with asyncio.timeout(timeout):
+            await self._left.wait()
+
+    async def close(self, *, timeout_s: float | None = None) -> None:
+        """Leave if in the group (bounded by ``timeout_s``), then stop every task and the connection."""
+        if self._loop_task is not None and not self._stopping:
+            if self.member.state not in (MemberState.UNSUBSCRIBED, MemberState.FATAL):
+                self.member.close(self._clock_ms())
+                self._take_events()
+                self._wake()
+                with contextlib.suppress(TimeoutError):
+                    timeout = self.request_timeout_ms / 1000 * 2 if timeout_s is None else timeout_s
+                    async with asyncio.timeout(timeout):
+                        await self._left.wait()
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop at once, without leaving (a crash, as far as the coordinator can tell)."""
+        self._stopping = True
+        tasks = [t for t in (self._loop_task, self._dispatch_task, *self._in_flight) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._drop_connection(None)
+        for waiter in self._heartbeat_waiters:
+            if not waiter.done():
+                waiter.set_exception(DriverClosed("driver stopped"))
+        self._heartbeat_waiters.clear()
+
+    # ------------------------------------------------------------------ application calls
+
+    def revocation_done(self, event: RevokePartitions) -> None:
+        """For ``events`` queue users: the partitions of ``event`` are committed and released."""
+        self.member.revocation_done(self._clock_ms(), event.revocation_id)
+        self._take_events()
+        self._wake()  # the acknowledgement goes out in a heartbeat right away
+
+    async def next_heartbeat(self, timeout_s: float | None = None) -> None:
+        """Wait for the next successful heartbeat response (e.g. after STALE_MEMBER_EPOCH)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._heartbeat_waiters.append(waiter)
+        self.member.request_heartbeat()
+        self._wake()
+        timeout = self.request_timeout_ms / 1000 * 2 if timeout_s is None else timeout_s
+        async with asyncio.timeout(timeout):
+            await waiter
+
+    async def commit_offsets(
+        self,
+        offsets: Mapping[OffsetKey, int],
+        *,
+        member_epoch: int | None = None,
+        metadata: str = "",
+    ) -> CommitResult:
+        """Commit ``{(topic id or name, partition): offset}`` with this member's id and epoch.
+
+        Partitions keyed by topic id go in OffsetCommit v10, by name in v9 (two requests if
+        mixed). ``member_epoch`` overrides the member's current epoch, for work done under an
+        older one. Request-level failures come back as every partition's error code
+        (REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_COORDINATOR, ...); nothing is raised.
+        """
+        epoch = self.member.member_epoch if member_epoch is None else member_epoch
+        errors: dict[OffsetKey, int] = {}
+        for version, group in _split_by_key_kind(offsets).items():
+            by_topic: dict[UUID | str, list[tuple[int, int]]] = {}
+            for (topic, partition), offset in group.items():
+                by_topic.setdefault(topic, []).append((partition, offset))
+            topic_class = m.OffsetCommitRequest.OffsetCommitRequestTopic
+            partition_class = topic_class.OffsetCommitRequestPartition
+            request = m.OffsetCommitRequest(
+                group_id=self.config.group_id,
+                generation_id_or_member_epoch=epoch,
+                member_id=self.member.member_id,
+                group_instance_id=self.config.instance_id,
+                topics=[
+                    topic_class(
+                        **_topic_field(topic, version),
+                        partitions=[
+                            partition_class(
+                                partition_index=partition, committed_offset=offset,
+                                committed_leader_epoch=-1, committed_metadata=metadata,
+                            )
+                            for partition, offset in sorted(partitions)
+                        ],
+                    )
+                    for topic, partitions in by_topic.items()
+                ],
+            )
+            response, failure = await self._offsets_call(request, version)
+            if response is None:
+                errors.update({key: failure for key in group})
+                continue
+            for topic in response.topics:
+                key_topic = topic.topic_id if version == _OFFSET_VERSION_BY_ID else topic.name
+                for partition in topic.partitions:
+                    errors[(key_topic, partition.partition_index)] = partition.error_code
+            self._note_offset_errors(errors.values())
+        return CommitResult(errors=errors, member_epoch=epoch)
+
+    async def fetch_offsets(self, partitions: Iterable[OffsetKey], *, require_stable: bool = True) -> FetchResult:
+        """Committed offsets of ``partitions`` (topic id → OffsetFetch v10, name → v9), read as
+        this member (member id and epoch, when in the group)."""
+        offsets: dict[OffsetKey, int] = {}
+        errors: dict[OffsetKey, int] = {}
+        keys = {key: 0 for key in partitions}
+        in_group = self.member.member_epoch > 0
+        for version, group in _split_by_key_kind(keys).items():
+            by_topic: dict[UUID | str, list[int]] = {}
+            for topic, partition in group:
+                by_topic.setdefault(topic, []).append(partition)
+            group_class = m.OffsetFetchRequest.OffsetFetchRequestGroup
+            topic_class = group_class.OffsetFetchRequestTopics
+            request = m.OffsetFetchRequest(
+                require_stable=require_stable,
+                groups=[group_class(
+                    group_id=self.config.group_id,
+                    member_id=self.member.member_id if in_group else None,
+                    member_epoch=self.member.member_epoch if in_group else -1,
+                    topics=[
+                        topic_class(**_topic_field(topic, version), partition_indexes=sorted(indexes))
+                        for topic, indexes in by_topic.items()
+                    ],
+                )],
+            )
+            response, failure = await self._offsets_call(request, version)
+            if response is None:
+                errors.update({key: failure for key in group})
+                continue
+            for group_response in response.groups:
+                if group_response.error_code != _NONE:
+                    errors.update({key: group_response.error_code for key in group})
+                    continue
+                for topic in group_response.topics:
+                    key_topic = topic.topic_id if version == _OFFSET_VERSION_BY_ID else topic.name
+                    for partition in topic.partitions:
+                        key = (key_topic, partition.partition_index)
+                        offsets[key] = partition.committed_offset
+                        errors[key] = partition.error_code
+            self._note_offset_errors(errors.values())
+        return FetchResult(offsets=offsets, errors=errors)
+
+    async def _offsets_call(self, request: ApiMessage, version: int) -> tuple[ApiMessage | None, int]:
+        """(response, 0) or (None, the error code every partition gets)."""
+        timeout_s = self.request_timeout_ms / 1000
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._connected.wait()
+        except TimeoutError:
+            return None, Errors.CoordinatorNotAvailableError.errno
+        connection = self._connection
+        if connection is None:
+            return None, Errors.CoordinatorNotAvailableError.errno
+        try:
+            return await connection.send(request, version, timeout_s), _NONE
+        except TimeoutError:
+            self._drop_connection(connection)
+            return None, Errors.RequestTimedOutError.errno
+        except ConnectionLost:
+            self._drop_connection(connection)
+            return None, Errors.NetworkExceptionError.errno
+
+    def _note_offset_errors(self, codes: Iterable[int]) -> None:
+        if any(code in _COORDINATOR_MOVED for code in codes):
+            self._drop_connection(self._connection)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _wake(self) -> None:
+        self._wakeup.set()
+
+    async def _run(self) -> None:
+        try:
+            while not self._stopping:
+                if self.member.state is MemberState.FATAL:
+                    return
+                if self._wants_coordinator() and self._connection is None:
+                    await self._connect()
+                    continue
+                now = self._clock_ms()
+                self._wakeup.clear()
+                connection = self._connection
+                for request in self.member.poll(now):
+                    if connection is None:  # nothing to send on: the attempt failed
+                        self.member.on_request_failed(request, now)
+                    else:
+                        self._spawn_send(connection, request)
+                self._take_events()
+                deadline = self.member.next_deadline()
+                timeout = None if deadline is None else max(0, deadline - self._clock_ms()) / 1000
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(timeout):
+                        await self._wakeup.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("member driver loop for group %s failed", self.config.group_id)
+            raise
+
+    def _wants_coordinator(self) -> bool:
+        return self.member.state not in (MemberState.UNSUBSCRIBED, MemberState.FATAL)
+
+    def _spawn_send(self, connection: KafkaConnection, request: ApiMessage) -> None:
+        task = asyncio.create_task(self._send(connection, request))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _send(self, connection: KafkaConnection, request: ApiMessage) -> None:
+        version = _VERSIONS[type(request)]
+        try:
+            response = await connection.send(request, version, self.request_timeout_ms / 1000)
+        except (TimeoutError, ConnectionLost) as exc:
+            log.info("%s to %s failed: %r", type(request).__name__, connection.address, exc)
+            self._drop_connection(connection)
+            self.member.on_request_failed(request, self._clock_ms())
+        else:
+            self.member.on_response(request, response, self._clock_ms())
+            if isinstance(response, m.ConsumerGroupHeartbeatResponse) and response.error_code == _NONE:
+                self._backoff.reset()  # the coordinator is healthy again
+                waiters, self._heartbeat_waiters = self._heartbeat_waiters, []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+        self._take_events()
+        self._wake()
+
+    def _take_events(self) -> None:
+        """Move the member's events to the dispatcher; react to the ones the driver owns."""
+        for event in self.member.take_events():
+            if isinstance(event, CoordinatorUnavailable):
+                self._drop_connection(self._connection)
+            self._pending_events.put_nowait(event)
+
+    async def _dispatch_events(self) -> None:
+        while True:
+            event = await self._pending_events.get()
+            if self._on_event is None:
+                await self.events.put(event)
+            else:
+                try:
+                    await self._on_event(event)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # Kafka logs a failing rebalance callback and carries on; so do we, and the
+                    # revocation is still acknowledged so that the group can move on.
+                    log.exception("on_event failed for %r", event)
+                if isinstance(event, RevokePartitions):
+                    self.revocation_done(event)
+            if isinstance(event, LeftGroup):
+                self._left.set()  # leave() returns once the application has seen it
+
+    # ------------------------------------------------------------------ discovery
+
+    def _drop_connection(self, connection: KafkaConnection | None) -> None:
+        if connection is None or connection is not self._connection:
+            return  # already replaced
+        self._connection = None
+        self.coordinator = None
+        self._connected.clear()
+        connection.close()
+        self._wake()
+
+    async def _connect(self) -> None:
+        """Find the coordinator and connect to it; on failure sleep the back-off (wakeable)."""
+        try:
+            connection = await self._find_and_connect()
+        except (OSError, TimeoutError, ConnectionLost, _CoordinatorLookupError) as exc:
+            delay_ms = self._backoff.next_ms()
+            log.info("group %s: no coordinator (%r); retrying in %d ms", self.config.group_id, exc, delay_ms)
+            await asyncio.sleep(delay_ms / 1000)
+            return
+        self._connection = connection
+        self.coordinator = connection.address
+        self._connected.set()
+
+    async def _find_and_connect(self) -> KafkaConnection:
+        timeout_s = self.request_timeout_ms / 1000
+        last_error: BaseException = _CoordinatorLookupError("no bootstrap address answered")
+        # Start from a different bootstrap address each round, so a dead first one costs less.
+        start = self._backoff.attempts % len(self.bootstrap)
+        for address in self.bootstrap[start:] + self.bootstrap[:start]:
+            try:
+                bootstrap_connection = await KafkaConnection.open(address, self._client_id, timeout_s)
+            except (OSError, TimeoutError) as exc:
+                last_error = exc
+                continue
+            keep = False
+            try:
+                self.find_coordinator_count += 1
+                response = await bootstrap_connection.send(
+                    m.FindCoordinatorRequest(key_type=CoordinatorType.GROUP, coordinator_keys=[self.config.group_id]),
+                    _VERSIONS[m.FindCoordinatorRequest], timeout_s,
+                )
+                [entry] = response.coordinators
+                if entry.error_code != _NONE:
+                    raise _CoordinatorLookupError(
+                        f"FindCoordinator: {Errors.for_code(entry.error_code).__name__} {entry.error_message or ''}"
+                    )
+                coordinator = (entry.host, entry.port)
+                if coordinator == address:
+                    keep = True
+                    return bootstrap_connection
+                return await KafkaConnection.open(coordinator, self._client_id, timeout_s)
+            except (OSError, TimeoutError, ConnectionLost, _CoordinatorLookupError) as exc:
+                last_error = exc
+            finally:
+                if not keep:
+                    bootstrap_connection.close()
+        raise last_error
+
+
+class _CoordinatorLookupError(Exception):
+    pass
+
+
+def _split_by_key_kind(offsets: Mapping[OffsetKey, int]) -> dict[int, dict[OffsetKey, int]]:
+    """Topic-id keys → v10, name keys → v9."""
+    split: dict[int, dict[OffsetKey, int]] = {}
+    for key, value in offsets.items():
+        topic = key[0]
+        if isinstance(topic, UUID):
+            version = _OFFSET_VERSION_BY_ID
+        elif isinstance(topic, str) and topic:
+            version = _OFFSET_VERSION_BY_NAME
+        else:
+            raise TypeError(f"partition key {key!r}: the topic must be a UUID or a non-empty name")
+        split.setdefault(version, {})[(topic, key[1])] = value
+    return split
+
+
+def _topic_field(topic: UUID | str, version: int) -> dict[str, object]:
+    return {"topic_id": topic} if version == _OFFSET_VERSION_BY_ID else {"name": topic}
+
+
+__all__ = [
+    "Backoff",
+    "CommitResult",
+    "ConnectionLost",
+    "DriverClosed",
+    "FetchResult",
+    "KafkaConnection",
+    "MemberDriver",
+    "OffsetKey",
+    "parse_bootstrap",
+]
