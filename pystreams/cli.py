@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "coordinator": ("pystreams.commands.coordinator", "run the KIP-848 group coordinator server (Kafka protocol, record log, metrics)"),
     "dev": ("pystreams.commands.dev", "start the embedded Kafka broker and a coordinator together for local development"),
     "demo": ("pystreams.demo", "replay a scripted KIP-848 rebalance through the coordinator state machine"),
+    "groups": ("pystreams.commands.groups", "list and describe groups on a coordinator; validate a regex subscription"),
+    "configs": ("pystreams.commands.configs", "describe or alter a group's dynamic configs (session timeout, heartbeat interval, ...)"),
     "topology": ("pystreams.commands.topology", "describe an app's topology: sub-topologies, tasks, stores and topics (or Mermaid)"),
 }
 

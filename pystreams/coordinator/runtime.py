@@ -472,6 +472,7 @@ class Coordinator:
             m.OffsetFetchRequest.API_KEY: self._offset_fetch,
             m.ConsumerGroupDescribeRequest.API_KEY: self._consumer_group_describe,
             m.ListGroupsRequest.API_KEY: self._list_groups,
+            m.DescribeGroupsRequest.API_KEY: self._describe_groups,
             m.DescribeConfigsRequest.API_KEY: self._describe_configs,
             m.IncrementalAlterConfigsRequest.API_KEY: self._incremental_alter_configs,
         }
@@ -589,6 +590,9 @@ class Coordinator:
 
     async def _consumer_group_describe(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
         return await self._split(header, request, context, "group_ids", lambda group_id: group_id, "groups")
+
+    async def _describe_groups(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        return await self._split(header, request, context, "groups", lambda group_id: group_id, "groups")
 
     async def _describe_configs(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
         return await self._split(header, request, context, "resources", lambda resource: resource.resource_name, "results")

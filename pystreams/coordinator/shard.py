@@ -27,6 +27,7 @@ from pystreams.coordinator.consumer import (
     session_key,
 )
 from pystreams.coordinator.consumer_group import LEAVE_STATIC_EPOCH, ConsumerGroup, GroupState
+from pystreams.coordinator.describe_groups import DescribeGroupsHandler
 from pystreams.coordinator.offsets import OffsetHandlers
 from pystreams.coordinator.timers import Timers
 from pystreams.protocol import messages as m
@@ -51,7 +52,7 @@ class RequestContext:
     client_host: str = ""
 
 
-class GroupCoordinatorShard(ConsumerGroupHandlers, OffsetHandlers):
+class GroupCoordinatorShard(ConsumerGroupHandlers, OffsetHandlers, DescribeGroupsHandler):
     def __init__(
         self,
         config: CoordinatorConfig | None = None,
@@ -83,6 +84,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers, OffsetHandlers):
             m.OffsetCommitRequest.API_KEY: self.offset_commit,
             m.OffsetFetchRequest.API_KEY: self.offset_fetch,
             m.ListGroupsRequest.API_KEY: self.list_groups,
+            m.DescribeGroupsRequest.API_KEY: self.describe_groups,
             m.DescribeConfigsRequest.API_KEY: self.describe_configs,
             m.IncrementalAlterConfigsRequest.API_KEY: self.incremental_alter_configs,
         }

@@ -1,0 +1,251 @@
+"""``pystreams groups``: list and describe the coordinator's groups, and check a regex subscription.
+
+* ``--list [--type consumer,classic] [--state stable,empty]`` — ListGroups;
+* ``--describe GROUP`` — ConsumerGroupDescribe: state, epochs, assignor, and every member with
+  its epoch, subscription, current and target assignment;
+* ``--validate-regex PATTERN`` — the RE2 rules the coordinator applies to
+  ``SubscribedTopicRegex``; works offline.
+
+Tables by default, ``--json`` for scripts. ``--coordinator`` may come from
+``PYSTREAMS_COORDINATOR``. Exit status: 0 ok, 1 the coordinator (or the regex) said no, 2 usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+HELP = "list and describe groups on a coordinator; validate a regex subscription"
+
+COORDINATOR_ENV = "PYSTREAMS_COORDINATOR"
+DEFAULT_COORDINATOR = "127.0.0.1:9093"
+GROUP_TYPES = ("consumer", "classic")
+GROUP_STATES = ("empty", "assigning", "reconciling", "stable", "dead",
+                "preparingrebalance", "completingrebalance")  # the last two are classic groups'
+
+
+# --- shared with ``pystreams configs`` ----------------------------------------------------------
+
+
+def add_coordinator_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--coordinator", metavar="HOST:PORT", default=os.environ.get(COORDINATOR_ENV, DEFAULT_COORDINATOR),
+        help=f"the pystreams coordinator to ask (default: {DEFAULT_COORDINATOR}, env {COORDINATOR_ENV})",
+    )
+    parser.add_argument("--timeout-s", type=float, default=10.0, metavar="S",
+                        help="give up on a connection or an answer after this long (default: 10)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"--coordinator must be HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def connect(args: argparse.Namespace):
+    """A connected ``KafkaProtocolClient`` (raises ValueError / ProtocolClientError)."""
+    from pystreams.protocol.client import KafkaProtocolClient
+
+    host, port = parse_host_port(args.coordinator)
+    return KafkaProtocolClient(host, port, client_id="pystreams-cli", timeout_s=args.timeout_s).connect()
+
+
+def error_text(code: int, message: str | None) -> str:
+    import kafka.errors as Errors
+
+    name = Errors.for_code(code).message if code else "NONE"
+    return f"{name}: {message}" if message else name
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out=None) -> None:
+    out = out or sys.stdout
+    text_rows = [["" if cell is None else str(cell) for cell in row] for row in rows]
+    widths = [max([len(header)] + [len(row[i]) for row in text_rows]) for i, header in enumerate(headers)]
+    for row in [list(headers)] + text_rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip(), file=out)
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False))
+
+
+def fail(command: str, message: str, status: int = 1) -> int:
+    print(f"pystreams {command}: {message}", file=sys.stderr)
+    return status
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--list", action="store_true", help="list the groups (ListGroups)")
+    action.add_argument("--describe", metavar="GROUP", help="describe a consumer group (ConsumerGroupDescribe)")
+    action.add_argument("--validate-regex", metavar="PATTERN",
+                        help="check a SubscribedTopicRegex with the coordinator's RE2 rules (no coordinator needed)")
+    parser.add_argument("--type", metavar="TYPES", help=f"with --list: comma-separated group types ({', '.join(GROUP_TYPES)})")
+    parser.add_argument("--state", metavar="STATES", help="with --list: comma-separated states (Empty, Assigning, Reconciling, Stable, ...)")
+    add_coordinator_option(parser)
+
+
+def _csv(text: str | None, allowed: Sequence[str], what: str) -> list[str]:
+    values = [value.strip() for value in (text or "").split(",") if value.strip()]
+    unknown = [value for value in values if value.lower() not in allowed]
+    if unknown:
+        raise ValueError(f"unknown {what} {', '.join(unknown)} (expected {', '.join(allowed)})")
+    return values
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.validate_regex is not None:
+        return _validate_regex(args)
+    if not args.list and (args.type or args.state):
+        return fail("groups", "--type and --state go with --list", 2)
+    from pystreams.protocol.client import ProtocolClientError
+
+    try:
+        with connect(args) as client:
+            if args.list:
+                return _list(args, client)
+            return _describe(args, client)
+    except ValueError as error:
+        return fail("groups", str(error), 2)
+    except ProtocolClientError as error:
+        return fail("groups", str(error))
+
+
+def _validate_regex(args: argparse.Namespace) -> int:
+    from pystreams.coordinator.subscriptions import InvalidRegex, validate_regex
+
+    pattern = args.validate_regex
+    try:
+        validate_regex(pattern)
+    except InvalidRegex as error:
+        if args.json:
+            print_json({"pattern": pattern, "valid": False, "error": str(error)})
+        else:
+            print(f"invalid: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        print_json({"pattern": pattern, "valid": True, "error": None})
+    else:
+        print(f"valid: {pattern!r} is a valid RE2 regular expression (it must match whole topic names; "
+              "internal topics starting with '__' never match)")
+    return 0
+
+
+def _list(args: argparse.Namespace, client) -> int:
+    from pystreams.protocol import messages as m
+
+    types = [value.lower() for value in _csv(args.type, GROUP_TYPES, "group type")]
+    states = _csv(args.state, GROUP_STATES, "group state")
+    response = client.send(m.ListGroupsRequest(states_filter=states, types_filter=types))
+    if response.error_code:
+        return fail("groups", error_text(response.error_code, None))
+    groups = sorted(response.groups or [], key=lambda group: group.group_id)
+    if args.json:
+        print_json([
+            {"group_id": g.group_id, "group_type": g.group_type, "group_state": g.group_state, "protocol_type": g.protocol_type}
+            for g in groups
+        ])
+    elif groups:
+        print_table(("GROUP", "TYPE", "STATE", "PROTOCOL-TYPE"),
+                    ((g.group_id, g.group_type, g.group_state, g.protocol_type) for g in groups))
+    else:
+        print("no groups")
+    return 0
+
+
+def format_partitions(topic_partitions: Iterable[Any]) -> str:
+    """``foo:0-2,5 bar:1`` — partition ranges by topic name (the topic id when unnamed)."""
+    parts = []
+    for topic in sorted(topic_partitions, key=lambda t: t.topic_name or str(t.topic_id)):
+        if topic.partitions:
+            parts.append(f"{topic.topic_name or topic.topic_id}:{_ranges(sorted(topic.partitions))}")
+    return " ".join(parts) or "-"
+
+
+def _ranges(indexes: list[int]) -> str:
+    spans: list[list[int]] = []
+    for index in indexes:
+        if spans and index == spans[-1][1] + 1:
+            spans[-1][1] = index
+        else:
+            spans.append([index, index])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _assignment_json(assignment: Any) -> dict[str, list[int]]:
+    if assignment is None:
+        return {}
+    return {t.topic_name or str(t.topic_id): sorted(t.partitions) for t in assignment.topic_partitions if t.partitions}
+
+
+def _describe(args: argparse.Namespace, client) -> int:
+    from pystreams.protocol import messages as m
+
+    response = client.send(m.ConsumerGroupDescribeRequest(group_ids=[args.describe], include_authorized_operations=False))
+    (group,) = response.groups
+    if group.error_code:
+        return fail("groups", f"{args.describe}: {error_text(group.error_code, group.error_message)}")
+    members = sorted(group.members or [], key=lambda member: member.member_id)
+    if args.json:
+        print_json({
+            "group_id": group.group_id,
+            "group_state": group.group_state,
+            "group_epoch": group.group_epoch,
+            "assignment_epoch": group.assignment_epoch,
+            "assignor": group.assignor_name,
+            "members": [
+                {
+                    "member_id": member.member_id,
+                    "instance_id": member.instance_id,
+                    "rack_id": member.rack_id,
+                    "member_epoch": member.member_epoch,
+                    "client_id": member.client_id,
+                    "client_host": member.client_host,
+                    "subscribed_topic_names": list(member.subscribed_topic_names or []),
+                    "subscribed_topic_regex": member.subscribed_topic_regex,
+                    "assignment": _assignment_json(member.assignment),
+                    "target_assignment": _assignment_json(member.target_assignment),
+                }
+                for member in members
+            ],
+        })
+        return 0
+    print_table(("GROUP", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR", "MEMBERS"),
+                [(group.group_id, group.group_state, group.group_epoch, group.assignment_epoch, group.assignor_name, len(members))])
+    if not members:
+        return 0
+    print()
+
+    def subscription(member: Any) -> str:
+        names = ",".join(member.subscribed_topic_names or [])
+        regex = f"/{member.subscribed_topic_regex}/" if member.subscribed_topic_regex else ""
+        return " ".join(part for part in (names, regex) if part) or "-"
+
+    print_table(
+        ("MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "EPOCH", "SUBSCRIPTION", "ASSIGNMENT", "TARGET-ASSIGNMENT"),
+        (
+            (member.member_id, member.instance_id or "-", member.client_id, member.client_host, member.member_epoch,
+             subscription(member), format_partitions(member.assignment.topic_partitions if member.assignment else []),
+             format_partitions(member.target_assignment.topic_partitions if member.target_assignment else []))
+            for member in members
+        ),
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pystreams groups", description=HELP)
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
