@@ -554,16 +554,17 @@ def test_an_unacknowledged_revocation_past_the_rebalance_timeout_loses_everythin
     request = only_heartbeat(m, 2 * INTERVAL)
     m.on_response(request, hb_response(epoch=1, assigned=parts(FOO, 0)), 2 * INTERVAL)
     (revoke,) = m.take_events()
-    # The coordinator's timer started no earlier than the settled heartbeat's send.
+    # The coordinator's timer started no earlier than the send of the first heartbeat after
+    # the last settled answer: the one (at 2 * INTERVAL) whose answer asked for the revocation.
     assert m.next_deadline() == 2 * INTERVAL + INTERVAL  # next heartbeat first
     m.revocation_done(3 * INTERVAL, revoke.revocation_id)
     ack = only_heartbeat(m, 3 * INTERVAL)
     m.on_request_failed(ack, 3 * INTERVAL + 50)
-    for now in range(3 * INTERVAL + 150, 6 * INTERVAL, 100):  # every acknowledgement is lost
+    for now in range(3 * INTERVAL + 150, 7 * INTERVAL, 100):  # every acknowledgement is lost
         for request in m.poll(now):
             m.on_request_failed(request, now)
-    assert m.next_deadline() == 6 * INTERVAL and m.state is MemberState.ACKNOWLEDGING
-    rejoin = only_heartbeat(m, 6 * INTERVAL)
+    assert m.next_deadline() == 7 * INTERVAL and m.state is MemberState.ACKNOWLEDGING
+    rejoin = only_heartbeat(m, 7 * INTERVAL)
     assert m.take_events() == [PartitionsLost(parts(FOO, 0), Errors.RequestTimedOutError.errno)]
     assert rejoin.member_epoch == 0 and m.owned_partitions == frozenset()
 

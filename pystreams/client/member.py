@@ -356,9 +356,10 @@ class GroupMember:
         #: Send time of the latest heartbeat answered without error, since the last (re)join;
         #: None while the coordinator has not accepted this member (or has dropped it).
         self._last_answered_send_ms: int | None = None
-        #: Send time of the latest heartbeat answered while nothing was being revoked: the
-        #: coordinator cannot have started a revocation timer before it.
-        self._last_settled_send_ms: int | None = None
+        #: Send time of the first heartbeat sent since the last one answered while STABLE (joins
+        #: aside). Any of those may have been answered with a revocation the member never heard
+        #: (a lost response), so the coordinator's revocation timer started no earlier than this.
+        self._first_unsettled_send_ms: int | None = None
 
         self._computation = _Computation()
         self._now_ms = 0  # the latest time the caller told us about
@@ -668,6 +669,8 @@ class GroupMember:
         self._heartbeat = _InFlightHeartbeat(
             request, now_ms, carries_ack=self._ack_pending, is_leave=False
         )
+        if self._first_unsettled_send_ms is None and not joining:
+            self._first_unsettled_send_ms = now_ms
         self._ack_pending = False
         self._report_owned = False
         return request
@@ -731,7 +734,7 @@ class GroupMember:
             self._reconcile()
 
         if self._state is MemberState.STABLE:
-            self._last_settled_send_ms = in_flight.sent_at_ms
+            self._first_unsettled_send_ms = None
         self._resume_computation_after_heartbeat()
         if response.should_compute_assignment:
             self._start_computation()
@@ -796,7 +799,7 @@ class GroupMember:
         self._ack_pending = False
         self._report_owned = False
         self._last_answered_send_ms = None
-        self._last_settled_send_ms = None
+        self._first_unsettled_send_ms = None
         self._abandon_computation(None)
         if lost:
             self._events.append(PartitionsLost(lost, error_code))
@@ -821,15 +824,18 @@ class GroupMember:
     def _revocation_deadline(self) -> int | None:
         """The coordinator removes a member that does not acknowledge a revocation within its
         rebalance timeout, and hands its partitions on. Its timer started no earlier than the
-        last heartbeat answered while nothing was being revoked, so past that plus the
-        rebalance timeout, without an answered acknowledgement, the member may be out.
+        first heartbeat sent since the member was last answered as settled, even if the member
+        never heard of the revocation (its response was lost) or is leaving; past that plus the
+        rebalance timeout, without a settled answer, the member may be out and must let go.
         """
-        if self._last_settled_send_ms is None or self._state not in (
+        if self._first_unsettled_send_ms is None or self._state not in (
+            MemberState.STABLE,
             MemberState.RECONCILING,
             MemberState.ACKNOWLEDGING,
+            MemberState.PREPARE_LEAVING,
         ):
             return None
-        return self._last_settled_send_ms + self.config.rebalance_timeout_ms
+        return self._first_unsettled_send_ms + self.config.rebalance_timeout_ms
 
     def _check_timeouts(self, now_ms: int) -> None:
         for deadline in (self._session_deadline(), self._revocation_deadline()):
@@ -865,7 +871,7 @@ class GroupMember:
         self._ack_pending = False
         self._report_owned = False
         self._last_answered_send_ms = None
-        self._last_settled_send_ms = None
+        self._first_unsettled_send_ms = None
         self._events.append(LeftGroup(sent_epoch))
 
     # ------------------------------------------------------------------ failure

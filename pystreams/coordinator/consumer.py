@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+
+import msgspec
 from uuid import UUID
 
 import kafka.errors as Errors
@@ -174,7 +176,14 @@ class ConsumerGroupHandlers:
         member_id = request.member_id or self.new_member_id()
         member = group.members.get(member_id)
         if member is not None:
-            return group, member, False  # rejoin after losing everything: keep the member (as Kafka)
+            # A rejoin with epoch 0: the member gave up everything, so it holds nothing and has
+            # nothing left to revoke (else it would be timed out on a revocation it cannot see).
+            if member.assigned or member.revoking:
+                self.timers.cancel(revocation_key(group.group_id, member_id))
+                released = msgspec.structs.replace(member.assignment_value(), assigned=[], revoking=[])
+                self.emit(r.Record(r.CurrentAssignmentKey(group.group_id, member_id), released))
+                member = group.members[member_id]
+            return group, member, False
         if len(group.members) >= self.config.max_group_size:
             raise RequestError(
                 Errors.GroupMaxSizeReachedError,
@@ -239,6 +248,9 @@ class ConsumerGroupHandlers:
                 Errors.UnknownMemberIdError,
                 f"Member {member.member_id} is not the static member with instance id {request.instance_id}.",
             )
+        if request.member_epoch == LEAVE_STATIC_EPOCH and member.member_epoch == LEAVE_STATIC_EPOCH:
+            # Already away (a duplicated leave): rewriting would lose the epoch it left at.
+            return HeartbeatResponse(member_id=member.member_id, member_epoch=LEAVE_STATIC_EPOCH, heartbeat_interval_ms=0)
         if request.member_epoch == LEAVE_EPOCH or member.instance_id is None:
             self.remove_member(group, member, now_ms)
             return HeartbeatResponse(member_id=member.member_id, member_epoch=LEAVE_EPOCH, heartbeat_interval_ms=0)
@@ -570,6 +582,11 @@ class ConsumerGroupHandlers:
             group, _, computation = self._computing_member(request.group_id, request.member_id, request.member_epoch)
         except RequestError as exc:
             return Response(error_code=exc.code, error_message=exc.message, group_epoch=-1, assignor_name="", members=[], topics=[])
+        if not computation.notified:
+            # It prepared before any heartbeat told it to: its rebalance timeout starts now,
+            # or a member that never installs would leave the group ASSIGNING for ever.
+            computation.notified = True
+            self.timers.schedule(computation_key(group.group_id), now_ms + group.members[request.member_id].rebalance_timeout_ms)
         spec = self.assignment_spec(group, computation.assignor)
         computation.prepared_epoch = group.group_epoch
         computation.prepared_members = {mid: s.subscribed_topic_ids for mid, s in spec.members.items()}
@@ -621,6 +638,10 @@ class ConsumerGroupHandlers:
         except RequestError as exc:
             return Response(error_code=exc.code, error_message=exc.message)
         self._end_computation(group.group_id)
+        if set(computation.prepared_members) != set(group.members) and group.group_epoch <= group.assignment_epoch:
+            # A static member was replaced meanwhile (no epoch bump): the assignment names its
+            # old id, so its partitions would stay unassigned. Compute again for who is here.
+            self.bump_group_epoch(group)
         self.maybe_compute_target(group, now_ms)
         return Response()
 
