@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("pystreams.demo", "replay a scripted KIP-848 rebalance through the coordinator state machine"),
     "groups": ("pystreams.commands.groups", "list and describe groups on a coordinator; validate a regex subscription"),
     "configs": ("pystreams.commands.configs", "describe or alter a group's dynamic configs (session timeout, heartbeat interval, ...)"),
+    "sim": ("pystreams.commands.sim", "deterministic simulation: real coordinator and members, faults, invariants, many seeds"),
     "topology": ("pystreams.commands.topology", "describe an app's topology: sub-topologies, tasks, stores and topics (or Mermaid)"),
 }
 

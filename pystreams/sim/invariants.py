@@ -1,0 +1,247 @@
+"""The invariants the simulator checks after every step (and around every offset commit).
+
+* **Exclusive ownership, in the members' own views.** At every instant, no partition is in the
+  own view (see ``process.MemberProcess.view``) of two processes. Kept incrementally: only
+  processes touched by a step can have changed, and all their releases apply before any of
+  their acquisitions (a step is one instant).
+* **Epochs.** Per group: group epoch >= assignment epoch >= every member epoch; the group and
+  assignment epochs never decrease, nor does any member id's epoch (across fencing and
+  rejoining with the same id); -2 (a static member away) and 0 (joined, nothing assigned yet)
+  are states, not epochs. Client side: a member's epoch never decreases between two resets to
+  0, and never exceeds the group's assignment epoch (epochs only come from the coordinator).
+* **Fenced commits.** An OffsetCommit the coordinator accepts comes from a member it knows,
+  at exactly that member's current epoch, for partitions that member holds (assigned or still
+  revoking), and no *other* process owns any of them in its own view at that instant.
+* **Replay.** The live shard's snapshot equals that of a shard replaying the log (the shadow,
+  fed record by record); at a fail-over, the shard that replays the whole log equals the dead
+  one.
+* **One holder.** Targets never give a partition to two members; neither do the members'
+  current assignments (assigned + revoking).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pystreams import partitions as tp
+from pystreams.client.assignment import TopicIdPartition
+from pystreams.coordinator.consumer_group import LEAVE_STATIC_EPOCH, ConsumerGroup
+
+if TYPE_CHECKING:
+    from pystreams.sim.process import MemberProcess
+    from pystreams.sim.world import Simulation
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    at_ms: int
+    step: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.kind}] t={self.at_ms}ms step={self.step}: {self.message}"
+
+
+@dataclass(frozen=True)
+class CommitContext:
+    """What the coordinator knew of the committing member just before it handled the commit."""
+
+    member_epoch: int | None  # None: the member was unknown
+    held: frozenset[TopicIdPartition]
+
+
+class InvariantChecker:
+    def __init__(self, world: Simulation) -> None:
+        self.world = world
+        self._view_of: dict[str, frozenset[TopicIdPartition]] = {}
+        self._owner_of: dict[TopicIdPartition, str] = {}
+        self._group_epoch: dict[str, int] = {}
+        self._assignment_epoch: dict[str, int] = {}
+        self._member_epoch: dict[tuple[str, str], int] = {}
+        self._client_epoch: dict[tuple[str, int], int] = {}
+
+    def owner_of(self, partition: TopicIdPartition) -> str | None:
+        return self._owner_of.get(partition)
+
+    # ------------------------------------------------------------------ after every step
+
+    def after_step(self, touched: list[MemberProcess], coordinator_touched: bool) -> None:
+        if touched:
+            self._check_ownership(touched)
+            self._check_client_epochs(touched)
+        if coordinator_touched:
+            self._check_coordinator()
+
+    def _check_ownership(self, touched: list[MemberProcess]) -> None:
+        views = [(process.name, self._view_of.get(process.name, frozenset()), process.view()) for process in touched]
+        owner_of = self._owner_of
+        for name, old, new in views:
+            if old and old != new:
+                for partition in old - new:
+                    if owner_of.get(partition) == name:
+                        del owner_of[partition]
+        for name, old, new in views:
+            if new and old != new:
+                for partition in new - old:
+                    holder = owner_of.setdefault(partition, name)
+                    if holder != name:
+                        world = self.world
+                        world.violation(
+                            "double-ownership",
+                            f"{world.describe_partition(partition)} is owned in their own views by "
+                            f"{world.describe_holding(world.processes[holder], partition)} and "
+                            f"{world.describe_holding(world.processes[name], partition)}",
+                        )
+                        return
+            self._view_of[name] = new
+
+    def _check_client_epochs(self, touched: list[MemberProcess]) -> None:
+        shadow_groups = self.world.coordinator.shadow.groups
+        for process in touched:
+            if process.member is None:
+                continue
+            epoch = process.member.member_epoch
+            key = (process.name, process.incarnation)
+            last = self._client_epoch.get(key, 0)
+            if epoch != 0 and last != 0 and epoch < last:
+                self.world.violation("client-epoch-regressed", f"{process.name}'s member epoch went from {last} to {epoch}")
+                return
+            self._client_epoch[key] = epoch
+            group = shadow_groups.get(self.world.group_id)
+            if epoch > 0 and (group is None or epoch > group.assignment_epoch):
+                self.world.violation(
+                    "client-epoch-ahead",
+                    f"{process.name} is at epoch {epoch}, beyond the group's assignment epoch "
+                    f"{group.assignment_epoch if group else None}",
+                )
+                return
+
+    def _check_coordinator(self) -> None:
+        node = self.world.coordinator
+        shard = node.shard
+        if shard is None:
+            return
+        live, replayed = shard.snapshot(), node.shadow.snapshot()
+        if live != replayed:
+            self.world.violation("replay-diverged", "the live shard differs from a shard replaying its log: " + _diff(live, replayed))
+            return
+        for group in shard.groups.values():
+            if not self._check_group(group):
+                return
+
+    def check_fresh_replay(self) -> None:
+        """A brand-new shard replaying the whole log equals the live one (end of a run)."""
+        node = self.world.coordinator
+        if node.shard is not None and not self.world.violations:
+            live, replayed = node.shard.snapshot(), node.replayed_snapshot()
+            if live != replayed:
+                self.world.violation("replay-diverged", "a fresh shard replaying the log differs from the live one: " + _diff(live, replayed))
+
+    def check_failover(self, before: dict | None, replayed: dict) -> None:
+        if before is not None and before != replayed:
+            self.world.violation("failover-replay-diverged", "the shard replayed at fail-over differs from the one that died: " + _diff(before, replayed))
+
+    def _check_group(self, group: ConsumerGroup) -> bool:
+        gid = group.group_id
+        violation = self.world.violation
+        if group.group_epoch < group.assignment_epoch:
+            violation("epochs", f"group epoch {group.group_epoch} < assignment epoch {group.assignment_epoch}")
+            return False
+        if group.group_epoch < self._group_epoch.get(gid, 0):
+            violation("epochs", f"group epoch went back from {self._group_epoch[gid]} to {group.group_epoch}")
+            return False
+        if group.assignment_epoch < self._assignment_epoch.get(gid, 0):
+            violation("epochs", f"assignment epoch went back from {self._assignment_epoch[gid]} to {group.assignment_epoch}")
+            return False
+        self._group_epoch[gid] = group.group_epoch
+        self._assignment_epoch[gid] = group.assignment_epoch
+        held: dict[tuple, str] = {}
+        for member_id, member in group.members.items():
+            epoch = member.member_epoch
+            if epoch > group.assignment_epoch:
+                violation("epochs", f"member {member_id} epoch {epoch} > assignment epoch {group.assignment_epoch}")
+                return False
+            if epoch > 0:
+                key = (gid, member_id)
+                if epoch < self._member_epoch.get(key, 0):
+                    violation("epochs", f"member {member_id} epoch went back from {self._member_epoch[key]} to {epoch}")
+                    return False
+                self._member_epoch[key] = epoch
+            elif epoch not in (0, LEAVE_STATIC_EPOCH):
+                violation("epochs", f"member {member_id} has epoch {epoch}")
+                return False
+            for pair in tp.pairs(member.assigned):
+                if held.setdefault(pair, member_id) != member_id:
+                    violation("coordinator-double-holder", f"{pair} held by {held[pair]} and {member_id}")
+                    return False
+            for pair in tp.pairs(member.revoking):
+                if held.setdefault(pair, member_id) != member_id:
+                    violation("coordinator-double-holder", f"{pair} held by {held[pair]} and {member_id}")
+                    return False
+        targeted: dict[tuple, str] = {}
+        for member_id, target in group.targets.items():
+            for pair in tp.pairs(target.partitions):
+                if targeted.setdefault(pair, member_id) != member_id:
+                    violation("target-double-assigned", f"{pair} is in the targets of {targeted[pair]} and {member_id}")
+                    return False
+        return True
+
+    # ------------------------------------------------------------------ offset commits
+
+    def before_commit(self, request) -> CommitContext:
+        shard = self.world.coordinator.shard
+        group = shard.groups.get(request.group_id) if shard is not None else None
+        member = group.members.get(request.member_id) if group is not None else None
+        if member is None:
+            return CommitContext(None, frozenset())
+        held = frozenset(
+            TopicIdPartition(topic, p) for holding in (member.assigned, member.revoking) for topic, p in tp.pairs(holding)
+        )
+        return CommitContext(member.member_epoch, held)
+
+    def after_commit(self, process: MemberProcess, request, context: CommitContext, response) -> None:
+        accepted = [
+            (topic.name, partition.partition_index)
+            for topic in response.topics
+            for partition in topic.partitions
+            if partition.error_code == 0
+        ]
+        if not accepted:
+            return
+        world = self.world
+        world.stats["commits.accepted"] += 1
+        epoch = request.generation_id_or_member_epoch
+        who = f"{process.name} ({request.member_id}, epoch {epoch})"
+        if context.member_epoch is None:
+            world.violation("fenced-commit-accepted", f"commit from {who} accepted although the coordinator does not know the member")
+            return
+        if epoch != context.member_epoch:
+            world.violation("stale-commit-accepted", f"commit from {who} accepted although the member's epoch is {context.member_epoch}")
+            return
+        for name, index in accepted:
+            topic_id = world.topic_id(name)
+            partition = TopicIdPartition(topic_id, index)
+            if partition not in context.held:
+                world.violation("commit-of-unheld-partition", f"commit of {name}-{index} from {who} accepted; the member does not hold it")
+                return
+            owner = self._owner_of.get(partition)
+            if owner is not None and owner != process.name:
+                world.violation("zombie-commit", f"commit of {name}-{index} from {who} accepted while {owner} owns it")
+                return
+
+
+def _diff(a: dict, b: dict) -> str:
+    """The first difference between two nested snapshots, as a short readable path."""
+    def walk(x, y, path: str) -> str | None:
+        if isinstance(x, dict) and isinstance(y, dict):
+            for key in sorted(set(x) | set(y), key=repr):
+                if key not in x or key not in y:
+                    return f"{path}/{key!r}: only in {'live' if key in x else 'replayed'}"
+                found = walk(x[key], y[key], f"{path}/{key!r}")
+                if found:
+                    return found
+            return None
+        return None if x == y else f"{path}: live {x!r} != replayed {y!r}"
+
+    return walk(a, b, "") or "(no difference found)"

@@ -1,0 +1,363 @@
+"""A member *process*: the real GroupMember plus what an application does around it.
+
+The application part is small and deliberate:
+
+* it sends what ``GroupMember.poll`` returns, through its own transport: every request has a
+  request timeout, after which the member hears ``on_request_failed``; answers for requests it
+  no longer waits for (late, or duplicated by the network) are still handed to the member,
+  which must ignore them;
+* it "processes" the partitions it owns (a position that advances with time, starting from
+  the committed offset) and commits them with its member epoch every commit interval;
+* on RevokePartitions it commits the revoked partitions, waits for the answer (or its
+  timeout), works a little longer (a random delay, long when the profile makes apps slow) and
+  then calls ``revocation_done``;
+* a slow client-side assignor holds its Install request back for the computation time;
+* it can crash (gone at once, no leave), leave (-1, or -2 when static), and start again as a
+  new incarnation (a new GroupMember; a static one keeps its instance id).
+
+A process's *own view* of what it owns is what its member would report as owned in its next
+heartbeat: ``owned_partitions`` (being processed) plus ``revoking_partitions`` (handed to the
+application for revocation and not released by ``revocation_done`` yet: it is still
+committing them). A crashed process owns nothing.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import kafka.errors as Errors
+
+from pystreams.client.assignment import NO_PARTITIONS, PartitionSet, TopicIdPartition
+from pystreams.client.member import (
+    AssignmentAbandoned,
+    AssignmentInstalled,
+    GroupMember,
+    LeftGroup,
+    MemberConfig,
+    MemberFailed,
+    MemberState,
+    PartitionsAssigned,
+    PartitionsLost,
+    RevokePartitions,
+)
+from pystreams.protocol import messages as m
+from pystreams.sim.assignors import Outcome, SimAssignor
+
+if TYPE_CHECKING:
+    from pystreams.sim.world import Simulation
+
+Commit = m.OffsetCommitRequest
+CommitTopic = Commit.OffsetCommitRequestTopic
+CommitPartition = CommitTopic.OffsetCommitRequestPartition
+
+_UNRELEASED_INSTANCE_ID = Errors.UnreleasedInstanceIdError.errno
+#: Records "processed" per millisecond of ownership: a position that grows with time.
+RECORDS_PER_MS = 1
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    name: str
+    instance_id: str | None = None
+    topics: tuple[str, ...] | None = None
+    regex: str | None = None
+    server_assignor: str | None = None
+    #: Client-side assignor (min version, max version, metadata version); None: server side.
+    client_versions: tuple[int, int, int] | None = None
+
+
+@dataclass
+class _Outstanding:
+    request: object
+    kind: str  # "member" | "commit"
+    revocation_id: int | None = None
+
+
+class MemberProcess:
+    def __init__(self, world: Simulation, spec: ProcessSpec) -> None:
+        self.world = world
+        self.spec = spec
+        self.name = spec.name
+        self.member: GroupMember | None = None
+        self.assignor: SimAssignor | None = None
+        #: Changes on every start and crash: callbacks of an older incarnation are ignored.
+        self.incarnation = 0
+        self.running = False
+        #: Whether this process should be running once faults stop (it may be down meanwhile).
+        self.wanted = False
+        self._request_ids = itertools.count(1)
+        self._outstanding: dict[int, _Outstanding] = {}
+        #: Install requests broken on purpose: id -> (the request, kept alive so the id stays
+        #: unique, and how it was broken).
+        self._invalid_installs: dict[int, tuple[object, str]] = {}
+        #: Per owned partition: (committed offset it started from, when it got it).
+        self._positions: dict[TopicIdPartition, tuple[int, int]] = {}
+        # Wake-up bookkeeping for the world (a token makes superseded wake events no-ops).
+        self.wake_token = 0
+        self.wake_at: int | None = None
+        self.woken_at: int | None = None
+        #: When the coordinator last answered one of its heartbeats without error.
+        self.last_heartbeat_ok_ms: int | None = None
+
+    # ------------------------------------------------------------------ observation
+
+    def view(self) -> PartitionSet:
+        """What this process owns in its own view (see the module docstring)."""
+        member = self.member
+        if member is None:
+            return NO_PARTITIONS
+        revoking = member.revoking_partitions
+        return member.owned_partitions | revoking if revoking else member.owned_partitions
+
+    @property
+    def member_epoch(self) -> int:
+        return self.member.member_epoch if self.member is not None else 0
+
+    @property
+    def member_id(self) -> str:
+        return self.member.member_id if self.member is not None else ""
+
+    # ------------------------------------------------------------------ life cycle
+
+    def start(self) -> None:
+        if self.running:
+            return
+        world, spec = self.world, self.spec
+        self.incarnation += 1
+        self.running = True
+        assignors = {}
+        if spec.client_versions is not None:
+            low, high, version = spec.client_versions
+            self.assignor = SimAssignor(low, high, version, world.assignor_rng, world.assignor_outcome, world.assignor_slow_ms, world.stats)
+            assignors["client_assignors"] = (self.assignor,)
+        else:
+            self.assignor = None
+            assignors["server_assignor"] = spec.server_assignor
+        timing = world.timing
+        self.member = GroupMember(
+            MemberConfig(
+                group_id=world.group_id,
+                client_id=self.name,
+                instance_id=spec.instance_id,
+                rebalance_timeout_ms=timing.rebalance_timeout_ms,
+                retry_backoff_ms=timing.retry_backoff_ms,
+                # The client's guard, set to the group's session timeout: it gives its partitions
+                # up no later than the coordinator may hand them on.
+                session_timeout_ms=timing.session_timeout_ms,
+                **assignors,
+            )
+        )
+        if spec.regex is not None:
+            self.member.subscribe(regex=spec.regex)
+        else:
+            self.member.subscribe(topics=spec.topics)
+        world.at(world.now + timing.commit_interval_ms, self._periodic_commit, self.incarnation)
+        world.touched(self)
+
+    def crash(self) -> None:
+        """Gone at once: no leave heartbeat, no commit; whatever it had in flight is lost."""
+        if not self.running:
+            return
+        self._stop()
+        self.world.stats["process.crashes"] += 1
+        self.world.after_stop(self)
+
+    def leave(self, permanent: bool = False) -> None:
+        """Graceful leave: revoke (commit) everything, then -1 (or -2 for a static member)."""
+        if not self.running or self.member is None:
+            return
+        self.member.leave(self.world.now, permanent=permanent)
+        self._drain_events()
+        self.world.touched(self)
+
+    def _stop(self) -> None:
+        self.running = False
+        self.member = None
+        self.assignor = None
+        self.incarnation += 1
+        self._outstanding.clear()
+        self._invalid_installs.clear()
+        self._positions.clear()
+        self.wake_token += 1
+        self.wake_at = None
+        self.last_heartbeat_ok_ms = None
+        self.world.touched(self)
+
+    # ------------------------------------------------------------------ driving the member
+
+    def wake(self, token: int) -> None:
+        if token != self.wake_token:
+            return
+        self.wake_at = None
+        if self.member is None:
+            return
+        self.woken_at = self.world.now
+        for request in self.member.poll(self.world.now):
+            self._dispatch(request)
+        self._drain_events()
+        self.world.touched(self)
+
+    def _dispatch(self, request: object) -> None:
+        if isinstance(request, m.ConsumerGroupHeartbeatRequest):
+            self.world.stats["heartbeats"] += 1
+        if isinstance(request, m.ConsumerGroupInstallAssignmentRequest) and self.assignor is not None:
+            assignor = self.assignor
+            if assignor.last_outcome is Outcome.INVALID:
+                self._invalid_installs[id(request)] = (request, assignor.last_invalid_kind or "invalid")
+            delay, assignor.compute_ms, assignor.last_outcome = assignor.compute_ms, 0, None
+            if delay > 0:
+                # A slow assignor: the computation takes this long before the Install leaves.
+                self.world.stats["assignor.install_held"] += 1
+                self.world.at(self.world.now + delay, self._send_later, self.incarnation, request)
+                return
+        self._send(request, "member")
+
+    def _send_later(self, incarnation: int, request: object) -> None:
+        if incarnation == self.incarnation:
+            self._send(request, "member")
+
+    def _send(self, request: object, kind: str, revocation_id: int | None = None) -> None:
+        request_id = next(self._request_ids)
+        self._outstanding[request_id] = _Outstanding(request, kind, revocation_id)
+        world = self.world
+        world.at(world.now + world.timing.request_timeout_ms, self._timed_out, self.incarnation, request_id)
+        world.send_to_coordinator(self, self.incarnation, request_id, request)
+
+    def on_answer(self, incarnation: int, request_id: int, request: object, response: object) -> None:
+        if incarnation != self.incarnation or self.member is None:
+            return  # an answer to a process that has since crashed or restarted
+        outstanding = self._outstanding.pop(request_id, None)
+        if outstanding is None:
+            # Late (after its timeout) or a duplicate: a member request is still shown to the
+            # member, which must ignore it; a commit answer no one waits for is dropped.
+            self.world.stats["answers.unexpected"] += 1
+            if not isinstance(request, Commit):
+                self.member.on_response(request, response, self.world.now)
+                self._drain_events()
+                self.world.touched(self)
+            return
+        if outstanding.kind == "commit":
+            self._commit_finished(outstanding)
+            return
+        if isinstance(response, m.ConsumerGroupInstallAssignmentResponse):
+            self._check_install(request, response)
+        elif isinstance(response, m.ConsumerGroupHeartbeatResponse) and response.error_code == 0:
+            self.last_heartbeat_ok_ms = self.world.now
+        self.member.on_response(request, response, self.world.now)
+        self._drain_events()
+        self.world.touched(self)
+
+    def _timed_out(self, incarnation: int, request_id: int) -> None:
+        if incarnation != self.incarnation or self.member is None:
+            return
+        outstanding = self._outstanding.pop(request_id, None)
+        if outstanding is None:
+            return
+        self.world.stats["requests.timed_out"] += 1
+        if outstanding.kind == "commit":
+            self._commit_finished(outstanding)
+            return
+        self.member.on_request_failed(outstanding.request, self.world.now)
+        self._drain_events()
+        self.world.touched(self)
+
+    def _check_install(self, request: object, response: m.ConsumerGroupInstallAssignmentResponse) -> None:
+        broken = self._invalid_installs.pop(id(request), None)
+        if broken is not None and broken[0] is request and response.error_code == 0:
+            kind = broken[1]
+            self.world.violation(
+                "invalid-assignment-installed",
+                f"{self.name} ({self.member_id}) installed an assignment broken on purpose ({kind}) and the coordinator accepted it",
+            )
+
+    # ------------------------------------------------------------------ application behaviour
+
+    def _drain_events(self) -> None:
+        member = self.member
+        if member is None:
+            return
+        world = self.world
+        for event in member.take_events():
+            if isinstance(event, RevokePartitions):
+                world.stats["revocations"] += 1
+                self._commit(event.partitions, revocation_id=event.revocation_id)
+                for partition in event.partitions:
+                    self._positions.pop(partition, None)
+            elif isinstance(event, PartitionsAssigned):
+                for partition in event.partitions:
+                    self._positions[partition] = (world.committed_offset(partition), world.now)
+            elif isinstance(event, PartitionsLost):
+                world.stats["partitions_lost_events"] += 1
+                for partition in event.partitions:
+                    self._positions.pop(partition, None)
+            elif isinstance(event, LeftGroup):
+                world.stats["process.left"] += 1
+                self._stop()
+                world.after_stop(self)
+                return
+            elif isinstance(event, MemberFailed):
+                if event.error_code == _UNRELEASED_INSTANCE_ID:
+                    # Its previous incarnation's session has not expired yet: crash-loop until it has.
+                    world.stats["process.unreleased_instance_id"] += 1
+                    self._stop()
+                    world.at(world.now + world.timing.restart_backoff_ms, world.restart_if_wanted, self)
+                else:
+                    world.violation("member-failed", f"{self.name} ({self.member_id}) failed: {event.message}")
+                return
+            elif isinstance(event, AssignmentInstalled):
+                world.stats["assignor.installed"] += 1
+            elif isinstance(event, AssignmentAbandoned):
+                world.stats[f"assignor.abandoned.{event.api}"] += 1
+
+    def _commit(self, partitions: Iterable[TopicIdPartition], revocation_id: int | None = None) -> None:
+        """OffsetCommit of these partitions' positions, with the member epoch the app knows."""
+        member = self.member
+        assert member is not None
+        world = self.world
+        offsets: dict[str, list] = {}
+        for partition in sorted(partitions):
+            started = self._positions.get(partition)
+            name = world.topic_name(partition.topic_id)
+            if started is None or name is None:
+                continue
+            offset, since = started
+            position = offset + (world.now - since) * RECORDS_PER_MS
+            offsets.setdefault(name, []).append(CommitPartition(partition_index=partition.partition, committed_offset=position))
+        if not offsets or member.member_epoch <= 0:
+            if revocation_id is not None:
+                self._commit_finished(_Outstanding(None, "commit", revocation_id))
+            return
+        request = Commit(
+            group_id=world.group_id,
+            generation_id_or_member_epoch=member.member_epoch,
+            member_id=member.member_id,
+            topics=[CommitTopic(name=name, partitions=parts) for name, parts in sorted(offsets.items())],
+        )
+        world.stats["commits.sent"] += 1
+        self._send(request, "commit", revocation_id)
+
+    def _commit_finished(self, outstanding: _Outstanding) -> None:
+        """Committed (or failed: the app goes on, as a consumer whose commit failed)."""
+        if outstanding.revocation_id is None:
+            return
+        world = self.world
+        world.at(world.now + world.revocation_work_ms(), self._revocation_done, self.incarnation, outstanding.revocation_id)
+
+    def _revocation_done(self, incarnation: int, revocation_id: int) -> None:
+        if incarnation != self.incarnation or self.member is None:
+            return
+        self.member.revocation_done(self.world.now, revocation_id)
+        self._drain_events()
+        self.world.touched(self)
+
+    def _periodic_commit(self, incarnation: int) -> None:
+        if incarnation != self.incarnation or self.member is None:
+            return
+        world = self.world
+        if self.member.state in (MemberState.STABLE, MemberState.RECONCILING, MemberState.ACKNOWLEDGING):
+            owned = self.member.owned_partitions
+            if owned:
+                self._commit(owned)
+        world.at(world.now + world.timing.commit_interval_ms, self._periodic_commit, incarnation)
