@@ -1,0 +1,363 @@
+"""The task-execution engine of a worker: runs the tasks it is given, independent of how they
+were assigned (the group member driver decides; this engine executes).
+
+    engine = TaskEngine(resolved, EngineConfig(bootstrap, state_dir),
+                        committed_offsets=fetch_from_coordinator)
+    engine.start()                      # clients; internal topics created
+    engine.add_tasks(tasks)             # open state, restore from changelogs, seek inputs
+    while running:
+        engine.poll()                   # fetch → process → punctuate
+        if time_to_commit:
+            offsets = engine.prepare_commit()   # flush stores → flush producer
+            await member.commit_offsets(offsets)  # the caller, with its member epoch
+            engine.complete_commit()            # checkpoint changelog offsets
+    engine.revoke_tasks(tasks)          # commit, then close; returns the offsets committed
+    engine.lose_tasks(tasks)            # drop, no commit
+    engine.close()
+
+The engine is synchronous and single-threaded: an asyncio caller runs it in one worker thread.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from pathlib import Path
+from typing import Any
+
+from kafka import TopicPartition as KafkaTopicPartition
+
+from pystreams.cluster import ClusterMetadata, TopicSpec
+from pystreams.state import CacheLimits, RestoreProgress, TopicPartition
+from pystreams.topology.ir import TaskId, Topology
+from pystreams.topology.resolve import ResolvedTopology, resolve
+
+from .errors import ErrorKind, ErrorPolicy, RecordFailure
+from .kafka_io import ChangelogRestorer, RecordSender, make_consumer, make_producer
+from .stores import TypedStore
+from .tasks import StreamTask
+
+log = logging.getLogger(__name__)
+
+#: Reads committed input offsets (our coordinator's OffsetFetch); partitions without a
+#: committed offset are left out and start from the earliest offset.
+CommittedOffsetsReader = Callable[[Sequence[TopicPartition]], Mapping[TopicPartition, int]]
+#: Commits input offsets (to our coordinator, with the member epoch).
+OffsetCommitter = Callable[[Mapping[TopicPartition, int]], None]
+
+_by_timestamp = attrgetter("timestamp")
+
+
+@dataclass(slots=True)
+class ErrorHandling:
+    """Which policy applies to which error, and the failures skipped so far (newest last)."""
+
+    deserialization: ErrorPolicy = ErrorPolicy.FAIL
+    processing: ErrorPolicy = ErrorPolicy.FAIL
+    dead_letter_topic: str | None = None
+    recent_failures: deque[RecordFailure] = field(default_factory=lambda: deque(maxlen=1000))
+
+    def __post_init__(self) -> None:
+        uses_dead_letters = ErrorPolicy.DEAD_LETTER in (self.deserialization, self.processing)
+        if uses_dead_letters and not self.dead_letter_topic:
+            raise ValueError("the dead-letter error policy needs dead_letter_topic")
+
+    def policy_for(self, kind: ErrorKind) -> ErrorPolicy:
+        return self.deserialization if kind is ErrorKind.DESERIALIZATION else self.processing
+
+    def record(self, failure: RecordFailure) -> None:
+        self.recent_failures.append(failure)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    bootstrap_servers: str
+    state_dir: str | os.PathLike[str]
+    client_id: str = "pystreams-worker"
+    #: Used by ``run``; callers driving ``poll`` themselves decide when to commit.
+    commit_interval_ms: int = 1000
+    poll_timeout_ms: int = 100
+    deserialization_errors: ErrorPolicy = ErrorPolicy.FAIL
+    processing_errors: ErrorPolicy = ErrorPolicy.FAIL
+    dead_letter_topic: str | None = None
+    cache_limits: CacheLimits = CacheLimits()
+    #: Skip checkpoint files until changelogs advanced this much (Kafka Streams: 10,000).
+    checkpoint_min_records: int = 0
+    create_internal_topics: bool = True
+    producer_config: Mapping[str, Any] = field(default_factory=dict)
+    consumer_config: Mapping[str, Any] = field(default_factory=dict)
+
+
+def resolve_against_cluster(topology: Topology, bootstrap_servers: str) -> ResolvedTopology:
+    """Resolve ``topology`` with the partition counts of the cluster's current topics."""
+    with ClusterMetadata(bootstrap_servers) as cluster:
+        counts = {name: meta.num_partitions for name, meta in cluster.fetch_topics().items()}
+    return resolve(topology, counts)
+
+
+class TaskEngine:
+    def __init__(
+        self,
+        resolved: ResolvedTopology,
+        config: EngineConfig,
+        *,
+        committed_offsets: CommittedOffsetsReader | None = None,
+        commit_offsets: OffsetCommitter | None = None,
+        on_restore_progress: Callable[[RestoreProgress], None] | None = None,
+    ) -> None:
+        self.resolved = resolved
+        self.topology = resolved.topology
+        self.config = config
+        self.errors = ErrorHandling(config.deserialization_errors, config.processing_errors, config.dead_letter_topic)
+        self._committed_offsets = committed_offsets
+        self._commit_offsets = commit_offsets
+        self._on_restore_progress = on_restore_progress
+        self._tasks: dict[TaskId, StreamTask] = {}
+        self._task_of_partition: dict[TopicPartition, StreamTask] = {}
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._restorer: ChangelogRestorer | None = None
+        self._sender: RecordSender | None = None
+        self._last_commit = time.monotonic()
+        Path(config.state_dir).mkdir(parents=True, exist_ok=True)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Create the Kafka clients and, unless disabled, the internal topics."""
+        if self.config.create_internal_topics:
+            self.ensure_internal_topics()
+        client_id = self.config.client_id
+        self._producer = make_producer(self.config.bootstrap_servers, client_id, self.config.producer_config)
+        self._sender = RecordSender(self._producer)
+        self._consumer = make_consumer(self.config.bootstrap_servers, client_id, self.config.consumer_config)
+        restore_consumer = make_consumer(
+            self.config.bootstrap_servers, f"{client_id}-restore", {**self.config.consumer_config}
+        )
+        self._restorer = ChangelogRestorer(restore_consumer)
+
+    def ensure_internal_topics(self) -> None:
+        """Repartition topics (cleanup.policy=delete) and changelogs (compacted), sized by
+        the resolved topology."""
+        specs = [
+            TopicSpec(topic.name, topic.partitions, configs=dict(topic.config))
+            for topic in self.resolved.topics_to_create()
+        ]
+        with ClusterMetadata(self.config.bootstrap_servers) as cluster:
+            cluster.ensure_topics(specs)
+
+    def close(self) -> None:
+        """Revoke every task (committing), then close the clients."""
+        try:
+            if self._tasks and self._sender is not None:
+                self.revoke_tasks(list(self._tasks))
+        finally:
+            for client in (self._consumer, self._producer):
+                if client is not None:
+                    client.close()
+            if self._restorer is not None:
+                self._restorer.close()
+            self._consumer = self._producer = self._restorer = None
+
+    def __enter__(self) -> TaskEngine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- tasks ----------------------------------------------------------------------------
+
+    @property
+    def tasks(self) -> Mapping[TaskId, StreamTask]:
+        return self._tasks
+
+    def add_tasks(self, task_ids: Iterable[TaskId]) -> dict[TaskId, dict[str, int]]:
+        """Open, restore (to the changelog end, reporting progress) and start the tasks;
+        returns the records restored per task and store."""
+        assert self._restorer is not None and self._sender is not None, "start() the engine first"
+        restored: dict[TaskId, dict[str, int]] = {}
+        new_tasks = []
+        for task_id in sorted(set(task_ids) - self._tasks.keys()):
+            task = StreamTask(
+                self.resolved,
+                task_id,
+                state_dir=self.config.state_dir,
+                sender=self._sender,
+                errors=self.errors,
+                cache_limits=self.config.cache_limits,
+                checkpoint_min_records=self.config.checkpoint_min_records,
+                on_restore_progress=self._on_restore_progress,
+            )
+            try:
+                restored[task_id] = task.restore(self._restorer)
+                task.initialize()
+            except BaseException:
+                # Nothing was processed: keep what was restored (checkpointed on close) so a
+                # retry resumes the restore instead of starting over.
+                task.close_clean()
+                raise
+            self._tasks[task_id] = task
+            new_tasks.append(task)
+            for partition in task.input_partitions:
+                self._task_of_partition[partition] = task
+        new_partitions = [p for task in new_tasks for p in task.input_partitions]
+        if new_partitions:
+            self._assign_inputs()
+            committed = dict(self._committed_offsets(new_partitions)) if self._committed_offsets else {}
+            for partition in new_partitions:
+                offset = committed.get(partition)
+                kafka_partition = KafkaTopicPartition(*partition)
+                if offset is None:
+                    self._consumer.seek_to_beginning(kafka_partition)
+                else:
+                    self._consumer.seek(kafka_partition, offset)
+                    self._task_of_partition[partition].mark_consumed(partition, offset)
+        return restored
+
+    def revoke_tasks(self, task_ids: Iterable[TaskId]) -> dict[TopicPartition, int]:
+        """Commit the tasks, then close them; returns the input offsets committed."""
+        tasks = [self._tasks[t] for t in task_ids if t in self._tasks]
+        if not tasks:
+            return {}
+        offsets = self._commit(tasks)
+        for task in tasks:
+            task.close_clean()
+            self._forget(task)
+        self._assign_inputs()
+        return offsets
+
+    def lose_tasks(self, task_ids: Iterable[TaskId]) -> None:
+        """Drop the tasks without committing (another member may own them already)."""
+        for task_id in task_ids:
+            task = self._tasks.get(task_id)
+            if task is None:
+                continue
+            task.close_dirty()
+            self._forget(task)
+        self._assign_inputs()
+
+    def _forget(self, task: StreamTask) -> None:
+        del self._tasks[task.id]
+        for partition in task.input_partitions:
+            self._task_of_partition.pop(partition, None)
+
+    def _assign_inputs(self) -> None:
+        # assign() keeps the fetch position of partitions that stay assigned.
+        if self._consumer is not None:
+            self._consumer.assign([KafkaTopicPartition(*p) for p in self._task_of_partition])
+
+    # -- processing -----------------------------------------------------------------------
+
+    def poll(self, timeout_ms: int | None = None) -> int:
+        """Fetch once, process what came, run due wall-clock punctuations; returns the number
+        of records processed."""
+        if not self._task_of_partition:
+            time.sleep((timeout_ms if timeout_ms is not None else self.config.poll_timeout_ms) / 1000)
+            self._punctuate_wall_clock()
+            return 0
+        fetched = self._consumer.poll(
+            timeout_ms=timeout_ms if timeout_ms is not None else self.config.poll_timeout_ms
+        )
+        count = 0
+        by_task: dict[TaskId, list[tuple[TopicPartition, list[Any]]]] = {}
+        for kafka_partition, records in fetched.items():
+            partition = TopicPartition(kafka_partition.topic, kafka_partition.partition)
+            task = self._task_of_partition.get(partition)
+            if task is None or not records:
+                continue  # revoked between fetch and now
+            by_task.setdefault(task.id, []).append((partition, records))
+        for task_id, batches in by_task.items():
+            task = self._tasks[task_id]
+            if len(batches) == 1:
+                ordered = batches[0][1]
+            else:
+                # Several inputs (joins): process in timestamp order across partitions, as
+                # Kafka Streams' partition group does, so a table update precedes later lookups.
+                ordered = list(heapq.merge(*(records for _, records in batches), key=_by_timestamp))
+            task.process(ordered)
+            for partition, records in batches:
+                task.mark_consumed(partition, records[-1].offset + 1)
+            count += len(ordered)
+        self._punctuate_wall_clock()
+        return count
+
+    def _punctuate_wall_clock(self) -> None:
+        now_ms = int(time.time() * 1000)
+        for task in self._tasks.values():
+            task.punctuate_wall_clock(now_ms)
+
+    # -- commit ---------------------------------------------------------------------------
+
+    def prepare_commit(self, tasks: Iterable[StreamTask] | None = None) -> dict[TopicPartition, int]:
+        """Flush store caches (folded changelog writes and forwards), then the producer;
+        returns the input offsets to commit. Call ``complete_commit`` once they are committed."""
+        assert self._sender is not None
+        selected = list(self._tasks.values() if tasks is None else tasks)
+        for task in selected:
+            task.flush()
+        self._sender.flush()
+        offsets: dict[TopicPartition, int] = {}
+        for task in selected:
+            offsets.update(task.next_offsets)
+        return offsets
+
+    def complete_commit(self, tasks: Iterable[StreamTask] | None = None) -> None:
+        """Checkpoint the changelog offsets the stores now reflect."""
+        for task in list(self._tasks.values() if tasks is None else tasks):
+            task.checkpoint()
+        self._last_commit = time.monotonic()
+
+    def commit(self) -> dict[TopicPartition, int]:
+        """``prepare_commit``, the committer given to the engine (if any), ``complete_commit``."""
+        return self._commit(list(self._tasks.values()))
+
+    def _commit(self, tasks: list[StreamTask]) -> dict[TopicPartition, int]:
+        offsets = self.prepare_commit(tasks)
+        if self._commit_offsets is not None and offsets:
+            self._commit_offsets(offsets)
+        self.complete_commit(tasks)
+        return offsets
+
+    def maybe_commit(self) -> dict[TopicPartition, int] | None:
+        if (time.monotonic() - self._last_commit) * 1000 >= self.config.commit_interval_ms:
+            return self.commit()
+        return None
+
+    def run(self, *, until: Callable[[], bool] | None = None, timeout_s: float | None = None) -> int:
+        """Poll, process and commit every ``commit_interval_ms`` until ``until()`` is true or
+        ``timeout_s`` passed; commits once more at the end. Returns records processed."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        processed = 0
+        while True:
+            processed += self.poll()
+            self.maybe_commit()
+            if until is not None and until():
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        self.commit()
+        return processed
+
+    # -- inspection -----------------------------------------------------------------------
+
+    def stores(self, name: str) -> list[TypedStore]:
+        """The typed instances of store ``name`` in this engine's active tasks (read them for
+        interactive queries and tests; writing bypasses the topology)."""
+        return [task.graph.typed_stores[name] for task in self._tasks.values() if name in task.graph.typed_stores]
+
+    def store_contents(self, name: str) -> dict[Any, Any]:
+        """Every entry of store ``name`` over this engine's tasks, deserialized."""
+        contents: dict[Any, Any] = {}
+        for store in self.stores(name):
+            contents.update(store.items())
+        return contents
+
+    @property
+    def records_processed(self) -> int:
+        return sum(task.records_processed for task in self._tasks.values())

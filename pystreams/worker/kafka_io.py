@@ -1,0 +1,194 @@
+"""kafka-python plumbing of the engine: one producer for every output, a manual-assignment
+consumer for inputs, a second one for restoring changelogs.
+
+Embedded-broker quirk designed around here: ListOffsets LATEST (``end_offsets``) may return
+the last *batch's* base offset + 1 rather than the high watermark, so the true end of a
+changelog is found by fetching its last batch (``ChangelogRestorer.true_end_offset``).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KafkaTopicPartition
+
+from pystreams.state import ChangelogRecord, TopicPartition
+
+from .errors import ProduceError
+
+log = logging.getLogger(__name__)
+
+#: kafka-python's producer is the throughput ceiling; big batches and a short linger matter
+#: more than anything else (≈ 29k → 42k rec/s on the embedded broker).
+DEFAULT_PRODUCER_CONFIG: dict[str, Any] = {
+    "acks": "all",
+    "linger_ms": 20,
+    "batch_size": 262_144,
+}
+DEFAULT_CONSUMER_CONFIG: dict[str, Any] = {
+    "enable_auto_commit": False,
+    "auto_offset_reset": "earliest",
+    "max_poll_records": 10_000,
+    "fetch_max_wait_ms": 100,
+    "max_partition_fetch_bytes": 4 * 1024 * 1024,
+}
+
+
+def make_producer(bootstrap_servers: str, client_id: str, overrides: Mapping[str, Any]) -> KafkaProducer:
+    return KafkaProducer(
+        bootstrap_servers=bootstrap_servers,
+        client_id=f"{client_id}-producer",
+        **{**DEFAULT_PRODUCER_CONFIG, **overrides},
+    )
+
+
+def make_consumer(bootstrap_servers: str, client_id: str, overrides: Mapping[str, Any]) -> KafkaConsumer:
+    # group_id=None: manual assignment only; the group (and its offsets) is ours, not the broker's.
+    return KafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        client_id=client_id,
+        group_id=None,
+        **{**DEFAULT_CONSUMER_CONFIG, **overrides},
+    )
+
+
+class RecordSender:
+    """Sends records through the shared producer and keeps their futures until the next
+    ``flush``, which raises if any failed: an output record that was never written must fail
+    the commit. (A list append per record; kafka-python's add_errback takes a lock per call.)"""
+
+    #: Futures kept between flushes before completed ones are checked and dropped early.
+    PRUNE_AT = 200_000
+
+    def __init__(self, producer: KafkaProducer) -> None:
+        self.producer = producer
+        self.records_sent = 0
+        self._pending: list[Any] = []
+        self._send = producer.send
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None:
+        pending = self._pending
+        pending.append(self._send(topic, key=key, value=value, timestamp_ms=timestamp_ms))
+        if len(pending) >= self.PRUNE_AT:
+            self._check(only_done=True)
+
+    def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> Any:
+        future = self._send(topic, key=key, value=value, partition=partition)
+        self._pending.append(future)
+        return future
+
+    def send_with_headers(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> None:
+        self._pending.append(self._send(topic, key=key, value=value, headers=headers))
+
+    def _check(self, *, only_done: bool) -> None:
+        still_pending = []
+        sent = 0
+        for future in self._pending:
+            if not future.is_done:
+                if only_done:
+                    still_pending.append(future)
+                    continue
+                raise ProduceError("a produced record is still pending after the producer flushed")
+            if future.exception is not None:
+                self._pending = []
+                raise ProduceError(f"a produced record was not written: {future.exception}") from future.exception
+            sent += 1
+        self.records_sent += sent
+        self._pending = still_pending
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        self.producer.flush(timeout=timeout_s)
+        self._check(only_done=False)
+
+
+class ProducerChangelogSink:
+    """The ``ChangelogSink`` of one task: sends folded store changes to their changelog
+    partition and keeps the last send per partition, whose offset (after a producer flush) is
+    what ``TaskState.checkpoint(written_offsets)`` needs. Unlogged stores are dropped here."""
+
+    def __init__(self, sender: RecordSender, logged_topics: frozenset[str]) -> None:
+        self._sender = sender
+        self._logged_topics = logged_topics
+        self._last_send: dict[TopicPartition, Any] = {}
+
+    def send(self, topic: str, partition: int, key: bytes, value: bytes | None) -> None:
+        if topic not in self._logged_topics:
+            return
+        self._last_send[TopicPartition(topic, partition)] = self._sender.send_to_partition(topic, partition, key, value)
+
+    def take_written_offsets(self) -> dict[TopicPartition, int]:
+        """Offsets of the last record written per changelog since the previous call; call
+        after the producer flushed (so every future has completed)."""
+        written: dict[TopicPartition, int] = {}
+        for changelog, future in self._last_send.items():
+            if not future.is_done:
+                raise ProduceError(f"changelog write to {changelog.topic}-{changelog.partition} is still pending")
+            if future.failed():
+                raise ProduceError(
+                    f"changelog write to {changelog.topic}-{changelog.partition} failed: {future.exception}"
+                )
+            written[changelog] = future.value.offset
+        self._last_send.clear()
+        return written
+
+    def discard(self) -> None:
+        self._last_send.clear()
+
+
+class ChangelogRestorer:
+    """Reads changelog partitions for restore with its own manual-assignment consumer."""
+
+    def __init__(self, consumer: KafkaConsumer, *, fetch_timeout_s: float = 30.0) -> None:
+        self._consumer = consumer
+        self._fetch_timeout_s = fetch_timeout_s
+
+    def true_end_offset(self, changelog: TopicPartition) -> int:
+        """One past the last record of the partition, checked by fetching the last batch."""
+        tp = KafkaTopicPartition(*changelog)
+        self._consumer.assign([tp])
+        reported = self._consumer.end_offsets([tp])[tp]
+        if reported <= 0:
+            return 0
+        self._consumer.seek(tp, reported - 1)
+        deadline = time.monotonic() + self._fetch_timeout_s
+        while time.monotonic() < deadline:
+            batch = self._consumer.poll(timeout_ms=200).get(tp)
+            position = self._consumer.position(tp)
+            # A fetch returns whole batches: after one, the position is past the last record.
+            # (Without records — the end is a compacted gap or a marker — the position still
+            # moves past what was fetched.)
+            if batch or position >= reported:
+                return max(reported, position)
+        raise TimeoutError(f"could not fetch the end of changelog {changelog.topic}-{changelog.partition}")
+
+    def read(
+        self, changelog: TopicPartition, start_offset: int | None, end_offset: int
+    ) -> Iterator[Sequence[ChangelogRecord]]:
+        """Batches of changelog records from ``start_offset`` (None: the beginning) up to
+        ``end_offset`` exclusive."""
+        tp = KafkaTopicPartition(*changelog)
+        self._consumer.assign([tp])
+        if start_offset is None:
+            self._consumer.seek_to_beginning(tp)
+        else:
+            self._consumer.seek(tp, start_offset)
+        deadline = time.monotonic() + self._fetch_timeout_s
+        while self._consumer.position(tp) < end_offset:
+            records = self._consumer.poll(timeout_ms=200).get(tp)
+            if not records:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"restoring {changelog.topic}-{changelog.partition}: stuck at offset "
+                        f"{self._consumer.position(tp)} before the end {end_offset}"
+                    )
+                continue
+            deadline = time.monotonic() + self._fetch_timeout_s
+            yield [ChangelogRecord(r.offset, r.key, r.value) for r in records if r.offset < end_offset]
+
+    def close(self) -> None:
+        self._consumer.close()

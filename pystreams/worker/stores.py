@@ -1,0 +1,108 @@
+"""Typed views of a task's stores: what a Processor's ``context.store(name)`` returns and what
+interactive queries read. The state layer stores bytes; these apply the store's serdes."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from pystreams.serdes import Serde
+from pystreams.state import KeyValueStore, SessionStore, WindowStore
+
+
+class TypedKeyValueStore:
+    def __init__(self, store: KeyValueStore, key_serde: Serde, value_serde: Serde) -> None:
+        self.raw = store
+        self.name = store.name
+        self._key = key_serde.serialize
+        self._key_of = key_serde.deserialize
+        self._value = value_serde.serialize
+        self._value_of = value_serde.deserialize
+
+    def get(self, key: Any) -> Any:
+        return self._value_of(self.raw.get(self._key(key)))
+
+    def put(self, key: Any, value: Any) -> None:
+        self.raw.put(self._key(key), self._value(value))
+
+    def put_if_absent(self, key: Any, value: Any) -> Any:
+        return self._value_of(self.raw.put_if_absent(self._key(key), self._value(value)))
+
+    def delete(self, key: Any) -> None:
+        self.raw.delete(self._key(key))
+
+    def items(self) -> Iterator[tuple[Any, Any]]:
+        key_of, value_of = self._key_of, self._value_of
+        return ((key_of(k), value_of(v)) for k, v in self.raw.all())
+
+    all = items
+
+    def range(self, key_from: Any, key_to: Any) -> Iterator[tuple[Any, Any]]:
+        low = None if key_from is None else self._key(key_from)
+        high = None if key_to is None else self._key(key_to)
+        return ((self._key_of(k), self._value_of(v)) for k, v in self.raw.range(low, high))
+
+    def approximate_count(self) -> int:
+        return self.raw.approximate_count()
+
+
+class TypedWindowStore:
+    def __init__(self, store: WindowStore, key_serde: Serde, value_serde: Serde) -> None:
+        self.raw = store
+        self.name = store.name
+        self._key = key_serde.serialize
+        self._key_of = key_serde.deserialize
+        self._value = value_serde.serialize
+        self._value_of = value_serde.deserialize
+
+    def put(self, key: Any, window_start: int, value: Any) -> bool:
+        return self.raw.put(self._key(key), window_start, self._value(value))
+
+    def get(self, key: Any, window_start: int) -> Any:
+        return self._value_of(self.raw.get(self._key(key), window_start))
+
+    def fetch(self, key: Any, time_from: int, time_to: int) -> Iterator[tuple[int, Any]]:
+        return ((start, self._value_of(v)) for start, v in self.raw.fetch(self._key(key), time_from, time_to))
+
+    def items(self) -> Iterator[tuple[tuple[Any, int], Any]]:
+        """((key, window start), value) of every live window."""
+        return (((self._key_of(w.key), w.window_start), self._value_of(w.value)) for w in self.raw.all())
+
+    all = items
+
+
+class TypedSessionStore:
+    def __init__(self, store: SessionStore, key_serde: Serde, value_serde: Serde) -> None:
+        self.raw = store
+        self.name = store.name
+        self._key = key_serde.serialize
+        self._key_of = key_serde.deserialize
+        self._value = value_serde.serialize
+        self._value_of = value_serde.deserialize
+
+    def put(self, key: Any, start: int, end: int, value: Any) -> bool:
+        return self.raw.put(self._key(key), start, end, self._value(value))
+
+    def remove(self, key: Any, start: int, end: int) -> bool:
+        return self.raw.remove(self._key(key), start, end)
+
+    def fetch(self, key: Any) -> Iterator[tuple[int, int, Any]]:
+        return ((s.start, s.end, self._value_of(s.value)) for s in self.raw.fetch(self._key(key)))
+
+    def items(self) -> Iterator[tuple[tuple[Any, int, int], Any]]:
+        """((key, session start, session end), value) of every live session."""
+        return (((self._key_of(s.key), s.start, s.end), self._value_of(s.value)) for s in self.raw.all())
+
+    all = items
+
+
+TypedStore = TypedKeyValueStore | TypedWindowStore | TypedSessionStore
+
+
+def typed(store: Any, key_serde: Serde, value_serde: Serde) -> TypedStore:
+    if isinstance(store, KeyValueStore):
+        return TypedKeyValueStore(store, key_serde, value_serde)
+    if isinstance(store, WindowStore):
+        return TypedWindowStore(store, key_serde, value_serde)
+    if isinstance(store, SessionStore):
+        return TypedSessionStore(store, key_serde, value_serde)
+    raise TypeError(f"unknown store type {type(store).__name__}")

@@ -1,0 +1,241 @@
+"""One active task: its state (restored from changelogs), its compiled node graph, the input
+offsets it has processed, stream time and punctuations."""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pystreams.state import CacheLimits, RestoreProgress, TaskState, TopicPartition
+from pystreams.topology.ir import PunctuationType, TaskId
+from pystreams.topology.resolve import ResolvedTopology
+
+from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError
+from .kafka_io import ChangelogRestorer, ProducerChangelogSink, RecordSender
+from .processing import NodeFailure, TaskContext, TaskGraph, build_task_graph
+
+if TYPE_CHECKING:
+    from .engine import ErrorHandling
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTER_HEADER_PREFIX = "pystreams.error."
+
+
+class StreamTask:
+    """An active task. Create it, ``restore`` it, then feed it records with ``process``."""
+
+    def __init__(
+        self,
+        resolved: ResolvedTopology,
+        task_id: TaskId,
+        *,
+        state_dir: str | os.PathLike[str],
+        sender: RecordSender,
+        errors: ErrorHandling,
+        cache_limits: CacheLimits,
+        checkpoint_min_records: int = 0,
+        on_restore_progress: Callable[[RestoreProgress], None] | None = None,
+    ) -> None:
+        topology = resolved.topology
+        self.id = task_id
+        self.resolved = resolved
+        self.input_partitions = tuple(TopicPartition(t, p) for t, p in resolved.input_partitions(task_id))
+        self._errors = errors
+        self._sender = sender
+        self.ctx = TaskContext(topology.app_id, task_id, sender)
+        self.ctx.on_forward_error = self._forward_failed
+        sub = topology.subtopologies[task_id.subtopology]
+        self.logged_changelogs = tuple(
+            TopicPartition(topology.stores[s].changelog_topic, task_id.partition)  # type: ignore[arg-type]
+            for s in sub.stores
+            if topology.stores[s].logging and topology.stores[s].changelog_topic
+        )
+        self.changelog_sink = ProducerChangelogSink(sender, frozenset(tp.topic for tp in self.logged_changelogs))
+        self.state = TaskState(
+            state_dir,
+            topology.app_id,
+            str(task_id),
+            task_id.partition,
+            self.changelog_sink,
+            on_restore_progress=on_restore_progress,
+            checkpoint_min_records=checkpoint_min_records,
+        )
+        try:
+            self.graph: TaskGraph = build_task_graph(resolved, task_id, self.state, self.ctx, cache_limits=cache_limits)
+        except BaseException:
+            self.state.close(wipe=False)
+            raise
+        #: Next offset to process per input partition (what a commit stores).
+        self.next_offsets: dict[TopicPartition, int] = {}
+        self.records_processed = 0
+        self.records_failed = 0
+        punctuations = self.graph.punctuations
+        self._stream_punctuations = [p for p in punctuations if p.punctuation.type is PunctuationType.STREAM_TIME]
+        self._wall_punctuations = [p for p in punctuations if p.punctuation.type is PunctuationType.WALL_CLOCK_TIME]
+        self._initialized = False
+
+    # -- start-up -------------------------------------------------------------------------
+
+    def restore(self, restorer: ChangelogRestorer) -> dict[str, int]:
+        """Bring every logged store to the end of its changelog, then checkpoint."""
+        restored: dict[str, int] = {}
+        positions = self.state.restore_positions()
+        for changelog in self.logged_changelogs:
+            end = restorer.true_end_offset(changelog)
+            start = positions.get(changelog)
+            store_name = next(s.name for s in self.state.stores.values() if s.changelog == changelog)
+            if start is not None and start >= end:
+                restored[store_name] = 0
+                continue
+            restored[store_name] = self.state.restore_changelog(changelog, restorer.read(changelog, start, end), end)
+        self.state.checkpoint()
+        return restored
+
+    def initialize(self) -> None:
+        """Call processors' ``init`` (after restore: they may read their stores)."""
+        for _, instance, context in self.graph.processors:
+            instance.init(context)
+        self._initialized = True
+
+    # -- processing -----------------------------------------------------------------------
+
+    def process(self, records: Sequence[Any]) -> None:
+        """Run consumer records (of this task's input partitions, in the order to process
+        them) through the graph."""
+        ctx = self.ctx
+        sources = self.graph.sources
+        punctuate_stream_time = self._punctuate_stream_time if self._stream_punctuations else None
+        current_topic = None
+        entry: Any = None
+        deserialize_key = deserialize_value = extractor = emit = None
+        for record in records:
+            topic = record.topic
+            if topic != current_topic:
+                current_topic = topic
+                entry = sources[topic]
+                deserialize_key = entry.deserialize_key
+                deserialize_value = entry.deserialize_value
+                extractor = entry.timestamp_extractor
+                emit = entry.emit
+                ctx.topic = topic
+            ctx.partition = record.partition
+            ctx.offset = record.offset
+            try:
+                key = deserialize_key(record.key)  # type: ignore[misc]
+                value = deserialize_value(record.value)  # type: ignore[misc]
+                timestamp = record.timestamp if extractor is None else extractor(key, value, record.timestamp)
+            except Exception as error:
+                self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
+                continue
+            stream_time = ctx.stream_time
+            if stream_time is None or timestamp > stream_time:
+                ctx.stream_time = timestamp
+            ctx.timestamp = timestamp
+            try:
+                emit(key, value, timestamp)  # type: ignore[misc]
+            except NodeFailure as failure:
+                self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, record)
+            if punctuate_stream_time is not None:
+                punctuate_stream_time()
+        self.records_processed += len(records)
+
+    def mark_consumed(self, partition: TopicPartition, next_offset: int) -> None:
+        self.next_offsets[partition] = next_offset
+
+    def _punctuate_stream_time(self) -> None:
+        now = self.ctx.stream_time
+        assert now is not None
+        for scheduled in self._stream_punctuations:
+            if scheduled.next_due is None or now >= scheduled.next_due:
+                self._fire(scheduled, now)
+
+    def punctuate_wall_clock(self, now_ms: int) -> None:
+        for scheduled in self._wall_punctuations:
+            if scheduled.next_due is None:
+                scheduled.next_due = now_ms + scheduled.punctuation.interval_ms
+            elif now_ms >= scheduled.next_due:
+                self._fire(scheduled, now_ms)
+
+    def _fire(self, scheduled: Any, now: int) -> None:
+        interval = scheduled.punctuation.interval_ms
+        # Missed intervals are skipped, not replayed: one call, then the next due time after now.
+        scheduled.next_due = (scheduled.next_due if scheduled.next_due is not None else now) + interval
+        if scheduled.next_due <= now:
+            scheduled.next_due = now + interval
+        saved = self.ctx.topic, self.ctx.partition, self.ctx.offset
+        self.ctx.topic = self.ctx.partition = self.ctx.offset = None
+        scheduled.context.timestamp = now
+        try:
+            scheduled.method(now)
+        except Exception as error:
+            self._record_failed(ErrorKind.PROCESSING, scheduled.node, error, None)
+        finally:
+            self.ctx.topic, self.ctx.partition, self.ctx.offset = saved
+
+    # -- errors ---------------------------------------------------------------------------
+
+    def _forward_failed(self, failure: NodeFailure) -> None:
+        self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, None)
+
+    def _record_failed(self, kind: ErrorKind, node: str | None, error: BaseException, record: Any) -> None:
+        failure = RecordFailure(
+            kind=kind,
+            task_id=str(self.id),
+            topic=None if record is None else record.topic,
+            partition=None if record is None else record.partition,
+            offset=None if record is None else record.offset,
+            node=node,
+            reason=f"{type(error).__name__}: {error}",
+        )
+        self.records_failed += 1
+        policy = self._errors.policy_for(kind)
+        if policy is ErrorPolicy.FAIL:
+            raise RecordProcessingError(failure) from error
+        log.warning("%s (skipped: %s)", failure.describe(), policy)
+        self._errors.record(failure)
+        if policy is ErrorPolicy.DEAD_LETTER and record is not None:
+            headers = [
+                (DEAD_LETTER_HEADER_PREFIX + "kind", str(kind).encode()),
+                (DEAD_LETTER_HEADER_PREFIX + "topic", record.topic.encode()),
+                (DEAD_LETTER_HEADER_PREFIX + "partition", str(record.partition).encode()),
+                (DEAD_LETTER_HEADER_PREFIX + "offset", str(record.offset).encode()),
+                (DEAD_LETTER_HEADER_PREFIX + "task", str(self.id).encode()),
+                (DEAD_LETTER_HEADER_PREFIX + "node", (node or "").encode()),
+                (DEAD_LETTER_HEADER_PREFIX + "reason", failure.reason.encode()),
+            ]
+            assert self._errors.dead_letter_topic is not None
+            self._sender.send_with_headers(self._errors.dead_letter_topic, record.key, record.value, headers)
+
+    # -- commit and close -----------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Flush store caches: changelog writes and forwards of folded updates."""
+        self.state.flush()
+
+    def checkpoint(self) -> None:
+        """After the producer flushed: record the changelog offsets the stores reflect."""
+        self.state.checkpoint(self.changelog_sink.take_written_offsets())
+
+    def close_processors(self) -> None:
+        if not self._initialized:
+            return
+        for name, instance, _ in self.graph.processors:
+            try:
+                instance.close()
+            except Exception:
+                log.exception("task %s: processor %s failed to close", self.id, name)
+        self._initialized = False
+
+    def close_clean(self) -> None:
+        """Close after a commit (flush, producer flush, checkpoint already done)."""
+        self.close_processors()
+        self.state.close(self.changelog_sink.take_written_offsets())
+
+    def close_dirty(self) -> None:
+        """Close without committing (the task was lost): cached writes are dropped, and the
+        local state is wiped since RocksDB may hold writes its changelog never received."""
+        self.close_processors()
+        self.changelog_sink.discard()
+        self.state.close(wipe=True)

@@ -1,0 +1,567 @@
+"""The worker's task engine against the embedded broker, running the four example apps.
+
+Each test owns one example app; example topic names are fixed, and the embedded broker lives
+for the session, so every example is used by exactly one test here. A dict stands in for our
+coordinator's committed offsets (OffsetFetch / OffsetCommit)."""
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KafkaTopicPartition
+
+from pystreams import serdes
+from pystreams.app import load_app
+from pystreams.cluster import ClusterMetadata, TopicSpec
+from pystreams.state import RestoreProgress, TopicPartition
+from pystreams.topology.windows import Windowed
+from pystreams.worker import (
+    EngineConfig,
+    ErrorPolicy,
+    RecordProcessingError,
+    TaskEngine,
+    resolve_against_cluster,
+)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+WAIT_S = 30.0
+
+pytestmark = pytest.mark.integration
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+class OffsetStore:
+    """Stands in for the coordinator: committed input offsets."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[TopicPartition, int] = {}
+        self.commits = 0
+
+    def fetch(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {p: self.offsets[p] for p in partitions if p in self.offsets}
+
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        self.offsets.update(offsets)
+        self.commits += 1
+
+
+def create_topics(bootstrap: str, *specs: TopicSpec) -> None:
+    with ClusterMetadata(bootstrap) as cluster:
+        cluster.ensure_topics(specs)
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None, int | None]]) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    try:
+        for key, value, timestamp in records:
+            producer.send(topic, key=key, value=value, timestamp_ms=timestamp)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def read_all(bootstrap: str, topic: str, *, timeout_s: float = WAIT_S) -> list[Any]:
+    """Every record of ``topic`` now, in partition then offset order. The end is found by
+    fetching (the embedded broker's end_offsets can stop short of the high watermark)."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        partitions = [KafkaTopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        assert partitions, f"topic {topic} has no partitions"
+        consumer.assign(partitions)
+        ends = consumer.end_offsets(partitions)
+        consumer.seek_to_beginning(*partitions)
+        records: dict[KafkaTopicPartition, list[Any]] = collections.defaultdict(list)
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(p) < ends[p] for p in partitions):
+            assert time.monotonic() < deadline, f"could not read {topic} to its end"
+            for tp, batch in consumer.poll(timeout_ms=200).items():
+                records[tp].extend(batch)
+        return [r for p in partitions for r in records[p]]
+    finally:
+        consumer.close()
+
+
+def latest_by_key(records: Iterable[Any], key_serde: serdes.Serde, value_serde: serdes.Serde) -> dict[Any, Any]:
+    latest: dict[Any, Any] = {}
+    for record in records:
+        latest[key_serde.deserialize(record.key)] = value_serde.deserialize(record.value)
+    return latest
+
+
+def make_engine(app_file: str, bootstrap: str, state_dir: Path, offsets: OffsetStore, **config: Any) -> TaskEngine:
+    topology = load_app(str(EXAMPLES / app_file)).topology()
+    resolved = resolve_against_cluster(topology, bootstrap)
+    engine = TaskEngine(
+        resolved,
+        EngineConfig(bootstrap, state_dir, commit_interval_ms=200, **config),
+        committed_offsets=offsets.fetch,
+        commit_offsets=offsets.commit,
+    )
+    engine.start()
+    engine.add_tasks(resolved.tasks)
+    return engine
+
+
+def run_until(engine: TaskEngine, done: Callable[[], bool], what: str) -> None:
+    """Run the engine until ``done()``; fail (not hang) after WAIT_S."""
+    engine.run(until=done, timeout_s=WAIT_S)
+    assert done(), f"timed out waiting for {what}"
+
+
+# -- word count ---------------------------------------------------------------------------------
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "The dog barks",
+    "a fox a dog a cat",
+    "   spaced    out   words  ",
+    "the end",
+] * 7
+
+
+def expected_counts(lines: Iterable[str]) -> collections.Counter[str]:
+    return collections.Counter(word for line in lines for word in line.lower().split())
+
+
+def test_wordcount_counts_exactly_survives_restart_and_rebuilds_from_changelog(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    create_topics(kafka_bootstrap, TopicSpec("text-lines", 3), TopicSpec("word-counts", 3))
+    produce(kafka_bootstrap, "text-lines", ((str(i).encode(), line.encode(), None) for i, line in enumerate(CORPUS)))
+    offsets = OffsetStore()
+    state_dir = tmp_path / "state"
+    words_total = sum(expected_counts(CORPUS).values())
+
+    # 1. One engine owning every task counts the corpus exactly.
+    engine = make_engine("wordcount.py", kafka_bootstrap, state_dir, offsets)
+    try:
+        assert {str(t) for t in engine.tasks} == {"0_0", "0_1", "0_2", "1_0", "1_1", "1_2"}
+        run_until(engine, lambda: engine.records_processed >= len(CORPUS) + words_total, "the corpus")
+        assert engine.records_processed == len(CORPUS) + words_total
+        assert engine.store_contents("counts") == expected_counts(CORPUS)
+    finally:
+        engine.close()
+    counts = latest_by_key(read_all(kafka_bootstrap, "word-counts"), serdes.Text(), serdes.Int())
+    assert counts == expected_counts(CORPUS)
+    # Committed offsets cover every input line (sum over the three partitions).
+    assert sum(o for tp, o in offsets.offsets.items() if tp.topic == "text-lines") == len(CORPUS)
+    # The repartition topic is partitioned like Kafka's default partitioner (murmur2 of the key).
+    from kafka.partitioner.default import murmur2
+
+    for record in read_all(kafka_bootstrap, "wordcount-words-repartition"):
+        assert record.partition == (murmur2(record.key) & 0x7FFFFFFF) % 3
+    # The output was folded by the cache: far fewer updates than words.
+    assert len(read_all(kafka_bootstrap, "word-counts")) < words_total
+
+    # 2. Restarting on the same state dir continues from the commit: nothing is recounted.
+    more = ["fox fox fox", "zebra"]
+    produce(kafka_bootstrap, "text-lines", ((b"more", line.encode(), None) for line in more))
+    progress: list[RestoreProgress] = []
+    engine = make_engine("wordcount.py", kafka_bootstrap, state_dir, offsets)
+    try:
+        run_until(engine, lambda: engine.records_processed >= len(more) + 4, "the new lines")
+        assert engine.records_processed == len(more) + 4  # only the new lines and their words
+        assert engine.store_contents("counts") == expected_counts(CORPUS + more)
+    finally:
+        engine.close()
+    counts = latest_by_key(read_all(kafka_bootstrap, "word-counts"), serdes.Text(), serdes.Int())
+    assert counts == expected_counts(CORPUS + more)
+
+    # 3. A wiped state dir is rebuilt from the changelog, identically, before processing.
+    wiped_dir = tmp_path / "wiped"
+    topology = load_app(str(EXAMPLES / "wordcount.py")).topology()
+    resolved = resolve_against_cluster(topology, kafka_bootstrap)
+    engine = TaskEngine(
+        resolved,
+        EngineConfig(kafka_bootstrap, wiped_dir, commit_interval_ms=200),
+        committed_offsets=offsets.fetch,
+        commit_offsets=offsets.commit,
+        on_restore_progress=progress.append,
+    )
+    engine.start()
+    try:
+        restored = engine.add_tasks(resolved.tasks)
+        restored_records = sum(n for per_store in restored.values() for n in per_store.values())
+        assert restored_records >= len(expected_counts(CORPUS + more))
+        assert engine.store_contents("counts") == expected_counts(CORPUS + more)
+        assert any(p.done and p.restored_records > 0 for p in progress)
+        assert all(p.lag == 0 for p in progress if p.done)
+        produce(kafka_bootstrap, "text-lines", [(b"last", b"zebra fox", None)])
+        run_until(engine, lambda: engine.records_processed >= 3, "the last line")
+        assert engine.records_processed == 3
+    finally:
+        engine.close()
+    counts = latest_by_key(read_all(kafka_bootstrap, "word-counts"), serdes.Text(), serdes.Int())
+    assert counts == expected_counts(CORPUS + more + ["zebra fox"])
+    assert counts["zebra"] == 2 and counts["fox"] == expected_counts(CORPUS)["fox"] + 4
+
+
+# -- windowed aggregations ----------------------------------------------------------------------
+
+
+def click(user: str, url: str, ts_ms: int) -> bytes:
+    return msgspec.json.encode({"user": user, "url": url, "ts": ts_ms})
+
+
+def test_clicks_windowed_matches_hand_computed_windows_with_grace(kafka_bootstrap: str, tmp_path: Path) -> None:
+    # One partition per input, so records reach the windowed tasks in this order.
+    create_topics(
+        kafka_bootstrap,
+        TopicSpec("clicks.eu", 1),
+        TopicSpec("clicks.us", 1),
+        *(TopicSpec(t, 1) for t in ("clicks-per-minute", "url-views-5m", "user-sessions")),
+    )
+    second = 1000
+    produce(
+        kafka_bootstrap,
+        "clicks.eu",
+        [
+            (None, click("alice", "/a", 0), None),
+            (None, click("alice", "/b", 30 * second), None),
+            (None, click("alice", "/c", 65 * second), None),  # stream time 65 s
+            (None, click("alice", "/d", 55 * second), None),  # late, inside 10 s grace: counted
+            (None, click("alice", "/e", 80 * second), None),  # stream time 80 s
+            (None, click("alice", "/f", 50 * second), None),  # late beyond grace: [0, 60 s) is closed
+        ],
+    )
+    # A second topic matched by the pattern; at 60 s it can never close a window early.
+    produce(kafka_bootstrap, "clicks.us", [(None, click("bob", "/a", 60 * second), None)])
+    offsets = OffsetStore()
+    engine = make_engine("clicks_windowed.py", kafka_bootstrap, tmp_path / "state", offsets)
+    try:
+        # 7 clicks read, then 7 through each of the two repartition topics.
+        run_until(engine, lambda: engine.records_processed >= 21, "the clicks")
+        from pystreams.topology.ir import TaskId
+
+        assert engine.tasks[TaskId(1, 0)].ctx.late_records_dropped == 1
+    finally:
+        engine.close()
+
+    windowed_text = serdes.WindowedKey(serdes.Text())
+    minute = 60 * second
+    per_minute = latest_by_key(read_all(kafka_bootstrap, "clicks-per-minute"), windowed_text, serdes.Int())
+    assert per_minute == {
+        Windowed("alice", 0, minute): 3,  # 0 s, 30 s and the late 55 s; not the 50 s one
+        Windowed("alice", minute, 2 * minute): 2,  # 65 s, 80 s
+        Windowed("bob", minute, 2 * minute): 1,
+    }
+
+    five = 5 * minute  # hopping: 5-minute windows every minute; none start before 0
+    views = latest_by_key(read_all(kafka_bootstrap, "url-views-5m"), windowed_text, serdes.Int())
+    assert views == {
+        Windowed("/a", 0, five): 2,  # alice at 0 s, bob at 60 s
+        Windowed("/a", minute, minute + five): 1,  # bob at 60 s
+        Windowed("/b", 0, five): 1,
+        Windowed("/c", 0, five): 1,
+        Windowed("/c", minute, minute + five): 1,
+        Windowed("/d", 0, five): 1,
+        Windowed("/e", 0, five): 1,
+        Windowed("/e", minute, minute + five): 1,
+        Windowed("/f", 0, five): 1,  # grace 0, but the window is still open at 80 s
+    }
+
+    session_type = load_app(str(EXAMPLES / "clicks_windowed.py")).topology().nodes["user_sessions"].value_serde
+    sessions = latest_by_key(read_all(kafka_bootstrap, "user-sessions"), windowed_text, session_type)
+    live = {key: (s.pages, s.first_url, s.last_url) for key, s in sessions.items() if s is not None}
+    # One session per user (gaps < 30 min); the 50 s click is within the 1-minute session grace.
+    assert live == {
+        Windowed("alice", 0, 80 * second): (6, "/a", "/f"),
+        Windowed("bob", 60 * second, 60 * second): (1, "/a", "/a"),
+    }
+
+
+# -- joins --------------------------------------------------------------------------------------
+
+
+def test_orders_enriched_by_table_join_and_paid_by_windowed_join(kafka_bootstrap: str, tmp_path: Path) -> None:
+    app = load_app(str(EXAMPLES / "orders_enrich_join.py"))
+    nodes = app.topology().nodes
+    order_serde = nodes["orders"].value_serde
+    Order = order_serde.struct_type
+    Customer = nodes["customers"].value_serde.struct_type
+    Payment = nodes["payments"].value_serde.struct_type
+    create_topics(
+        kafka_bootstrap,
+        *(TopicSpec(t, 2) for t in ("orders", "payments", "customers", "orders-enriched", "orders-paid")),
+    )
+    now = int(time.time() * 1000)
+    hour, minute = 3_600_000, 60_000
+    customer_serde, payment_serde = serdes.Struct(Customer), serdes.Struct(Payment)
+    produce(
+        kafka_bootstrap,
+        "customers",
+        [
+            (b"c1", customer_serde.serialize(Customer("c1", "Ada", "gold")), now - hour),
+            (b"c2", customer_serde.serialize(Customer("c2", "Bob", "silver")), now - hour),
+        ],
+    )
+    orders = {
+        "o1": Order("o1", "c1", 1000),
+        "o2": Order("o2", "c2", 2000),
+        "o3": Order("o3", "c9", 3000),  # no such customer: an inner join drops it
+        "o4": Order("o4", "c1", 4000),
+    }
+    produce(kafka_bootstrap, "orders", [(k.encode(), order_serde.serialize(o), now) for k, o in orders.items()])
+    produce(
+        kafka_bootstrap,
+        "payments",
+        [
+            (b"o1", payment_serde.serialize(Payment("o1", 1000)), now + 5 * minute),  # within 15 min
+            (b"o2", payment_serde.serialize(Payment("o2", 2000)), now + 20 * minute),  # too late
+            (b"o3", payment_serde.serialize(Payment("o3", 3000)), now + 1 * minute),
+            (b"o4", payment_serde.serialize(Payment("o4", 4000)), now - 1 * minute),  # before the order
+        ],
+    )
+    engine = make_engine("orders_enrich_join.py", kafka_bootstrap, tmp_path / "state", OffsetStore())
+    try:
+        # 2 customers + 4 orders + 4 payments read, then 4 orders through the repartition topic.
+        run_until(engine, lambda: engine.records_processed >= 14, "orders, payments and customers")
+    finally:
+        engine.close()
+
+    enriched_serde = nodes["enriched"].value_serde
+    enriched = sorted(
+        ((r.key.decode(), enriched_serde.deserialize(r.value)) for r in read_all(kafka_bootstrap, "orders-enriched")),
+        key=lambda kv: kv[1].order.order_id,
+    )
+    assert [(key, e.order.order_id, e.customer_name, e.tier) for key, e in enriched] == [
+        ("c1", "o1", "Ada", "gold"),
+        ("c2", "o2", "Bob", "silver"),
+        ("c1", "o4", "Ada", "gold"),
+    ]
+    paid_serde = nodes["paid"].value_serde
+    paid = {r.key.decode(): paid_serde.deserialize(r.value) for r in read_all(kafka_bootstrap, "orders-paid")}
+    assert {k: (p.order, p.paid_cents) for k, p in paid.items()} == {
+        "o1": (orders["o1"], 1000),
+        "o3": (orders["o3"], 3000),
+    }
+
+
+# -- low-level processor ------------------------------------------------------------------------
+
+
+def test_dedupe_processor_forwards_first_sightings_and_its_punctuation_forgets_old_ids(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    create_topics(kafka_bootstrap, TopicSpec("events", 1), TopicSpec("events-unique", 1))
+    t0, second, hour = 1_700_000_000_000, 1000, 3_600_000
+    events = [
+        ("e1", t0),
+        ("e2", t0 + 1 * second),
+        ("e1", t0 + 2 * second),  # duplicate within the hour: dropped
+        ("e3", t0 + 3 * second),
+        ("e1", t0 + 2 * hour),  # an hour later: forwarded again; stream time jumps, ids expire
+        ("e4", t0 + 2 * hour + 5 * second),
+    ]
+    produce(
+        kafka_bootstrap,
+        "events",
+        [(k.encode(), msgspec.json.encode({"n": i}), ts) for i, (k, ts) in enumerate(events)],
+    )
+    engine = make_engine("dedupe_processor.py", kafka_bootstrap, tmp_path / "state", OffsetStore())
+    try:
+        run_until(engine, lambda: engine.records_processed >= len(events), "the events")
+        # The stream-time punctuation forgot e2 and e3 (first seen > 1 h before stream time).
+        assert engine.store_contents("seen-ids") == {"e1": t0 + 2 * hour, "e4": t0 + 2 * hour + 5 * second}
+    finally:
+        engine.close()
+    unique = [
+        (r.key.decode(), msgspec.json.decode(r.value)["n"], r.timestamp)
+        for r in read_all(kafka_bootstrap, "events-unique")
+    ]
+    assert unique == [
+        ("e1", 0, t0),
+        ("e2", 1, t0 + second),
+        ("e3", 3, t0 + 3 * second),
+        ("e1", 4, t0 + 2 * hour),
+        ("e4", 5, t0 + 2 * hour + 5 * second),
+    ]
+
+
+# -- error policies -----------------------------------------------------------------------------
+
+
+def _doubling_app(app_id: str, source: str, sink: str) -> Any:
+    from pystreams.app import App
+
+    app = App(app_id)
+    numbers = app.topic(source, value=serdes.Json(type=int))
+
+    @app.map_values(numbers, value=serdes.Json(type=int))
+    def doubled(key: Any, n: int) -> int:
+        if n == 13:
+            raise ValueError("unlucky number")
+        return 2 * n
+
+    doubled.to(sink)
+    return app
+
+
+@pytest.mark.parametrize("policy", [ErrorPolicy.LOG_AND_CONTINUE, ErrorPolicy.DEAD_LETTER, ErrorPolicy.FAIL])
+def test_error_policies_name_topic_partition_offset_and_reason(
+    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str], policy: ErrorPolicy
+) -> None:
+    source, sink, dead = unique_topic("numbers"), unique_topic("doubled"), unique_topic("dead")
+    create_topics(kafka_bootstrap, TopicSpec(source, 1), TopicSpec(sink, 1), TopicSpec(dead, 1))
+    # offset 1 cannot be deserialized; offset 3 fails in the map.
+    produce(kafka_bootstrap, source, [(None, v, None) for v in (b"1", b"not json", b"2", b"13", b"3")])
+    app = _doubling_app(f"errors-{policy}".replace("-", "_"), source, sink)
+    resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
+    offsets = OffsetStore()
+    engine = TaskEngine(
+        resolved,
+        EngineConfig(
+            kafka_bootstrap,
+            tmp_path / "state",
+            deserialization_errors=policy,
+            processing_errors=policy,
+            dead_letter_topic=dead if policy is ErrorPolicy.DEAD_LETTER else None,
+        ),
+        committed_offsets=offsets.fetch,
+        commit_offsets=offsets.commit,
+    )
+    engine.start()
+    try:
+        engine.add_tasks(resolved.tasks)
+        if policy is ErrorPolicy.FAIL:
+            with pytest.raises(RecordProcessingError) as raised:
+                engine.run(until=lambda: False, timeout_s=WAIT_S)
+            failure = raised.value.failure
+            assert (failure.topic, failure.partition, failure.offset) == (source, 0, 1)
+            assert "deserialization" in str(raised.value) and f"{source}-0@1" in str(raised.value)
+            assert offsets.offsets == {}  # nothing committed past the bad record
+            engine.lose_tasks(list(engine.tasks))
+            return
+        run_until(engine, lambda: engine.records_processed >= 5, "the numbers")
+    finally:
+        engine.close()
+    assert offsets.offsets[TopicPartition(source, 0)] == 5  # skipped records are committed past
+    out = [msgspec.json.decode(r.value) for r in read_all(kafka_bootstrap, sink)]
+    assert out == [2, 4, 6]
+    failures = list(engine.errors.recent_failures)
+    assert [(f.kind, f.topic, f.partition, f.offset) for f in failures] == [
+        ("deserialization", source, 0, 1),
+        ("processing", source, 0, 3),
+    ]
+    assert failures[1].node == "doubled" and "unlucky number" in failures[1].reason
+    if policy is ErrorPolicy.DEAD_LETTER:
+        letters = read_all(kafka_bootstrap, dead)
+        assert [r.value for r in letters] == [b"not json", b"13"]
+        headers = dict(letters[1].headers)
+        assert headers["pystreams.error.offset"] == b"3"
+        assert headers["pystreams.error.topic"] == source.encode()
+        assert b"unlucky number" in headers["pystreams.error.reason"]
+
+
+def test_revoked_task_commits_and_a_new_owner_continues_where_it_stopped(
+    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
+) -> None:
+    source, sink = unique_topic("numbers"), unique_topic("doubled")
+    create_topics(kafka_bootstrap, TopicSpec(source, 2), TopicSpec(sink, 1))
+    app = _doubling_app("revoke_test", source, sink)
+    resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
+    offsets = OffsetStore()
+    first, second = (
+        TaskEngine(
+            resolved,
+            EngineConfig(kafka_bootstrap, tmp_path / name),
+            committed_offsets=offsets.fetch,
+            commit_offsets=offsets.commit,
+        )
+        for name in ("a", "b")
+    )
+    first.start()
+    second.start()
+    try:
+        first.add_tasks(resolved.tasks)
+        produce(kafka_bootstrap, source, [(str(i).encode(), str(100 + i).encode(), None) for i in range(20)])
+        run_until(first, lambda: first.records_processed >= 20, "the first batch")
+        revoked = first.revoke_tasks(resolved.tasks)
+        assert sum(revoked.values()) == 20 and offsets.offsets == revoked
+        assert not first.tasks
+        second.add_tasks(resolved.tasks)
+        produce(kafka_bootstrap, source, [(str(i).encode(), str(100 + i).encode(), None) for i in range(20, 30)])
+        run_until(second, lambda: second.records_processed >= 10, "the second batch")
+        assert second.records_processed == 10
+    finally:
+        first.close()
+        second.close()
+    out = sorted(msgspec.json.decode(r.value) for r in read_all(kafka_bootstrap, sink))
+    assert out == [2 * (100 + i) for i in range(30)]  # each exactly once
+
+
+def test_lost_tasks_are_dropped_uncommitted_and_rebuilt_from_the_changelog(
+    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
+) -> None:
+    from pystreams.app import App
+
+    source, sink = unique_topic("keys"), unique_topic("counts")
+    create_topics(kafka_bootstrap, TopicSpec(source, 1), TopicSpec(sink, 1))
+    app = App("lose_test")
+    app.count(app.topic(source), store="per-key").to(sink)
+    resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
+    offsets = OffsetStore()
+    engine = TaskEngine(resolved, EngineConfig(kafka_bootstrap, tmp_path / "state"),
+                        committed_offsets=offsets.fetch, commit_offsets=offsets.commit)
+    engine.start()
+    try:
+        engine.add_tasks(resolved.tasks)
+        produce(kafka_bootstrap, source, [(b"k", b"1", None)] * 3)
+        run_until(engine, lambda: engine.records_processed >= 3, "the first records")
+        assert offsets.offsets[TopicPartition(source, 0)] == 3
+        produce(kafka_bootstrap, source, [(b"k", b"1", None)] * 2)
+        deadline = time.monotonic() + WAIT_S
+        while engine.records_processed < 5 and time.monotonic() < deadline:
+            engine.poll()  # processed, not committed
+        assert engine.store_contents("per-key") == {"k": 5}
+        engine.lose_tasks(resolved.tasks)
+        assert not engine.tasks and offsets.offsets[TopicPartition(source, 0)] == 3
+        # Back again: the state is rebuilt from the changelog as of the last commit, and the two
+        # uncommitted records are processed again, so each record counts once.
+        engine.add_tasks(resolved.tasks)
+        assert engine.store_contents("per-key") == {"k": 3}
+        run_until(engine, lambda: engine.records_processed >= 2, "the uncommitted records")
+        assert engine.store_contents("per-key") == {"k": 5}
+    finally:
+        engine.close()
+    assert latest_by_key(read_all(kafka_bootstrap, sink), serdes.Text(), serdes.Int()) == {"k": 5}
+
+
+def test_wall_clock_punctuation_fires_without_records(
+    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
+) -> None:
+    from pystreams.app import App, Processor, PunctuationType, punctuate
+
+    source, sink = unique_topic("in"), unique_topic("ticks")
+    create_topics(kafka_bootstrap, TopicSpec(source, 1), TopicSpec(sink, 1))
+
+    class Ticker(Processor):
+        def process(self, key: Any, value: Any) -> None:
+            pass
+
+        @punctuate(every=100, on=PunctuationType.WALL_CLOCK_TIME)
+        def tick(self, now_ms: int) -> None:
+            self.context.forward(str(self.context.task_id), now_ms, timestamp=now_ms)
+
+    app = App("ticker_test")
+    app.processor(app.topic(source))(Ticker).to(sink)
+    resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
+    engine = TaskEngine(resolved, EngineConfig(kafka_bootstrap, tmp_path / "state", poll_timeout_ms=20))
+    engine.start()
+    try:
+        engine.add_tasks(resolved.tasks)
+        started = int(time.time() * 1000)
+        engine.run(timeout_s=1.0)
+    finally:
+        engine.close()
+    ticks = [msgspec.json.decode(r.value) for r in read_all(kafka_bootstrap, sink)]
+    assert 3 <= len(ticks) <= 11  # every 100 ms for about a second, no records needed
+    assert all(t >= started for t in ticks) and ticks == sorted(ticks)
