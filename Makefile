@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/pystreams demo
+	$(VENV)/bin/pystreams dev examples/wordcount.py
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q

@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "groups": ("pystreams.commands.groups", "list and describe groups on a coordinator; validate a regex subscription"),
     "configs": ("pystreams.commands.configs", "describe or alter a group's dynamic configs (session timeout, heartbeat interval, ...)"),
     "sim": ("pystreams.commands.sim", "deterministic simulation: real coordinator and members, faults, invariants, many seeds"),
+    "worker": ("pystreams.commands.worker", "run an app's stream tasks as a member of its group (KIP-848, client-side task assignment)"),
     "topology": ("pystreams.commands.topology", "describe an app's topology: sub-topologies, tasks, stores and topics (or Mermaid)"),
 }
 

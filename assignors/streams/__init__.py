@@ -1,0 +1,33 @@
+"""The Streams client-side task assignor and its KIP-848 metadata."""
+from .metadata import (
+    MAXIMUM_METADATA_VERSION,
+    METADATA_VERSION,
+    MINIMUM_METADATA_VERSION,
+    AssignmentError,
+    MemberReason,
+    MetadataDecodeError,
+    StreamsAssignmentMetadata,
+    StreamsMemberMetadata,
+    decode_assignment_metadata,
+    decode_member_metadata,
+    encode_assignment_metadata,
+    encode_member_metadata,
+)
+from .sticky import ASSIGNOR_NAME, StickyTaskAssignor
+
+__all__ = [
+    "ASSIGNOR_NAME",
+    "MAXIMUM_METADATA_VERSION",
+    "METADATA_VERSION",
+    "MINIMUM_METADATA_VERSION",
+    "AssignmentError",
+    "MemberReason",
+    "MetadataDecodeError",
+    "StickyTaskAssignor",
+    "StreamsAssignmentMetadata",
+    "StreamsMemberMetadata",
+    "decode_assignment_metadata",
+    "decode_member_metadata",
+    "encode_assignment_metadata",
+    "encode_member_metadata",
+]

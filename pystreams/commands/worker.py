@@ -1,0 +1,95 @@
+"""``pystreams worker APP.py``: run an app's tasks as members of the group ``application.id``.
+
+Every option also reads a ``PYSTREAMS_*`` environment variable (the flag wins), which is how
+the Kubernetes manifests configure workers. See :mod:`pystreams.worker.process` for the design
+(one asyncio loop for the members, one engine thread per stream thread).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from pystreams.worker.process import DEFAULT_COMMIT_INTERVAL_MS
+
+HELP = "run an app's stream tasks as a member of its group (KIP-848, client-side task assignment)"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("app", help="path/to/app.py or module[:attribute]")
+    parser.add_argument("--bootstrap-servers", default=env("PYSTREAMS_BOOTSTRAP_SERVERS"),
+                        help="the Kafka cluster holding the data (env PYSTREAMS_BOOTSTRAP_SERVERS)")
+    parser.add_argument("--coordinator", default=env("PYSTREAMS_COORDINATOR"),
+                        help="HOST:PORT of the group coordinator (env PYSTREAMS_COORDINATOR)")
+    parser.add_argument("--instance-id", default=env("PYSTREAMS_INSTANCE_ID") or None,
+                        help="static membership: leave with -2 and get the same tasks back on restart (env PYSTREAMS_INSTANCE_ID)")
+    parser.add_argument("--state-dir", default=env("PYSTREAMS_STATE_DIR") or None,
+                        help="where task state lives (env PYSTREAMS_STATE_DIR; default: a temp directory)")
+    parser.add_argument("--threads", type=_positive_int, default=env("PYSTREAMS_THREADS", "1"),
+                        help="stream threads, one group member each (env PYSTREAMS_THREADS; default 1)")
+    parser.add_argument("--commit-interval-ms", type=_positive_int,
+                        default=env("PYSTREAMS_COMMIT_INTERVAL_MS", str(DEFAULT_COMMIT_INTERVAL_MS)),
+                        help=f"commit.interval.ms (env PYSTREAMS_COMMIT_INTERVAL_MS; default {DEFAULT_COMMIT_INTERVAL_MS})")
+    parser.add_argument("--user-endpoint", default=env("PYSTREAMS_USER_ENDPOINT", ""),
+                        help="HOST:PORT advertised for interactive queries (env PYSTREAMS_USER_ENDPOINT)")
+    parser.add_argument("--log-level", default=env("PYSTREAMS_LOG_LEVEL", "INFO"),
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(env PYSTREAMS_LOG_LEVEL)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pystreams.worker.process import WorkerSettings, run_worker
+
+    if not args.bootstrap_servers or not args.coordinator:
+        print("pystreams worker: --bootstrap-servers and --coordinator are required "
+              "(or PYSTREAMS_BOOTSTRAP_SERVERS and PYSTREAMS_COORDINATOR)", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    try:
+        settings = WorkerSettings(
+            app=args.app,
+            bootstrap_servers=args.bootstrap_servers,
+            coordinator=args.coordinator,
+            instance_id=args.instance_id,
+            state_dir=args.state_dir,
+            threads=int(args.threads),
+            commit_interval_ms=int(args.commit_interval_ms),
+            user_endpoint=args.user_endpoint,
+        )
+    except ValueError as error:
+        print(f"pystreams worker: {error}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        return await run_worker(settings, stop, announce=lambda line: print(line, flush=True))
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pystreams worker", description=HELP)
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,436 @@
+"""The stream-worker process: group membership (KIP-848, client-side task assignment) around
+the synchronous :class:`~pystreams.worker.engine.TaskEngine`.
+
+Design — **one asyncio loop, one engine thread per stream thread.**
+
+* The process's main thread runs one asyncio loop. It drives one :class:`MemberDriver` per
+  stream thread (heartbeats, Prepare/Install with the :class:`StickyTaskAssignor`, events) in
+  the group ``application.id`` = the app's id.
+* Each stream thread owns one :class:`TaskEngine` and one OS thread that is the only one ever
+  touching that engine: it loops *run queued commands → ``engine.poll()`` → commit when
+  ``commit_interval_ms`` has passed*. So the engine stays single-threaded, as it requires.
+* Membership events are turned into engine commands: the asyncio ``on_event`` handler puts a
+  command (add / revoke / lose tasks) on the thread's queue and awaits its completion
+  (``asyncio.wrap_future``), so the driver acknowledges a revocation only once the revoked
+  tasks are committed and closed; the driver keeps heartbeating meanwhile (events run in their
+  own task).
+* The engine's IO callbacks (``commit_offsets``, ``committed_offsets``) run on the engine
+  thread and hop onto the loop with ``run_coroutine_threadsafe``, where the driver commits
+  with its member id and epoch (OffsetCommit v9, by topic name). STALE_MEMBER_EPOCH → wait for
+  the next heartbeat (which brings the new epoch) and commit again. The loop is never blocked
+  by the engine, so these hops cannot deadlock.
+
+Tasks start only when *all* their input partitions are owned (co-partitioning: the assignor
+hands them out together; during an incremental hand-off they may arrive in several events),
+and stop as soon as any of their partitions is revoked or lost.
+
+Shutdown (SIGTERM/SIGINT): every member leaves — the member revokes everything first, so the
+tasks commit and close through the same revocation path — with epoch -1, or -2 for a static
+member (``--instance-id``) so that its restart gets its tasks back; then the engine threads
+close and the drivers stop.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import queue
+import re
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pystreams.assignors.streams import StickyTaskAssignor
+from pystreams.client.assignment import TopicIdPartition
+from pystreams.client.driver import MemberDriver
+from pystreams.client.member import (
+    LeftGroup,
+    MemberConfig,
+    MemberEvent,
+    MemberFailed,
+    PartitionsAssigned,
+    PartitionsLost,
+    RevokePartitions,
+)
+from pystreams.cluster import ClusterMetadata, TopicSpec
+from pystreams.state import TopicPartition
+from pystreams.topology.ir import TaskId
+from pystreams.topology.resolve import ResolvedTopology
+
+from .engine import EngineConfig, TaskEngine, resolve_against_cluster
+
+log = logging.getLogger(__name__)
+
+#: Kafka Streams commits every 30 s; this project's demos and tests want results sooner, and
+#: a short interval also bounds what a crash makes the next owner reprocess.
+DEFAULT_COMMIT_INTERVAL_MS = 1000
+#: How long a commit or offset fetch (made from the engine thread) may wait for the loop.
+_OFFSETS_CALL_TIMEOUT_S = 30.0
+_STALE_EPOCH_RETRIES = 5
+
+T = TypeVar("T")
+
+
+class CommitFailed(RuntimeError):
+    """The coordinator refused a commit (fenced, unknown member, ...)."""
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    app: str  # path/to/app.py or module[:attribute]
+    bootstrap_servers: str  # the Kafka cluster (data)
+    coordinator: str  # where the group coordinator is bootstrapped
+    instance_id: str | None = None
+    state_dir: str | None = None
+    threads: int = 1
+    commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
+    user_endpoint: str = ""
+    rebalance_timeout_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        if self.threads < 1:
+            raise ValueError("threads must be at least 1")
+        if self.commit_interval_ms < 1:
+            raise ValueError("commit interval must be positive")
+        if self.instance_id == "":
+            raise ValueError("instance id, when given, must be non-empty")
+
+
+def subscription_for(resolved: ResolvedTopology) -> tuple[list[str] | None, str | None]:
+    """(topic names, None), or (None, one RE2 regex) when the topology has patterns: the
+    protocol takes names *or* one regex, so names are folded into the regex as literals."""
+    topology = resolved.topology
+    names = sorted({*topology.external_source_topics, *topology.repartition_topics})
+    if not topology.source_patterns:
+        return names, None
+    alternatives = [re.escape(name) for name in names] + [f"(?:{p})" for p in topology.source_patterns]
+    return None, "|".join(alternatives)
+
+
+class TopicNames:
+    """Topic id → name, from the cluster (the coordinator derives ids the same way)."""
+
+    def __init__(self, bootstrap_servers: str) -> None:
+        self._bootstrap_servers = bootstrap_servers
+        self._names: dict[uuid.UUID, str] = {}
+        self._lock = threading.Lock()
+
+    def refresh(self) -> None:
+        with ClusterMetadata(self._bootstrap_servers) as cluster:
+            topics = cluster.fetch_topics()
+        with self._lock:
+            self._names.update({meta.topic_id: name for name, meta in topics.items()})
+
+    def name_of(self, topic_id: uuid.UUID) -> str | None:
+        with self._lock:
+            return self._names.get(topic_id)
+
+
+class StreamThread:
+    """One group member (asyncio) and the engine thread that runs its tasks."""
+
+    def __init__(
+        self,
+        index: int,
+        resolved: ResolvedTopology,
+        settings: WorkerSettings,
+        *,
+        process_id: uuid.UUID,
+        state_dir: Path,
+        topic_names: TopicNames,
+        loop: asyncio.AbstractEventLoop,
+        on_fatal: Callable[[str], None],
+    ) -> None:
+        self.index = index
+        self.resolved = resolved
+        self.name = f"stream-thread-{index}"
+        self._loop = loop
+        self._topic_names = topic_names
+        self._on_fatal = on_fatal
+        app_id = resolved.topology.app_id
+        self.engine = TaskEngine(
+            resolved,
+            EngineConfig(
+                bootstrap_servers=settings.bootstrap_servers,
+                state_dir=state_dir / self.name,
+                client_id=f"{app_id}-{process_id.hex[:8]}-{self.name}",
+                commit_interval_ms=settings.commit_interval_ms,
+                create_internal_topics=False,  # the process created them before joining
+            ),
+            committed_offsets=self._read_committed_blocking,
+            commit_offsets=self._commit_blocking,
+        )
+        self.assignor = StickyTaskAssignor(resolved, process_id=process_id, user_endpoint=settings.user_endpoint)
+        instance_id = settings.instance_id
+        if instance_id is not None and settings.threads > 1:
+            instance_id = f"{instance_id}-{index}"
+        self.driver = MemberDriver(
+            MemberConfig(
+                group_id=app_id,
+                client_id=f"{app_id}-{self.name}",
+                instance_id=instance_id,
+                rebalance_timeout_ms=settings.rebalance_timeout_ms,
+                client_assignors=[self.assignor],
+            ),
+            settings.coordinator,
+            on_event=self._on_event,
+        )
+        self._task_of_partition: dict[TopicPartition, TaskId] = {
+            TopicPartition(*pair): task for task in resolved.tasks for pair in resolved.input_partitions(task)
+        }
+        self._owned: set[TopicPartition] = set()
+        self._running: set[TaskId] = set()
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._engine_started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._engine_loop, name=self.name, daemon=True)
+        self.records_processed = 0
+
+    # -- lifecycle (asyncio side) -------------------------------------------------------------
+
+    async def start(self, topics: Sequence[str] | None, regex: str | None) -> None:
+        self._thread.start()
+        await asyncio.wrap_future(self._engine_started)
+        self.driver.subscribe(topics=topics, regex=regex)
+        await self.driver.start()
+
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Leave (revoking = committing everything), close the engine, stop the driver."""
+        try:
+            await self.driver.leave(timeout_s=timeout_s)
+        except TimeoutError:
+            log.warning("%s: leaving the group timed out", self.name)
+        except Exception:
+            log.exception("%s: leaving the group failed", self.name)
+        self._stop.set()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, timeout_s)
+        await self.driver.stop()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def running_tasks(self) -> frozenset[TaskId]:
+        return frozenset(self._running)
+
+    # -- membership events (asyncio side) -----------------------------------------------------
+
+    async def _on_event(self, event: MemberEvent) -> None:
+        if isinstance(event, PartitionsAssigned):
+            self._owned |= await self._named(event.partitions)
+            startable = sorted(
+                {task for p in self._owned if (task := self._task_of_partition.get(p)) is not None}
+                - self._running
+            )
+            ready = [t for t in startable if all(TopicPartition(*p) in self._owned for p in self.resolved.input_partitions(t))]
+            if ready:
+                await self._call_engine(lambda: self.engine.add_tasks(ready))
+                self._running |= set(ready)
+                log.info("%s: started tasks %s", self.name, ", ".join(map(str, ready)))
+        elif isinstance(event, RevokePartitions):
+            revoked = await self._named(event.partitions)
+            self._owned -= revoked
+            stopping = self._tasks_touching(revoked)
+            if stopping:
+                try:
+                    await self._call_engine(lambda: self.engine.revoke_tasks(stopping))
+                    log.info("%s: revoked tasks %s (committed)", self.name, ", ".join(map(str, stopping)))
+                except Exception:
+                    log.exception("%s: committing revoked tasks failed; dropping them", self.name)
+                    await self._call_engine(lambda: self.engine.lose_tasks(stopping))
+                self._running -= set(stopping)
+        elif isinstance(event, PartitionsLost):
+            lost = await self._named(event.partitions)
+            self._owned -= lost
+            dropping = self._tasks_touching(lost)
+            if dropping:
+                await self._call_engine(lambda: self.engine.lose_tasks(dropping))
+                self._running -= set(dropping)
+                log.warning("%s: lost tasks %s (error %d)", self.name, ", ".join(map(str, dropping)), event.error_code)
+        elif isinstance(event, MemberFailed):
+            self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
+        elif isinstance(event, LeftGroup):
+            log.info("%s: left the group (epoch %s)", self.name, event.member_epoch_sent)
+
+    def _tasks_touching(self, partitions: Iterable[TopicPartition]) -> list[TaskId]:
+        touched = {self._task_of_partition[p] for p in partitions if p in self._task_of_partition}
+        return sorted(touched & self._running)
+
+    async def _named(self, partitions: Iterable[TopicIdPartition]) -> set[TopicPartition]:
+        partitions = list(partitions)
+        if any(self._topic_names.name_of(p.topic_id) is None for p in partitions):
+            await asyncio.get_running_loop().run_in_executor(None, self._topic_names.refresh)
+        named = set()
+        for topic_id, partition in partitions:
+            name = self._topic_names.name_of(topic_id)
+            if name is None:
+                log.warning("%s: assigned partition of unknown topic id %s; ignored", self.name, topic_id)
+                continue
+            named.add(TopicPartition(name, partition))
+        return named
+
+    async def _call_engine(self, command: Callable[[], T]) -> T:
+        """Run ``command`` on the engine thread, between two polls."""
+        if not self._thread.is_alive():
+            raise RuntimeError(f"{self.name}: the engine thread is not running")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._commands.put((command, future))
+        return await asyncio.wrap_future(future)
+
+    # -- offsets (called on the engine thread; executed on the loop) --------------------------
+
+    def _commit_blocking(self, offsets: Mapping[TopicPartition, int]) -> None:
+        asyncio.run_coroutine_threadsafe(self._commit(offsets), self._loop).result(_OFFSETS_CALL_TIMEOUT_S)
+
+    async def _commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        keyed = {(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
+        for _ in range(_STALE_EPOCH_RETRIES):
+            result = await self.driver.commit_offsets(keyed)
+            if result.ok:
+                return
+            if not result.stale_member_epoch:
+                raise CommitFailed(f"commit refused: {result.failed}")
+            await self.driver.next_heartbeat()  # brings the current epoch; then commit again
+        raise CommitFailed("commit kept failing with STALE_MEMBER_EPOCH")
+
+    def _read_committed_blocking(self, partitions: Sequence[TopicPartition]) -> Mapping[TopicPartition, int]:
+        return asyncio.run_coroutine_threadsafe(self._read_committed(partitions), self._loop).result(_OFFSETS_CALL_TIMEOUT_S)
+
+    async def _read_committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
+        keys = [(tp.topic, tp.partition) for tp in partitions]
+        for attempt in range(_STALE_EPOCH_RETRIES):
+            result = await self.driver.fetch_offsets(keys)
+            if result.ok:
+                return {TopicPartition(*key): offset for key, offset in result.offsets.items() if offset >= 0}
+            log.info("%s: offset fetch failed (%s); retrying", self.name, result.errors)
+            await asyncio.sleep(0.1 * (attempt + 1))
+        raise RuntimeError(f"{self.name}: cannot read committed offsets: {result.errors}")
+
+    # -- the engine thread --------------------------------------------------------------------
+
+    def _engine_loop(self) -> None:
+        try:
+            self.engine.start()
+        except BaseException as error:
+            self._engine_started.set_exception(error)
+            return
+        self._engine_started.set_result(None)
+        try:
+            while not self._stop.is_set():
+                self._run_commands()
+                self.records_processed += self.engine.poll()
+                try:
+                    self.engine.maybe_commit()
+                except Exception:
+                    # The offsets stay uncommitted: at-least-once, the next owner reprocesses.
+                    log.exception("%s: periodic commit failed", self.name)
+            self._run_commands()
+        except BaseException as error:
+            log.exception("%s: the engine failed", self.name)
+            self._on_fatal_threadsafe(f"{self.name}: engine failed: {error!r}")
+        finally:
+            self._fail_pending_commands()
+            with contextlib.suppress(Exception):
+                # Normally nothing is left: leaving revoked (committed) every task.
+                self.engine.lose_tasks(list(self.engine.tasks))
+            with contextlib.suppress(Exception):
+                self.engine.close()
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                command, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(command())
+            except BaseException as error:
+                future.set_exception(error)
+
+    def _fail_pending_commands(self) -> None:
+        while True:
+            try:
+                _, future = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if future.set_running_or_notify_cancel():
+                future.set_exception(RuntimeError(f"{self.name}: the engine thread stopped"))
+
+    def _on_fatal_threadsafe(self, message: str) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed already
+            self._loop.call_soon_threadsafe(self._on_fatal, message)
+
+
+def default_state_dir(app_id: str, instance_id: str | None) -> Path:
+    """Kafka Streams' ``state.dir`` default is a temp directory too; an instance id keeps the
+    same directory across restarts, so a static member finds its state again."""
+    leaf = instance_id or f"process-{os.getpid()}"
+    return Path(tempfile.gettempdir()) / "pystreams" / app_id / leaf
+
+
+async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce: Callable[[str], None] = print) -> int:
+    """Run until ``stop`` is set (or a stream thread fails); the exit status."""
+    from pystreams.app import load_app
+
+    loop = asyncio.get_running_loop()
+    app = load_app(settings.app)
+    topology = app.topology()
+    resolved = await loop.run_in_executor(None, resolve_against_cluster, topology, settings.bootstrap_servers)
+    # Internal topics exist before anyone subscribes, so the first assignment includes them.
+    specs = [TopicSpec(t.name, t.partitions, configs=dict(t.config)) for t in resolved.topics_to_create()]
+
+    def prepare_cluster() -> None:
+        with ClusterMetadata(settings.bootstrap_servers) as cluster:
+            cluster.ensure_topics(specs)
+
+    await loop.run_in_executor(None, prepare_cluster)
+    topic_names = TopicNames(settings.bootstrap_servers)
+    await loop.run_in_executor(None, topic_names.refresh)
+
+    process_id = uuid.uuid4()
+    state_dir = Path(settings.state_dir) if settings.state_dir else default_state_dir(topology.app_id, settings.instance_id)
+    fatal: list[str] = []
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        log.error(message)
+        stop.set()
+
+    threads = [
+        StreamThread(
+            index, resolved, settings, process_id=process_id, state_dir=state_dir,
+            topic_names=topic_names, loop=loop, on_fatal=on_fatal,
+        )
+        for index in range(settings.threads)
+    ]
+    topics, regex = subscription_for(resolved)
+    started: list[StreamThread] = []
+    try:
+        for thread in threads:
+            await thread.start(topics, regex)
+            started.append(thread)
+        announce(
+            f"worker: app {topology.app_id!r}, {len(resolved.tasks)} tasks, {settings.threads} stream thread(s), "
+            f"process {process_id}, group {topology.app_id!r} at {settings.coordinator}"
+        )
+        await stop.wait()
+    finally:
+        announce("worker: stopping (committing and leaving the group)")
+        await asyncio.gather(*(thread.shutdown() for thread in started), return_exceptions=True)
+    processed = sum(thread.records_processed for thread in threads)
+    announce(f"worker: stopped after processing {processed} records")
+    if fatal:
+        for message in fatal:
+            announce(f"worker: {message}")
+        return 1
+    return 0
+
