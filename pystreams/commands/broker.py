@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
+from pystreams.commands import options
+
 HELP = "run the embedded Kafka-compatible broker (Tansu, memory storage) on 127.0.0.1"
 
 PORT_ENV = "PYSTREAMS_BROKER_PORT"
@@ -35,24 +37,6 @@ Stops cleanly on Ctrl-C (SIGINT) or SIGTERM.
 """
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port out of range 0-65535: {value}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {value:g}")
-    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     # variable is reported as a usage error of this command only, at parse time.
     parser.add_argument(
         "--port",
-        type=_port,
+        type=options.port,
         default=os.environ.get(PORT_ENV, str(DEFAULT_PORT)),
         help=f"TCP port to listen on; 0 picks a free port (default: {DEFAULT_PORT}, env {PORT_ENV})",
     )
@@ -75,7 +59,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--startup-timeout",
-        type=_positive_seconds,
+        type=options.positive_seconds,
         default=os.environ.get(STARTUP_TIMEOUT_ENV, str(DEFAULT_STARTUP_TIMEOUT)),
         metavar="SECONDS",
         help="give up if the broker does not answer Kafka requests by then "

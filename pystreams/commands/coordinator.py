@@ -23,6 +23,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from pystreams.commands import options
+
 HELP = "run the KIP-848 group coordinator server (Kafka protocol, record log, metrics)"
 
 DEFAULT_LISTEN = "127.0.0.1:9093"
@@ -48,32 +50,6 @@ class _Option:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-def _host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port out of range 0-65535: {value}")
-    return value
-
 
 _CLUSTER_OPTIONS = [
     _Option("--bootstrap-servers", "PYSTREAMS_BOOTSTRAP_SERVERS", None,
@@ -88,38 +64,38 @@ _CLUSTER_OPTIONS = [
 
 _SERVER_OPTIONS = [
     _Option("--listen", "PYSTREAMS_LISTEN", DEFAULT_LISTEN,
-            "address to serve the Kafka protocol on; port 0 picks a free port", {"type": _host_port, "metavar": "HOST:PORT"}),
+            "address to serve the Kafka protocol on; port 0 picks a free port", {"type": options.host_port, "metavar": "HOST:PORT"}),
     _Option("--advertised-listener", "PYSTREAMS_ADVERTISED_LISTENER", None,
             "address clients are told to connect to (needed when --listen binds 0.0.0.0)",
-            {"type": _host_port, "metavar": "HOST:PORT"}),
+            {"type": options.host_port, "metavar": "HOST:PORT"}),
     _Option("--shards", "PYSTREAMS_SHARDS", str(DEFAULT_SHARDS),
             "number of shards = partitions of the log topic; cannot change once the topic exists",
-            {"type": _positive_int, "metavar": "N"}),
+            {"type": options.positive_int, "metavar": "N"}),
     _Option("--metrics-port", "PYSTREAMS_METRICS_PORT", None,
             "serve Prometheus metrics (GET /metrics, GET /ready) on this port; 0 picks one; off by default",
-            {"type": _port, "metavar": "PORT"}),
+            {"type": options.port, "metavar": "PORT"}),
     _Option("--metrics-host", "PYSTREAMS_METRICS_HOST", None,
             "address for the metrics endpoint (default: the --listen host)", {"metavar": "HOST"}),
     _Option("--session-timeout-ms", "PYSTREAMS_SESSION_TIMEOUT_MS", str(_SESSION_DEFAULTS[0]),
-            "group.consumer.session.timeout.ms", {"type": _positive_int, "metavar": "MS"}),
+            "group.consumer.session.timeout.ms", {"type": options.positive_int, "metavar": "MS"}),
     _Option("--min-session-timeout-ms", "PYSTREAMS_MIN_SESSION_TIMEOUT_MS", None,
             "group.consumer.min.session.timeout.ms (default: 45000, or the session timeout if lower)",
-            {"type": _positive_int, "metavar": "MS"}),
+            {"type": options.positive_int, "metavar": "MS"}),
     _Option("--max-session-timeout-ms", "PYSTREAMS_MAX_SESSION_TIMEOUT_MS", None,
             "group.consumer.max.session.timeout.ms (default: 60000, or the session timeout if higher)",
-            {"type": _positive_int, "metavar": "MS"}),
+            {"type": options.positive_int, "metavar": "MS"}),
     _Option("--heartbeat-interval-ms", "PYSTREAMS_HEARTBEAT_INTERVAL_MS", str(_HEARTBEAT_DEFAULTS[0]),
-            "group.consumer.heartbeat.interval.ms", {"type": _positive_int, "metavar": "MS"}),
+            "group.consumer.heartbeat.interval.ms", {"type": options.positive_int, "metavar": "MS"}),
     _Option("--min-heartbeat-interval-ms", "PYSTREAMS_MIN_HEARTBEAT_INTERVAL_MS", None,
             "group.consumer.min.heartbeat.interval.ms (default: 5000, or the interval if lower)",
-            {"type": _positive_int, "metavar": "MS"}),
+            {"type": options.positive_int, "metavar": "MS"}),
     _Option("--max-heartbeat-interval-ms", "PYSTREAMS_MAX_HEARTBEAT_INTERVAL_MS", None,
             "group.consumer.max.heartbeat.interval.ms (default: 15000, or the interval if higher)",
-            {"type": _positive_int, "metavar": "MS"}),
+            {"type": options.positive_int, "metavar": "MS"}),
     _Option("--metadata-refresh-ms", "PYSTREAMS_METADATA_REFRESH_MS", "5000",
-            "how often topic metadata is read from the cluster", {"type": _positive_int, "metavar": "MS"}),
+            "how often topic metadata is read from the cluster", {"type": options.positive_int, "metavar": "MS"}),
     _Option("--event-queue-size", "PYSTREAMS_EVENT_QUEUE_SIZE", "1024",
-            "events a shard queues before callers wait", {"type": _positive_int, "metavar": "N"}),
+            "events a shard queues before callers wait", {"type": options.positive_int, "metavar": "N"}),
     _Option("--log-level", "PYSTREAMS_LOG_LEVEL", "INFO",
             "logging level of the coordinator's own log (stderr)",
             {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"], "type": str.upper}),
@@ -205,10 +181,10 @@ def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | Non
         bootstrap_servers=bootstrap,
         log=log_kind,
         log_topic=log_topic or getattr(args, "log_topic", None) or DEFAULT_LOG_TOPIC,
-        listen=_parse(args.listen, _host_port),
-        advertised=_parse(args.advertised_listener, _host_port) if args.advertised_listener else None,
-        shards=_parse(args.shards, _positive_int),
-        metrics_port=_parse(metrics_port, _port) if metrics_port not in (None, "") else None,
+        listen=_parse(args.listen, options.host_port),
+        advertised=_parse(args.advertised_listener, options.host_port) if args.advertised_listener else None,
+        shards=_parse(args.shards, options.positive_int),
+        metrics_port=_parse(metrics_port, options.port) if metrics_port not in (None, "") else None,
         metrics_host=args.metrics_host,
         config=config,
         metadata_refresh_ms=_parse(args.metadata_refresh_ms, int),

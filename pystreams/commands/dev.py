@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from pystreams.commands import options
 from pystreams.commands import coordinator as coordinator_command
 
 HELP = "start the embedded Kafka broker and a coordinator together for local development"
@@ -57,7 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="optional app (path/to/app.py) to run in worker processes")
     parser.add_argument(
         "--broker-port",
-        type=coordinator_command._port,
+        type=options.port,
         default=os.environ.get(BROKER_PORT_ENV, str(DEFAULT_BROKER_PORT)),
         help=f"port of the embedded broker; 0 picks a free port (default: {DEFAULT_BROKER_PORT}, env {BROKER_PORT_ENV})",
     )

@@ -13,16 +13,11 @@ import os
 import signal
 import sys
 
+from pystreams.commands import options
 from pystreams.worker.process import DEFAULT_COMMIT_INTERVAL_MS
 
 HELP = "run an app's stream tasks as a member of its group (KIP-848, client-side task assignment)"
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -36,9 +31,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="static membership: leave with -2 and get the same tasks back on restart (env PYSTREAMS_INSTANCE_ID)")
     parser.add_argument("--state-dir", default=env("PYSTREAMS_STATE_DIR") or None,
                         help="where task state lives (env PYSTREAMS_STATE_DIR; default: a temp directory)")
-    parser.add_argument("--threads", type=_positive_int, default=env("PYSTREAMS_THREADS", "1"),
+    parser.add_argument("--threads", type=options.positive_int, default=env("PYSTREAMS_THREADS", "1"),
                         help="stream threads, one group member each (env PYSTREAMS_THREADS; default 1)")
-    parser.add_argument("--commit-interval-ms", type=_positive_int,
+    parser.add_argument("--commit-interval-ms", type=options.positive_int,
                         default=env("PYSTREAMS_COMMIT_INTERVAL_MS", str(DEFAULT_COMMIT_INTERVAL_MS)),
                         help=f"commit.interval.ms (env PYSTREAMS_COMMIT_INTERVAL_MS; default {DEFAULT_COMMIT_INTERVAL_MS})")
     parser.add_argument("--user-endpoint", default=env("PYSTREAMS_USER_ENDPOINT", ""),

@@ -1,0 +1,43 @@
+"""Value parsers the commands share for argparse options and PYSTREAMS_* variables."""
+from __future__ import annotations
+
+import argparse
+
+
+def port(text: str) -> int:
+    """0-65535; 0 asks for a free port."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port out of range 0-65535: {value}")
+    return value
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 hosts in brackets); an empty host means every interface."""
+    host, sep, number = text.strip().rpartition(":")
+    if not sep or not number.isdigit() or not 0 <= int(number) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(number)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {value:g}")
+    return value
