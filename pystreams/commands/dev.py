@@ -62,7 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get(BROKER_PORT_ENV, str(DEFAULT_BROKER_PORT)),
         help=f"port of the embedded broker; 0 picks a free port (default: {DEFAULT_BROKER_PORT}, env {BROKER_PORT_ENV})",
     )
-    parser.add_argument("--workers", type=coordinator_command._positive_int, default=2,
+    parser.add_argument("--workers", type=options.positive_int, default=2,
                         help="worker processes to run the app in (default: 2)")
     parser.add_argument("--corpus", default=None,
                         help="text fed to text-lines for a word-count app (default: data/corpus.txt next to the app)")
