@@ -1060,6 +1060,13 @@ class App:
 
 # --------------------------------------------------------------------------- helpers
 
+    def to_spark(self, spark, **options):
+        """This app as Spark Structured Streaming queries on ``spark`` (for spark-submit users);
+        see ``pystreams.topology.spark.to_spark`` for the options."""
+        from pystreams.topology.spark import to_spark
+
+        return to_spark(self, spark, **options)
+
 
 def _callable(fn: Any, what: str = "function") -> Callable:
     """Check that ``fn`` is a plain synchronous callable: runtimes call it inline, per record."""

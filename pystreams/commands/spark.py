@@ -78,23 +78,25 @@ def run(args: argparse.Namespace) -> int:
 
     checkpoint = args.checkpoint or str(Path(".pystreams-spark") / topology.app_id)
     spark = local_session(args.master, f"pystreams-{topology.app_id}")
+    job = None
     try:
-        writer = to_spark(app, spark, bootstrap_servers=args.bootstrap_servers, checkpoint=checkpoint)
-        writer = writer.trigger(availableNow=True) if args.once else writer
-        query = writer.start()
+        job = to_spark(app, spark, bootstrap_servers=args.bootstrap_servers, checkpoint=checkpoint)
+        job.start(available_now=args.once)
         print(
-            f"pystreams spark: {topology.app_id} running on {args.master}"
+            f"pystreams spark: {topology.app_id} running on {args.master}: {len(job.queries)} queries"
             f" ({'backfill' if args.once else 'streaming'}; checkpoint {checkpoint})",
             file=sys.stderr,
         )
-        query.awaitTermination()
-        if query.exception() is not None:
-            print(f"pystreams spark: query failed: {query.exception()}", file=sys.stderr)
+        try:
+            job.await_termination()
+        except Exception as error:  # a failed query raises StreamingQueryException here
+            print(f"pystreams spark: query failed: {error}", file=sys.stderr)
+            job.stop()
             return 1
         return 0
     except KeyboardInterrupt:
-        for active in spark.streams.active:
-            active.stop()
+        if job is not None:
+            job.stop()
         return 130
     finally:
         spark.stop()

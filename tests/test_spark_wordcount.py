@@ -1,0 +1,333 @@
+"""The Spark runtime against the embedded broker: the word count example gives the same final
+table as the worker's TaskEngine, survives a stop mid-stream and a restart from its checkpoint,
+and apps Spark cannot run fail at compile time naming the node.
+
+Example topic names are fixed, so each test starts its own broker (they start in milliseconds);
+the Spark session (≈ 5 s to start) is shared by the module.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KafkaTopicPartition
+
+from pystreams import serdes
+from pystreams.app import load_app
+from pystreams.broker import EmbeddedBroker
+from pystreams.cluster import ClusterMetadata, TopicSpec
+from pystreams.topology.spark import SparkCompileError, compile_topology
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+WAIT_S = 60.0
+
+pytestmark = pytest.mark.integration
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "The dog barks",
+    "a fox a dog a cat",
+    "   spaced    out   words  ",
+    "the end",
+] * 20
+
+
+def expected_counts(lines: Iterable[str]) -> dict[str, int]:
+    return dict(collections.Counter(word for line in lines for word in line.lower().split()))
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    from pystreams.topology.spark.session import local_session
+
+    session = local_session("local[2]", "pystreams-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def broker() -> Iterator[str]:
+    with EmbeddedBroker() as embedded:
+        yield embedded.bootstrap_servers
+
+
+def prepare_wordcount_topics(bootstrap: str) -> None:
+    with ClusterMetadata(bootstrap) as cluster:
+        cluster.ensure_topics([TopicSpec("text-lines", 3), TopicSpec("word-counts", 3)])
+
+
+def produce_lines(bootstrap: str, lines: Iterable[str], prefix: str = "") -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    try:
+        for i, line in enumerate(lines):
+            producer.send("text-lines", key=f"{prefix}{i}".encode(), value=line.encode())
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def read_table(bootstrap: str, topic: str = "word-counts") -> dict[str, int]:
+    """Latest value per key of ``topic``; the end is found by fetching (the embedded broker's
+    end offsets can stop short)."""
+    from pystreams.topology.spark.kafka_source import true_end_offsets
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    try:
+        partitions = [KafkaTopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        ends = true_end_offsets(consumer, partitions)
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        table: dict[str, int] = {}
+        deadline = time.monotonic() + WAIT_S
+        while any(consumer.position(p) < ends[p] for p in partitions):
+            assert time.monotonic() < deadline, f"could not read {topic} to its end"
+            for _, records in sorted(consumer.poll(timeout_ms=200).items()):
+                for record in records:
+                    table[serdes.Text().deserialize(record.key)] = serdes.Int().deserialize(record.value)
+        return table
+    finally:
+        consumer.close()
+
+
+def run_task_engine(bootstrap: str, state_dir: Path, lines_and_words: int) -> None:
+    from pystreams.worker import EngineConfig, TaskEngine, resolve_against_cluster
+
+    topology = load_app(str(EXAMPLES / "wordcount.py")).topology()
+    resolved = resolve_against_cluster(topology, bootstrap)
+    engine = TaskEngine(resolved, EngineConfig(bootstrap, state_dir, commit_interval_ms=200))
+    engine.start()
+    try:
+        engine.add_tasks(resolved.tasks)
+        engine.run(until=lambda: engine.records_processed >= lines_and_words, timeout_s=WAIT_S)
+        assert engine.records_processed == lines_and_words
+    finally:
+        engine.close()
+
+
+def wordcount_job(spark: Any, bootstrap: str, checkpoint: Path) -> Any:
+    from pystreams.topology.spark import to_spark
+
+    app = load_app(str(EXAMPLES / "wordcount.py"))
+    return to_spark(app, spark, bootstrap_servers=bootstrap, checkpoint=str(checkpoint))
+
+
+def test_wordcount_on_spark_matches_the_task_engine(spark: Any, tmp_path: Path) -> None:
+    words = sum(expected_counts(CORPUS).values())
+    with EmbeddedBroker() as workers_broker, EmbeddedBroker() as spark_broker:
+        for bootstrap in (workers_broker.bootstrap_servers, spark_broker.bootstrap_servers):
+            prepare_wordcount_topics(bootstrap)
+            produce_lines(bootstrap, CORPUS)
+
+        run_task_engine(workers_broker.bootstrap_servers, tmp_path / "state", len(CORPUS) + words)
+        workers_table = read_table(workers_broker.bootstrap_servers)
+
+        job = wordcount_job(spark, spark_broker.bootstrap_servers, tmp_path / "checkpoint")
+        job.start(available_now=True)
+        assert job.await_termination(WAIT_S)
+        spark_table = read_table(spark_broker.bootstrap_servers)
+
+    assert workers_table == expected_counts(CORPUS)
+    assert spark_table == workers_table
+
+
+def test_stop_mid_stream_and_restart_from_the_checkpoint(spark: Any, broker: str, tmp_path: Path) -> None:
+    prepare_wordcount_topics(broker)
+    checkpoint = tmp_path / "checkpoint"
+    first, second, third = CORPUS[:40], CORPUS[40:70], CORPUS[70:] + ["zebra fox"]
+    produce_lines(broker, first, "a")
+
+    job = wordcount_job(spark, broker, checkpoint)
+    (query,) = [writer.trigger(processingTime="200 milliseconds").start() for writer in job.writers.values()]
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while read_table(broker) != expected_counts(first):
+            assert query.exception() is None, query.exception()
+            assert time.monotonic() < deadline, "the first lines were never counted"
+            time.sleep(0.3)
+        produce_lines(broker, second, "b")  # arrives while the query runs...
+        time.sleep(0.5)
+    finally:
+        query.stop()  # ...and the stop may land in the middle of it
+    produce_lines(broker, third, "c")  # written while no query runs
+
+    restarted = wordcount_job(spark, broker, checkpoint)
+    restarted.start(available_now=True)
+    assert restarted.await_termination(WAIT_S)
+    assert read_table(broker) == expected_counts(first + second + third)
+
+    # A second backfill from the same checkpoint finds nothing new: the table is unchanged.
+    again = wordcount_job(spark, broker, checkpoint)
+    again.start(available_now=True)
+    assert again.await_termination(WAIT_S)
+    assert read_table(broker) == expected_counts(first + second + third)
+
+
+@pytest.mark.parametrize(
+    ("example", "node", "reason"),
+    [
+        ("dedupe_processor.py", "Dedupe", "low-level processors"),
+        ("orders_enrich_join.py", "enriched", "stream-table joins"),
+    ],
+)
+def test_unsupported_constructs_fail_at_compile_time_naming_the_node(example: str, node: str, reason: str) -> None:
+    topology = load_app(str(EXAMPLES / example)).topology()
+    with pytest.raises(SparkCompileError) as raised:
+        compile_topology(topology)
+    assert f"node {node!r}" in str(raised.value)
+    assert reason in str(raised.value)
+    assert raised.value.nodes == (node,)
+
+
+def test_session_windows_fail_at_compile_time_naming_the_node() -> None:
+    topology = load_app(str(EXAMPLES / "clicks_windowed.py")).topology()
+    with pytest.raises(SparkCompileError, match="node .user_sessions. .*SessionWindow"):
+        compile_topology(topology, topics_matching=lambda pattern: ["clicks.eu"])
+
+
+WINDOWED_APP = '''
+import pystreams as ps
+from pystreams.app import HoppingWindow, TumblingWindow
+
+app = ps.App("views")
+views = app.topic("page-views", value=ps.serdes.Json())
+
+
+@app.group_by(views)
+def by_page(key, view):
+    return view["page"]
+
+
+per_minute = app.count(by_page, store="views-per-minute", window=TumblingWindow(size=60_000, grace=10_000))
+per_minute.to("views-per-minute")
+
+
+@app.aggregate(by_page, store="bytes-5m", initial=0, window=HoppingWindow(size=300_000, advance=60_000, grace=10_000))
+def bytes_5m(total, page, view):
+    return total + view["bytes"]
+
+
+bytes_5m.to("bytes-5m")
+'''
+
+
+def read_windowed_table(bootstrap: str, topic: str) -> dict[tuple[str, int, int], int]:
+    key_serde = serdes.WindowedKey(serdes.Text())
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    from pystreams.topology.spark.kafka_source import true_end_offsets
+
+    try:
+        partitions = [KafkaTopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        ends = true_end_offsets(consumer, partitions)
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        table: dict[tuple[str, int, int], int] = {}
+        deadline = time.monotonic() + WAIT_S
+        while any(consumer.position(p) < ends[p] for p in partitions):
+            assert time.monotonic() < deadline, f"could not read {topic} to its end"
+            for _, records in sorted(consumer.poll(timeout_ms=200).items()):
+                for record in records:
+                    windowed = key_serde.deserialize(record.key)
+                    table[(windowed.key, windowed.start_ms, windowed.end_ms)] = serdes.Int().deserialize(record.value)
+        return table
+    finally:
+        consumer.close()
+
+
+def test_tumbling_and_hopping_aggregations_match_the_task_engine(spark: Any, tmp_path: Path) -> None:
+    import json
+
+    from pystreams.topology.spark import to_spark
+    from pystreams.worker import EngineConfig, TaskEngine, resolve_against_cluster
+
+    app_file = tmp_path / "views_app.py"
+    app_file.write_text(WINDOWED_APP)
+    base = 1_700_000_000_000 - 1_700_000_000_000 % 60_000
+    # Slightly out of order, but never later than the grace period (both runtimes keep all).
+    offsets_s = [0, 5, 61, 58, 125, 130, 300, 299, 301, 420, 415, 600]
+    events = [
+        (f"p{i % 3}", {"page": f"page{i % 4}", "bytes": 100 + i}, base + seconds * 1000)
+        for i, seconds in enumerate(seconds for seconds in offsets_s for _ in range(3))
+    ]
+    tables = {}
+    with EmbeddedBroker() as workers_broker, EmbeddedBroker() as spark_broker:
+        for bootstrap in (workers_broker.bootstrap_servers, spark_broker.bootstrap_servers):
+            with ClusterMetadata(bootstrap) as cluster:
+                cluster.ensure_topics(
+                    [TopicSpec("page-views", 2), TopicSpec("views-per-minute", 2), TopicSpec("bytes-5m", 2)]
+                )
+            producer = KafkaProducer(bootstrap_servers=bootstrap)
+            for key, value, timestamp in events:
+                producer.send("page-views", key=key.encode(), value=json.dumps(value).encode(), timestamp_ms=timestamp)
+            producer.flush()
+            producer.close()
+
+        bootstrap = workers_broker.bootstrap_servers
+        resolved = resolve_against_cluster(load_app(str(app_file)).topology(), bootstrap)
+        engine = TaskEngine(resolved, EngineConfig(bootstrap, tmp_path / "state", commit_interval_ms=200))
+        engine.start()
+        try:
+            engine.add_tasks(resolved.tasks)
+            # Each event is processed twice: from page-views, then from the repartition topic.
+            engine.run(until=lambda: engine.records_processed >= 2 * len(events), timeout_s=WAIT_S)
+        finally:
+            engine.close()
+        tables["workers"] = {t: read_windowed_table(bootstrap, t) for t in ("views-per-minute", "bytes-5m")}
+
+        bootstrap = spark_broker.bootstrap_servers
+        job = to_spark(load_app(str(app_file)), spark, bootstrap_servers=bootstrap, checkpoint=str(tmp_path / "cp"))
+        assert len(job.start(available_now=True)) == 2  # one query per sink
+        assert job.await_termination(WAIT_S)
+        tables["spark"] = {t: read_windowed_table(bootstrap, t) for t in ("views-per-minute", "bytes-5m")}
+
+    assert sum(tables["workers"]["views-per-minute"].values()) == len(events)
+    assert tables["spark"] == tables["workers"]
+
+
+def test_cli_once_backfills_and_exits(broker: str, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("pyspark")
+    prepare_wordcount_topics(broker)
+    produce_lines(broker, CORPUS[:25])
+    env = {**os.environ, "PYSTREAMS_BOOTSTRAP_SERVERS": broker, "PYSTREAMS_SPARK_ONCE": "1"}
+    command = [sys.executable, "-m", "pystreams", "spark", str(EXAMPLES / "wordcount.py"), "--checkpoint", str(tmp_path / "cp")]
+    finished = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "Python data source" in finished.stderr  # the source choice is logged
+    assert read_table(broker) == expected_counts(CORPUS[:25])
+
+
+def test_cli_reports_unsupported_nodes_without_starting_spark(capsys: pytest.CaptureFixture[str]) -> None:
+    from pystreams.cli import main
+
+    assert main(["spark", str(EXAMPLES / "dedupe_processor.py")]) == 1
+    assert "node 'Dedupe' (processor) cannot run on Spark" in capsys.readouterr().err
+
+
+def test_an_aggregation_of_an_aggregation_fails_at_compile_time_naming_the_node() -> None:
+    from pystreams.app import App
+
+    app = App("chained")
+    events = app.topic("events", value=serdes.Text())
+
+    @app.group_by(events)
+    def by_value(key: Any, value: str) -> str:
+        return value
+
+    per_value = app.count(by_value, store="per-value")
+
+    @app.group_by(app.to_stream(per_value))
+    def by_count(value: str, count: int) -> str:
+        return str(count)
+
+    app.count(by_count, store="values-per-count", name="values-per-count").to("values-per-count")
+    with pytest.raises(SparkCompileError, match="node 'values-per-count' .*aggregates the output of aggregation 'per-value'"):
+        compile_topology(app.topology())

@@ -1,0 +1,666 @@
+"""Compile a pystreams topology into Spark Structured Streaming queries (one per sink).
+
+The compiled plan, per node kind:
+
+* sources read Kafka (Spark's connector when present, else our Python data source);
+* stateless steps (map, filter, flat-map, select-key, branch, peek, ...) are fused into one
+  vectorized ``mapInArrow`` per chain: Arrow batches in, user functions over deserialized
+  records, Arrow batches out — never one Py4J call per row;
+* repartition topics disappear: Spark shuffles for the aggregation itself;
+* count/reduce/aggregate run the user's function per key with ``applyInPandasWithState``
+  (state = the accumulator in the store's serde) and emit the latest value of each key
+  updated in a micro-batch, like the worker runtime's cached table; tumbling and hopping
+  windows group by ``window()`` start with a watermark of ``grace`` and an event-time timeout
+  that forgets a window once the watermark passes its end plus grace;
+* every sink writes through ``foreachBatch`` with a kafka-python producer (Python sinks do not
+  support update mode), serializing with the sink's serdes, so outputs are byte-identical to
+  the worker runtime's.
+
+What does not compile raises ``SparkCompileError`` naming the node, before Spark starts.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pystreams.topology.errors import TopologyError
+from pystreams.topology.ir import Node, NodeKind, Topology
+
+from pystreams.topology.windows import HoppingWindow, TumblingWindow, Windowed
+
+from .serdes import ShippedSerde, serde_recipe
+
+log = logging.getLogger(__name__)
+
+#: key, value (deserialized) and timestamp in epoch ms.
+Record = tuple[Any, Any, int]
+Step = Callable[[Iterable[Record]], Iterator[Record]]
+ROWS = "key binary, value binary, ts long"
+SINK_ROWS = "topic string, key binary, value binary, ts long"
+
+
+class SparkCompileError(TopologyError):
+    """A node that the Spark runtime cannot execute; the message says which and why."""
+
+
+def _unsupported(node: Node, reason: str) -> SparkCompileError:
+    return SparkCompileError(f"node {node.name!r} ({node.kind}) cannot run on Spark: {reason}", nodes=[node.name])
+
+
+# -- the plan (plain data; no Spark needed to build it) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    node: str
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Flow:
+    """Records of ``base`` (bytes in ``base_key``/``base_value``) after ``steps``, which leave
+    objects that ``key_serde``/``value_serde`` serialize."""
+
+    base: Any  # SourcePlan | UnionPlan | AggregatePlan
+    base_key: ShippedSerde
+    base_value: ShippedSerde
+    steps: tuple[Step, ...]
+    key_serde: ShippedSerde
+    value_serde: ShippedSerde
+
+
+@dataclass(frozen=True)
+class UnionPlan:
+    node: str
+    inputs: tuple[Flow, ...]
+
+
+@dataclass(frozen=True)
+class AggregatePlan:
+    node: str
+    input: Flow
+    kind: NodeKind
+    fn: Callable[[Any, Any, Any], Any]
+    initial: Any
+    out_key: ShippedSerde
+    accumulator: ShippedSerde
+    #: Tumbling or hopping windows; None for a plain per-key aggregation.
+    window: TumblingWindow | HoppingWindow | None = None
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    node: str
+    topic: str
+    input: Flow
+
+
+@dataclass(frozen=True)
+class SparkPlan:
+    topology: Topology
+    source_topics: tuple[str, ...]
+    sinks: tuple[SinkPlan, ...]
+    stateful_nodes: tuple[str, ...] = field(default=())
+
+
+# -- steps: small generators over records, fused at run time --------------------------------------
+
+
+def _map_step(fn: Callable) -> Step:
+    def step(records: Iterable[Record]) -> Iterator[Record]:
+        for key, value, ts in records:
+            new_key, new_value = fn(key, value)
+            yield new_key, new_value, ts
+
+    return step
+
+
+def _map_values_step(fn: Callable) -> Step:
+    def step(records: Iterable[Record]) -> Iterator[Record]:
+        for key, value, ts in records:
+            yield key, fn(key, value), ts
+
+    return step
+
+
+def _flat_map_step(fn: Callable) -> Step:
+    def step(records: Iterable[Record]) -> Iterator[Record]:
+        for key, value, ts in records:
+            for new_key, new_value in fn(key, value):
+                yield new_key, new_value, ts
+
+    return step
+
+
+def _flat_map_values_step(fn: Callable) -> Step:
+    def step(records: Iterable[Record]) -> Iterator[Record]:
+        for key, value, ts in records:
+            for new_value in fn(key, value):
+                yield key, new_value, ts
+
+    return step
+
+
+def _filter_step(predicate: Callable[[Any, Any], bool]) -> Step:
+    def step(records: Iterable[Record]) -> Iterator[Record]:
+        return (record for record in records if predicate(record[0], record[1]))
+
+    return step
+
+
+def _peek_step(fn: Callable) -> Step:
+    def step(records: Iterable[Record]) -> Iterator[Record]:
+        for record in records:
+            fn(record[0], record[1])
+            yield record
+
+    return step
+
+
+def _select_key_step(fn: Callable) -> Step:
+    def step(records: Iterable[Record]) -> Iterator[Record]:
+        for key, value, ts in records:
+            yield fn(key, value), value, ts
+
+    return step
+
+
+def _branch_step(fn: Callable, label: str) -> Step:
+    def step(records: Iterable[Record]) -> Iterator[Record]:
+        return (record for record in records if fn(record[0], record[1]) == label)
+
+    return step
+
+
+def _timestamp_step(extractor: Callable[[Any, Any, int], int]) -> Step:
+    def step(records: Iterable[Record]) -> Iterator[Record]:
+        for key, value, ts in records:
+            yield key, value, extractor(key, value, ts)
+
+    return step
+
+
+# -- compile: topology -> plan ----------------------------------------------------------------------
+
+_STATELESS_STEPS: dict[NodeKind, Callable[[Callable], Step]] = {
+    NodeKind.MAP: _map_step,
+    NodeKind.MAP_VALUES: _map_values_step,
+    NodeKind.FLAT_MAP: _flat_map_step,
+    NodeKind.FLAT_MAP_VALUES: _flat_map_values_step,
+    NodeKind.FILTER: _filter_step,
+    NodeKind.PEEK: _peek_step,
+    NodeKind.SELECT_KEY: _select_key_step,
+}
+_PASS_THROUGH = frozenset({NodeKind.BRANCH, NodeKind.TO_STREAM})
+_AGGREGATIONS = frozenset({NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE})
+
+
+def _shipped(node: Node, serde: Any) -> ShippedSerde:
+    if serde_recipe(serde) is None:
+        import pickle
+
+        try:
+            pickle.dumps(serde)
+        except Exception as error:
+            raise _unsupported(node, f"its serde {serde.name!r} cannot be shipped to Spark workers ({error})") from None
+    return ShippedSerde(serde)
+
+
+def compile_topology(topology: Topology, *, topics_matching: Callable[[str], list[str]] | None = None) -> SparkPlan:
+    """Check every node and build the plan. ``topics_matching(pattern)`` expands pattern
+    sources (the cluster's topics that fully match); without it, pattern sources fail."""
+    flows: dict[str, Flow] = {}
+    sinks: list[SinkPlan] = []
+    source_topics: list[str] = []
+    stateful: list[str] = []
+    repartition_flows: dict[str, Flow] = {}
+
+    def parent_flow(node: Node) -> Flow:
+        (parent,) = node.parents
+        return flows[parent]
+
+    def then(node: Node, flow: Flow, step: Step | None) -> Flow:
+        steps = flow.steps + ((step,) if step is not None else ())
+        return Flow(flow.base, flow.base_key, flow.base_value, steps, _shipped(node, node.key_serde), _shipped(node, node.value_serde))
+
+    for node in _in_dependency_order(topology):
+        kind = node.kind
+        if kind in (NodeKind.SOURCE, NodeKind.TABLE_SOURCE) and node.internal:
+            flow = next((repartition_flows[t] for t in node.topics if t in repartition_flows), None)
+            if flow is None:
+                raise _unsupported(node, f"no repartition sink writes {node.topics}")
+            # Spark shuffles by key itself: the repartition topic is only a change of serdes.
+            flows[node.name] = then(node, flow, None)
+        elif kind in (NodeKind.SOURCE, NodeKind.TABLE_SOURCE):
+            if kind is NodeKind.TABLE_SOURCE and any(
+                topology.nodes[child].kind is NodeKind.STREAM_TABLE_JOIN for child in node.children
+            ):
+                raise _unsupported(node, "tables read by stream-table joins are not compiled to Spark yet")
+            topics = list(node.topics)
+            if node.pattern is not None:
+                if topics_matching is None:
+                    raise _unsupported(node, f"pattern source {node.pattern!r} needs the cluster's topic list")
+                topics = topics_matching(node.pattern)
+                if not topics:
+                    raise _unsupported(node, f"no topic matches the pattern {node.pattern!r}")
+            source_topics.extend(t for t in topics if t not in source_topics)
+            key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+            steps = (_timestamp_step(node.timestamp_extractor),) if node.timestamp_extractor else ()
+            flows[node.name] = Flow(SourcePlan(node.name, tuple(topics)), key, value, steps, key, value)
+        elif kind in _STATELESS_STEPS:
+            assert node.fn is not None
+            flows[node.name] = then(node, parent_flow(node), _STATELESS_STEPS[kind](node.fn))
+        elif kind in _PASS_THROUGH:
+            flows[node.name] = then(node, parent_flow(node), None)
+        elif kind is NodeKind.BRANCH_OUTPUT:
+            (branch_name,) = node.parents
+            branch = topology.nodes[branch_name]
+            assert branch.fn is not None
+            flows[node.name] = then(node, flows[branch_name], _branch_step(branch.fn, node.branches[0]))
+        elif kind is NodeKind.MERGE:
+            if any(topology.nodes[p].kind is NodeKind.STREAM_STREAM_JOIN for p in node.parents):
+                raise _unsupported(node, "stream-stream joins are not compiled to Spark yet")
+            key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+            union = UnionPlan(node.name, tuple(flows[p] for p in node.parents))
+            flows[node.name] = Flow(union, key, value, (), key, value)
+        elif kind in _AGGREGATIONS:
+            if node.window is not None and not isinstance(node.window, TumblingWindow | HoppingWindow):
+                raise _unsupported(node, f"windowed aggregations over {type(node.window).__name__} are not compiled to Spark yet")
+            assert node.fn is not None
+            flow = parent_flow(node)
+            out_key, accumulator = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+            plan = AggregatePlan(node.name, flow, kind, node.fn, node.initial, out_key, accumulator, node.window)
+            stateful.append(node.name)
+            flows[node.name] = Flow(plan, out_key, accumulator, (), out_key, accumulator)
+        elif kind is NodeKind.SINK:
+            flow = then(node, parent_flow(node), None)
+            if node.internal:
+                repartition_flows[node.topics[0]] = flow
+            else:
+                sinks.append(SinkPlan(node.name, node.topics[0], flow))
+        elif kind is NodeKind.PROCESSOR:
+            raise _unsupported(node, "low-level processors (Processor classes with their own stores and punctuations) have no Spark equivalent")
+        elif kind is NodeKind.STREAM_STREAM_JOIN:
+            raise _unsupported(node, "stream-stream joins are not compiled to Spark yet")
+        elif kind is NodeKind.STREAM_TABLE_JOIN:
+            raise _unsupported(node, "stream-table joins are not compiled to Spark yet")
+        else:
+            raise _unsupported(node, "this node kind is unknown to the Spark compiler")
+    for sink in sinks:
+        stateful_steps = _aggregations_feeding(sink.input)
+        if len(stateful_steps) > 1:
+            node = topology.nodes[stateful_steps[1]]
+            raise _unsupported(
+                node,
+                f"it aggregates the output of aggregation {stateful_steps[0]!r} on the way to sink {sink.node!r}; "
+                "Spark runs one arbitrary-state step per query",
+            )
+    if not sinks:
+        raise SparkCompileError(f"topology {topology.app_id!r} writes no topic: nothing for a Spark query to do")
+    return SparkPlan(topology, tuple(source_topics), tuple(sinks), tuple(stateful))
+
+
+def _aggregations_feeding(flow: Flow) -> list[str]:
+    """Aggregation nodes upstream of ``flow``, upstream first."""
+    base = flow.base
+    if isinstance(base, AggregatePlan):
+        return [*_aggregations_feeding(base.input), base.node]
+    if isinstance(base, UnionPlan):
+        return [name for flow_in in base.inputs for name in _aggregations_feeding(flow_in)]
+    return []
+
+
+def _in_dependency_order(topology: Topology) -> list[Node]:
+    """Parents first; a repartition source after the sink writing its topic."""
+    writers = {n.topics[0]: n.name for n in topology.nodes.values() if n.kind is NodeKind.SINK and n.internal}
+    ordered: list[Node] = []
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        node = topology.nodes[name]
+        for parent in node.parents:
+            visit(parent)
+        if node.is_source and node.internal:
+            for topic in node.topics:
+                if topic in writers:
+                    visit(writers[topic])
+        ordered.append(node)
+
+    for name in topology.nodes:
+        visit(name)
+    return ordered
+
+
+# -- build: plan -> Spark DataFrames ----------------------------------------------------------------
+
+
+def _register_app_modules(topology: Topology) -> None:
+    """Ship the app's own module by value: Spark workers cannot import an app loaded from a
+    file path (``load_app`` names it ``pystreams_app_<stem>``)."""
+    from pyspark import cloudpickle
+
+    for node in topology.nodes.values():
+        for thing in (node.fn, node.timestamp_extractor, node.merger, node.initial):
+            module_name = getattr(thing, "__module__", None)
+            if module_name and module_name.startswith("pystreams_app_") and module_name in sys.modules:
+                cloudpickle.register_pickle_by_value(sys.modules[module_name])
+
+
+def _arrow_rows_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("key", pa.binary()), ("value", pa.binary()), ("ts", pa.int64())])
+
+
+def _run_flow(
+    batches: Iterator[Any],
+    base_key: ShippedSerde,
+    base_value: ShippedSerde,
+    steps: tuple[Step, ...],
+    key_serde: ShippedSerde,
+    value_serde: ShippedSerde,
+) -> Iterator[Any]:
+    import pyarrow as pa
+
+    schema = _arrow_rows_schema()
+    for batch in batches:
+        keys = batch.column(0).to_pylist()
+        values = batch.column(1).to_pylist()
+        stamps = batch.column(2).to_pylist()
+        records: Iterable[Record] = zip(
+            map(base_key.deserialize, keys), map(base_value.deserialize, values), stamps, strict=True
+        )
+        for step in steps:
+            records = step(records)
+        out_keys, out_values, out_stamps = [], [], []
+        for key, value, ts in records:
+            out_keys.append(key_serde.serialize(key))
+            out_values.append(value_serde.serialize(value))
+            out_stamps.append(ts)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(out_keys, pa.binary()), pa.array(out_values, pa.binary()), pa.array(out_stamps, pa.int64())],
+            schema=schema,
+        )
+
+
+class _Builder:
+    def __init__(self, spark: Any, bootstrap_servers: str, source_format: str) -> None:
+        self.spark = spark
+        self.bootstrap_servers = bootstrap_servers
+        self.source_format = source_format
+        self._built: dict[int, Any] = {}
+
+    def source(self, plan: SourcePlan) -> Any:
+        from pyspark.sql import functions as F
+
+        if self.source_format == "kafka":
+            raw = (
+                self.spark.readStream.format("kafka")
+                .option("kafka.bootstrap.servers", self.bootstrap_servers)
+                .option("subscribe", ",".join(plan.topics))
+                .option("startingOffsets", "earliest")
+                .load()
+            )
+            return raw.select("key", "value", F.unix_millis("timestamp").alias("ts"))
+        raw = (
+            self.spark.readStream.format("pystreams_kafka")
+            .option("bootstrap.servers", self.bootstrap_servers)
+            .option("topics", ",".join(plan.topics))
+            .load()
+        )
+        return raw.select("key", "value", F.col("timestamp").alias("ts"))
+
+    def base(self, plan: Any) -> Any:
+        # One DataFrame per plan object, so a source feeding two branches is read once per batch.
+        if id(plan) not in self._built:
+            if isinstance(plan, SourcePlan):
+                self._built[id(plan)] = self.source(plan)
+            elif isinstance(plan, UnionPlan):
+                frames = [self.rows(flow, flow.key_serde, flow.value_serde) for flow in plan.inputs]
+                union = frames[0]
+                for frame in frames[1:]:
+                    union = union.unionByName(frame)
+                self._built[id(plan)] = union
+            else:
+                self._built[id(plan)] = self.aggregate(plan)
+        return self._built[id(plan)]
+
+    def rows(self, flow: Flow, key_serde: ShippedSerde, value_serde: ShippedSerde) -> Any:
+        """The flow as ``key, value, ts`` rows serialized with the given serdes."""
+        base = self.base(flow.base)
+        unchanged = flow.base_key.name == key_serde.name and flow.base_value.name == value_serde.name
+        if not flow.steps and unchanged:
+            return base
+        base_key, base_value, steps = flow.base_key, flow.base_value, flow.steps
+
+        def run(batches: Iterator[Any]) -> Iterator[Any]:
+            return _run_flow(batches, base_key, base_value, steps, key_serde, value_serde)
+
+        return base.mapInArrow(run, ROWS)
+
+    def aggregate(self, plan: AggregatePlan) -> Any:
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        rows = self.rows(plan.input, plan.input.key_serde, plan.input.value_serde)
+        update = _aggregator(plan)
+        # Kafka Streams skips null keys and null values in aggregations.
+        rows = rows.where("key IS NOT NULL AND value IS NOT NULL")
+        window = plan.window
+        if window is None:
+            return rows.groupBy("key").applyInPandasWithState(
+                update, ROWS, "accumulator binary", "update", GroupStateTimeout.NoTimeout
+            )
+        from pyspark.sql import functions as F
+
+        # Watermark = grace: Spark drops rows older than (newest event time - grace) and times
+        # out (forgets) a window's state once the watermark passes its end plus grace.
+        windows = F.window("event_time", f"{window.size_ms} milliseconds", f"{window.advance_ms} milliseconds")
+        rows = (
+            rows.withColumn("event_time", F.timestamp_millis("ts"))
+            .withWatermark("event_time", f"{window.grace_ms} milliseconds")
+            .withColumn("window_start", F.unix_millis(windows.getField("start")))
+        )
+        if isinstance(window, HoppingWindow):
+            # Kafka Streams has no windows starting before the epoch.
+            rows = rows.where("window_start >= 0")
+        return rows.groupBy("key", "window_start").applyInPandasWithState(
+            update, ROWS, "accumulator binary", "update", GroupStateTimeout.EventTimeTimeout
+        )
+
+
+def _aggregator(plan: AggregatePlan) -> Callable[..., Iterator[Any]]:
+    in_key, in_value = plan.input.key_serde, plan.input.value_serde
+    out_key, accumulator = plan.out_key, plan.accumulator
+    fn, initial, is_reduce = plan.fn, plan.initial, plan.kind is NodeKind.REDUCE
+    same_key_bytes = in_key.name == out_key.name
+    window = plan.window
+
+    def update(group_key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
+        import pandas as pd
+
+        if state.hasTimedOut:
+            state.remove()  # the window closed: its final value was emitted already
+            return
+        key_bytes = group_key[0]
+        key = in_key.deserialize(key_bytes)
+        if state.exists:
+            total, started = accumulator.deserialize(state.get[0]), True
+        else:
+            total, started = None, False
+        last_ts = -1
+        for frame in frames:
+            # Within a micro-batch, apply records in event-time order (stable for ties).
+            if len(frame) > 1 and not frame["ts"].is_monotonic_increasing:
+                frame = frame.sort_values("ts", kind="stable")
+            for value_bytes, ts in zip(frame["value"], frame["ts"], strict=True):
+                value = in_value.deserialize(value_bytes)
+                if not started:
+                    if is_reduce:
+                        total = value
+                    else:
+                        start = initial() if callable(initial) else copy.deepcopy(initial)
+                        total = fn(start, key, value)
+                    started = True
+                else:
+                    total = fn(total, key, value)
+                last_ts = max(last_ts, int(ts))
+        encoded = accumulator.serialize(total)
+        state.update((encoded,))
+        if window is None:
+            out_key_bytes = key_bytes if same_key_bytes else out_key.serialize(key)
+        else:
+            start = int(group_key[1])
+            out_key_bytes = out_key.serialize(Windowed(key, start, start + window.size_ms))
+            closes_at = start + window.size_ms + window.grace_ms
+            state.setTimeoutTimestamp(max(closes_at, state.getCurrentWatermarkMs() + 1))
+        yield pd.DataFrame(
+            {
+                "key": [out_key_bytes],
+                "value": [encoded],
+                "ts": [last_ts],
+            }
+        )
+
+    return update
+
+
+# -- the query ------------------------------------------------------------------------------------
+
+
+def _write_batch_to_kafka(bootstrap_servers: str) -> Callable[[Any, int], None]:
+    def produce(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(
+            bootstrap_servers=bootstrap_servers,
+            client_id="pystreams-spark-sink",
+            linger_ms=20,
+            batch_size=262_144,
+            acks="all",
+        )
+        written = 0
+        try:
+            for batch in batches:
+                columns = [batch.column(i).to_pylist() for i in range(4)]
+                for topic, key, value, ts in zip(*columns, strict=True):
+                    producer.send(topic, key=key, value=value, timestamp_ms=ts if ts is not None and ts >= 0 else None)
+                written += batch.num_rows
+            # Spark marks the batch done when foreachBatch returns: everything must be acked.
+            producer.flush()
+        finally:
+            producer.close()
+        yield pa.RecordBatch.from_pydict({"written": [written]})
+
+    def write(batch: Any, batch_id: int) -> None:
+        written = batch.mapInArrow(produce, "written long").groupBy().sum("written").collect()
+        log.debug("batch %s: %s records written", batch_id, written[0][0] if written else 0)
+
+    return write
+
+
+def choose_source_format(spark: Any) -> str:
+    """``kafka`` (Spark's connector) when its jar is on the classpath, else ours."""
+    from .kafka_source import KafkaDataSource, builtin_kafka_available
+
+    if builtin_kafka_available(spark):
+        log.info("Kafka source: Spark's built-in connector (spark-sql-kafka is on the classpath)")
+        return "kafka"
+    spark.dataSource.register(KafkaDataSource)
+    log.info("Kafka source: pystreams' Python data source on kafka-python (no spark-sql-kafka jar found)")
+    return "pystreams_kafka"
+
+
+def cluster_pattern_matcher(bootstrap_servers: str) -> Callable[[str], list[str]]:
+    def matching(pattern: str) -> list[str]:
+        import re2
+
+        from pystreams.cluster import ClusterMetadata
+
+        with ClusterMetadata(bootstrap_servers) as cluster:
+            names = sorted(cluster.fetch_topics())
+        compiled = re2.compile(pattern)
+        return [name for name in names if compiled.fullmatch(name)]
+
+    return matching
+
+
+@dataclass
+class SparkJob:
+    """The compiled app: one streaming query per sink (Spark allows one arbitrary-state
+    operator per query), each checkpointed in its own sub-directory of the checkpoint."""
+
+    plan: SparkPlan
+    #: sink node name -> its query, configured but not started
+    writers: dict[str, Any]
+    queries: list[Any] = field(default_factory=list)
+
+    def start(self, *, available_now: bool = False) -> list[Any]:
+        """Start every query; ``available_now`` = a backfill up to the offsets seen now."""
+        for writer in self.writers.values():
+            self.queries.append((writer.trigger(availableNow=True) if available_now else writer).start())
+        return self.queries
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Wait for every query to end; True if all did. Raises the first query's failure."""
+        import time
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for query in self.queries:
+            if deadline is None:
+                query.awaitTermination()
+            elif not query.awaitTermination(max(0.001, deadline - time.monotonic())):
+                return False
+        return True
+
+    def stop(self) -> None:
+        for query in self.queries:
+            query.stop()
+
+    def exception(self) -> Any:
+        return next((q.exception() for q in self.queries if q.exception() is not None), None)
+
+
+def to_spark(
+    app: Any,
+    spark: Any,
+    *,
+    bootstrap_servers: str,
+    checkpoint: str,
+    source_format: str | None = None,
+) -> SparkJob:
+    """Compile ``app`` (a pystreams ``App`` or a ``Topology``) into streaming queries on
+    ``spark``; ``job.start()`` runs them (``available_now=True``: a backfill that ends).
+
+    ``checkpoint`` holds the source offsets and the aggregation state: restarting with the same
+    directory resumes exactly where the last completed micro-batch ended.
+    """
+    from pathlib import Path
+
+    from pyspark.sql import functions as F
+
+    topology = app if isinstance(app, Topology) else app.topology()
+    plan = compile_topology(topology, topics_matching=cluster_pattern_matcher(bootstrap_servers))
+    _register_app_modules(topology)
+    source_format = source_format or choose_source_format(spark)
+    writers = {}
+    for sink in plan.sinks:
+        # A fresh builder per query: queries must not share DataFrames of stateful steps.
+        builder = _Builder(spark, bootstrap_servers, source_format)
+        rows = builder.rows(sink.input, sink.input.key_serde, sink.input.value_serde)
+        writers[sink.node] = (
+            rows.select(F.lit(sink.topic).alias("topic"), "key", "value", "ts")
+            .writeStream.queryName(f"pystreams-{topology.app_id}-{sink.node}")
+            .foreachBatch(_write_batch_to_kafka(bootstrap_servers))
+            # Update mode: aggregations emit each changed key once per batch; stateless rows pass.
+            .outputMode("update")
+            .option("checkpointLocation", str(Path(checkpoint) / sink.node))
+        )
+    return SparkJob(plan, writers)
