@@ -3,59 +3,28 @@ never breaks either, and properties over random specs."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pystreams.assignors.api import (
     AssignmentSpec,
     GroupAssignment,
     MemberSpec,
-    Partitions,
     ServerAssignor,
     TopicMetadata,
 )
 from pystreams.assignors.range import RangeAssignor
 from pystreams.assignors.server import server_assignor
-
-PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
-
-
-def topic_id(name: str) -> uuid.UUID:
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"pystreams-test-topic/{name}")
+from assignor_support import PROPERTY_SETTINGS, member, moved, of_topic, topic_id, topics
 
 
 FOO, BAR, BAZ, GONE = topic_id("foo"), topic_id("bar"), topic_id("baz"), topic_id("gone")
 
 
-def member(*subscribed: uuid.UUID, target: Mapping[uuid.UUID, Iterable[int]] | None = None) -> MemberSpec:
-    return MemberSpec(
-        subscribed_topic_ids=frozenset(subscribed),
-        target_partitions={t: frozenset(ps) for t, ps in (target or {}).items() if ps},
-    )
-
-
-def topics(**partition_counts: int) -> dict[uuid.UUID, TopicMetadata]:
-    return {topic_id(name): TopicMetadata(topic_id(name), name, count) for name, count in partition_counts.items()}
-
-
 def assign(members: Mapping[str, MemberSpec], topic_metadata: Mapping[uuid.UUID, TopicMetadata]) -> GroupAssignment:
     return RangeAssignor().assign(AssignmentSpec(members=dict(members), topics=dict(topic_metadata)))
-
-
-def of_topic(result: GroupAssignment, topic: uuid.UUID) -> dict[str, list[int]]:
-    """Each member's partitions of one topic, sorted."""
-    return {m: sorted(a.partitions.get(topic, ())) for m, a in result.members.items()}
-
-
-def moved(before: Mapping[str, Partitions], after: Mapping[str, Partitions]) -> int:
-    """Partitions that left their previous owner."""
-    return sum(
-        len(partitions - after.get(m, {}).get(t, frozenset()))
-        for m, held in before.items()
-        for t, partitions in held.items()
-    )
 
 
 # --------------------------------------------------------------------------- layout

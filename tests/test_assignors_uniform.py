@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from pystreams.assignors.api import (
@@ -25,26 +25,10 @@ from pystreams.assignors.server import (
     server_assignor,
 )
 from pystreams.assignors.uniform import UniformAssignor
-
-PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
-
-
-def topic_id(name: str) -> uuid.UUID:
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"pystreams-test-topic/{name}")
+from assignor_support import PROPERTY_SETTINGS, member, moved, of_topic, topic_id, topics
 
 
 FOO, BAR, GONE = topic_id("foo"), topic_id("bar"), topic_id("gone")
-
-
-def member(*subscribed: uuid.UUID, target: Mapping[uuid.UUID, Iterable[int]] | None = None) -> MemberSpec:
-    return MemberSpec(
-        subscribed_topic_ids=frozenset(subscribed),
-        target_partitions={t: frozenset(ps) for t, ps in (target or {}).items() if ps},
-    )
-
-
-def topics(**partition_counts: int) -> dict[uuid.UUID, TopicMetadata]:
-    return {topic_id(name): TopicMetadata(topic_id(name), name, count) for name, count in partition_counts.items()}
 
 
 def assign(members: Mapping[str, MemberSpec], topic_metadata: Mapping[uuid.UUID, TopicMetadata]) -> GroupAssignment:
@@ -53,11 +37,6 @@ def assign(members: Mapping[str, MemberSpec], topic_metadata: Mapping[uuid.UUID,
 
 def partitions_of(result: GroupAssignment) -> dict[str, Partitions]:
     return {member_id: assignment.partitions for member_id, assignment in result.members.items()}
-
-
-def of_topic(result: GroupAssignment, topic: uuid.UUID) -> dict[str, list[int]]:
-    """Each member's partitions of one topic, sorted."""
-    return {m: sorted(a.partitions.get(topic, ())) for m, a in result.members.items()}
 
 
 def follow_up(previous: GroupAssignment, subscribed: Iterable[uuid.UUID], *new_members: str) -> dict[str, MemberSpec]:
@@ -69,15 +48,6 @@ def follow_up(previous: GroupAssignment, subscribed: Iterable[uuid.UUID], *new_m
     }
     specs.update({m: MemberSpec(subscribed_topic_ids=subscription) for m in new_members})
     return specs
-
-
-def moved(before: Mapping[str, Partitions], after: Mapping[str, Partitions]) -> int:
-    """Partitions that left their previous owner."""
-    return sum(
-        len(partitions - after.get(m, {}).get(t, frozenset()))
-        for m, held in before.items()
-        for t, partitions in held.items()
-    )
 
 
 # --------------------------------------------------------------------------- KIP-848 case studies
