@@ -5,7 +5,8 @@ kafka-python loop that consumes, produces and commits the same records.
   offset commit every second; the ceiling any Python worker on kafka-python can reach here;
 * ``stateless_map``: an app ``map_values`` → sink, every task in one engine;
 * ``wordcount``: ``examples/wordcount.py``-style flat_map → repartition → aggregate → sink;
-  reported per input line and per word (each word is a record through the repartition topic).
+  reported per input line and per word (each word is an entry through the repartition topic,
+  which the engine writes packed: one Kafka record per partition and poll batch).
 
 Timing starts when the engine (or loop) starts consuming input that is already in the topic and
 ends when every record is processed and committed. Prints one JSON document.

@@ -28,6 +28,7 @@ from pystreams.worker import (
     TaskEngine,
     resolve_against_cluster,
 )
+from pystreams.worker.packing import unpack
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WAIT_S = 30.0
@@ -153,11 +154,17 @@ def test_wordcount_counts_exactly_survives_restart_and_rebuilds_from_changelog(
     assert counts == expected_counts(CORPUS)
     # Committed offsets cover every input line (sum over the three partitions).
     assert sum(o for tp, o in offsets.offsets.items() if tp.topic == "text-lines") == len(CORPUS)
-    # The repartition topic is partitioned like Kafka's default partitioner (murmur2 of the key).
+    # The repartition topic is partitioned like Kafka's default partitioner (murmur2 of the key);
+    # its records are packed, so every entry of every record is checked.
     from kafka.partitioner.default import murmur2
 
-    for record in read_all(kafka_bootstrap, "wordcount-words-repartition"):
-        assert record.partition == (murmur2(record.key) & 0x7FFFFFFF) % 3
+    repartitioned = [
+        (record.partition, key)
+        for record in read_all(kafka_bootstrap, "wordcount-words-repartition")
+        for key, _, _ in unpack(record)
+    ]
+    assert len(repartitioned) == words_total
+    assert all(partition == (murmur2(key) & 0x7FFFFFFF) % 3 for partition, key in repartitioned)
     # The output was folded by the cache: far fewer updates than words.
     assert len(read_all(kafka_bootstrap, "word-counts")) < words_total
 
@@ -202,6 +209,102 @@ def test_wordcount_counts_exactly_survives_restart_and_rebuilds_from_changelog(
     counts = latest_by_key(read_all(kafka_bootstrap, "word-counts"), serdes.Text(), serdes.Int())
     assert counts == expected_counts(CORPUS + more + ["zebra fox"])
     assert counts["zebra"] == 2 and counts["fox"] == expected_counts(CORPUS)["fox"] + 4
+
+
+# -- packed repartition records -----------------------------------------------------------------
+
+
+def sequence_app() -> Any:
+    """Each input line "k:i k:j ..." becomes one record per token, re-keyed by k (so through a
+    repartition topic); the table concatenates each key's indices in the order they arrive."""
+    from pystreams.app import App
+
+    app = App("packing")
+    lines = app.topic("packing-lines", value=serdes.Text())
+
+    @app.flat_map(lines, key=serdes.Text(), value=serdes.Text())
+    def tokens(key, line):
+        for token in line.split():
+            name, index = token.split(":")
+            yield name, index
+
+    @app.aggregate(tokens, store="sequences", initial="", value=serdes.Text())
+    def sequences(joined, key, index):
+        return f"{joined} {index}".strip()
+
+    sequences.to("packing-sequences")
+    return app
+
+
+def test_packed_repartition_records_keep_per_key_order_and_are_not_recounted_after_restart(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    # Two input partitions size the repartition topic at two; one key puts every line on one of
+    # them, so each word's indices reach the repartition sink in order.
+    create_topics(kafka_bootstrap, TopicSpec("packing-lines", 2), TopicSpec("packing-sequences", 2))
+    keys = [f"key{k}" for k in range(12)]
+    per_line = 6
+    # Line i holds indices i*6 .. i*6+5, spread over the keys: every key gets increasing indices.
+    lines = [
+        " ".join(f"{keys[n % len(keys)]}:{n}" for n in range(i * per_line, (i + 1) * per_line)) for i in range(50)
+    ]
+    produce(kafka_bootstrap, "packing-lines", ((b"same", line.encode(), None) for line in lines))
+    expected = {key: [str(n) for n in range(len(lines) * per_line) if keys[n % len(keys)] == key] for key in keys}
+    offsets = OffsetStore()
+    state_dir = tmp_path / "state"
+
+    def engine_for() -> TaskEngine:
+        resolved = resolve_against_cluster(sequence_app().topology(), kafka_bootstrap)
+        engine = TaskEngine(
+            resolved,
+            EngineConfig(kafka_bootstrap, state_dir, commit_interval_ms=200),
+            committed_offsets=offsets.fetch,
+            commit_offsets=offsets.commit,
+        )
+        engine.start()
+        engine.add_tasks(resolved.tasks)
+        return engine
+
+    tokens_total = len(lines) * per_line
+    engine = engine_for()
+    try:
+        run_until(engine, lambda: engine.records_processed >= len(lines) + tokens_total, "the lines")
+        assert engine.records_processed == len(lines) + tokens_total  # entries, not packed records
+        assert {k: v.split() for k, v in engine.store_contents("sequences").items()} == expected
+    finally:
+        engine.close()
+
+    # The repartition topic holds packed records: fewer Kafka records than tokens, several keys
+    # per record, each key on its murmur2 partition and in its original order.
+    from kafka.partitioner.default import murmur2
+
+    packed = read_all(kafka_bootstrap, "packing-tokens-repartition")
+    entries = [
+        (record.partition, key.decode(), value.decode()) for record in packed for key, value, _ in unpack(record)
+    ]
+    assert len(entries) == tokens_total
+    assert len(packed) < tokens_total
+    assert any(len({key for key, _, _ in unpack(record)}) > 1 for record in packed)
+    assert all(dict(record.headers)["pystreams.packed"] == b"1" for record in packed)
+    assert {record.partition for record in packed} == {0, 1}
+    assert all(partition == (murmur2(key.encode()) & 0x7FFFFFFF) % 2 for partition, key, _ in entries)
+    for key in keys:
+        assert [index for _, k, index in entries if k == key] == expected[key]
+
+    # A restart continues after the commit: no packed record is processed twice.
+    more = ["key0:1000 key1:1001 key0:1002"]
+    produce(kafka_bootstrap, "packing-lines", ((b"same", line.encode(), None) for line in more))
+    engine = engine_for()
+    try:
+        run_until(engine, lambda: engine.records_processed >= 1 + 3, "the new line")
+        engine.commit()
+        assert engine.records_processed == 1 + 3
+        sequences = {k: v.split() for k, v in engine.store_contents("sequences").items()}
+    finally:
+        engine.close()
+    assert sequences == {**expected, "key0": expected["key0"] + ["1000", "1002"], "key1": expected["key1"] + ["1001"]}
+    output = latest_by_key(read_all(kafka_bootstrap, "packing-sequences"), serdes.Text(), serdes.Text())
+    assert {k: v.split() for k, v in output.items()} == sequences
 
 
 # -- windowed aggregations ----------------------------------------------------------------------

@@ -8,7 +8,7 @@ were assigned (the group member driver decides; this engine executes).
     while running:
         engine.poll()                   # fetch → process → punctuate
         if time_to_commit:
-            offsets = engine.prepare_commit()   # flush stores → flush producer
+            offsets = engine.prepare_commit()   # flush stores → repartition buffers → producer
             await member.commit_offsets(offsets)  # the caller, with its member epoch
             engine.complete_commit()            # checkpoint changelog offsets
     engine.revoke_tasks(tasks)          # commit, then close; returns the offsets committed
@@ -39,6 +39,7 @@ from pystreams.topology.resolve import ResolvedTopology, resolve
 
 from .errors import ErrorKind, ErrorPolicy, RecordFailure
 from .kafka_io import ChangelogRestorer, RecordSender, make_consumer, make_producer
+from .packing import expand_packed
 from .stores import TypedStore
 from .tasks import StreamTask
 
@@ -123,6 +124,7 @@ class TaskEngine:
         self._consumer: Any = None
         self._restorer: ChangelogRestorer | None = None
         self._sender: RecordSender | None = None
+        self._repartition_topics: frozenset[str] = frozenset()
         self._last_commit = time.monotonic()
         Path(config.state_dir).mkdir(parents=True, exist_ok=True)
 
@@ -134,7 +136,10 @@ class TaskEngine:
             self.ensure_internal_topics()
         client_id = self.config.client_id
         self._producer = make_producer(self.config.bootstrap_servers, client_id, self.config.producer_config)
-        self._sender = RecordSender(self._producer)
+        self._repartition_topics = frozenset(self.topology.repartition_topics)
+        self._sender = RecordSender(
+            self._producer, {topic: self.resolved.partitions[topic] for topic in self._repartition_topics}
+        )
         self._consumer = make_consumer(self.config.bootstrap_servers, client_id, self.config.consumer_config)
         restore_consumer = make_consumer(
             self.config.bootstrap_servers, f"{client_id}-restore", {**self.config.consumer_config}
@@ -260,6 +265,7 @@ class TaskEngine:
         if not self._task_of_partition:
             time.sleep((timeout_ms if timeout_ms is not None else self.config.poll_timeout_ms) / 1000)
             self._punctuate_wall_clock()
+            self._send_repartition_buffers()
             return 0
         fetched = self._consumer.poll(
             timeout_ms=timeout_ms if timeout_ms is not None else self.config.poll_timeout_ms
@@ -279,13 +285,24 @@ class TaskEngine:
             else:
                 # Several inputs (joins): process in timestamp order across partitions, as
                 # Kafka Streams' partition group does, so a table update precedes later lookups.
-                ordered = list(heapq.merge(*(records for _, records in batches), key=_by_timestamp))
+                # Packed repartition records are merged entry by entry.
+                packed_topics = self._repartition_topics
+                ordered = list(
+                    heapq.merge(*(expand_packed(records, packed_topics) for _, records in batches), key=_by_timestamp)
+                )
+            processed_before = task.records_processed
             task.process(ordered)
             for partition, records in batches:
                 task.mark_consumed(partition, records[-1].offset + 1)
-            count += len(ordered)
+            count += task.records_processed - processed_before  # packed records count per entry
         self._punctuate_wall_clock()
+        self._send_repartition_buffers()
         return count
+
+    def _send_repartition_buffers(self) -> None:
+        # Once per poll batch: what this batch wrote to repartition topics leaves packed.
+        if self._sender is not None:
+            self._sender.send_repartition_buffers()
 
     def _punctuate_wall_clock(self) -> None:
         now_ms = int(time.time() * 1000)
@@ -295,8 +312,9 @@ class TaskEngine:
     # -- commit ---------------------------------------------------------------------------
 
     def prepare_commit(self, tasks: Iterable[StreamTask] | None = None) -> dict[TopicPartition, int]:
-        """Flush store caches (folded changelog writes and forwards), then the producer;
-        returns the input offsets to commit. Call ``complete_commit`` once they are committed."""
+        """Flush store caches (folded changelog writes and forwards), then the repartition
+        buffers and the producer (``RecordSender.flush``); returns the input offsets to commit.
+        Call ``complete_commit`` once they are committed."""
         assert self._sender is not None
         selected = list(self._tasks.values() if tasks is None else tasks)
         for task in selected:

@@ -18,6 +18,7 @@ from kafka import TopicPartition as KafkaTopicPartition
 from pystreams.state import ChangelogRecord, TopicPartition
 
 from .errors import ProduceError
+from .packing import PACKED_HEADERS, RepartitionBuffers, RepartitionSink
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +59,29 @@ def make_consumer(bootstrap_servers: str, client_id: str, overrides: Mapping[str
 class RecordSender:
     """Sends records through the shared producer and keeps their futures until the next
     ``flush``, which raises if any failed: an output record that was never written must fail
-    the commit. (A list append per record; kafka-python's add_errback takes a lock per call.)"""
+    the commit. (A list append per record; kafka-python's add_errback takes a lock per call.)
+
+    Records for repartition topics are buffered per partition instead and sent packed, one
+    Kafka record per partition, by ``send_repartition_buffers`` (and by ``flush``, first)."""
 
     #: Futures kept between flushes before completed ones are checked and dropped early.
     PRUNE_AT = 200_000
 
-    def __init__(self, producer: KafkaProducer) -> None:
+    def __init__(self, producer: KafkaProducer, repartition_partitions: Mapping[str, int] | None = None) -> None:
         self.producer = producer
         self.records_sent = 0
         self._pending: list[Any] = []
         self._send = producer.send
+        self.repartition_buffers = RepartitionBuffers(repartition_partitions or {})
+
+    def repartition_sink(self, topic: str) -> RepartitionSink:
+        return self.repartition_buffers.sink(topic)
+
+    def send_repartition_buffers(self) -> None:
+        """Send every buffered repartition record, packed: one Kafka record per partition."""
+        send, pending = self._send, self._pending
+        for topic, partition, value in self.repartition_buffers.drain():
+            pending.append(send(topic, key=None, value=value, partition=partition, headers=PACKED_HEADERS))
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None:
         pending = self._pending
@@ -102,6 +116,7 @@ class RecordSender:
         self._pending = still_pending
 
     def flush(self, timeout_s: float | None = None) -> None:
+        self.send_repartition_buffers()
         self.producer.flush(timeout=timeout_s)
         self._check(only_done=False)
 

@@ -139,6 +139,8 @@ class SourceEntry:
     deserialize_value: Callable[[Any], Any]
     timestamp_extractor: Callable[[Any, Any, int], int] | None
     emit: Emit
+    #: A repartition topic: its records may be packed (``packing``).
+    packed: bool = False
 
 
 @dataclass(slots=True)
@@ -234,7 +236,23 @@ def build_task_graph(
         for name in raw_stores
     }
     graph = TaskGraph(sources={}, typed_stores=typed_stores)
-    send = ctx.sender.send
+    sender = ctx.sender
+    repartition_topics = frozenset(topology.repartition_topics)
+    send = sender.send
+    if repartition_topics:
+        # Table forwarders may write several topics through one send; route per topic.
+        repartition_sinks = {topic: sender.repartition_sink(topic) for topic in repartition_topics}
+
+        def send_any(topic: str, key: bytes | None, value: bytes | None, timestamp: int | None) -> None:
+            sink = repartition_sinks.get(topic)
+            if sink is None:
+                send(topic, key, value, timestamp)
+            else:
+                sink(key, value, timestamp if timestamp is not None else ctx.forward_timestamp())
+
+        forward_send = send_any
+    else:
+        forward_send = send
 
     emits: dict[str, Emit] = {}
     branch_children: dict[str, dict[str, Emit]] = {}
@@ -246,7 +264,10 @@ def build_task_graph(
         fn = node.fn
 
         if kind is NodeKind.SINK:
-            emit = _sink(node, send)
+            if node.topics[0] in repartition_topics:
+                emit = _repartition_sink(node, sender.repartition_sink(node.topics[0]))
+            else:
+                emit = _sink(node, send)
         elif kind in (NodeKind.SOURCE, NodeKind.MERGE, NodeKind.TO_STREAM, NodeKind.BRANCH_OUTPUT):
             emit = children
         elif kind is NodeKind.TABLE_SOURCE:
@@ -275,7 +296,7 @@ def build_task_graph(
             emit = _aggregation(node, store, spec.key_serde, ctx)
             if store_name in forwarders:
                 forwarders[store_name].target = _table_forwarder(
-                    node, spec.key_serde, [nodes[c] for c in child_names], children, send, ctx
+                    node, spec.key_serde, [nodes[c] for c in child_names], children, forward_send, ctx
                 )
         elif kind is NodeKind.STREAM_TABLE_JOIN:
             assert node.join is not None and node.join.table_store is not None
@@ -290,7 +311,7 @@ def build_task_graph(
         if kind is NodeKind.TABLE_SOURCE and node.stores[0] in forwarders:
             spec = topology.stores[node.stores[0]]
             forwarders[node.stores[0]].target = _table_forwarder(
-                node, spec.key_serde, [nodes[c] for c in child_names], children, send, ctx
+                node, spec.key_serde, [nodes[c] for c in child_names], children, forward_send, ctx
             )
         emits[name] = emit if kind in (NodeKind.SOURCE, NodeKind.MERGE, NodeKind.BRANCH_OUTPUT) else _guard(name, emit)
 
@@ -303,6 +324,7 @@ def build_task_graph(
                 deserialize_value=node.value_serde.deserialize,
                 timestamp_extractor=node.timestamp_extractor,
                 emit=emits[name],
+                packed=topic in repartition_topics,
             )
     return graph
 
@@ -319,6 +341,16 @@ def _sink(node: Node, send: Callable[[str, bytes | None, bytes | None, int | Non
         send(topic, key_bytes(key), value_bytes(value), timestamp)
 
     return sink
+
+
+def _repartition_sink(node: Node, append: Callable[[bytes | None, bytes | None, int], None]) -> Emit:
+    key_bytes = node.key_serde.serialize
+    value_bytes = node.value_serde.serialize
+
+    def repartition_sink(key: Any, value: Any, timestamp: int) -> None:
+        append(key_bytes(key), value_bytes(value), timestamp)
+
+    return repartition_sink
 
 
 def _map(fn: Any, children: Emit) -> Emit:

@@ -13,6 +13,7 @@ from pystreams.topology.resolve import ResolvedTopology
 
 from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError
 from .kafka_io import ChangelogRestorer, ProducerChangelogSink, RecordSender
+from .packing import UnpackedRecord, packed_version, unpack
 from .processing import NodeFailure, TaskContext, TaskGraph, build_task_graph
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ class StreamTask:
         current_topic = None
         entry: Any = None
         deserialize_key = deserialize_value = extractor = emit = None
+        packed = False
         for record in records:
             topic = record.topic
             if topic != current_topic:
@@ -119,9 +121,13 @@ class StreamTask:
                 deserialize_value = entry.deserialize_value
                 extractor = entry.timestamp_extractor
                 emit = entry.emit
+                packed = entry.packed
                 ctx.topic = topic
             ctx.partition = record.partition
             ctx.offset = record.offset
+            if packed and packed_version(record.headers) is not None:
+                self._process_packed(record, entry, punctuate_stream_time)
+                continue
             try:
                 key = deserialize_key(record.key)  # type: ignore[misc]
                 value = deserialize_value(record.value)  # type: ignore[misc]
@@ -140,6 +146,42 @@ class StreamTask:
             if punctuate_stream_time is not None:
                 punctuate_stream_time()
         self.records_processed += len(records)
+
+    def _process_packed(self, record: Any, entry: Any, punctuate_stream_time: Callable[[], None] | None) -> None:
+        """Every entry of a packed repartition record, in order, under the record's offset
+        (``process`` set the context's topic, partition and offset)."""
+        try:
+            entries = unpack(record)
+        except Exception as error:
+            self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
+            return
+        ctx = self.ctx
+        deserialize_key = entry.deserialize_key
+        deserialize_value = entry.deserialize_value
+        extractor = entry.timestamp_extractor
+        emit = entry.emit
+        for raw_key, raw_value, raw_timestamp in entries:
+            try:
+                key = deserialize_key(raw_key)
+                value = deserialize_value(raw_value)
+                timestamp = raw_timestamp if extractor is None else extractor(key, value, raw_timestamp)
+            except Exception as error:
+                failed = _entry_record(record, raw_key, raw_value, raw_timestamp)
+                self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, failed)
+                continue
+            stream_time = ctx.stream_time
+            if stream_time is None or timestamp > stream_time:
+                ctx.stream_time = timestamp
+            ctx.timestamp = timestamp
+            try:
+                emit(key, value, timestamp)
+            except NodeFailure as failure:
+                failed = _entry_record(record, raw_key, raw_value, raw_timestamp)
+                self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, failed)
+            if punctuate_stream_time is not None:
+                punctuate_stream_time()
+        # ``process`` counts the packed record itself as one.
+        self.records_processed += len(entries) - 1
 
     def mark_consumed(self, partition: TopicPartition, next_offset: int) -> None:
         self.next_offsets[partition] = next_offset
@@ -239,3 +281,8 @@ class StreamTask:
         self.close_processors()
         self.changelog_sink.discard()
         self.state.close(wipe=True)
+
+
+def _entry_record(packed: Any, key: bytes | None, value: bytes | None, timestamp: int) -> UnpackedRecord:
+    """One entry of a packed record as a record of its own (to report or dead-letter it)."""
+    return UnpackedRecord(packed.topic, packed.partition, packed.offset, timestamp, key, value)

@@ -1,0 +1,146 @@
+"""Packed repartition records: only our engine reads repartition topics, so their record format
+is ours. A sink into a repartition topic buffers ``(key bytes, value bytes, timestamp)`` per
+target partition, and the engine sends each buffer as ONE Kafka record (at the end of every
+poll batch, and before any commit) whose value is a MessagePack array of those entries.
+kafka-python's per-record ``send`` is the worker's throughput ceiling, so fewer, larger records
+is what makes repartitioning cheap.
+
+The source side unpacks a packed record and processes its entries in order, all with the
+packed record's offset: a commit covers a packed record whole or not at all (at-least-once).
+
+Partitions are chosen exactly as kafka-python's default partitioner does (murmur2 of the key
+bytes modulo the partition count; a random partition for a null key), so keys land where
+unpacked records would.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import msgspec
+from kafka.partitioner.default import murmur2
+
+#: Header marking a packed record; its value is the format version.
+PACKED_HEADER = "pystreams.packed"
+PACKED_FORMAT_VERSION = b"1"
+PACKED_HEADERS = [(PACKED_HEADER, PACKED_FORMAT_VERSION)]
+#: Upper bound of one packed record's value; below kafka-python's max_request_size (1 MiB)
+#: and the broker's default message.max.bytes.
+MAX_PACKED_BYTES = 512 * 1024
+#: Key bytes → partition memo per topic (murmur2 is pure Python); cleared when this big.
+PARTITION_CACHE_SIZE = 100_000
+
+PackedEntry = tuple[bytes | None, bytes | None, int]
+_encode_entries = msgspec.msgpack.Encoder().encode
+_decode_entries = msgspec.msgpack.Decoder(list[tuple[bytes | None, bytes | None, int]]).decode
+
+#: Appends one record to a repartition topic's buffers: (key bytes, value bytes, timestamp).
+RepartitionSink = Callable[[bytes | None, bytes | None, int], None]
+
+
+class UnpackedRecord(NamedTuple):
+    """One entry of a packed record, shaped like a kafka-python ``ConsumerRecord`` where the
+    engine reads one (merging inputs by timestamp, reporting a failed record)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes]] = ()
+
+
+class PackedFormatError(ValueError):
+    pass
+
+
+def packed_version(headers: Iterable[tuple[str, bytes]] | None) -> bytes | None:
+    """The packed-format version of a record with these headers (None: a plain record)."""
+    if headers:
+        for name, value in headers:
+            if name == PACKED_HEADER:
+                return value
+    return None
+
+
+def unpack(record: Any) -> list[PackedEntry]:
+    """The entries of a packed record, in the order they were written."""
+    version = packed_version(record.headers)
+    if version != PACKED_FORMAT_VERSION:
+        raise PackedFormatError(f"unsupported packed repartition format {version!r}")
+    return _decode_entries(record.value)
+
+
+def expand_packed(records: list[Any], packed_topics: frozenset[str] | Mapping[str, Any]) -> list[Any]:
+    """``records`` with every packed record replaced by its entries (each with the packed
+    record's offset); used where entries must be ordered individually, e.g. by timestamp."""
+    if not any(r.topic in packed_topics and packed_version(r.headers) for r in records):
+        return records
+    expanded: list[Any] = []
+    for record in records:
+        if record.topic in packed_topics and packed_version(record.headers):
+            topic, partition, offset = record.topic, record.partition, record.offset
+            expanded.extend(
+                UnpackedRecord(topic, partition, offset, timestamp, key, value)
+                for key, value, timestamp in unpack(record)
+            )
+        else:
+            expanded.append(record)
+    return expanded
+
+
+class RepartitionBuffers:
+    """Per (repartition topic, partition) buffers of records not yet sent."""
+
+    def __init__(self, partition_counts: Mapping[str, int]) -> None:
+        self._partition_counts = dict(partition_counts)
+        #: topic → one entry list per partition (the sinks append to these lists directly).
+        self._buffers: dict[str, list[list[PackedEntry]]] = {}
+
+    @property
+    def topics(self) -> frozenset[str]:
+        return frozenset(self._partition_counts)
+
+    def sink(self, topic: str) -> RepartitionSink:
+        """The append function a sink into ``topic`` calls per record."""
+        count = self._partition_counts[topic]
+        buffers = self._buffers.get(topic)
+        if buffers is None:
+            buffers = self._buffers[topic] = [[] for _ in range(count)]
+        appenders = [buffer.append for buffer in buffers]
+        partition_of: dict[bytes, int] = {}
+        cached_partition = partition_of.get
+        random_partition = random.randrange
+
+        def append(key: bytes | None, value: bytes | None, timestamp: int) -> None:
+            if key is None:
+                partition = random_partition(count)
+            else:
+                partition = cached_partition(key)  # type: ignore[assignment]
+                if partition is None:
+                    if len(partition_of) >= PARTITION_CACHE_SIZE:
+                        partition_of.clear()
+                    partition = partition_of[key] = (murmur2(key) & 0x7FFFFFFF) % count
+            appenders[partition]((key, value, timestamp))
+
+        return append
+
+    def drain(self) -> Iterable[tuple[str, int, bytes]]:
+        """(topic, partition, packed value) for every non-empty buffer, emptying it; a buffer
+        bigger than ``MAX_PACKED_BYTES`` packed is split, keeping its order."""
+        for topic, buffers in self._buffers.items():
+            for partition, entries in enumerate(buffers):
+                if entries:
+                    for value in _pack(entries):
+                        yield topic, partition, value
+                    entries.clear()  # in place: the sinks hold this list
+
+
+def _pack(entries: list[PackedEntry]) -> list[bytes]:
+    packed = _encode_entries(entries)
+    if len(packed) <= MAX_PACKED_BYTES or len(entries) == 1:
+        return [packed]
+    middle = len(entries) // 2
+    return _pack(entries[:middle]) + _pack(entries[middle:])
