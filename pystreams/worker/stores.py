@@ -9,8 +9,10 @@ from pystreams.serdes import Serde
 from pystreams.state import KeyValueStore, SessionStore, WindowStore
 
 
-class TypedKeyValueStore:
-    def __init__(self, store: KeyValueStore, key_serde: Serde, value_serde: Serde) -> None:
+class _TypedStore:
+    """Applies a store's serdes around the byte-level store it wraps (``raw``)."""
+
+    def __init__(self, store: Any, key_serde: Serde, value_serde: Serde) -> None:
         self.raw = store
         self.name = store.name
         self._key = key_serde.serialize
@@ -18,6 +20,8 @@ class TypedKeyValueStore:
         self._value = value_serde.serialize
         self._value_of = value_serde.deserialize
 
+
+class TypedKeyValueStore(_TypedStore):
     def get(self, key: Any) -> Any:
         return self._value_of(self.raw.get(self._key(key)))
 
@@ -45,15 +49,7 @@ class TypedKeyValueStore:
         return self.raw.approximate_count()
 
 
-class TypedWindowStore:
-    def __init__(self, store: WindowStore, key_serde: Serde, value_serde: Serde) -> None:
-        self.raw = store
-        self.name = store.name
-        self._key = key_serde.serialize
-        self._key_of = key_serde.deserialize
-        self._value = value_serde.serialize
-        self._value_of = value_serde.deserialize
-
+class TypedWindowStore(_TypedStore):
     def put(self, key: Any, window_start: int, value: Any) -> bool:
         return self.raw.put(self._key(key), window_start, self._value(value))
 
@@ -70,15 +66,7 @@ class TypedWindowStore:
     all = items
 
 
-class TypedSessionStore:
-    def __init__(self, store: SessionStore, key_serde: Serde, value_serde: Serde) -> None:
-        self.raw = store
-        self.name = store.name
-        self._key = key_serde.serialize
-        self._key_of = key_serde.deserialize
-        self._value = value_serde.serialize
-        self._value_of = value_serde.deserialize
-
+class TypedSessionStore(_TypedStore):
     def put(self, key: Any, start: int, end: int, value: Any) -> bool:
         return self.raw.put(self._key(key), start, end, self._value(value))
 
