@@ -92,6 +92,12 @@ class Workers:
         self.processes.append(process)
         return process
 
+    def log_tails(self, lines: int = 25) -> str:
+        """The end of every worker's log, for failure messages."""
+        return "\n".join(
+            f"--- worker {i} ---\n" + "\n".join(self.log(i).splitlines()[-lines:]) for i in range(len(self.processes))
+        )
+
     def log(self, index: int) -> str:
         return (self.tmp_path / f"worker-{index}.log").read_text(errors="replace")
 
@@ -140,7 +146,7 @@ def test_scale_out_and_graceful_stop_count_exactly(cluster: tuple[str, str], wor
     try:
         # Two workers count the first half exactly.
         counts = _counts_until(reader, lambda c: c == expected_first, 25)
-        assert counts == dict(expected_first), "two workers did not count the first half exactly"
+        assert counts == dict(expected_first), "two workers did not count the first half exactly\n" + workers.log_tails()
         # Scale out mid-stream, then stop one of the first two gracefully (commit + leave -1).
         workers.start()
         produce_lines(bootstrap, "text-lines", CORPUS[half:])
