@@ -150,7 +150,8 @@ def test_scale_out_and_graceful_stop_count_exactly(cluster: tuple[str, str], wor
         # Scale out mid-stream, then stop one of the first two gracefully (commit + leave -1).
         workers.start()
         produce_lines(bootstrap, "text-lines", CORPUS[half:])
-        time.sleep(1.0)
+        # The third worker must hold tasks before the stop, or this tests no scale-out.
+        _wait(lambda: "started tasks" in workers.log(2), 25, "the third worker to start tasks")
         workers.processes[0].send_signal(signal.SIGTERM)
         assert workers.processes[0].wait(20) == 0
         counts = _counts_until(reader, lambda c: c == expected, 25)
@@ -158,7 +159,6 @@ def test_scale_out_and_graceful_stop_count_exactly(cluster: tuple[str, str], wor
     finally:
         reader.close()
     assert "left the group (epoch -1)" in workers.log(0)
-    assert "started tasks" in workers.log(2), "the third worker never got a task"
     assert workers.stop_all() == [0, 0, 0]
 
 

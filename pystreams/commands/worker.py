@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    # `kill -USR1 PID` prints every thread's stack: how to see where a stuck worker waits.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
         settings = WorkerSettings(
             app=args.app,

@@ -135,7 +135,10 @@ class TaskEngine:
         if self.config.create_internal_topics:
             self.ensure_internal_topics()
         client_id = self.config.client_id
-        self._producer = make_producer(self.config.bootstrap_servers, client_id, self.config.producer_config)
+        written = [*self.topology.sink_topics, *self.topology.repartition_topics, *self.topology.changelog_topics]
+        if self.config.dead_letter_topic:
+            written.append(self.config.dead_letter_topic)
+        self._producer = make_producer(self.config.bootstrap_servers, client_id, self.config.producer_config, written)
         self._repartition_topics = frozenset(self.topology.repartition_topics)
         self._sender = RecordSender(
             self._producer, {topic: self.resolved.partitions[topic] for topic in self._repartition_topics}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer
@@ -38,12 +38,23 @@ DEFAULT_CONSUMER_CONFIG: dict[str, Any] = {
 }
 
 
-def make_producer(bootstrap_servers: str, client_id: str, overrides: Mapping[str, Any]) -> KafkaProducer:
-    return KafkaProducer(
+def make_producer(
+    bootstrap_servers: str, client_id: str, overrides: Mapping[str, Any], topics: Iterable[str] = ()
+) -> KafkaProducer:
+    """A producer that keeps metadata for ``topics`` (every topic the caller will write).
+
+    kafka-python tracks a topic only once a send finds it missing from its metadata. The
+    embedded broker answers the bootstrap request (no topics) with every topic, so a topic
+    can be written without being tracked; the next targeted refresh then drops it and sends
+    to it wait for a leader forever. Tracking them all up front closes that race."""
+    producer = KafkaProducer(
         bootstrap_servers=bootstrap_servers,
         client_id=f"{client_id}-producer",
         **{**DEFAULT_PRODUCER_CONFIG, **overrides},
     )
+    for topic in sorted(set(topics)):
+        producer._sender.add_topic(topic)  # no public API: what a send does for an unknown topic
+    return producer
 
 
 def make_consumer(bootstrap_servers: str, client_id: str, overrides: Mapping[str, Any]) -> KafkaConsumer:
