@@ -167,3 +167,19 @@ def test_server_assignor_when_not_every_member_has_the_client_assignor():
     assert GROUP not in h.shard.computations
     assert h.target() == {"A": "foo-0", "B": "foo-1"}
     assert h.shard.select_assignor(h.group) == (False, "scripted")
+
+
+def test_a_reason_falling_back_to_zero_does_not_rebalance_again():
+    """The member clears its reason once answered; only metadata changes or a new non-zero
+    reason ask for another assignment, so one WarmUpReady costs one rebalance."""
+    h = _prepared(Harness())
+    install(h, "A", 0, 1, {"A": "foo-0, foo-1, foo-2"})
+    h.heartbeat("A", 0)
+    h.heartbeat("A", 1, client_assignors=[assignor(reason=2, metadata=b"lags")])
+    asked = h.group.group_epoch
+    h.heartbeat("A", 1, client_assignors=[assignor(reason=0, metadata=b"lags")])
+    assert h.group.group_epoch == asked
+    h.heartbeat("A", 1, client_assignors=[assignor(reason=0, metadata=b"new lags")])
+    assert h.group.group_epoch == asked + 1
+    h.heartbeat("A", 1, client_assignors=[assignor(reason=3, metadata=b"new lags")])  # WarmUpFailed
+    assert h.group.group_epoch == asked + 2

@@ -736,9 +736,23 @@ def _apply_request_fields(member: ConsumerMember, request, context) -> tuple[Con
         updated.subscribed_topic_names != member.subscribed_topic_names
         or updated.subscribed_topic_regex != member.subscribed_topic_regex
         or updated.server_assignor != member.server_assignor
-        or updated.assignors != member.assignors
+        or _assignors_trigger(member.assignors, updated.assignors)
     )
     return updated, trigger
+
+
+def _assignors_trigger(before: tuple, after: tuple) -> bool:
+    """New assignors, new metadata or a new non-zero reason ask for a new assignment. A reason
+    falling back to 0 with unchanged metadata does not: it is the member saying its request
+    was answered, and bumping again would rebalance twice per request."""
+    if len(before) != len(after):
+        return True
+    for old, new in zip(before, after):
+        if msgspec.structs.replace(old, reason=0) != msgspec.structs.replace(new, reason=0):
+            return True
+        if new.reason != 0 and new.reason != old.reason:
+            return True
+    return False
 
 
 def _validated_assignment(request, computation: ClientComputation) -> dict:
