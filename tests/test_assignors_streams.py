@@ -48,11 +48,13 @@ def _assignor(resolved, process: int = 0, endpoint: str = "") -> StickyTaskAssig
     return StickyTaskAssignor(resolved, process_id=uuid.UUID(int=process + 1), user_endpoint=endpoint)
 
 
-def _spec(resolved, member_ids, targets=None, hashes=None) -> AssignmentSpec:
+def _spec(resolved, member_ids, targets=None, hashes=None, lags=None) -> AssignmentSpec:
     topics = _topics(resolved)
     members = {}
     for index, mid in enumerate(member_ids):
         assignor = _assignor(resolved, index, f"host{index}:80")
+        if lags and mid in lags:
+            assignor.set_task_lags(lags[mid])
         meta = assignor.metadata()
         if hashes and mid in hashes:
             data = encode_member_metadata(
@@ -116,7 +118,10 @@ def test_sticky_scale_out_moves_only_what_balance_needs(join_topology):
     first = _assignor(join_topology).assign(_spec(join_topology, members))
     targets = {mid: first.members[mid].partitions for mid in members}
     before = {mid: set(_tasks_of(first, mid)) for mid in members}
-    second = _assignor(join_topology).assign(_spec(join_topology, ["a", "b", "c"], targets))
+    # Every task here is stateful: "c" must have caught-up state for tasks to move to it now
+    # (without it they stay put and "c" warms up: tests/test_assignors_streams_placement.py).
+    caught_up = {"c": dict.fromkeys(join_topology.tasks, 0)}
+    second = _assignor(join_topology).assign(_spec(join_topology, ["a", "b", "c"], targets, lags=caught_up))
     after = {mid: set(_tasks_of(second, mid)) for mid in ["a", "b", "c"]}
     total = len(join_topology.tasks)
     for mid in members:
@@ -170,7 +175,8 @@ def test_inconsistent_topology_keeps_targets_and_reports_error(join_topology):
 def test_partitions_by_host(join_topology):
     spec = _spec(join_topology, ["a", "b"])
     result = _assignor(join_topology).assign(spec)
-    meta = decode_assignment_metadata(1, result.members["a"].metadata)
+    member = result.members["a"]
+    meta = decode_assignment_metadata(member.metadata_version, member.metadata)
     assert set(meta.partitions_by_host) == {"host0:80", "host1:80"}
     assert sum(len(v) for v in meta.partitions_by_host.values()) == sum(t.num_partitions for t in spec.topics.values())
 
@@ -182,11 +188,19 @@ def test_metadata_round_trip_and_reason():
     )
     assert decode_member_metadata(1, encode_member_metadata(member)) == member
     assignment = StreamsAssignmentMetadata(
-        active_tasks=["0_1"], standby_tasks={"1": [2]}, warmup_tasks={}, partitions_by_host={"h:1": [("t", 1)]}, error=2,
+        active_tasks=(TaskId(0, 1),), standby_tasks=(TaskId(1, 2),), warmup_tasks=(TaskId(1, 0),),
+        partitions_by_host={"h:1": [("t", 1)]}, standby_partitions_by_host={"h:2": [("t", 2)]}, error=2,
     )
-    assert decode_assignment_metadata(1, encode_assignment_metadata(assignment)) == assignment
+    assert decode_assignment_metadata(2, encode_assignment_metadata(assignment, 2)) == assignment
+    # v1 has no standby partitions by host; the rest survives.
+    from_v1 = decode_assignment_metadata(1, encode_assignment_metadata(assignment, 1))
+    assert from_v1 == StreamsAssignmentMetadata(
+        active_tasks=(TaskId(0, 1),), standby_tasks=(TaskId(1, 2),), warmup_tasks=(TaskId(1, 0),),
+        partitions_by_host={"h:1": [("t", 1)]}, error=2,
+    )
+    assert decode_member_metadata(2, encode_member_metadata(member)) == member  # one layout
     with pytest.raises(MetadataDecodeError):
-        decode_member_metadata(2, encode_member_metadata(member))
+        decode_member_metadata(3, encode_member_metadata(member))
     assert [r.value for r in MemberReason] == [0, 1, 2, 3, 4]
     assert [e.value for e in AssignmentError] == [0, 1, 2, 3]
 

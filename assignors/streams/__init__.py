@@ -1,4 +1,4 @@
-"""The Streams client-side task assignor and its KIP-848 metadata."""
+"""The Streams client-side task assignor, its placement of replicas and its KIP-848 metadata."""
 from .metadata import (
     MAXIMUM_METADATA_VERSION,
     METADATA_VERSION,
@@ -13,6 +13,7 @@ from .metadata import (
     encode_assignment_metadata,
     encode_member_metadata,
 )
+from .placement import HaConfig, MemberTasks, ProcessSpec, place_tasks
 from .sticky import ASSIGNOR_NAME, StickyTaskAssignor
 
 __all__ = [
@@ -21,6 +22,9 @@ __all__ = [
     "METADATA_VERSION",
     "MINIMUM_METADATA_VERSION",
     "AssignmentError",
+    "HaConfig",
+    "MemberTasks",
+    "ProcessSpec",
     "MemberReason",
     "MetadataDecodeError",
     "StickyTaskAssignor",
@@ -30,4 +34,5 @@ __all__ = [
     "decode_member_metadata",
     "encode_assignment_metadata",
     "encode_member_metadata",
+    "place_tasks",
 ]

@@ -11,21 +11,35 @@ Two payloads travel through the client-side assignor fields of the protocol:
 
 Both are msgpack-encoded; the protocol's ``MetadataVersion`` field carries the version, so the
 bytes stay small and a decoder refuses versions it does not know rather than guessing.
+
+Versions (a member advertises ``[MINIMUM, MAXIMUM]``; the coordinator picks a computing member
+whose range covers every version in use, and the assignor answers each member at the highest
+version that member understands):
+
+* member metadata: **v1 and v2 share one layout** (``StreamsMemberMetadata``); v2 exists so a
+  group can tell which members understand v2 assignments.
+* assignment metadata v1: active tasks as task-id strings (``"1_3"``), standby and warm-up
+  tasks as ``{sub-topology: [partitions]}``, active partitions by host, error.
+* assignment metadata v2: active, standby and warm-up tasks all as task-id strings, active
+  partitions by host, **standby partitions by host** (standbys may answer queries), error.
+
+The rest of the code sees one in-memory model, ``StreamsAssignmentMetadata``, whatever version
+the bytes had.
 """
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from uuid import UUID
 
 import msgspec
 
 from pystreams.topology.ir import TaskId
 
-#: The only metadata version so far; the assignor advertises [MINIMUM, MAXIMUM].
-METADATA_VERSION = 1
 MINIMUM_METADATA_VERSION = 1
-MAXIMUM_METADATA_VERSION = 1
+MAXIMUM_METADATA_VERSION = 2
+#: The version this code writes when nothing asks for an older one.
+METADATA_VERSION = MAXIMUM_METADATA_VERSION
 
 
 class MemberReason(enum.IntEnum):
@@ -51,36 +65,69 @@ class MetadataDecodeError(ValueError):
     """The bytes are not Streams metadata of a version this client understands."""
 
 
+HostPartitions = dict[str, list[tuple[str, int]]]
+
+
 class StreamsMemberMetadata(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """Member metadata; the same layout at v1 and v2."""
+
     #: One per process (instance); shared by all its stream threads (members).
     process_id: UUID
     #: "host:port" where this process serves interactive queries; "" for none.
     user_endpoint: str = ""
-    #: For rack-aware placement of standbys (next issue).
+    #: For rack-aware placement of standbys (``rack.aware.assignment.tags`` picks the keys).
     client_tags: dict[str, str] = {}
     topology_hash: UUID = UUID(int=0)
     #: Task id ("1_3") -> records behind the changelog end; only tasks with local state.
     task_lags: dict[str, int] = {}
 
 
-class StreamsAssignmentMetadata(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
-    #: Task ids ("1_3") this member processes.
-    active_tasks: list[str] = []
-    #: Sub-topology id (as text: msgpack maps keep str keys) -> partition numbers of standby replicas (placement: next issue).
-    standby_tasks: dict[str, list[int]] = {}
-    #: Sub-topology id -> partition numbers being warmed up (placement: next issue).
-    warmup_tasks: dict[str, list[int]] = {}
-    #: "host:port" -> [[topic, partition], ...] of the active tasks of every process with an
+class StreamsAssignmentMetadata(msgspec.Struct, frozen=True):
+    """One member's assignment metadata, independent of the version it travelled at."""
+
+    active_tasks: tuple[TaskId, ...] = ()
+    standby_tasks: tuple[TaskId, ...] = ()
+    warmup_tasks: tuple[TaskId, ...] = ()
+    #: "host:port" -> [(topic, partition), ...] of the active tasks of every process with an
     #: endpoint (interactive queries route by it).
-    partitions_by_host: dict[str, list[tuple[str, int]]] = {}
+    partitions_by_host: HostPartitions = {}
+    #: The same for standby tasks; always empty when the bytes were v1.
+    standby_partitions_by_host: HostPartitions = {}
     error: int = AssignmentError.NONE
 
     def active_task_ids(self) -> list[TaskId]:
-        return [TaskId.parse(text) for text in self.active_tasks]
+        return list(self.active_tasks)
+
+    def standby_task_ids(self) -> list[TaskId]:
+        return list(self.standby_tasks)
+
+    def warmup_task_ids(self) -> list[TaskId]:
+        return list(self.warmup_tasks)
+
+
+# -- wire layouts (private: callers use the model above) --------------------------------------
+
+
+class _AssignmentV1(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    active_tasks: list[str] = []
+    #: Sub-topology id (text: msgpack map keys stay str) -> partition numbers.
+    standby_tasks: dict[str, list[int]] = {}
+    warmup_tasks: dict[str, list[int]] = {}
+    partitions_by_host: HostPartitions = {}
+    error: int = AssignmentError.NONE
+
+
+class _AssignmentV2(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    active_tasks: list[str] = []
+    standby_tasks: list[str] = []
+    warmup_tasks: list[str] = []
+    partitions_by_host: HostPartitions = {}
+    standby_partitions_by_host: HostPartitions = {}
+    error: int = AssignmentError.NONE
 
 
 _member_decoder = msgspec.msgpack.Decoder(StreamsMemberMetadata)
-_assignment_decoder = msgspec.msgpack.Decoder(StreamsAssignmentMetadata)
+_assignment_decoders = {1: msgspec.msgpack.Decoder(_AssignmentV1), 2: msgspec.msgpack.Decoder(_AssignmentV2)}
 _encoder = msgspec.msgpack.Encoder(order="deterministic")
 
 
@@ -96,15 +143,74 @@ def decode_member_metadata(version: int, data: bytes) -> StreamsMemberMetadata:
         raise MetadataDecodeError(f"not Streams member metadata v{version}: {error}") from error
 
 
-def encode_assignment_metadata(metadata: StreamsAssignmentMetadata) -> bytes:
-    return _encoder.encode(metadata)
+class AssignmentMetadataWriter:
+    """Encodes many members' assignment metadata that share the by-host maps.
+
+    The maps name every partition of the group and are the same for every member, so they are
+    encoded once and spliced into each member's bytes (``msgspec.Raw``), which keeps a
+    1,000-member assignment cheap.
+    """
+
+    def __init__(self, partitions_by_host: Mapping[str, Sequence[tuple[str, int]]], standby_partitions_by_host: Mapping[str, Sequence[tuple[str, int]]]) -> None:
+        self._hosts = msgspec.Raw(_encoder.encode(_sorted_hosts(partitions_by_host)))
+        self._standby_hosts = msgspec.Raw(_encoder.encode(_sorted_hosts(standby_partitions_by_host)))
+
+    def encode(
+        self,
+        version: int,
+        active: Iterable[TaskId] = (),
+        standby: Iterable[TaskId] = (),
+        warmup: Iterable[TaskId] = (),
+        error: int = AssignmentError.NONE,
+    ) -> bytes:
+        _check_version(version)
+        if version == 1:
+            wire: msgspec.Struct = _AssignmentV1(
+                active_tasks=_task_strings(active),
+                standby_tasks=_by_subtopology(standby),
+                warmup_tasks=_by_subtopology(warmup),
+                partitions_by_host=self._hosts,  # type: ignore[arg-type]  # pre-encoded
+                error=int(error),
+            )
+        else:
+            wire = _AssignmentV2(
+                active_tasks=_task_strings(active),
+                standby_tasks=_task_strings(standby),
+                warmup_tasks=_task_strings(warmup),
+                partitions_by_host=self._hosts,  # type: ignore[arg-type]
+                standby_partitions_by_host=self._standby_hosts,  # type: ignore[arg-type]
+                error=int(error),
+            )
+        return _encoder.encode(wire)
+
+
+def encode_assignment_metadata(metadata: StreamsAssignmentMetadata, version: int = MAXIMUM_METADATA_VERSION) -> bytes:
+    """The bytes of ``metadata`` at ``version`` (v1 cannot carry standby partitions by host)."""
+    writer = AssignmentMetadataWriter(metadata.partitions_by_host, metadata.standby_partitions_by_host)
+    return writer.encode(version, metadata.active_tasks, metadata.standby_tasks, metadata.warmup_tasks, metadata.error)
 
 
 def decode_assignment_metadata(version: int, data: bytes) -> StreamsAssignmentMetadata:
     _check_version(version)
     try:
-        return _assignment_decoder.decode(data)
-    except msgspec.DecodeError as error:
+        wire = _assignment_decoders[version].decode(data)
+        if isinstance(wire, _AssignmentV1):
+            return StreamsAssignmentMetadata(
+                active_tasks=_parse_tasks(wire.active_tasks),
+                standby_tasks=_tasks_from_subtopologies(wire.standby_tasks),
+                warmup_tasks=_tasks_from_subtopologies(wire.warmup_tasks),
+                partitions_by_host=wire.partitions_by_host,
+                error=wire.error,
+            )
+        return StreamsAssignmentMetadata(
+            active_tasks=_parse_tasks(wire.active_tasks),
+            standby_tasks=_parse_tasks(wire.standby_tasks),
+            warmup_tasks=_parse_tasks(wire.warmup_tasks),
+            partitions_by_host=wire.partitions_by_host,
+            standby_partitions_by_host=wire.standby_partitions_by_host,
+            error=wire.error,
+        )
+    except (msgspec.DecodeError, ValueError) as error:
         raise MetadataDecodeError(f"not Streams assignment metadata v{version}: {error}") from error
 
 
@@ -114,6 +220,29 @@ def _check_version(version: int) -> None:
             f"Streams metadata version {version} is outside the supported range "
             f"[{MINIMUM_METADATA_VERSION}, {MAXIMUM_METADATA_VERSION}]"
         )
+
+
+def _sorted_hosts(hosts: Mapping[str, Sequence[tuple[str, int]]]) -> HostPartitions:
+    return {host: sorted((topic, partition) for topic, partition in pairs) for host, pairs in sorted(hosts.items())}
+
+
+def _task_strings(tasks: Iterable[TaskId]) -> list[str]:
+    return [str(task) for task in sorted(tasks)]
+
+
+def _parse_tasks(texts: Iterable[str]) -> tuple[TaskId, ...]:
+    return tuple(sorted(TaskId.parse(text) for text in texts))
+
+
+def _by_subtopology(tasks: Iterable[TaskId]) -> dict[str, list[int]]:
+    grouped: dict[int, list[int]] = {}
+    for task in sorted(tasks):
+        grouped.setdefault(task.subtopology, []).append(task.partition)
+    return {str(subtopology): partitions for subtopology, partitions in grouped.items()}
+
+
+def _tasks_from_subtopologies(grouped: Mapping[str, Iterable[int]]) -> tuple[TaskId, ...]:
+    return tuple(sorted(TaskId(int(subtopology), partition) for subtopology, partitions in grouped.items() for partition in partitions))
 
 
 def task_lags_from(lags: Mapping[TaskId, int]) -> dict[str, int]:

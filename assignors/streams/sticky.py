@@ -5,19 +5,23 @@ through the resolved topology (a task = a sub-topology on one partition number; 
 partition number of every source topic of its sub-topology), and a task's partitions always go
 to one member together, which is what co-partitioned joins need.
 
-Placement, deterministic for a given spec (sorted everywhere, ties broken by member id):
+``assign`` decodes each member's metadata at the version the member sent, groups members
+(stream threads) into processes by process id, and hands the tasks to ``placement.place_tasks``:
+sticky and balanced actives that run only where their state is caught up, standby replicas
+(``HaConfig.num_standby_replicas``, rack-aware) and warm-up replicas where an active should move
+to. A task is *stateful* when its sub-topology has a store with a changelog; a task's current
+owner is the member whose *target* holds most of its partitions. Each member's assignment
+metadata is written at the highest version that member understands, so a rolling upgrade from
+v1 keeps working. ``partitions_by_host`` lists every endpoint's active partitions and
+``standby_partitions_by_host`` its standbys' (v2 only).
 
-1. **Sticky.** A task's current owner is the member whose *target* holds the most of the task's
-   partitions. Each member keeps up to its fair share of the tasks it owns: ``floor(T / M)``,
-   and ``floor(T / M) + 1`` for as many members as ``T mod M`` allows (those owning the most
-   first). An unchanged group therefore gets exactly its current assignment back.
-2. **Balanced.** Every other task goes, in task order, to the member with the fewest tasks so
-   far. Counts then differ by at most one.
+Errors (the whole group gets the same one):
 
-Members that disagree on the topology hash get no new assignment: the group-level error is
-INCONSISTENT_TOPOLOGY (the coordinator keeps the current target and reports the error to every
-member in its assignment). Standby and warm-up placement is the next issue: the hooks
-``_place_standbys`` and ``_place_warmups`` return nothing yet.
+* members that disagree on the topology hash: INCONSISTENT_TOPOLOGY as the group-level error
+  (the coordinator keeps the current target and reports the error to every member);
+* undecodable member metadata: ASSIGNMENT_ERROR, likewise;
+* a member whose reason is SHUTDOWN: every member keeps its current partitions and its
+  assignment metadata carries SHUTDOWN, so every worker of the app stops.
 """
 from __future__ import annotations
 
@@ -41,15 +45,16 @@ from .metadata import (
     METADATA_VERSION,
     MINIMUM_METADATA_VERSION,
     AssignmentError,
+    AssignmentMetadataWriter,
     MemberReason,
     MetadataDecodeError,
     StreamsAssignmentMetadata,
     StreamsMemberMetadata,
     decode_assignment_metadata,
     decode_member_metadata,
-    encode_assignment_metadata,
     encode_member_metadata,
 )
+from .placement import HaConfig, MemberTasks, ProcessSpec, place_tasks
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +78,14 @@ class StickyTaskAssignor:
         user_endpoint: str = "",
         client_tags: Mapping[str, str] | None = None,
         on_assignment: Callable[[int, StreamsAssignmentMetadata | None, int], None] | None = None,
+        ha: HaConfig = HaConfig(),
     ) -> None:
         self.resolved = resolved
+        self.ha = ha
+        #: Sub-topologies whose tasks have changelogged state (restoring them takes time).
+        self.stateful_subtopologies = frozenset(
+            store.subtopology for store in resolved.topology.stores.values() if store.changelog_topic is not None
+        )
         self.process_id = process_id
         self.user_endpoint = user_endpoint
         self.client_tags = dict(client_tags or {})
@@ -101,6 +112,13 @@ class StickyTaskAssignor:
         with self._lock:
             self._task_lags = {str(task): lag for task, lag in sorted(lags.items())}
 
+    def report(self, lags: Mapping[TaskId, int], reason: MemberReason) -> None:
+        """Fresh lags together with the reason that makes them worth a reassignment: the KIP
+        sends TaskLag only with a non-zero reason, so both change in one step."""
+        with self._lock:
+            self._task_lags = {str(task): lag for task, lag in sorted(lags.items())}
+            self._reason = reason
+
     def member_metadata(self) -> StreamsMemberMetadata:
         with self._lock:
             lags = dict(self._task_lags)
@@ -124,12 +142,16 @@ class StickyTaskAssignor:
         )
 
     def on_assignment(self, error: int, assignment: MemberAssignment, group_epoch: int) -> None:
+        """``error`` given to the callback is the group-level error, or else the one the
+        member's assignment metadata carries (how SHUTDOWN reaches every member)."""
         decoded: StreamsAssignmentMetadata | None = None
         if assignment.metadata:
             try:
                 decoded = decode_assignment_metadata(assignment.metadata_version, assignment.metadata)
             except MetadataDecodeError:
                 log.warning("undecodable assignment metadata at epoch %d", group_epoch, exc_info=True)
+        if not error and decoded is not None:
+            error = decoded.error
         with self._lock:
             self.latest_error = error
             self.latest_assignment = decoded
@@ -138,6 +160,8 @@ class StickyTaskAssignor:
                 self._reason = MemberReason.NONE
         if error == AssignmentError.INCONSISTENT_TOPOLOGY:
             log.error("the group's members run different topologies (assignment error %d)", error)
+        elif error == AssignmentError.SHUTDOWN:
+            log.warning("a member asked the application to shut down (assignment error %d)", error)
         if self._on_assignment is not None:
             self._on_assignment(error, decoded, group_epoch)
 
@@ -159,33 +183,36 @@ class StickyTaskAssignor:
 
         partitions_of_task = self.task_partitions(spec)
         owner_of = _current_owners(spec, partitions_of_task)
-        active = _balance_sticky(member_ids, sorted(partitions_of_task), owner_of)
-        self._place_standbys(active, metadata)
-        self._place_warmups(active, metadata)
+        versions = {mid: _assignment_version(spec.members[mid]) for mid in member_ids}
+        shutdown_by = [mid for mid in member_ids if spec.members[mid].metadata.reason == MemberReason.SHUTDOWN]  # type: ignore[union-attr]
+        if shutdown_by:
+            log.warning("members %s asked the application to shut down", shutdown_by)
+            return _shutdown(spec, owner_of, versions)
+
+        placement = place_tasks(
+            partitions_of_task,
+            {task for task in partitions_of_task if task.subtopology in self.stateful_subtopologies},
+            _processes(metadata, partitions_of_task),
+            owner_of,
+            self.ha,
+        )
 
         names = {topic_id: topic.name for topic_id, topic in spec.topics.items()}
-        partitions_by_host: dict[str, list[tuple[str, int]]] = {}
-        for mid in member_ids:
-            endpoint = metadata[mid].user_endpoint
-            if endpoint:
-                held = partitions_by_host.setdefault(endpoint, [])
-                held.extend((names[t], p) for task in active[mid] for t, p in partitions_of_task[task])
-        partitions_by_host = {host: sorted(pairs) for host, pairs in sorted(partitions_by_host.items())}
-
+        writer = AssignmentMetadataWriter(
+            _partitions_by_host(metadata, placement, partitions_of_task, names, lambda tasks: tasks.active),
+            _partitions_by_host(metadata, placement, partitions_of_task, names, lambda tasks: tasks.standby),
+        )
         members: dict[str, MemberAssignment] = {}
         for mid in member_ids:
+            tasks = placement[mid]
             by_topic: dict[UUID, set[int]] = {}
-            for task in active[mid]:
+            for task in tasks.active:
                 for topic_id, partition in partitions_of_task[task]:
                     by_topic.setdefault(topic_id, set()).add(partition)
-            assignment_metadata = StreamsAssignmentMetadata(
-                active_tasks=[str(task) for task in sorted(active[mid])],
-                partitions_by_host=partitions_by_host,
-            )
             members[mid] = MemberAssignment(
                 partitions={t: frozenset(ps) for t, ps in sorted(by_topic.items())},
-                metadata_version=METADATA_VERSION,
-                metadata=encode_assignment_metadata(assignment_metadata),
+                metadata_version=versions[mid],
+                metadata=writer.encode(versions[mid], tasks.active, tasks.standby, tasks.warmup),
             )
         return GroupAssignment(members=members)
 
@@ -205,16 +232,6 @@ class StickyTaskAssignor:
                 result[task] = tuple(sorted(pairs))
         return result
 
-    # -- hooks for the next issue (standby and warm-up replicas) ------------------------------
-
-    def _place_standbys(self, active: Mapping[str, list[TaskId]], metadata: Mapping[str, StreamsMemberMetadata]) -> dict[str, list[TaskId]]:
-        """num.standby.replicas placement (on other processes, by client tags): not yet."""
-        return {}
-
-    def _place_warmups(self, active: Mapping[str, list[TaskId]], metadata: Mapping[str, StreamsMemberMetadata]) -> dict[str, list[TaskId]]:
-        """max.warmup.replicas / acceptable.recovery.lag placement from task lags: not yet."""
-        return {}
-
 
 def _member_metadata(member: MemberSpec) -> StreamsMemberMetadata:
     if member.metadata is None or not member.metadata.data:
@@ -222,55 +239,107 @@ def _member_metadata(member: MemberSpec) -> StreamsMemberMetadata:
     return decode_member_metadata(member.metadata.version, member.metadata.data)
 
 
+def _assignment_version(member: MemberSpec) -> int:
+    """The highest assignment metadata version both this code and the member understand."""
+    meta = member.metadata
+    assert meta is not None  # _member_metadata refused members without metadata
+    highest = meta.maximum_version or meta.version  # a member that sent no range speaks its version
+    return max(MINIMUM_METADATA_VERSION, min(highest, MAXIMUM_METADATA_VERSION))
+
+
 def _keep_targets(spec: AssignmentSpec, error: AssignmentError) -> GroupAssignment:
     """The group-level error makes the coordinator keep the current target; the members'
     entries say the same thing, for readers of the result."""
-    failed = encode_assignment_metadata(StreamsAssignmentMetadata(error=int(error)))
+    writer = AssignmentMetadataWriter({}, {})
+    members = {}
+    for mid, member in sorted(spec.members.items()):
+        version = _assignment_version(member) if member.metadata is not None else MINIMUM_METADATA_VERSION
+        members[mid] = MemberAssignment(
+            partitions=member.target_partitions, metadata_version=version, metadata=writer.encode(version, error=int(error))
+        )
+    return GroupAssignment(members=members, error=int(error))
+
+
+def _shutdown(spec: AssignmentSpec, owner_of: Mapping[TaskId, str], versions: Mapping[str, int]) -> GroupAssignment:
+    """Every member keeps what it has (nothing moves while the app stops) and is told SHUTDOWN
+    in its assignment metadata; the assignment itself installs, so every member hears it."""
+    held: dict[str, list[TaskId]] = {mid: [] for mid in spec.members}
+    for task, mid in owner_of.items():
+        held[mid].append(task)
+    writer = AssignmentMetadataWriter({}, {})
     return GroupAssignment(
         members={
             mid: MemberAssignment(
-                partitions=member.target_partitions, metadata_version=METADATA_VERSION, metadata=failed
+                partitions=member.target_partitions,
+                metadata_version=versions[mid],
+                metadata=writer.encode(versions[mid], held[mid], error=AssignmentError.SHUTDOWN),
             )
             for mid, member in sorted(spec.members.items())
-        },
-        error=int(error),
+        }
     )
+
+
+def _processes(
+    metadata: Mapping[str, StreamsMemberMetadata], partitions_of_task: Mapping[TaskId, object]
+) -> list[ProcessSpec]:
+    """Members grouped by process id; a process's lag for a task is its members' lowest."""
+    by_process: dict[UUID, list[str]] = {}
+    for mid in sorted(metadata):
+        by_process.setdefault(metadata[mid].process_id, []).append(mid)
+    processes = []
+    for process_id, member_ids in sorted(by_process.items()):
+        lags: dict[TaskId, int] = {}
+        for mid in member_ids:
+            for text, lag in metadata[mid].task_lags.items():
+                try:
+                    task = TaskId.parse(text)
+                except ValueError:
+                    continue  # not a task id: ignore rather than fail the group
+                if task in partitions_of_task:
+                    lags[task] = min(lag, lags.get(task, lag))
+        processes.append(
+            ProcessSpec(
+                process_id=str(process_id),
+                member_ids=tuple(member_ids),
+                client_tags=metadata[member_ids[0]].client_tags,
+                task_lags=lags,
+            )
+        )
+    return processes
+
+
+def _partitions_by_host(
+    metadata: Mapping[str, StreamsMemberMetadata],
+    placement: Mapping[str, MemberTasks],
+    partitions_of_task: Mapping[TaskId, tuple[TopicIdPartition, ...]],
+    names: Mapping[UUID, str],
+    which: Callable[[MemberTasks], list[TaskId]],
+) -> dict[str, list[tuple[str, int]]]:
+    hosts: dict[str, list[tuple[str, int]]] = {}
+    for mid in sorted(metadata):
+        endpoint = metadata[mid].user_endpoint
+        if endpoint:
+            pairs = hosts.setdefault(endpoint, [])
+            pairs.extend((names[t], p) for task in which(placement[mid]) for t, p in partitions_of_task[task])
+    return hosts
 
 
 def _current_owners(
     spec: AssignmentSpec, partitions_of_task: Mapping[TaskId, tuple[TopicIdPartition, ...]]
 ) -> dict[TaskId, str]:
     """Task -> the member whose target holds most of its partitions (ties: lowest member id)."""
+    holder: dict[TopicIdPartition, str] = {}
+    for mid in sorted(spec.members, reverse=True):  # the lowest id wins a (malformed) shared partition
+        for topic_id, partitions in spec.members[mid].target_partitions.items():
+            for partition in partitions:
+                holder[(topic_id, partition)] = mid
     owners: dict[TaskId, str] = {}
     for task, pairs in partitions_of_task.items():
-        best: tuple[int, str] | None = None
-        for mid in sorted(spec.members):
-            target = spec.members[mid].target_partitions
-            held = sum(1 for topic_id, p in pairs if p in target.get(topic_id, ()))
-            if held and (best is None or held > best[0]):
-                best = (held, mid)
-        if best is not None:
-            owners[task] = best[1]
+        held: dict[str, int] = {}
+        for pair in pairs:
+            mid = holder.get(pair)
+            if mid is not None:
+                held[mid] = held.get(mid, 0) + 1
+        if held:
+            owners[task] = min(held, key=lambda m: (-held[m], m))
     return owners
-
-
-def _balance_sticky(member_ids: list[str], tasks: list[TaskId], owner_of: Mapping[TaskId, str]) -> dict[str, list[TaskId]]:
-    base, extra_slots = divmod(len(tasks), len(member_ids))
-    owned: dict[str, list[TaskId]] = {mid: [] for mid in member_ids}
-    for task in tasks:
-        owner = owner_of.get(task)
-        if owner in owned:
-            owned[owner].append(task)
-    assigned: dict[str, list[TaskId]] = {mid: owned[mid][:base] for mid in member_ids}
-    # Members owning more than the base share keep one more while the spare slots last.
-    for mid in sorted(member_ids, key=lambda m: (-len(owned[m]), m)):
-        if extra_slots and len(owned[mid]) > base:
-            assigned[mid].append(owned[mid][base])
-            extra_slots -= 1
-    placed = {task for kept in assigned.values() for task in kept}
-    for task in tasks:
-        if task in placed:
-            continue
-        fewest = min(member_ids, key=lambda m: (len(assigned[m]), m))
-        assigned[fewest].append(task)
-    return {mid: sorted(kept) for mid, kept in assigned.items()}
