@@ -411,6 +411,12 @@ class MemberDriver:
         self._take_events()
         self._wake()  # the acknowledgement goes out in a heartbeat right away
 
+    def request_heartbeat(self) -> None:
+        """Heartbeat now rather than at the interval (e.g. the assignor has a reason to send).
+        Call on the driver's loop."""
+        self.member.request_heartbeat()
+        self._wake()
+
     async def next_heartbeat(self, timeout_s: float | None = None) -> None:
         """Wait for the next successful heartbeat response (e.g. after STALE_MEMBER_EPOCH)."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -23,14 +23,35 @@ def host_port(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(number)
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}: {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` (client tags)."""
+    key, sep, value = text.strip().partition("=")
+    if not sep or not key.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def key_values(text: str) -> list[tuple[str, str]]:
+    """Comma-separated ``KEY=VALUE`` pairs, as an environment variable holds them."""
+    return [key_value(item) for item in text.split(",") if item.strip()]
 
 
 def positive_seconds(text: str) -> float:

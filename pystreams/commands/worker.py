@@ -39,23 +39,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"commit.interval.ms (env PYSTREAMS_COMMIT_INTERVAL_MS; default {DEFAULT_COMMIT_INTERVAL_MS})")
     parser.add_argument("--user-endpoint", default=env("PYSTREAMS_USER_ENDPOINT", ""),
                         help="HOST:PORT advertised for interactive queries (env PYSTREAMS_USER_ENDPOINT)")
+    parser.add_argument("--num-standby-replicas", type=options.non_negative_int, default=env("PYSTREAMS_NUM_STANDBY_REPLICAS", "0"),
+                        help="num.standby.replicas per stateful task (env PYSTREAMS_NUM_STANDBY_REPLICAS; default 0)")
+    parser.add_argument("--max-warmup-replicas", type=options.non_negative_int, default=env("PYSTREAMS_MAX_WARMUP_REPLICAS", "2"),
+                        help="max.warmup.replicas in the whole group (env PYSTREAMS_MAX_WARMUP_REPLICAS; default 2)")
+    parser.add_argument("--acceptable-recovery-lag", type=options.non_negative_int,
+                        default=env("PYSTREAMS_ACCEPTABLE_RECOVERY_LAG", "10000"),
+                        help="acceptable.recovery.lag: records a process may be behind and still take a task's active "
+                             "(env PYSTREAMS_ACCEPTABLE_RECOVERY_LAG; default 10000)")
+    parser.add_argument("--client-tag", action="append", type=options.key_value, metavar="KEY=VALUE", default=[],
+                        help="a client tag, e.g. zone=eu-1a; repeatable (env PYSTREAMS_CLIENT_TAGS, comma-separated)")
+    parser.add_argument("--rack-aware-assignment-tags", default=env("PYSTREAMS_RACK_AWARE_ASSIGNMENT_TAGS", ""),
+                        metavar="KEY[,KEY...]",
+                        help="client tags whose values standbys should differ in (env PYSTREAMS_RACK_AWARE_ASSIGNMENT_TAGS)")
+    parser.add_argument("--shutdown-application-on-error", action="store_true",
+                        default=env("PYSTREAMS_SHUTDOWN_APPLICATION_ON_ERROR", "") in ("1", "true"),
+                        help="a fatal error here asks every worker of the app to shut down "
+                             "(env PYSTREAMS_SHUTDOWN_APPLICATION_ON_ERROR)")
     parser.add_argument("--log-level", default=env("PYSTREAMS_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(env PYSTREAMS_LOG_LEVEL)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from pystreams.assignors.streams.placement import HaConfig
     from pystreams.worker.process import WorkerSettings, run_worker
 
     if not args.bootstrap_servers or not args.coordinator:
         print("pystreams worker: --bootstrap-servers and --coordinator are required "
               "(or PYSTREAMS_BOOTSTRAP_SERVERS and PYSTREAMS_COORDINATOR)", file=sys.stderr)
         return 2
-    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    # `kill -USR1 PID` prints every thread's stack: how to see where a stuck worker waits.
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     try:
+        try:
+            client_tags = dict(options.key_values(os.environ.get("PYSTREAMS_CLIENT_TAGS", "")))
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(f"PYSTREAMS_CLIENT_TAGS: {error}") from None
+        client_tags.update(args.client_tag)  # the command line wins over the environment
         settings = WorkerSettings(
             app=args.app,
             bootstrap_servers=args.bootstrap_servers,
@@ -65,10 +83,23 @@ def run(args: argparse.Namespace) -> int:
             threads=int(args.threads),
             commit_interval_ms=int(args.commit_interval_ms),
             user_endpoint=args.user_endpoint,
+            ha=HaConfig(
+                num_standby_replicas=int(args.num_standby_replicas),
+                max_warmup_replicas=int(args.max_warmup_replicas),
+                acceptable_recovery_lag=int(args.acceptable_recovery_lag),
+                rack_aware_assignment_tags=tuple(t.strip() for t in args.rack_aware_assignment_tags.split(",") if t.strip()),
+            ),
+            client_tags=client_tags,
+            shutdown_application_on_error=args.shutdown_application_on_error,
         )
     except ValueError as error:
         print(f"pystreams worker: {error}", file=sys.stderr)
         return 2
+    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    # `kill -USR1 PID` prints every thread's stack: how to see where a stuck worker waits.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
     async def main() -> int:
         stop = asyncio.Event()

@@ -34,12 +34,15 @@ from kafka import TopicPartition as KafkaTopicPartition
 
 from pystreams.cluster import ClusterMetadata, TopicSpec
 from pystreams.state import CacheLimits, RestoreProgress, TopicPartition
+from pystreams.state.errors import TaskDirectoryLockedError
+from pystreams.state.task_state import read_local_task_offsets
 from pystreams.topology.ir import TaskId, Topology
 from pystreams.topology.resolve import ResolvedTopology, resolve
 
 from .errors import ErrorKind, ErrorPolicy, RecordFailure
 from .kafka_io import ChangelogRestorer, RecordSender, make_consumer, make_producer
 from .packing import expand_packed
+from .standby import StandbyTask, StandbyUpdater, stateful_tasks
 from .stores import TypedStore
 from .tasks import StreamTask
 
@@ -123,6 +126,11 @@ class TaskEngine:
         self._producer: Any = None
         self._consumer: Any = None
         self._restorer: ChangelogRestorer | None = None
+        self._standby_updater: StandbyUpdater | None = None
+        #: Standby and warm-up replicas the assignment wants here; opened unless active here,
+        #: retried while another thread of this process still holds the task's directory.
+        self._wanted_standbys: frozenset[TaskId] = frozenset()
+        self._stateful = stateful_tasks(resolved)
         self._sender: RecordSender | None = None
         self._repartition_topics: frozenset[str] = frozenset()
         self._last_commit = time.monotonic()
@@ -148,6 +156,9 @@ class TaskEngine:
             self.config.bootstrap_servers, f"{client_id}-restore", {**self.config.consumer_config}
         )
         self._restorer = ChangelogRestorer(restore_consumer)
+        self._standby_updater = StandbyUpdater(
+            make_consumer(self.config.bootstrap_servers, f"{client_id}-standby", {**self.config.consumer_config})
+        )
 
     def ensure_internal_topics(self) -> None:
         """Repartition topics (cleanup.policy=delete) and changelogs (compacted), sized by
@@ -168,9 +179,13 @@ class TaskEngine:
             for client in (self._consumer, self._producer):
                 if client is not None:
                     client.close()
+            if self._standby_updater is not None:
+                for task_id in list(self._standby_updater.tasks):
+                    self._close_standby(task_id)
+                self._standby_updater.close()
             if self._restorer is not None:
                 self._restorer.close()
-            self._consumer = self._producer = self._restorer = None
+            self._consumer = self._producer = self._restorer = self._standby_updater = None
 
     def __enter__(self) -> TaskEngine:
         self.start()
@@ -192,6 +207,8 @@ class TaskEngine:
         restored: dict[TaskId, dict[str, int]] = {}
         new_tasks = []
         for task_id in sorted(set(task_ids) - self._tasks.keys()):
+            # Promotion: the replica's checkpoint is where the active's restore starts.
+            self._close_standby(task_id)
             task = StreamTask(
                 self.resolved,
                 task_id,
@@ -218,6 +235,8 @@ class TaskEngine:
         if new_partitions:
             self._assign_inputs()
             committed = dict(self._committed_offsets(new_partitions)) if self._committed_offsets else {}
+            log.info("input resumes at %s", ", ".join(
+                f"{p.topic}-{p.partition}@{committed.get(p, 'beginning')}" for p in sorted(new_partitions)))
             for partition in new_partitions:
                 offset = committed.get(partition)
                 kafka_partition = KafkaTopicPartition(*partition)
@@ -227,6 +246,60 @@ class TaskEngine:
                     self._consumer.seek(kafka_partition, offset)
                     self._task_of_partition[partition].mark_consumed(partition, offset)
         return restored
+
+    # -- standby and warm-up replicas ---------------------------------------------------------
+
+    @property
+    def standby_tasks(self) -> Mapping[TaskId, StandbyTask]:
+        return self._standby_updater.tasks if self._standby_updater is not None else {}
+
+    def set_standby_tasks(self, task_ids: Iterable[TaskId]) -> None:
+        """The standby and warm-up replicas wanted here (stateless tasks need none)."""
+        self._wanted_standbys = frozenset(task_ids) & self._stateful
+        self._reconcile_standbys()
+
+    def _reconcile_standbys(self) -> None:
+        updater = self._standby_updater
+        if updater is None:
+            return
+        for task_id in [t for t in updater.tasks if t not in self._wanted_standbys or t in self._tasks]:
+            self._close_standby(task_id)
+        for task_id in sorted(self._wanted_standbys - self._tasks.keys() - updater.tasks.keys()):
+            try:
+                standby = StandbyTask(
+                    self.resolved, task_id, state_dir=self.config.state_dir,
+                    cache_limits=self.config.cache_limits, checkpoint_min_records=self.config.checkpoint_min_records,
+                )
+            except TaskDirectoryLockedError:
+                continue  # its previous owner on another thread has not closed it yet
+            updater.add(standby)
+
+    def _close_standby(self, task_id: TaskId) -> None:
+        if self._standby_updater is not None and (standby := self._standby_updater.remove(task_id)) is not None:
+            standby.close()
+
+    def replica_lags(self) -> dict[TaskId, int]:
+        """How far each open standby or warm-up replica is behind its changelogs."""
+        return self._standby_updater.lags() if self._standby_updater is not None else {}
+
+    def task_lags(self) -> dict[TaskId, int]:
+        """What a Streams member reports (KIP-848's TaskLag): 0 for running actives, the
+        replica's lag for standbys and warm-ups, and changelog end − checkpoint for any other
+        task with state in the state directory (so that its state is not thrown away)."""
+        assert self._standby_updater is not None, "start() the engine first"
+        lags: dict[TaskId, int] = self._standby_updater.lags()
+        open_tasks = self._tasks.keys() | lags.keys()
+        on_disk = {
+            task_id: offsets
+            for name, offsets in read_local_task_offsets(self.config.state_dir, self.topology.app_id).items()
+            if (task_id := _parse_task_id(name)) is not None and task_id not in open_tasks and task_id in self._stateful
+        }
+        assert self._restorer is not None
+        for task_id, offsets in on_disk.items():
+            lags[task_id] = sum(max(0, self._restorer.true_end_offset(c) - offset) for c, offset in offsets.items())
+        for task_id in self._tasks:
+            lags[task_id] = 0
+        return lags
 
     def revoke_tasks(self, task_ids: Iterable[TaskId]) -> dict[TopicPartition, int]:
         """Commit the tasks, then close them; returns the input offsets committed."""
@@ -238,6 +311,7 @@ class TaskEngine:
             task.close_clean()
             self._forget(task)
         self._assign_inputs()
+        self._reconcile_standbys()  # a demoted active may stay here as a replica
         return offsets
 
     def lose_tasks(self, task_ids: Iterable[TaskId]) -> None:
@@ -249,6 +323,7 @@ class TaskEngine:
             task.close_dirty()
             self._forget(task)
         self._assign_inputs()
+        self._reconcile_standbys()
 
     def _forget(self, task: StreamTask) -> None:
         del self._tasks[task.id]
@@ -265,14 +340,23 @@ class TaskEngine:
     def poll(self, timeout_ms: int | None = None) -> int:
         """Fetch once, process what came, run due wall-clock punctuations; returns the number
         of records processed."""
+        timeout = timeout_ms if timeout_ms is not None else self.config.poll_timeout_ms
+        updater = self._standby_updater
+        if updater is not None and self._wanted_standbys - updater.tasks.keys() - self._tasks.keys():
+            self._reconcile_standbys()
+        following = updater is not None and bool(updater.tasks)
         if not self._task_of_partition:
-            time.sleep((timeout_ms if timeout_ms is not None else self.config.poll_timeout_ms) / 1000)
+            # Replicas catch up between input batches; with no active work they get the wait.
+            if following:
+                updater.poll(timeout)
+            else:
+                time.sleep(timeout / 1000)
             self._punctuate_wall_clock()
             self._send_repartition_buffers()
             return 0
-        fetched = self._consumer.poll(
-            timeout_ms=timeout_ms if timeout_ms is not None else self.config.poll_timeout_ms
-        )
+        if following:
+            updater.poll(0)
+        fetched = self._consumer.poll(timeout_ms=timeout)
         count = 0
         by_task: dict[TaskId, list[tuple[TopicPartition, list[Any]]]] = {}
         for kafka_partition, records in fetched.items():
@@ -332,6 +416,9 @@ class TaskEngine:
         """Checkpoint the changelog offsets the stores now reflect."""
         for task in list(self._tasks.values() if tasks is None else tasks):
             task.checkpoint()
+        if tasks is None:
+            for standby in self.standby_tasks.values():
+                standby.checkpoint()
         self._last_commit = time.monotonic()
 
     def commit(self) -> dict[TopicPartition, int]:
@@ -382,3 +469,10 @@ class TaskEngine:
     @property
     def records_processed(self) -> int:
         return sum(task.records_processed for task in self._tasks.values())
+
+
+def _parse_task_id(text: str) -> TaskId | None:
+    try:
+        return TaskId.parse(text)
+    except ValueError:
+        return None

@@ -34,19 +34,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
 import re
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pystreams.assignors.streams import StickyTaskAssignor
+from pystreams.assignors.streams import AssignmentError, MemberReason, StickyTaskAssignor, StreamsAssignmentMetadata
+from pystreams.assignors.streams.placement import HaConfig
 from pystreams.client.assignment import TopicIdPartition
 from pystreams.client.driver import MemberDriver
 from pystreams.client.member import (
@@ -64,6 +67,7 @@ from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology
 
 from .engine import EngineConfig, TaskEngine, resolve_against_cluster
+from .warmup import WarmUpTracker
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +77,8 @@ DEFAULT_COMMIT_INTERVAL_MS = 1000
 #: How long a commit or offset fetch (made from the engine thread) may wait for the loop.
 _OFFSETS_CALL_TIMEOUT_S = 30.0
 _STALE_EPOCH_RETRIES = 5
+#: How long a worker that asked the application to shut down waits to hear the answer.
+_SHUTDOWN_GRACE_S = 5.0
 
 T = TypeVar("T")
 
@@ -92,6 +98,15 @@ class WorkerSettings:
     commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
     user_endpoint: str = ""
     rebalance_timeout_ms: int = 60_000
+    #: Standby replicas, warm-ups and placement (Kafka Streams' config names, dots as _).
+    ha: HaConfig = HaConfig()
+    #: e.g. {"zone": "eu-1a"}: matched against ``ha.rack_aware_assignment_tags``.
+    client_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: How often warm-up lags are checked (and WarmUpReady / WarmUpFailed decided).
+    lag_check_interval_ms: int = 1_000
+    #: A fatal error in this worker asks every member to shut down (reason SHUTDOWN), as
+    #: Kafka Streams' SHUTDOWN_APPLICATION; otherwise only this worker stops.
+    shutdown_application_on_error: bool = False
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -146,6 +161,7 @@ class StreamThread:
         topic_names: TopicNames,
         loop: asyncio.AbstractEventLoop,
         on_fatal: Callable[[str], None],
+        on_shutdown_requested: Callable[[], None] = lambda: None,
     ) -> None:
         self.index = index
         self.resolved = resolved
@@ -153,12 +169,16 @@ class StreamThread:
         self._loop = loop
         self._topic_names = topic_names
         self._on_fatal = on_fatal
+        self._on_shutdown_requested = on_shutdown_requested
+        self._settings = settings
         app_id = resolved.topology.app_id
         self.engine = TaskEngine(
             resolved,
             EngineConfig(
                 bootstrap_servers=settings.bootstrap_servers,
-                state_dir=state_dir / self.name,
+                # One directory per process: a task promoted from a replica on another stream
+                # thread of this process finds its state (the task lock keeps it exclusive).
+                state_dir=state_dir,
                 client_id=f"{app_id}-{process_id.hex[:8]}-{self.name}",
                 commit_interval_ms=settings.commit_interval_ms,
                 create_internal_topics=False,  # the process created them before joining
@@ -166,7 +186,19 @@ class StreamThread:
             committed_offsets=self._read_committed_blocking,
             commit_offsets=self._commit_blocking,
         )
-        self.assignor = StickyTaskAssignor(resolved, process_id=process_id, user_endpoint=settings.user_endpoint)
+        self.assignor = StickyTaskAssignor(
+            resolved,
+            process_id=process_id,
+            user_endpoint=settings.user_endpoint,
+            client_tags=settings.client_tags,
+            ha=settings.ha,
+            on_assignment=self._on_assignment_metadata,
+        )
+        self.warmups = WarmUpTracker(settings.ha.acceptable_recovery_lag)
+        #: The latest assignment metadata (interactive queries route with it).
+        self.assignment: StreamsAssignmentMetadata | None = None
+        #: Tasks being restored right now (queries answer "not available yet" for them).
+        self.restoring: frozenset[TaskId] = frozenset()
         instance_id = settings.instance_id
         if instance_id is not None and settings.threads > 1:
             instance_id = f"{instance_id}-{index}"
@@ -194,9 +226,11 @@ class StreamThread:
 
     # -- lifecycle (asyncio side) -------------------------------------------------------------
 
-    async def start(self, topics: Sequence[str] | None, regex: str | None) -> None:
+    async def start(self, topics: Sequence[str] | None, regex: str | None, reason: MemberReason = MemberReason.NONE) -> None:
         self._thread.start()
         await asyncio.wrap_future(self._engine_started)
+        # The join advertises where state already is, so the assignor can keep tasks there.
+        self.assignor.report(await self._call_engine(self.engine.task_lags), reason)
         self.driver.subscribe(topics=topics, regex=regex)
         await self.driver.start()
 
@@ -231,9 +265,14 @@ class StreamThread:
             )
             ready = [t for t in startable if all(TopicPartition(*p) in self._owned for p in self.resolved.input_partitions(t))]
             if ready:
-                await self._call_engine(lambda: self.engine.add_tasks(ready))
+                self.restoring = self.restoring | set(ready)
+                try:
+                    restored = await self._call_engine(lambda: self.engine.add_tasks(ready))
+                finally:
+                    self.restoring = self.restoring - set(ready)
                 self._running |= set(ready)
-                log.info("%s: started tasks %s", self.name, ", ".join(map(str, ready)))
+                records = sum(n for stores in restored.values() for n in stores.values())
+                log.info("%s: started tasks %s (restored %d records)", self.name, ", ".join(map(str, ready)), records)
         elif isinstance(event, RevokePartitions):
             revoked = await self._named(event.partitions)
             self._owned -= revoked
@@ -258,6 +297,56 @@ class StreamThread:
             self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
         elif isinstance(event, LeftGroup):
             log.info("%s: left the group (epoch %s)", self.name, event.member_epoch_sent)
+
+    def _on_assignment_metadata(self, error: int, assignment: StreamsAssignmentMetadata | None, group_epoch: int) -> None:
+        """The assignor heard its member's new target (on the loop, synchronously): replicas
+        start or stop between two polls; the engine is not waited for."""
+        if error == AssignmentError.SHUTDOWN:
+            log.warning("%s: a member asked the application to shut down (epoch %d)", self.name, group_epoch)
+            self._on_shutdown_requested()
+            return
+        if assignment is None or error != AssignmentError.NONE:
+            return
+        self.assignment = assignment
+        replicas = [*assignment.standby_task_ids(), *assignment.warmup_task_ids()]
+        warmups = assignment.warmup_task_ids()
+        self._commands.put((lambda: self._set_replicas(replicas, warmups), concurrent.futures.Future()))
+
+    def _set_replicas(self, replicas: list[TaskId], warmups: list[TaskId]) -> None:
+        self.engine.set_standby_tasks(replicas)
+        self.warmups.assigned(warmups)
+        if replicas:
+            log.info("%s: replicas %s (warm-ups %s)", self.name, ", ".join(map(str, sorted(replicas))),
+                     ", ".join(map(str, sorted(warmups))) or "none")
+
+    def _check_warmups(self, now_ms: int) -> None:
+        """Engine thread: WarmUpReady / WarmUpFailed, with fresh lags, when warm-ups say so."""
+        if not self.warmups.warmups:
+            return
+        reason = self.warmups.observe(self.engine.replica_lags(), now_ms)
+        if reason is not MemberReason.NONE:
+            lags = self.engine.task_lags()
+            log.info("%s: %s (warm-up lags %s)", self.name, reason.name,
+                     ", ".join(f"{t}={lags.get(t)}" for t in sorted(self.warmups.warmups)))
+            self.assignor.report(lags, reason)
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self.driver.request_heartbeat)
+
+    async def read_store(self, task: TaskId, store: str, key: bytes, *, include_standby: bool) -> tuple[bool, bytes | None]:
+        """Interactive queries: (whether this thread has the task, the value bytes), read on
+        the engine thread. Standby replicas answer only when ``include_standby``."""
+        def read() -> tuple[bool, bytes | None]:
+            active = self.engine.tasks.get(task)
+            if active is not None and task not in self.restoring:
+                return True, active.graph.typed_stores[store].raw.get(key)
+            standby = self.engine.standby_tasks.get(task) if include_standby else None
+            if standby is not None:
+                return True, standby.state.store(store).get(key)
+            return False, None
+
+        if task not in self._running and not (include_standby and task in self.engine.standby_tasks):
+            return False, None
+        return await self._call_engine(read)
 
     def _tasks_touching(self, partitions: Iterable[TopicPartition]) -> list[TaskId]:
         touched = {self._task_of_partition[p] for p in partitions if p in self._task_of_partition}
@@ -322,10 +411,16 @@ class StreamThread:
             self._engine_started.set_exception(error)
             return
         self._engine_started.set_result(None)
+        interval_ms = self._settings.lag_check_interval_ms
+        next_lag_check = 0.0
         try:
             while not self._stop.is_set():
                 self._run_commands()
                 self.records_processed += self.engine.poll()
+                now = time.monotonic()
+                if now >= next_lag_check:
+                    next_lag_check = now + interval_ms / 1000
+                    self._check_warmups(int(now * 1000))
                 try:
                     self.engine.maybe_commit()
                 except Exception:
@@ -370,6 +465,23 @@ class StreamThread:
             self._loop.call_soon_threadsafe(self._on_fatal, message)
 
 
+def _topology_reason(state_dir: Path, topology: Any) -> MemberReason:
+    """TopologyChanged when this state directory last ran another topology: a static member
+    rejoining with new code does not bump the group epoch by itself, so it says why."""
+    marker = state_dir / topology.app_id / ".topology-hash"
+    current = str(topology.hash)
+    try:
+        previous = marker.read_text().strip()
+    except OSError:
+        previous = None
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(current + "\n")
+    if previous is not None and previous != current:
+        log.info("topology changed since this state directory last ran (%s -> %s)", previous, current)
+        return MemberReason.TOPOLOGY_CHANGED
+    return MemberReason.NONE
+
+
 def default_state_dir(app_id: str, instance_id: str | None) -> Path:
     """Kafka Streams' ``state.dir`` default is a temp directory too; an instance id keeps the
     same directory across restarts, so a static member finds its state again."""
@@ -403,20 +515,40 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
     def on_fatal(message: str) -> None:
         fatal.append(message)
         log.error(message)
+        if settings.shutdown_application_on_error and not stop.is_set():
+            # Every member's next assignment carries the SHUTDOWN error; this worker stops
+            # once it has heard it too (or after a grace period).
+            for thread in threads:
+                thread.assignor.set_reason(MemberReason.SHUTDOWN)
+                thread.driver.request_heartbeat()
+            loop.call_later(_SHUTDOWN_GRACE_S, stop.set)
+            return
         stop.set()
+
+    def on_shutdown_requested() -> None:
+        if not stop.is_set():
+            announce("worker: the application was asked to shut down by a member; stopping")
+            stop.set()
 
     threads = [
         StreamThread(
             index, resolved, settings, process_id=process_id, state_dir=state_dir,
-            topic_names=topic_names, loop=loop, on_fatal=on_fatal,
+            topic_names=topic_names, loop=loop, on_fatal=on_fatal, on_shutdown_requested=on_shutdown_requested,
         )
         for index in range(settings.threads)
     ]
     topics, regex = subscription_for(resolved)
+    reason = _topology_reason(state_dir, topology)
     started: list[StreamThread] = []
+    query_server = None
     try:
+        if settings.user_endpoint:
+            from .queries import QueryServer
+
+            query_server = QueryServer(resolved, threads, settings.user_endpoint)
+            await query_server.start()
         for thread in threads:
-            await thread.start(topics, regex)
+            await thread.start(topics, regex, reason)
             started.append(thread)
         announce(
             f"worker: app {topology.app_id!r}, {len(resolved.tasks)} tasks, {settings.threads} stream thread(s), "
@@ -426,6 +558,8 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
     finally:
         announce("worker: stopping (committing and leaving the group)")
         await asyncio.gather(*(thread.shutdown() for thread in started), return_exceptions=True)
+        if query_server is not None:
+            await query_server.stop()
     processed = sum(thread.records_processed for thread in threads)
     announce(f"worker: stopped after processing {processed} records")
     if fatal:

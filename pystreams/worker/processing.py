@@ -195,6 +195,32 @@ class _Forwarder:
         self.target(changes)
 
 
+def open_task_stores(
+    resolved: ResolvedTopology,
+    task_id: TaskId,
+    state: TaskState,
+    *,
+    cache_limits: CacheLimits,
+    forwarder_for: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:
+    """Open every store of the task's sub-topology in ``state``: for active tasks (with their
+    forwarders) and for standby replicas (none: they only apply changelogs)."""
+    topology = resolved.topology
+    stores: dict[str, Any] = {}
+    for store_name in topology.subtopologies[task_id.subtopology].stores:
+        spec = topology.stores[store_name]
+        forward = forwarder_for(store_name) if forwarder_for is not None else None
+        if spec.kind is StoreKind.KEY_VALUE:
+            stores[store_name] = state.key_value_store(store_name, cache_limits=cache_limits, forward=forward)
+            continue
+        retention = spec.retention_ms or (spec.window.retention_ms if spec.window is not None else None)
+        if retention is None:
+            raise ValueError(f"store {store_name!r} has no retention")
+        open_store = state.window_store if spec.kind is StoreKind.WINDOW else state.session_store
+        stores[store_name] = open_store(store_name, retention_ms=retention, cache_limits=cache_limits, forward=forward)
+    return stores
+
+
 def build_task_graph(
     resolved: ResolvedTopology,
     task_id: TaskId,
@@ -214,23 +240,15 @@ def build_task_graph(
 
     # -- stores: opened first, since nodes may use stores owned by nodes built later ----------
     forwarders: dict[str, _Forwarder] = {}
-    raw_stores: dict[str, Any] = {}
-    for store_name in sub.stores:
-        spec = topology.stores[store_name]
-        owner = nodes[spec.owner]
-        forward = None
+
+    def forwarder_for(store_name: str) -> _Forwarder | None:
+        owner = nodes[topology.stores[store_name].owner]
         if owner.kind in _TABLE_OWNER_KINDS and children_of(owner):
-            forward = forwarders[store_name] = _Forwarder()
-        if spec.kind is StoreKind.KEY_VALUE:
-            raw_stores[store_name] = state.key_value_store(store_name, cache_limits=cache_limits, forward=forward)
-        else:
-            retention = spec.retention_ms or (spec.window.retention_ms if spec.window is not None else None)
-            if retention is None:
-                raise ValueError(f"store {store_name!r} has no retention")
-            open_store = state.window_store if spec.kind is StoreKind.WINDOW else state.session_store
-            raw_stores[store_name] = open_store(
-                store_name, retention_ms=retention, cache_limits=cache_limits, forward=forward
-            )
+            forwarders[store_name] = _Forwarder()
+            return forwarders[store_name]
+        return None
+
+    raw_stores = open_task_stores(resolved, task_id, state, cache_limits=cache_limits, forwarder_for=forwarder_for)
     typed_stores = {
         name: typed(raw_stores[name], topology.stores[name].key_serde, topology.stores[name].value_serde)
         for name in raw_stores

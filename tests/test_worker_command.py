@@ -1,0 +1,37 @@
+"""``pystreams worker`` refuses bad high-availability settings with the reason, before it
+connects to anything."""
+from __future__ import annotations
+
+import pytest
+
+from pystreams.commands import worker
+
+APP = "tests/apps/ha_keys.py"
+REQUIRED = ["--bootstrap-servers", "127.0.0.1:1", "--coordinator", "127.0.0.1:1"]
+
+
+def test_a_client_tag_without_a_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        worker.main([APP, *REQUIRED, "--client-tag", "zone"])
+    assert exited.value.code == 2
+    assert "expected KEY=VALUE, got 'zone'" in capsys.readouterr().err
+
+
+def test_a_negative_standby_count_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        worker.main([APP, *REQUIRED, "--num-standby-replicas", "-1"])
+    assert exited.value.code == 2
+    assert "must be >= 0: -1" in capsys.readouterr().err
+
+
+def test_bad_client_tags_in_the_environment_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PYSTREAMS_CLIENT_TAGS", "zone=a,rack")
+    assert worker.main([APP, *REQUIRED]) == 2
+    assert "PYSTREAMS_CLIENT_TAGS: expected KEY=VALUE, got 'rack'" in capsys.readouterr().err
+
+
+def test_duplicate_rack_aware_tags_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert worker.main([APP, *REQUIRED, "--rack-aware-assignment-tags", "zone,zone"]) == 2
+    assert "rack.aware.assignment.tags has duplicates" in capsys.readouterr().err
