@@ -324,6 +324,37 @@ class App:
 
         return build(self.app_id, list(self._nodes.values()), list(self._stores.values()))
 
+    def query(
+        self,
+        store: str,
+        key: Any,
+        *,
+        endpoints: str | Sequence[str] | None = None,
+        timeout_s: float = 10.0,
+        stale: bool = False,
+    ) -> Any:
+        """Interactive query: the value of ``key`` in key-value store ``store``, read from the
+        worker hosting it (routed by the assignment's PartitionsByHost); ``None`` when the key
+        has no value. ``endpoints``: any worker's user endpoint(s), HOST:PORT (default: env
+        PYSTREAMS_QUERY_ENDPOINTS, comma-separated). ``stale=True`` also reads standby
+        replicas. Raises ``pystreams.queries.NotAvailableYet`` while the key's task restores or
+        moves for longer than ``timeout_s``."""
+        import os
+
+        from pystreams.queries import KeyNotFound, QueryClient, QueryError
+
+        if endpoints is None:
+            endpoints = os.environ.get("PYSTREAMS_QUERY_ENDPOINTS", "")
+        if isinstance(endpoints, str):
+            endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
+        spec = self.topology().stores.get(store)
+        if spec is None:
+            raise QueryError(f"app {self.app_id!r} has no store named {store!r}")
+        try:
+            return QueryClient(endpoints).get(store, key, spec.key_serde, spec.value_serde, timeout_s=timeout_s, stale=stale)
+        except KeyNotFound:
+            return None
+
     # ----------------------------------------------------------------- sources
 
     def topic(

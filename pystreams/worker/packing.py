@@ -35,6 +35,12 @@ PackedEntry = tuple[bytes | None, bytes | None, int]
 _encode_entries = msgspec.msgpack.Encoder().encode
 _decode_entries = msgspec.msgpack.Decoder(list[tuple[bytes | None, bytes | None, int]]).decode
 
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner (Java's and kafka-python's) gives ``key``."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
 #: Appends one record to a repartition topic's buffers: (key bytes, value bytes, timestamp).
 RepartitionSink = Callable[[bytes | None, bytes | None, int], None]
 
@@ -122,7 +128,7 @@ class RepartitionBuffers:
                 if partition is None:
                     if len(partition_of) >= PARTITION_CACHE_SIZE:
                         partition_of.clear()
-                    partition = partition_of[key] = (murmur2(key) & 0x7FFFFFFF) % count
+                    partition = partition_of[key] = partition_for_key(key, count)
             appenders[partition]((key, value, timestamp))
 
         return append
