@@ -8,7 +8,6 @@ example's, so sharing them between tests would mix their data.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,8 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from worker_support import Cluster, Workers, fleet_of, wait_for
 
-from pystreams.broker import EmbeddedBroker, free_port
 from pystreams.commands.dev import (
     CHECK_OK_PREFIX,
     LatestValueReader,
@@ -31,97 +30,22 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "examples" / "wordcount.py"
 CORPUS = (ROOT / "examples" / "data" / "corpus.txt").read_text(encoding="utf-8").splitlines()
-COMMIT_INTERVAL_MS = 200
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """(bootstrap servers, coordinator address): a fresh broker and coordinator."""
-    broker = EmbeddedBroker(port=None)
-    broker.start()
-    port = free_port()
-    log = (tmp_path / "coordinator.log").open("wb")
-    coordinator = subprocess.Popen(
-        [sys.executable, "-m", "pystreams", "coordinator", "--log", "memory",
-         "--bootstrap-servers", broker.bootstrap_servers, "--listen", f"127.0.0.1:{port}",
-         "--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    running = Cluster(tmp_path)
     try:
-        _wait(lambda: _listening(port), 20, "the coordinator to listen")
-        ensure_input_topics(broker.bootstrap_servers, ["text-lines"], partitions=4)
-        yield broker.bootstrap_servers, f"127.0.0.1:{port}"
+        ensure_input_topics(running.bootstrap, ["text-lines"], partitions=4)
+        yield running.bootstrap, running.coordinator_address
     finally:
-        coordinator.terminate()
-        try:
-            coordinator.wait(10)
-        except subprocess.TimeoutExpired:
-            coordinator.kill()
-        log.close()
-        broker.stop()
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-class Workers:
-    def __init__(self, bootstrap: str, coordinator: str, tmp_path: Path) -> None:
-        self.bootstrap, self.coordinator, self.tmp_path = bootstrap, coordinator, tmp_path
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> subprocess.Popen[bytes]:
-        index = len(self.processes)
-        log = (self.tmp_path / f"worker-{index}.log").open("wb")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pystreams", "worker", str(APP), "--bootstrap-servers", self.bootstrap,
-             "--coordinator", self.coordinator, "--state-dir", str(self.tmp_path / f"state-{index}"),
-             "--commit-interval-ms", str(COMMIT_INTERVAL_MS)],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self.processes.append(process)
-        return process
-
-    def log_tails(self, lines: int = 25) -> str:
-        """The end of every worker's log, for failure messages."""
-        return "\n".join(
-            f"--- worker {i} ---\n" + "\n".join(self.log(i).splitlines()[-lines:]) for i in range(len(self.processes))
-        )
-
-    def log(self, index: int) -> str:
-        return (self.tmp_path / f"worker-{index}.log").read_text(errors="replace")
-
-    def stop_all(self) -> list[int]:
-        for process in self.processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        codes = []
-        for process in self.processes:
-            try:
-                codes.append(process.wait(20))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                codes.append(process.wait())
-        return codes
+        running.stop()
 
 
 @pytest.fixture
 def workers(cluster: tuple[str, str], tmp_path: Path) -> Iterator[Workers]:
-    fleet = Workers(*cluster, tmp_path)
-    try:
-        yield fleet
-    finally:
-        fleet.stop_all()
+    yield from fleet_of(Workers(*cluster, tmp_path, APP))
 
 
 def _counts_until(reader: LatestValueReader, done: Callable[[dict[str, int]], bool], timeout_s: float) -> dict[str, int]:
@@ -151,7 +75,7 @@ def test_scale_out_and_graceful_stop_count_exactly(cluster: tuple[str, str], wor
         workers.start()
         produce_lines(bootstrap, "text-lines", CORPUS[half:])
         # The third worker must hold tasks before the stop, or this tests no scale-out.
-        _wait(lambda: "started tasks" in workers.log(2), 25, "the third worker to start tasks")
+        wait_for(lambda: "started tasks" in workers.log(2), 25, "the third worker to start tasks")
         workers.processes[0].send_signal(signal.SIGTERM)
         assert workers.processes[0].wait(20) == 0
         counts = _counts_until(reader, lambda c: c == expected, 25)
