@@ -3,7 +3,7 @@ table as the worker's TaskEngine, survives a stop mid-stream and a restart from 
 and apps Spark cannot run fail at compile time naming the node.
 
 Example topic names are fixed, so each test starts its own broker (they start in milliseconds);
-the Spark session (≈ 5 s to start) is shared by the module.
+the Spark session (≈ 5 s to start) is shared by every Spark test module (``spark`` fixture).
 """
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
-from kafka import TopicPartition as KafkaTopicPartition
+from kafka import KafkaProducer
 
 from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
 from pystreams.topology.spark import SparkCompileError, compile_topology
+from pystreams.topology.spark.parity import decoded, read_final_table, run_on_workers
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WAIT_S = 60.0
@@ -41,7 +41,7 @@ def expected_counts(lines: Iterable[str]) -> dict[str, int]:
     return dict(collections.Counter(word for line in lines for word in line.lower().split()))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     pytest.importorskip("pyspark")
     from pystreams.topology.spark.session import local_session
@@ -73,38 +73,13 @@ def produce_lines(bootstrap: str, lines: Iterable[str], prefix: str = "") -> Non
 
 
 def read_table(bootstrap: str, topic: str = "word-counts") -> dict[str, int]:
-    """Latest value per key of ``topic``; the end is found by fetching (the embedded broker's
-    end offsets can stop short)."""
-    from pystreams.topology.spark.kafka_source import true_end_offsets
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    try:
-        partitions = [KafkaTopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        ends = true_end_offsets(consumer, partitions)
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        table: dict[str, int] = {}
-        deadline = time.monotonic() + WAIT_S
-        while any(consumer.position(p) < ends[p] for p in partitions):
-            assert time.monotonic() < deadline, f"could not read {topic} to its end"
-            for _, records in sorted(consumer.poll(timeout_ms=200).items()):
-                for record in records:
-                    table[serdes.Text().deserialize(record.key)] = serdes.Int().deserialize(record.value)
-        return table
-    finally:
-        consumer.close()
+    return decoded(read_final_table(bootstrap, topic), serdes.Text(), serdes.Int())
 
 
 def run_task_engine(bootstrap: str, state_dir: Path, lines_and_words: int) -> None:
-    from pystreams.worker import EngineConfig, TaskEngine, resolve_against_cluster
-
-    topology = load_app(str(EXAMPLES / "wordcount.py")).topology()
-    resolved = resolve_against_cluster(topology, bootstrap)
-    engine = TaskEngine(resolved, EngineConfig(bootstrap, state_dir, commit_interval_ms=200))
-    engine.start()
+    app = load_app(str(EXAMPLES / "wordcount.py"))
+    engine = run_on_workers(app, bootstrap, state_dir, until_processed=lines_and_words, timeout_s=WAIT_S)
     try:
-        engine.add_tasks(resolved.tasks)
-        engine.run(until=lambda: engine.records_processed >= lines_and_words, timeout_s=WAIT_S)
         assert engine.records_processed == lines_and_words
     finally:
         engine.close()
@@ -168,26 +143,11 @@ def test_stop_mid_stream_and_restart_from_the_checkpoint(spark: Any, broker: str
     assert read_table(broker) == expected_counts(first + second + third)
 
 
-@pytest.mark.parametrize(
-    ("example", "node", "reason"),
-    [
-        ("dedupe_processor.py", "Dedupe", "low-level processors"),
-        ("orders_enrich_join.py", "enriched", "stream-table joins"),
-    ],
-)
-def test_unsupported_constructs_fail_at_compile_time_naming_the_node(example: str, node: str, reason: str) -> None:
-    topology = load_app(str(EXAMPLES / example)).topology()
-    with pytest.raises(SparkCompileError) as raised:
-        compile_topology(topology)
-    assert f"node {node!r}" in str(raised.value)
-    assert reason in str(raised.value)
-    assert raised.value.nodes == (node,)
-
-
-def test_session_windows_fail_at_compile_time_naming_the_node() -> None:
-    topology = load_app(str(EXAMPLES / "clicks_windowed.py")).topology()
-    with pytest.raises(SparkCompileError, match="node .user_sessions. .*SessionWindow"):
-        compile_topology(topology, topics_matching=lambda pattern: ["clicks.eu"])
+def test_every_example_compiles() -> None:
+    for example in sorted(EXAMPLES.glob("*.py")):
+        topology = load_app(str(example)).topology()
+        plan = compile_topology(topology, topics_matching=lambda pattern: ["clicks.eu", "clicks.us"])
+        assert {sink.topic for sink in plan.sinks} == set(topology.sink_topics), example.name
 
 
 WINDOWED_APP = '''
@@ -217,33 +177,14 @@ bytes_5m.to("bytes-5m")
 
 
 def read_windowed_table(bootstrap: str, topic: str) -> dict[tuple[str, int, int], int]:
-    key_serde = serdes.WindowedKey(serdes.Text())
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
-    from pystreams.topology.spark.kafka_source import true_end_offsets
-
-    try:
-        partitions = [KafkaTopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-        ends = true_end_offsets(consumer, partitions)
-        consumer.assign(partitions)
-        consumer.seek_to_beginning(*partitions)
-        table: dict[tuple[str, int, int], int] = {}
-        deadline = time.monotonic() + WAIT_S
-        while any(consumer.position(p) < ends[p] for p in partitions):
-            assert time.monotonic() < deadline, f"could not read {topic} to its end"
-            for _, records in sorted(consumer.poll(timeout_ms=200).items()):
-                for record in records:
-                    windowed = key_serde.deserialize(record.key)
-                    table[(windowed.key, windowed.start_ms, windowed.end_ms)] = serdes.Int().deserialize(record.value)
-        return table
-    finally:
-        consumer.close()
+    table = decoded(read_final_table(bootstrap, topic), serdes.WindowedKey(serdes.Text()), serdes.Int())
+    return {(windowed.key, windowed.start_ms, windowed.end_ms): count for windowed, count in table.items()}
 
 
 def test_tumbling_and_hopping_aggregations_match_the_task_engine(spark: Any, tmp_path: Path) -> None:
     import json
 
     from pystreams.topology.spark import to_spark
-    from pystreams.worker import EngineConfig, TaskEngine, resolve_against_cluster
 
     app_file = tmp_path / "views_app.py"
     app_file.write_text(WINDOWED_APP)
@@ -268,15 +209,8 @@ def test_tumbling_and_hopping_aggregations_match_the_task_engine(spark: Any, tmp
             producer.close()
 
         bootstrap = workers_broker.bootstrap_servers
-        resolved = resolve_against_cluster(load_app(str(app_file)).topology(), bootstrap)
-        engine = TaskEngine(resolved, EngineConfig(bootstrap, tmp_path / "state", commit_interval_ms=200))
-        engine.start()
-        try:
-            engine.add_tasks(resolved.tasks)
-            # Each event is processed twice: from page-views, then from the repartition topic.
-            engine.run(until=lambda: engine.records_processed >= 2 * len(events), timeout_s=WAIT_S)
-        finally:
-            engine.close()
+        # Each event is processed twice: from page-views, then from the repartition topic.
+        run_on_workers(load_app(str(app_file)), bootstrap, tmp_path / "state", until_processed=2 * len(events)).close()
         tables["workers"] = {t: read_windowed_table(bootstrap, t) for t in ("views-per-minute", "bytes-5m")}
 
         bootstrap = spark_broker.bootstrap_servers
@@ -289,6 +223,7 @@ def test_tumbling_and_hopping_aggregations_match_the_task_engine(spark: Any, tmp
     assert tables["spark"] == tables["workers"]
 
 
+@pytest.mark.slow  # > 30 s: a fresh Spark session in a subprocess
 def test_cli_once_backfills_and_exits(broker: str, tmp_path: Path) -> None:
     import os
     import subprocess
@@ -305,29 +240,44 @@ def test_cli_once_backfills_and_exits(broker: str, tmp_path: Path) -> None:
     assert read_table(broker) == expected_counts(CORPUS[:25])
 
 
-def test_cli_reports_unsupported_nodes_without_starting_spark(capsys: pytest.CaptureFixture[str]) -> None:
+CHAINED_AGGREGATIONS_APP = '''
+import pystreams as ps
+
+app = ps.App("chained")
+events = app.topic("events", value=ps.serdes.Text())
+
+
+@app.group_by(events)
+def by_value(key, value):
+    return value
+
+
+per_value = app.count(by_value, store="per-value")
+
+
+@app.group_by(app.to_stream(per_value))
+def by_count(value, count):
+    return str(count)
+
+
+app.count(by_count, store="values-per-count", name="values-per-count").to("values-per-count")
+'''
+
+
+def test_cli_reports_unsupported_nodes_without_starting_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from pystreams.cli import main
 
-    assert main(["spark", str(EXAMPLES / "dedupe_processor.py")]) == 1
-    assert "node 'Dedupe' (processor) cannot run on Spark" in capsys.readouterr().err
+    app_file = tmp_path / "chained_app.py"
+    app_file.write_text(CHAINED_AGGREGATIONS_APP)
+    assert main(["spark", str(app_file)]) == 1
+    assert "node 'values-per-count' (count) cannot run on Spark" in capsys.readouterr().err
 
 
-def test_an_aggregation_of_an_aggregation_fails_at_compile_time_naming_the_node() -> None:
-    from pystreams.app import App
-
-    app = App("chained")
-    events = app.topic("events", value=serdes.Text())
-
-    @app.group_by(events)
-    def by_value(key: Any, value: str) -> str:
-        return value
-
-    per_value = app.count(by_value, store="per-value")
-
-    @app.group_by(app.to_stream(per_value))
-    def by_count(value: str, count: int) -> str:
-        return str(count)
-
-    app.count(by_count, store="values-per-count", name="values-per-count").to("values-per-count")
-    with pytest.raises(SparkCompileError, match="node 'values-per-count' .*aggregates the output of aggregation 'per-value'"):
-        compile_topology(app.topology())
+def test_an_aggregation_of_an_aggregation_fails_at_compile_time_naming_the_node(tmp_path: Path) -> None:
+    app_file = tmp_path / "chained_app.py"
+    app_file.write_text(CHAINED_AGGREGATIONS_APP)
+    with pytest.raises(SparkCompileError, match="node 'values-per-count' .*output of stateful step 'per-value'") as raised:
+        compile_topology(load_app(str(app_file)).topology())
+    assert raised.value.nodes == ("values-per-count",)
