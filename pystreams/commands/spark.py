@@ -3,8 +3,9 @@
 The topology compiles first (nodes Spark cannot run are reported by name, before Spark
 starts); then a local Spark session with laptop defaults runs the query, reading and writing
 the app's Kafka topics. ``--once`` is a backfill (``availableNow``): it processes what the
-input topics hold at start and exits. Offsets and aggregation state live in ``--checkpoint``,
-so rerunning with the same directory continues where the last run stopped.
+input topics hold at start and exits (wall-clock punctuations of processors do not run in a
+backfill). Offsets and operator state live in ``--checkpoint``, so rerunning with the same
+directory continues where the last run stopped.
 
 Every option can also come from an environment variable: PYSTREAMS_BOOTSTRAP_SERVERS,
 PYSTREAMS_SPARK_MASTER, PYSTREAMS_SPARK_CHECKPOINT, PYSTREAMS_SPARK_ONCE (1/true/yes).
