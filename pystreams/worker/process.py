@@ -465,7 +465,7 @@ class StreamThread:
             self._loop.call_soon_threadsafe(self._on_fatal, message)
 
 
-def _topology_reason(state_dir: Path, topology: Any) -> MemberReason:
+def topology_change_reason(state_dir: Path, topology: Any) -> MemberReason:
     """TopologyChanged when this state directory last ran another topology: a static member
     rejoining with new code does not bump the group epoch by itself, so it says why."""
     marker = state_dir / topology.app_id / ".topology-hash"
@@ -538,7 +538,7 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
         for index in range(settings.threads)
     ]
     topics, regex = subscription_for(resolved)
-    reason = _topology_reason(state_dir, topology)
+    reason = topology_change_reason(state_dir, topology)
     started: list[StreamThread] = []
     query_server = None
     try:
