@@ -54,17 +54,25 @@ class QueryClient:
         self.request_timeout_s = request_timeout_s
 
     def metadata(self) -> dict[str, Any]:
-        """The routing table from the first worker that answers."""
+        """The routing table from the first worker that answers with one; a worker that has
+        no assignment yet (empty routing) is used only when no other answers."""
         failures = []
+        unassigned: dict[str, Any] | None = None
         for endpoint in self.endpoints:
             try:
                 status, body = _http_get(f"http://{endpoint}/v1/metadata", self.request_timeout_s)
             except OSError as error:
                 failures.append(f"{endpoint}: {error}")
                 continue
-            if status == 200:
-                return json.loads(body)
-            failures.append(f"{endpoint}: HTTP {status} {_message(body)}")
+            if status != 200:
+                failures.append(f"{endpoint}: HTTP {status} {_message(body)}")
+                continue
+            metadata = json.loads(body)
+            if metadata.get("active"):
+                return metadata
+            unassigned = unassigned or metadata
+        if unassigned is not None:
+            return unassigned
         raise QueryError("no worker answered for the routing metadata: " + "; ".join(failures))
 
     def get_bytes(self, store: str, key: bytes, *, timeout_s: float = 10.0, stale: bool = False) -> bytes:

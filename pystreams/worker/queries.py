@@ -106,7 +106,8 @@ class QueryServer:
 
     async def _route(self, target: str) -> tuple[int, bytes, str]:
         url = urlsplit(target)
-        path = [unquote(p) for p in url.path.strip("/").split("/")]
+        # Only the leading slash goes: an empty key (b"") is a trailing empty segment.
+        path = [unquote(p) for p in url.path.removeprefix("/").split("/")]
         if path == ["v1", "metadata"]:
             return 200, json.dumps(self.metadata()).encode(), "application/json"
         if len(path) == 4 and path[:2] == ["v1", "stores"]:
