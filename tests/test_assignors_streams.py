@@ -205,6 +205,29 @@ def test_metadata_round_trip_and_reason():
     assert [e.value for e in AssignmentError] == [0, 1, 2, 3]
 
 
+def test_v2_partitions_by_host_name_each_topic_once_and_round_trip():
+    hosts = {f"worker-{i}.example:8080": [("orders", i), ("customers-changelog", i), ("orders", i + 100)]
+             for i in range(50)}
+    assignment = StreamsAssignmentMetadata(
+        active_tasks=(TaskId(0, 1),), partitions_by_host=hosts,
+        standby_partitions_by_host={"worker-0.example:8080": [("orders", 7)]},
+    )
+    v2, v1 = encode_assignment_metadata(assignment, 2), encode_assignment_metadata(assignment, 1)
+    decoded = decode_assignment_metadata(2, v2)
+    assert decoded.partitions_by_host == {host: sorted(pairs) for host, pairs in hosts.items()}
+    assert decoded.standby_partitions_by_host == {"worker-0.example:8080": [("orders", 7)]}
+    assert v2.count(b"customers-changelog") == 1 and v1.count(b"customers-changelog") == 50
+    assert len(v2) < len(v1)
+
+
+def test_v2_topic_index_outside_the_topic_list_is_a_decode_error():
+    import msgspec
+
+    bad = msgspec.msgpack.encode({"topics": ["t"], "partitions_by_host": {"h:1": {3: [0]}}})
+    with pytest.raises(MetadataDecodeError, match="topic index"):
+        decode_assignment_metadata(2, bad)
+
+
 def test_reason_travels_in_the_assignor_field(join_topology):
     assignor = _assignor(join_topology)
     assert assignor.metadata().reason == 0
