@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from pystreams.topology.ir import TaskId
 
@@ -337,21 +338,9 @@ class _Placement:
         return targets
 
     def _lightest_elsewhere(self, heap: list[tuple[int, str]], load: Mapping[str, int], excluded: _Process) -> str | None:
-        """Peek the least-loaded member outside ``excluded`` (stale entries are dropped)."""
-        skipped = []
-        found = None
-        while heap:
-            entry_load, mid = heap[0]
-            if entry_load != load[mid]:
-                heapq.heappop(heap)
-            elif self.process_of[mid] is excluded:
-                skipped.append(heapq.heappop(heap))
-            else:
-                found = mid
-                break
-        for entry in skipped:
-            heapq.heappush(heap, entry)
-        return found
+        """Peek the least-loaded member outside ``excluded``."""
+        entry = _peek_lazy_heap(heap, lambda e: e[0] == load[e[1]], lambda e: self.process_of[e[1]] is not excluded)
+        return None if entry is None else entry[1]
 
     # -- 3. standbys ----------------------------------------------------------------------------
 
@@ -429,21 +418,8 @@ class _Placement:
 
     def _least_loaded_unused(self, heap: list[tuple[float, str, int]], used: set[int]) -> _Process | None:
         """Peek the least-loaded process of a tag group that does not hold the task yet."""
-        skipped = []
-        found = None
-        while heap:
-            load, _, index = heap[0]
-            process = self.processes[index]
-            if load != process.replica_load():
-                heapq.heappop(heap)  # stale
-            elif index in used:
-                skipped.append(heapq.heappop(heap))
-            else:
-                found = process
-                break
-        for entry in skipped:
-            heapq.heappush(heap, entry)
-        return found
+        entry = _peek_lazy_heap(heap, lambda e: e[0] == self.processes[e[2]].replica_load(), lambda e: e[2] not in used)
+        return None if entry is None else self.processes[entry[2]]
 
     # -- 4. warm-ups ----------------------------------------------------------------------------
 
@@ -461,3 +437,22 @@ class _Placement:
             self.member_replicas[member] += 1
             self.result[member].warmup.append(task)
             budget -= 1
+
+
+def _peek_lazy_heap(heap: list[Any], current: Callable[[Any], bool], wanted: Callable[[Any], bool]) -> Any | None:
+    """The smallest entry of a heap whose loads change after entries are pushed: entries that
+    are no longer ``current`` are dropped for good, ones not ``wanted`` here are kept."""
+    skipped = []
+    found = None
+    while heap:
+        entry = heap[0]
+        if not current(entry):
+            heapq.heappop(heap)
+        elif not wanted(entry):
+            skipped.append(heapq.heappop(heap))
+        else:
+            found = entry
+            break
+    for entry in skipped:
+        heapq.heappush(heap, entry)
+    return found
