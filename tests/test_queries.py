@@ -171,8 +171,17 @@ def cluster_factory(loop) -> Iterator[Callable[..., Cluster]]:
     servers: list[QueryServer] = []
 
     def make(unhosted: Iterable[int] = ()) -> Cluster:
-        unhosted = set(unhosted)
+        for _ in range(5):  # a free port may be taken before we bind it
+            try:
+                return make_once(set(unhosted))
+            except OSError:
+                continue
+        raise RuntimeError("no free ports for the query servers")
+
+    def make_once(unhosted: set[int]) -> Cluster:
         ports = {name: free_port() for name in ACTIVE_TASKS}
+        if len(set(ports.values())) < len(ports):
+            raise OSError("the same free port twice")
         endpoints = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
 
         def by_host(tasks: dict[str, list[TaskId]]) -> dict[str, list[tuple[str, int]]]:
@@ -195,10 +204,17 @@ def cluster_factory(loop) -> Iterator[Callable[..., Cluster]]:
                 active=_store_contents(active, active_value),
                 standby=_store_contents(STANDBY_TASKS[name], standby_value),
             )
-        for name, endpoint in endpoints.items():
-            server = QueryServer(RESOLVED, [threads[name]], endpoint)
-            asyncio.run_coroutine_threadsafe(server.start(), loop).result(5)
-            servers.append(server)
+        started: list[QueryServer] = []
+        try:
+            for name, endpoint in endpoints.items():
+                server = QueryServer(RESOLVED, [threads[name]], endpoint)
+                asyncio.run_coroutine_threadsafe(server.start(), loop).result(5)
+                started.append(server)
+        except OSError:
+            for server in started:
+                asyncio.run_coroutine_threadsafe(server.stop(), loop).result(5)
+            raise
+        servers.extend(started)
         return Cluster(endpoints=endpoints, threads=threads)
 
     yield make
