@@ -40,7 +40,8 @@ from pystreams.topology.ir import TaskId, Topology
 from pystreams.topology.resolve import ResolvedTopology, resolve
 
 from .errors import ErrorKind, ErrorPolicy, RecordFailure
-from .kafka_io import ChangelogRestorer, RecordSender, make_consumer, make_producer
+from .batch_size import AdaptiveBatchSize
+from .kafka_io import DEFAULT_CONSUMER_CONFIG, ChangelogRestorer, RecordSender, make_consumer, make_producer
 from .packing import expand_packed
 from .standby import StandbyTask, StandbyUpdater, stateful_tasks
 from .stores import TypedStore
@@ -95,6 +96,8 @@ class EngineConfig:
     create_internal_topics: bool = True
     producer_config: Mapping[str, Any] = field(default_factory=dict)
     consumer_config: Mapping[str, Any] = field(default_factory=dict)
+    #: A poll's records are sized to take about this long to process (see batch_size.py).
+    poll_batch_target_ms: float = 100.0
 
 
 def resolve_against_cluster(topology: Topology, bootstrap_servers: str) -> ResolvedTopology:
@@ -134,6 +137,10 @@ class TaskEngine:
         self._sender: RecordSender | None = None
         self._repartition_topics: frozenset[str] = frozenset()
         self._last_commit = time.monotonic()
+        self._batch_size = AdaptiveBatchSize(
+            maximum=int({**DEFAULT_CONSUMER_CONFIG, **config.consumer_config}["max_poll_records"]),
+            target_ms=config.poll_batch_target_ms,
+        )
         Path(config.state_dir).mkdir(parents=True, exist_ok=True)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -356,7 +363,8 @@ class TaskEngine:
             return 0
         if following:
             updater.poll(0)
-        fetched = self._consumer.poll(timeout_ms=timeout)
+        fetched = self._consumer.poll(timeout_ms=timeout, max_records=self._batch_size.limit)
+        started = time.perf_counter()
         count = 0
         by_task: dict[TaskId, list[tuple[TopicPartition, list[Any]]]] = {}
         for kafka_partition, records in fetched.items():
@@ -384,6 +392,7 @@ class TaskEngine:
             count += task.records_processed - processed_before  # packed records count per entry
         self._punctuate_wall_clock()
         self._send_repartition_buffers()
+        self._batch_size.observe(count, (time.perf_counter() - started) * 1000)
         return count
 
     def _send_repartition_buffers(self) -> None:
