@@ -216,3 +216,46 @@ def test_a_new_worker_warms_a_task_up_before_it_moves_and_the_others_never_stop(
     print(f"\nlongest processing gap per task after the join (ms): {dict(sorted(gaps.items()))}; moved {moved}")
     assert set(gaps) == {f"0_{p}" for p in range(partitions)}, "every task kept processing after the join"
     assert workers.stop_all() == [0, 0, 0]
+
+
+def tasks_that_processed(bootstrap: str, version: int) -> set[str]:
+    """The tasks whose progress records show a command of ``version`` processed."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                             consumer_timeout_ms=1_000)
+    try:
+        consumer.assign([KafkaTopicPartition(PROGRESS, p) for p in sorted(consumer.partitions_for_topic(PROGRESS) or ())])
+        tasks = set()
+        for record in consumer:
+            task, _count, seen, _processed_at = record.value.decode().split(",")
+            if int(seen) == version:
+                tasks.add(task)
+        return tasks
+    finally:
+        consumer.close()
+
+
+def test_with_two_stream_threads_every_task_of_a_killed_worker_resumes_on_the_survivor(
+    cluster: Cluster, workers: Workers
+) -> None:
+    """A process's stream threads share its state directory. After a fail-over a task may be
+    promoted on one thread while its standby is still open on the other; it starts once that
+    replica closes, not at some later rebalance."""
+    partitions = 8
+    everything = {f"0_{p}" for p in range(partitions)}
+    create_input(cluster.bootstrap, partitions)
+    for _ in range(2):
+        workers.start("--threads", "2", "--num-standby-replicas", "1")
+    wait_for(lambda: all("replicas 0_" in workers.log(i) for i in range(2)), 60,
+             "both workers to hold replicas\n" + workers.log_tails())
+    for partition in range(partitions):
+        fill(cluster.bootstrap, partition, partition * 1_000, 1_000, version=1)
+    wait_for(lambda: tasks_that_processed(cluster.bootstrap, 1) == everything, 60,
+             "every task to process\n" + workers.log_tails())
+
+    workers.processes[0].send_signal(signal.SIGKILL)
+    assert workers.processes[0].wait(10) == -signal.SIGKILL
+    for partition in range(partitions):
+        fill(cluster.bootstrap, partition, partition * 1_000, 10, version=2)
+    wait_for(lambda: tasks_that_processed(cluster.bootstrap, 2) == everything, 60,
+             "every task to resume on the survivor\n" + workers.log_tails())
+    assert workers.stop_all([1]) == [0]

@@ -125,3 +125,40 @@ def test_a_demoted_active_stays_as_a_replica_and_local_state_is_reported_as_lag(
         assert sum(lags.values()) >= 250, lags  # ~300 new keys, the reported end may lag a batch
     finally:
         reopened.close()
+
+
+def test_a_sibling_threads_replica_delays_a_promotion_until_it_closes(
+    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
+) -> None:
+    """The stream threads of a process share one state directory; the assignor may give a
+    task's active to one thread while another still has its replica open. The task is left
+    out (no error), and starts from the replica's state once the replica closes."""
+    source = unique_topic("sibling-events")
+    create_topics(kafka_bootstrap, TopicSpec(source, 1))
+    app = counting_app(unique_topic("sibling_app"), source)
+    resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
+    (task,) = resolved.tasks
+    offsets = OffsetStore()
+    active = engine_for(resolved, kafka_bootstrap, tmp_path / "active", offsets)
+    holder = engine_for(resolved, kafka_bootstrap, tmp_path / "process", offsets)
+    sibling = engine_for(resolved, kafka_bootstrap, tmp_path / "process", offsets)
+    try:
+        active.add_tasks([task])
+        holder.set_standby_tasks([task])
+        produce(kafka_bootstrap, source, [(f"k{i % 300}".encode(), b"x", None) for i in range(3_000)])
+        run_until(active, lambda: active.records_processed >= 3_000, "the active to count")
+        active.commit()
+        poll_until(holder, lambda: holder.standby_tasks[task].records_applied >= 300, "the replica to apply")
+        active.revoke_tasks([task])
+
+        assert sibling.add_tasks([task]) == {}  # locked by the sibling's replica: not started
+        assert not sibling.tasks and set(holder.standby_tasks) == {task}
+        holder.set_standby_tasks([])  # the sibling hears the new assignment
+        restored = sibling.add_tasks([task])
+        assert set(sibling.tasks) == {task}
+        assert restored[task]["counts"] == 0, restored  # the replica's state, nothing to restore
+        assert len(sibling.store_contents("counts")) == 300
+    finally:
+        active.close()
+        holder.close()
+        sibling.close()

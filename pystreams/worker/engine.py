@@ -209,23 +209,29 @@ class TaskEngine:
 
     def add_tasks(self, task_ids: Iterable[TaskId]) -> dict[TaskId, dict[str, int]]:
         """Open, restore (to the changelog end, reporting progress) and start the tasks;
-        returns the records restored per task and store."""
+        returns the records restored per task and store, for the tasks started. A task whose
+        state directory is locked by another engine on the same directory (a sibling stream
+        thread's replica of it, not closed yet) is left out: the caller starts it later."""
         assert self._restorer is not None and self._sender is not None, "start() the engine first"
         restored: dict[TaskId, dict[str, int]] = {}
         new_tasks = []
         for task_id in sorted(set(task_ids) - self._tasks.keys()):
             # Promotion: the replica's checkpoint is where the active's restore starts.
             self._close_standby(task_id)
-            task = StreamTask(
-                self.resolved,
-                task_id,
-                state_dir=self.config.state_dir,
-                sender=self._sender,
-                errors=self.errors,
-                cache_limits=self.config.cache_limits,
-                checkpoint_min_records=self.config.checkpoint_min_records,
-                on_restore_progress=self._on_restore_progress,
-            )
+            try:
+                task = StreamTask(
+                    self.resolved,
+                    task_id,
+                    state_dir=self.config.state_dir,
+                    sender=self._sender,
+                    errors=self.errors,
+                    cache_limits=self.config.cache_limits,
+                    checkpoint_min_records=self.config.checkpoint_min_records,
+                    on_restore_progress=self._on_restore_progress,
+                )
+            except TaskDirectoryLockedError as error:
+                log.info("task %s not started yet: %s", task_id, error)
+                continue
             try:
                 restored[task_id] = task.restore(self._restorer)
                 task.initialize()

@@ -77,6 +77,8 @@ DEFAULT_COMMIT_INTERVAL_MS = 1000
 #: How long a commit or offset fetch (made from the engine thread) may wait for the loop.
 _OFFSETS_CALL_TIMEOUT_S = 30.0
 _STALE_EPOCH_RETRIES = 5
+#: How soon a task whose state a sibling thread's replica still locks is started again.
+_LOCKED_TASK_RETRY_S = 0.2
 #: How long a worker that asked the application to shut down waits to hear the answer.
 _SHUTDOWN_GRACE_S = 5.0
 
@@ -218,6 +220,9 @@ class StreamThread:
         }
         self._owned: set[TopicPartition] = set()
         self._running: set[TaskId] = set()
+        #: Membership events and retries of locked tasks run one at a time, in order.
+        self._membership_lock = asyncio.Lock()
+        self._start_retry: asyncio.Task[None] | None = None
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._engine_started: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -242,6 +247,8 @@ class StreamThread:
             log.warning("%s: leaving the group timed out", self.name)
         except Exception:
             log.exception("%s: leaving the group failed", self.name)
+        if self._start_retry is not None:
+            self._start_retry.cancel()
         self._stop.set()
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, timeout_s)
         await self.driver.stop()
@@ -257,22 +264,13 @@ class StreamThread:
     # -- membership events (asyncio side) -----------------------------------------------------
 
     async def _on_event(self, event: MemberEvent) -> None:
+        async with self._membership_lock:
+            await self._handle_event(event)
+
+    async def _handle_event(self, event: MemberEvent) -> None:
         if isinstance(event, PartitionsAssigned):
             self._owned |= await self._named(event.partitions)
-            startable = sorted(
-                {task for p in self._owned if (task := self._task_of_partition.get(p)) is not None}
-                - self._running
-            )
-            ready = [t for t in startable if all(TopicPartition(*p) in self._owned for p in self.resolved.input_partitions(t))]
-            if ready:
-                self.restoring = self.restoring | set(ready)
-                try:
-                    restored = await self._call_engine(lambda: self.engine.add_tasks(ready))
-                finally:
-                    self.restoring = self.restoring - set(ready)
-                self._running |= set(ready)
-                records = sum(n for stores in restored.values() for n in stores.values())
-                log.info("%s: started tasks %s (restored %d records)", self.name, ", ".join(map(str, ready)), records)
+            await self._start_owned_tasks()
         elif isinstance(event, RevokePartitions):
             revoked = await self._named(event.partitions)
             self._owned -= revoked
@@ -297,6 +295,38 @@ class StreamThread:
             self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
         elif isinstance(event, LeftGroup):
             log.info("%s: left the group (epoch %s)", self.name, event.member_epoch_sent)
+
+    async def _start_owned_tasks(self) -> None:
+        """Start every task whose input partitions are all owned and that does not run yet.
+        A task whose state directory a sibling stream thread still holds (its replica there
+        closes once that thread hears the new assignment) is retried shortly."""
+        startable = sorted(
+            {task for p in self._owned if (task := self._task_of_partition.get(p)) is not None} - self._running
+        )
+        ready = [t for t in startable if all(TopicPartition(*p) in self._owned for p in self.resolved.input_partitions(t))]
+        if not ready:
+            return
+        self.restoring = self.restoring | set(ready)
+        try:
+            restored = await self._call_engine(lambda: self.engine.add_tasks(ready))
+        finally:
+            self.restoring = self.restoring - set(ready)
+        started = sorted(restored)
+        self._running |= set(started)
+        if started:
+            records = sum(n for stores in restored.values() for n in stores.values())
+            log.info("%s: started tasks %s (restored %d records)", self.name, ", ".join(map(str, started)), records)
+        if len(started) < len(ready) and (self._start_retry is None or self._start_retry.done()):
+            self._start_retry = asyncio.get_running_loop().create_task(self._retry_start_owned_tasks())
+
+    async def _retry_start_owned_tasks(self) -> None:
+        await asyncio.sleep(_LOCKED_TASK_RETRY_S)
+        async with self._membership_lock:
+            self._start_retry = None
+            try:
+                await self._start_owned_tasks()
+            except Exception:
+                log.exception("%s: starting tasks failed", self.name)
 
     def _on_assignment_metadata(self, error: int, assignment: StreamsAssignmentMetadata | None, group_epoch: int) -> None:
         """The assignor heard its member's new target (on the loop, synchronously): replicas
