@@ -291,12 +291,16 @@ class TaskState:
             raise StateError(f"task {self.task_id} has no store with changelog {changelog}") from None
 
     def changelog_lags(self, end_offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
-        """Changelog end − store position, per store (a store with no position lags by the
-        whole changelog)."""
-        return {
-            store.changelog: max(0, end_offsets[store.changelog] - (store.changelog_position or 0))
-            for store in self._stores.values()
-        }
+        """Changelog end − store position, for each changelog ``end_offsets`` names (the
+        caller's: stores without logging have no changelog to lag behind); a store with no
+        position lags by the whole changelog."""
+        lags = {}
+        for changelog, end_offset in end_offsets.items():
+            store = self._by_changelog.get(changelog)
+            if store is None:
+                raise StateError(f"task {self.task_id} has no store with changelog {changelog}")
+            lags[changelog] = max(0, end_offset - (store.changelog_position or 0))
+        return lags
 
     def offset_sum(self) -> int:
         """Sum of the stores' changelog positions: the task offset sum a Streams member

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pystreams import serdes
-from pystreams.app import App
+from pystreams.app import App, Processor, kv_store
 from pystreams.cluster import TopicSpec
 from pystreams.worker import EngineConfig, TaskEngine, resolve_against_cluster
 
@@ -162,3 +162,45 @@ def test_a_sibling_threads_replica_delays_a_promotion_until_it_closes(
         active.close()
         holder.close()
         sibling.close()
+
+
+class RememberTwice(Processor):
+    """Keeps each value in a logged store and in a scratch store without a changelog."""
+
+    def init(self, context: Any) -> None:
+        super().init(context)
+        self.logged, self.scratch = context.store("logged"), context.store("scratch")
+
+    def process(self, key: Any, value: Any) -> None:
+        self.logged.put(key, value)
+        self.scratch.put(key, value)
+
+
+def test_a_replica_of_a_task_with_an_unlogged_store_follows_and_reports_its_lag(
+    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
+) -> None:
+    source = unique_topic("unlogged-events")
+    create_topics(kafka_bootstrap, TopicSpec(source, 1))
+    app = App(unique_topic("unlogged_app"))
+    events = app.topic(source, key=serdes.Text(), value=serdes.Text())
+    app.processor(events, stores=[
+        kv_store("logged", key=serdes.Text(), value=serdes.Text()),
+        kv_store("scratch", key=serdes.Text(), value=serdes.Text(), logging=False),
+    ], key_changing=False)(RememberTwice)
+    resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
+    (task,) = resolved.tasks
+    offsets = OffsetStore()
+    active = engine_for(resolved, kafka_bootstrap, tmp_path / "active", offsets)
+    replica = engine_for(resolved, kafka_bootstrap, tmp_path / "replica", offsets)
+    try:
+        active.add_tasks([task])
+        replica.set_standby_tasks([task])
+        produce(kafka_bootstrap, source, [(f"k{i}".encode(), b"v", None) for i in range(50)])
+        run_until(active, lambda: active.records_processed >= 50, "the active to process")
+        active.commit()
+        poll_until(replica, lambda: replica.standby_tasks[task].records_applied >= 50, "the replica to apply")
+        assert replica.replica_lags() == {task: 0}  # only the logged store has a changelog to lag
+        assert replica.task_lags() == {task: 0}
+    finally:
+        active.close()
+        replica.close()

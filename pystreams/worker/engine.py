@@ -285,6 +285,12 @@ class TaskEngine:
                 )
             except TaskDirectoryLockedError:
                 continue  # its previous owner on another thread has not closed it yet
+            except Exception:
+                # A replica is an optimisation: without it the task restores in full if it
+                # moves here. Not retried at every poll; the next assignment asks again.
+                log.exception("replica of task %s cannot be opened; not kept here", task_id)
+                self._wanted_standbys -= {task_id}
+                continue
             updater.add(standby)
 
     def _close_standby(self, task_id: TaskId) -> None:

@@ -343,7 +343,11 @@ class StreamThread:
         self._commands.put((lambda: self._set_replicas(replicas, warmups), concurrent.futures.Future()))
 
     def _set_replicas(self, replicas: list[TaskId], warmups: list[TaskId]) -> None:
-        self.engine.set_standby_tasks(replicas)
+        # Nobody waits for this command: what goes wrong must be logged here.
+        try:
+            self.engine.set_standby_tasks(replicas)
+        except Exception:
+            log.exception("%s: opening replicas %s failed", self.name, ", ".join(map(str, sorted(replicas))))
         self.warmups.assigned(warmups)
         if replicas:
             log.info("%s: replicas %s (warm-ups %s)", self.name, ", ".join(map(str, sorted(replicas))),
@@ -450,7 +454,11 @@ class StreamThread:
                 now = time.monotonic()
                 if now >= next_lag_check:
                     next_lag_check = now + interval_ms / 1000
-                    self._check_warmups(int(now * 1000))
+                    try:
+                        self._check_warmups(int(now * 1000))
+                    except Exception:
+                        # A lag is a hint: a broker that does not answer now is asked again later.
+                        log.exception("%s: checking warm-up lags failed", self.name)
                 try:
                     self.engine.maybe_commit()
                 except Exception:

@@ -87,8 +87,7 @@ class StandbyTask:
         self.records_applied += self.state.apply_changelog(changelog, list(records))
 
     def lag(self, end_offsets: Mapping[TopicPartition, int]) -> int:
-        lags = self.state.changelog_lags({c: end_offsets.get(c, 0) for c in self.changelogs})
-        return sum(lags[c] for c in self.changelogs)
+        return sum(self.state.changelog_lags({c: end_offsets.get(c, 0) for c in self.changelogs}).values())
 
     def checkpoint(self) -> None:
         self.state.checkpoint()
