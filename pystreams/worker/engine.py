@@ -378,6 +378,7 @@ class TaskEngine:
         fetched = self._consumer.poll(timeout_ms=timeout, max_records=self._batch_size.limit)
         started = time.perf_counter()
         count = 0
+        kafka_records = 0  # what max_records counts: a packed repartition record is one
         by_task: dict[TaskId, list[tuple[TopicPartition, list[Any]]]] = {}
         for kafka_partition, records in fetched.items():
             partition = TopicPartition(kafka_partition.topic, kafka_partition.partition)
@@ -385,6 +386,7 @@ class TaskEngine:
             if task is None or not records:
                 continue  # revoked between fetch and now
             by_task.setdefault(task.id, []).append((partition, records))
+            kafka_records += len(records)
         for task_id, batches in by_task.items():
             task = self._tasks[task_id]
             if len(batches) == 1:
@@ -404,7 +406,7 @@ class TaskEngine:
             count += task.records_processed - processed_before  # packed records count per entry
         self._punctuate_wall_clock()
         self._send_repartition_buffers()
-        self._batch_size.observe(count, (time.perf_counter() - started) * 1000)
+        self._batch_size.observe(kafka_records, (time.perf_counter() - started) * 1000)
         return count
 
     def _send_repartition_buffers(self) -> None:
