@@ -1,6 +1,6 @@
 """Wall-clock punctuations of a Processor become processing-time timers of
 ``transformWithStateInPandas``: in a streaming query they fire without new records, reading
-the processor's store. (That a backfill of an app with them still ends is covered by the
+the processor's store, and again in a streaming run after a backfill. (That a backfill of an app with them still ends is covered by the
 dedupe example in ``test_spark_examples``.)"""
 from __future__ import annotations
 
@@ -57,26 +57,44 @@ def test_wall_clock_punctuations_fire_as_processing_time_timers(spark: Any, tmp_
         bootstrap = broker.bootstrap_servers
         with ClusterMetadata(bootstrap) as cluster:
             cluster.ensure_topics([TopicSpec("events", 1), TopicSpec("out", 1)])
-        producer = KafkaProducer(bootstrap_servers=bootstrap)
-        for i in range(5):
-            producer.send("events", key=f"k{i % 2}".encode(), value=b"x")
-        producer.flush()
-        producer.close()
+        send(bootstrap, 5)
 
         from pystreams.topology.spark import to_spark
 
-        job = to_spark(load_app(str(app_file)), spark, bootstrap_servers=bootstrap, checkpoint=str(tmp_path / "cp"))
-        (query,) = [writer.trigger(processingTime="200 milliseconds").start() for writer in job.writers.values()]
-        try:
-            deadline = time.monotonic() + WAIT_S
-            while True:
-                assert query.exception() is None, query.exception()
-                table = decoded(read_final_table(bootstrap, "out"), serdes.Text(), serdes.Json())
-                if "tick-0_0" in table:
-                    break
-                assert time.monotonic() < deadline, f"no wall-clock punctuation fired: {table}"
-                time.sleep(0.5)
-        finally:
-            query.stop()
+        def job():
+            return to_spark(load_app(str(app_file)), spark, bootstrap_servers=bootstrap, checkpoint=str(tmp_path / "cp"))
+
+        def stream_until_tick(seen: str) -> dict:
+            (query,) = [writer.trigger(processingTime="200 milliseconds").start() for writer in job().writers.values()]
+            try:
+                deadline = time.monotonic() + WAIT_S
+                while True:
+                    assert query.exception() is None, query.exception()
+                    table = decoded(read_final_table(bootstrap, "out"), serdes.Text(), serdes.Json())
+                    if table.get("tick-0_0") == seen:
+                        return table
+                    assert time.monotonic() < deadline, f"no wall-clock punctuation saw {seen} records: {table}"
+                    time.sleep(0.5)
+            finally:
+                query.stop()
+
         # Fired after the records (the first check only schedules it): it saw all five.
-        assert table["tick-0_0"] == "5" and table["k0"] == "x"
+        table = stream_until_tick("5")
+        assert table["k0"] == "x"
+        # A backfill on the same checkpoint fires no wall-clock punctuation, and a streaming
+        # run after it schedules them again.
+        send(bootstrap, 2)
+        backfill = job()
+        backfill.start(available_now=True)
+        assert backfill.await_termination(WAIT_S)
+        assert decoded(read_final_table(bootstrap, "out"), serdes.Text(), serdes.Json())["tick-0_0"] == "5"
+        send(bootstrap, 1)
+        stream_until_tick("8")
+
+
+def send(bootstrap: str, records: int) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    for i in range(records):
+        producer.send("events", key=f"k{i % 2}".encode(), value=b"x")
+    producer.flush()
+    producer.close()

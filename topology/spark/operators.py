@@ -332,6 +332,9 @@ def processor_operator(spec: ProcessorSpec) -> Any:
             if spec.wall_clock_punctuations and not spec.wall_clock_timers:
                 for timer in list(self.handle.listTimers()):  # left by a streaming run
                     self.handle.deleteTimer(timer)
+                for method, _ in spec.wall_clock_punctuations:
+                    # Unscheduled, so that a later streaming run schedules them again.
+                    task.clock.next_due.pop(method, None)
             elif spec.wall_clock_punctuations:
                 for method, interval_ms in spec.wall_clock_punctuations:
                     # As the worker: the first wall-clock check only schedules the punctuation.
