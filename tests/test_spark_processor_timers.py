@@ -1,7 +1,7 @@
 """Wall-clock punctuations of a Processor become processing-time timers of
 ``transformWithStateInPandas``: in a streaming query they fire without new records, reading
-the processor's store, and again in a streaming run after a backfill. (That a backfill of an app with them still ends is covered by the
-dedupe example in ``test_spark_examples``.)"""
+the processor's store, and again in a streaming run after a backfill. (That a backfill of an
+app with them still ends is covered by the dedupe example in ``test_spark_examples``.)"""
 from __future__ import annotations
 
 import time
