@@ -54,6 +54,7 @@ from pystreams.assignors.streams import (
     decode_assignment_metadata,
     encode_member_metadata,
 )
+from pystreams.assignors.streams.metadata import task_lags_from
 from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology, resolve
 
@@ -108,7 +109,7 @@ class Group:
                     user_endpoint=f"worker-{index}:8080",
                     client_tags={"zone": ZONES[index % len(ZONES)]},
                     topology_hash=self.topology_hash,
-                    task_lags={str(task): lag for task, lag in sorted((lags or {}).get(mid, {}).items())},
+                    task_lags=task_lags_from((lags or {}).get(mid, {})),
                 )
             )
             members[mid] = MemberSpec(

@@ -69,6 +69,21 @@ class ResolvedTopology:
             raise ValueError(f"store {store!r} belongs to sub-topology {spec.subtopology}, not task {task}")
         return None if spec.changelog_topic is None else (spec.changelog_topic, task.partition)
 
+    def changelog_partitions(self, task: TaskId) -> tuple[tuple[str, int], ...]:
+        """Where each logged store of ``task`` is logged (empty: a stateless task, or one
+        whose stores are all unlogged)."""
+        stores = self.topology.stores
+        return tuple(
+            (stores[name].changelog_topic, task.partition)  # type: ignore[misc]
+            for name in self.topology.subtopologies[task.subtopology].stores
+            if stores[name].changelog_topic is not None
+        )
+
+    @property
+    def stateful_subtopologies(self) -> frozenset[int]:
+        """Sub-topologies whose tasks have logged state (restoring them takes time; replicas help)."""
+        return frozenset(s.subtopology for s in self.topology.stores.values() if s.changelog_topic is not None)
+
     def topics_to_create(self) -> tuple[TopicToCreate, ...]:
         """The internal topics with their partition counts and configs, sorted by name."""
         return tuple(

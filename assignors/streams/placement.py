@@ -151,9 +151,7 @@ class _Placement:
         for process, spec in zip(self.processes, specs):
             for task, lag in spec.task_lags.items():
                 if task in self.stateful:
-                    holders = self.lags.setdefault(task, {})
-                    lag = max(0, lag)
-                    holders[process.index] = min(lag, holders.get(process.index, lag))
+                    self.lags.setdefault(task, {})[process.index] = max(0, lag)
         for task, mid in self.owner.items():
             if task in self.stateful:
                 self.lags.setdefault(task, {})[self.process_of[mid].index] = 0
@@ -359,7 +357,6 @@ class _Placement:
         for heap in groups.values():
             heapq.heapify(heap)
         member_replicas = self.member_replicas
-        tag_count = len(self.config.rack_aware_assignment_tags)
 
         for task in self.tasks:
             if task not in self.stateful:
@@ -368,7 +365,7 @@ class _Placement:
             used_values = [{value} for value in self.processes[next(iter(used))].tag_values]
             holders = self.lags.get(task, {})
             for _ in range(wanted):
-                chosen = self._best_standby_process(task, used, used_values, holders, fair_share, groups, tag_count)
+                chosen = self._best_standby_process(used, used_values, holders, fair_share, groups)
                 if chosen is None:
                     break
                 used.add(chosen.index)
@@ -384,16 +381,16 @@ class _Placement:
 
     def _best_standby_process(
         self,
-        task: TaskId,
         used: set[int],
         used_values: list[set[str | None]],
         holders: Mapping[int, int],
         fair_share: Mapping[int, int],
         groups: Mapping[tuple[str | None, ...], list[tuple[float, str, int]]],
-        tag_count: int,
     ) -> _Process | None:
-        def coincidences(process: _Process) -> int:
-            return sum(1 for values, value in zip(used_values, process.tag_values) if value in values)
+        def rank(process: _Process, lag: int) -> tuple[int, int, float, str]:
+            # Fewest rack tag values already used by this task's replicas, then state, then load.
+            coincidences = sum(1 for values, value in zip(used_values, process.tag_values) if value in values)
+            return (coincidences, lag, process.replica_load(), process.process_id)
 
         best_key = None
         best: _Process | None = None
@@ -401,7 +398,7 @@ class _Placement:
             process = self.processes[index]
             if index in used or process.replicas >= fair_share[index]:
                 continue
-            key = (coincidences(process) if tag_count else 0, lag, process.replica_load(), process.process_id)
+            key = rank(process, lag)
             if best_key is None or key < best_key:
                 best_key, best = key, process
         for heap in groups.values():
@@ -411,7 +408,7 @@ class _Placement:
             lag = holders.get(process.index, _NO_STATE)
             if lag != _NO_STATE and process.replicas >= fair_share[process.index]:
                 lag = _NO_STATE  # over its share: its state no longer earns a preference
-            key = (coincidences(process) if tag_count else 0, lag, process.replica_load(), process.process_id)
+            key = rank(process, lag)
             if best_key is None or key < best_key:
                 best_key, best = key, process
         return best

@@ -53,6 +53,7 @@ from .metadata import (
     decode_assignment_metadata,
     decode_member_metadata,
     encode_member_metadata,
+    task_lags_from,
 )
 from .placement import HaConfig, MemberTasks, ProcessSpec, place_tasks
 
@@ -82,10 +83,6 @@ class StickyTaskAssignor:
     ) -> None:
         self.resolved = resolved
         self.ha = ha
-        #: Sub-topologies whose tasks have changelogged state (restoring them takes time).
-        self.stateful_subtopologies = frozenset(
-            store.subtopology for store in resolved.topology.stores.values() if store.changelog_topic is not None
-        )
         self.process_id = process_id
         self.user_endpoint = user_endpoint
         self.client_tags = dict(client_tags or {})
@@ -110,13 +107,13 @@ class StickyTaskAssignor:
 
     def set_task_lags(self, lags: Mapping[TaskId, int]) -> None:
         with self._lock:
-            self._task_lags = {str(task): lag for task, lag in sorted(lags.items())}
+            self._task_lags = task_lags_from(lags)
 
     def report(self, lags: Mapping[TaskId, int], reason: MemberReason) -> None:
         """Fresh lags together with the reason that makes them worth a reassignment: the KIP
         sends TaskLag only with a non-zero reason, so both change in one step."""
         with self._lock:
-            self._task_lags = {str(task): lag for task, lag in sorted(lags.items())}
+            self._task_lags = task_lags_from(lags)
             self._reason = reason
 
     def member_metadata(self) -> StreamsMemberMetadata:
@@ -189,9 +186,10 @@ class StickyTaskAssignor:
             log.warning("members %s asked the application to shut down", shutdown_by)
             return _shutdown(spec, owner_of, versions)
 
+        stateful_subtopologies = self.resolved.stateful_subtopologies
         placement = place_tasks(
             partitions_of_task,
-            {task for task in partitions_of_task if task.subtopology in self.stateful_subtopologies},
+            {task for task in partitions_of_task if task.subtopology in stateful_subtopologies},
             _processes(metadata, partitions_of_task),
             owner_of,
             self.ha,

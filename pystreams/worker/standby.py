@@ -35,18 +35,10 @@ class _ReadOnlyChangelog:
         raise RuntimeError(f"a standby replica wrote to {topic}-{partition}")
 
 
-def logged_changelogs(resolved: ResolvedTopology, task_id: TaskId) -> tuple[TopicPartition, ...]:
-    topology = resolved.topology
-    return tuple(
-        TopicPartition(topology.stores[name].changelog_topic, task_id.partition)  # type: ignore[arg-type]
-        for name in topology.subtopologies[task_id.subtopology].stores
-        if topology.stores[name].logging and topology.stores[name].changelog_topic
-    )
-
-
 def stateful_tasks(resolved: ResolvedTopology) -> frozenset[TaskId]:
     """Tasks with at least one logged store: the only ones a replica helps."""
-    return frozenset(task for task in resolved.tasks if logged_changelogs(resolved, task))
+    stateful = resolved.stateful_subtopologies
+    return frozenset(task for task in resolved.tasks if task.subtopology in stateful)
 
 
 class StandbyTask:
@@ -62,7 +54,7 @@ class StandbyTask:
         checkpoint_min_records: int = 0,
     ) -> None:
         self.id = task_id
-        self.changelogs = logged_changelogs(resolved, task_id)
+        self.changelogs = tuple(TopicPartition(*pair) for pair in resolved.changelog_partitions(task_id))
         self.state = TaskState(
             state_dir,
             resolved.topology.app_id,

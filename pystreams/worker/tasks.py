@@ -47,12 +47,7 @@ class StreamTask:
         self._sender = sender
         self.ctx = TaskContext(topology.app_id, task_id, sender)
         self.ctx.on_forward_error = self._forward_failed
-        sub = topology.subtopologies[task_id.subtopology]
-        self.logged_changelogs = tuple(
-            TopicPartition(topology.stores[s].changelog_topic, task_id.partition)  # type: ignore[arg-type]
-            for s in sub.stores
-            if topology.stores[s].logging and topology.stores[s].changelog_topic
-        )
+        self.logged_changelogs = tuple(TopicPartition(*pair) for pair in resolved.changelog_partitions(task_id))
         self.changelog_sink = ProducerChangelogSink(sender, frozenset(tp.topic for tp in self.logged_changelogs))
         self.state = TaskState(
             state_dir,

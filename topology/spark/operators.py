@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from pystreams.topology.ir import TaskId
 from pystreams.topology.windows import JoinWindow, SessionWindow, Windowed
 
 from .serdes import ShippedSerde
@@ -26,7 +27,6 @@ from .worker_semantics import (
     PunctuationClock,
     ReplayedProcessorContext,
     SessionChanges,
-    TaskIdentity,
     add_to_sessions,
     decode_sessions,
     encode_sessions,
@@ -321,7 +321,7 @@ def processor_operator(spec: ProcessorSpec) -> Any:
             if self.task_state.exists():
                 stream_time, due_bytes = self.task_state.get()
                 due = _decode_clock(due_bytes)
-            context = ReplayedProcessorContext(spec.app_id, TaskIdentity(spec.subtopology, partition), stores)
+            context = ReplayedProcessorContext(spec.app_id, TaskId(spec.subtopology, partition), stores)
             task = ProcessorTask(spec.processor_class, context, spec.stream_punctuations, PunctuationClock(due), stream_time)
             return task, stores
 

@@ -295,17 +295,6 @@ class CachedKeyValueStore:
         self._dirty.clear()
 
 
-@dataclass(frozen=True)
-class TaskIdentity:
-    """``TaskId``-like: what ``context.task_id`` prints (``"subtopology_partition"``)."""
-
-    subtopology: int
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.subtopology}_{self.partition}"
-
-
 class ReplayedProcessorContext:
     """The ``ProcessorContext`` a processor sees, with forwards collected for the caller."""
 
