@@ -32,7 +32,7 @@ from pystreams.topology.ir import (
     TaskId,
 )
 from pystreams.topology.resolve import ResolvedTopology
-from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed
+from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed, merge_into_session
 
 from .stores import TypedStore, typed
 
@@ -534,23 +534,20 @@ def _aggregation(node: Node, store: Any, key_serde: Any, ctx: TaskContext) -> Em
             return
         if timestamp > observed:
             observed = timestamp
-        close_time = observed - grace
         stored_key = key_bytes(key)
-        overlapping = list(store.find_sessions(stored_key, timestamp - gap, timestamp + gap))
-        start = end = timestamp
-        total: Any = None if is_reduce else new_initial()
-        for session in overlapping:
-            older = value_of(session.value)
-            total = older if total is None else merger(key, total, older)
-            start = min(start, session.start)
-            end = max(end, session.end)
-        if end < close_time:
+        overlapping = list(store.find_sessions(stored_key, timestamp - gap, timestamp + gap))  # by end, start
+        merged = merge_into_session(
+            [(session.start, session.end, value_of(session.value)) for session in overlapping],
+            key, value, timestamp,
+            close_time=observed - grace, aggregate=fn, merge=merger, new_initial=None if is_reduce else new_initial,
+        )
+        if merged is None:
             ctx.late_records_dropped += 1
             return
+        start, end, total = merged
         for session in overlapping:
             if (session.start, session.end) != (start, end):
                 store.remove(stored_key, session.start, session.end)
-        total = value if total is None else fn(total, key, value)
         store.put(stored_key, start, end, value_bytes(total))
 
     return aggregate_sessions

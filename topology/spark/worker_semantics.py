@@ -18,6 +18,8 @@ from typing import Any
 
 import msgspec
 
+from pystreams.topology.windows import merge_into_session
+
 # -- session windows ------------------------------------------------------------------------------
 
 #: ``(start, end)`` of a session; ``end`` is its last record's timestamp (inclusive).
@@ -53,29 +55,23 @@ def add_to_sessions(
     merge: Callable[[Any, Any, Any], Any],
     new_initial: Callable[[], Any] | None,
 ) -> bool:
-    """Add one record to ``sessions`` (mutated) as the worker's session aggregation does:
-    sessions within ``gap`` of the record merge, in order of end then start, starting from a
-    fresh initial (``new_initial=None``: a reduce, starting from the oldest session); a merged
-    session ending before ``close_time`` is late and dropped. Returns False when dropped."""
+    """Add one record to ``sessions`` (mutated) by the worker's rule (``merge_into_session``);
+    returns False when it is late and dropped."""
     overlapping = sorted(
         (bounds for bounds in sessions if bounds[1] >= timestamp - gap_ms and bounds[0] <= timestamp + gap_ms),
         key=lambda bounds: (bounds[1], bounds[0]),
     )
-    start = end = timestamp
-    total: Any = None if new_initial is None else new_initial()
-    started = new_initial is not None
-    for bounds in overlapping:
-        older = sessions[bounds]
-        total = merge(key, total, older) if started else older
-        started = True
-        start, end = min(start, bounds[0]), max(end, bounds[1])
-    if end < close_time:
+    merged = merge_into_session(
+        [(bounds[0], bounds[1], sessions[bounds]) for bounds in overlapping], key, value, timestamp,
+        close_time=close_time, aggregate=aggregate, merge=merge, new_initial=new_initial,
+    )
+    if merged is None:
         return False
+    start, end, total = merged
     for bounds in overlapping:
         if bounds != (start, end):
             del sessions[bounds]
             changes.remove(bounds)
-    total = aggregate(total, key, value) if started else value
     sessions[(start, end)] = total
     changes.write((start, end), total)
     return True
