@@ -16,9 +16,9 @@ from pystreams.topology.spark.worker_semantics import (
     LEFT,
     RIGHT,
     CachedKeyValueStore,
-    DictBackend,
     JoinBuffers,
     JoinRule,
+    KeyValueBackend,
     ProcessorTask,
     PunctuationClock,
     ReplayedProcessorContext,
@@ -27,6 +27,25 @@ from pystreams.topology.spark.worker_semantics import (
     decode_sessions,
     encode_sessions,
 )
+
+class DictBackend(KeyValueBackend):
+    """A processor store backend in a dict (Spark keeps it in a MapState)."""
+
+    def __init__(self, data: dict[bytes, bytes] | None = None) -> None:
+        self.data = {} if data is None else data
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.data.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.data[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.data.pop(key, None)
+
+    def items(self) -> Iterable[tuple[bytes, bytes]]:
+        return list(self.data.items())
+
 
 # -- constructs that cannot compile ---------------------------------------------------------------
 
@@ -212,7 +231,7 @@ def test_a_processor_task_runs_records_and_stream_time_punctuations_like_the_wor
         context = ReplayedProcessorContext("app", "0_0", {"counts": store})
         task = ProcessorTask(Counting, context, [("reset", 100)], clock, stream_time)
         for offset, (key, ts) in enumerate(batch):
-            task.process(key, None, ts, "events", 0, offset)
+            task.process_source_record([(key, None, ts)], ts, "events", 0, offset)
         store.flush()
         stream_time = task.stream_time
         results.extend((key, value) for key, value, _ in context.forwarded)

@@ -154,6 +154,13 @@ class Punctuation:
     type: PunctuationType
 
 
+def next_punctuation_due(due: int | None, now: int, interval_ms: int) -> int:
+    """When a punctuation that fired at ``now`` is due next (``due``: when it was due, None if
+    never scheduled): missed intervals are skipped, not replayed (both runtimes use this)."""
+    next_due = (due if due is not None else now) + interval_ms
+    return next_due if next_due > now else now + interval_ms
+
+
 @dataclass(frozen=True, slots=True)
 class JoinSpec:
     kind: JoinKind

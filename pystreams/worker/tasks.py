@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pystreams.state import CacheLimits, RestoreProgress, TaskState, TopicPartition
-from pystreams.topology.ir import PunctuationType, TaskId
+from pystreams.topology.ir import PunctuationType, TaskId, next_punctuation_due
 from pystreams.topology.resolve import ResolvedTopology
 
 from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError
@@ -196,11 +196,7 @@ class StreamTask:
                 self._fire(scheduled, now_ms)
 
     def _fire(self, scheduled: Any, now: int) -> None:
-        interval = scheduled.punctuation.interval_ms
-        # Missed intervals are skipped, not replayed: one call, then the next due time after now.
-        scheduled.next_due = (scheduled.next_due if scheduled.next_due is not None else now) + interval
-        if scheduled.next_due <= now:
-            scheduled.next_due = now + interval
+        scheduled.next_due = next_punctuation_due(scheduled.next_due, now, scheduled.punctuation.interval_ms)
         saved = self.ctx.topic, self.ctx.partition, self.ctx.offset
         self.ctx.topic = self.ctx.partition = self.ctx.offset = None
         scheduled.context.timestamp = now

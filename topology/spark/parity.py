@@ -1,6 +1,6 @@
 """Run one app on both runtimes and read what each wrote, to check they agree.
 
-Used by the Spark tests and the benchmark. The *final table* of a topic is the latest value
+Used by the Spark tests. The *final table* of a topic is the latest value
 bytes per key bytes (a tombstone removes the key), which is what a consumer of a compacted
 topic ends up with, whichever runtime produced it.
 """

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from pystreams.topology.ir import next_punctuation_due
 from pystreams.topology.windows import merge_into_session
 
 # -- session windows ------------------------------------------------------------------------------
@@ -194,23 +195,6 @@ class KeyValueBackend:
         raise NotImplementedError
 
 
-class DictBackend(KeyValueBackend):
-    def __init__(self, data: dict[bytes, bytes] | None = None) -> None:
-        self.data = {} if data is None else data
-
-    def get(self, key: bytes) -> bytes | None:
-        return self.data.get(key)
-
-    def put(self, key: bytes, value: bytes) -> None:
-        self.data[key] = value
-
-    def delete(self, key: bytes) -> None:
-        self.data.pop(key, None)
-
-    def items(self) -> Iterable[tuple[bytes, bytes]]:
-        return list(self.data.items())
-
-
 _DELETED = object()
 
 
@@ -324,10 +308,7 @@ class PunctuationClock:
         return next_due is None or now >= next_due
 
     def fired(self, method: str, now: int, interval_ms: int) -> None:
-        # Missed intervals are skipped, not replayed: the next due time is after now.
-        next_due = self.next_due.get(method)
-        next_due = (next_due if next_due is not None else now) + interval_ms
-        self.next_due[method] = next_due if next_due > now else now + interval_ms
+        self.next_due[method] = next_punctuation_due(self.next_due.get(method), now, interval_ms)
 
 
 class ProcessorTask:
@@ -348,10 +329,6 @@ class ProcessorTask:
         self.clock = clock
         self.stream_time = stream_time
         self.instance.init(context)
-
-    def process(self, key: Any, value: Any, timestamp: int, topic: str, partition: int, offset: int) -> None:
-        """One record read straight into the processor."""
-        self.process_source_record([(key, value, timestamp)], timestamp, topic, partition, offset)
 
     def process_source_record(
         self, records: Iterable[tuple[Any, Any, int]], timestamp: int, topic: str, partition: int, offset: int
