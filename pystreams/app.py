@@ -339,19 +339,14 @@ class App:
         PYSTREAMS_QUERY_ENDPOINTS, comma-separated). ``stale=True`` also reads standby
         replicas. Raises ``pystreams.queries.NotAvailableYet`` while the key's task restores or
         moves for longer than ``timeout_s``."""
-        import os
+        from pystreams.queries import KeyNotFound, QueryClient, QueryError, endpoints_from
 
-        from pystreams.queries import KeyNotFound, QueryClient, QueryError
-
-        if endpoints is None:
-            endpoints = os.environ.get("PYSTREAMS_QUERY_ENDPOINTS", "")
-        if isinstance(endpoints, str):
-            endpoints = [e.strip() for e in endpoints.split(",") if e.strip()]
         spec = self.topology().stores.get(store)
         if spec is None:
             raise QueryError(f"app {self.app_id!r} has no store named {store!r}")
+        client = QueryClient(endpoints_from(endpoints))
         try:
-            return QueryClient(endpoints).get(store, key, spec.key_serde, spec.value_serde, timeout_s=timeout_s, stale=stale)
+            return client.get(store, key, spec.key_serde, spec.value_serde, timeout_s=timeout_s, stale=stale)
         except KeyNotFound:
             return None
 

@@ -9,6 +9,7 @@ deadline, then raises :class:`NotAvailableYet` with the last reason.
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +30,16 @@ class NotAvailableYet(QueryError):
 
 class KeyNotFound(KeyError):
     """The owner of the key's task has no value for it."""
+
+
+def endpoints_from(endpoints: str | Sequence[str] | None) -> list[str]:
+    """Worker endpoints (HOST:PORT) from a list, a comma-separated string, or, for None, the
+    PYSTREAMS_QUERY_ENDPOINTS environment variable."""
+    if endpoints is None:
+        endpoints = os.environ.get("PYSTREAMS_QUERY_ENDPOINTS", "")
+    if isinstance(endpoints, str):
+        endpoints = endpoints.split(",")
+    return [endpoint.strip() for endpoint in endpoints if endpoint.strip()]
 
 
 def _http_get(url: str, timeout_s: float) -> tuple[int, bytes]:

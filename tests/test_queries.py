@@ -565,3 +565,18 @@ def test_query_server_needs_host_and_port():
 def test_queryable_stores_names_the_topic_and_partition_count_that_place_keys(partitions):
     resolved = resolve(TOPOLOGY, {INPUT_TOPIC: partitions})
     assert queryable_stores(resolved) == {STORE: {"topic": INPUT_TOPIC, "partitions": partitions}}
+
+
+def test_cli_exits_2_for_a_key_its_store_cannot_hold_before_asking_any_worker(tmp_path, capsys):
+    app_file = tmp_path / "int_keys.py"
+    app_file.write_text(
+        "from pystreams import serdes\n"
+        "from pystreams.app import App\n"
+        "app = App('int_keys')\n"
+        "events = app.topic('events', key=serdes.Int(), value=serdes.Text())\n"
+        "app.count(events, store='counts')\n"
+    )
+    unreachable = f"127.0.0.1:{free_port()}"
+    code = cli_main(["query", str(app_file), "counts", "not-a-number", "--endpoint", unreachable])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not fit the store's key serde" in err, err

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -45,9 +44,9 @@ def parse_key(serde: serdes.Serde, text: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from pystreams.app import load_app
-    from pystreams.queries import KeyNotFound, NotAvailableYet, QueryClient, QueryError
+    from pystreams.queries import NotAvailableYet, QueryError, endpoints_from
 
-    endpoints = args.endpoint or [e for e in os.environ.get("PYSTREAMS_QUERY_ENDPOINTS", "").split(",") if e.strip()]
+    endpoints = endpoints_from(args.endpoint)
     if not endpoints:
         print("pystreams query: give --endpoint HOST:PORT (or PYSTREAMS_QUERY_ENDPOINTS)", file=sys.stderr)
         return 2
@@ -58,21 +57,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         key = parse_key(spec.key_serde, args.key)
-        value = QueryClient(endpoints).get(
-            args.store, key, spec.key_serde, spec.value_serde, timeout_s=args.timeout_s, stale=args.stale
-        )
-    except ValueError as error:
+        spec.key_serde.serialize(key)  # fail here, with the reason, not inside the query
+    except (ValueError, TypeError, msgspec.MsgspecError) as error:
         print(f"pystreams query: key {args.key!r} does not fit the store's key serde: {error}", file=sys.stderr)
         return 2
-    except KeyNotFound:
-        print(f"no value for key {args.key!r} in store {args.store!r}")
-        return 1
+    try:
+        value = app.query(args.store, key, endpoints=endpoints, timeout_s=args.timeout_s, stale=args.stale)
     except NotAvailableYet as error:
         print(f"pystreams query: {error}", file=sys.stderr)
         return 3
     except QueryError as error:
         print(f"pystreams query: {error}", file=sys.stderr)
         return 2
+    if value is None:  # stores hold no None values: None means the key has none
+        print(f"no value for key {args.key!r} in store {args.store!r}")
+        return 1
     try:
         print(msgspec.json.encode(value).decode())
     except (TypeError, msgspec.EncodeError):
