@@ -15,7 +15,6 @@ from pystreams.topology.spark.compiler import choose_source_format, source_optio
 from pystreams.topology.spark.worker_semantics import (
     LEFT,
     RIGHT,
-    CachedKeyValueStore,
     JoinBuffers,
     JoinRule,
     KeyValueBackend,
@@ -24,6 +23,7 @@ from pystreams.topology.spark.worker_semantics import (
     ReplayedProcessorContext,
     SessionChanges,
     add_to_sessions,
+    cached_key_value_store,
     decode_sessions,
     encode_sessions,
 )
@@ -227,12 +227,12 @@ def test_a_processor_task_runs_records_and_stream_time_punctuations_like_the_wor
     stream_time = None
     # Two "micro-batches": the store and the clock carry over, the instance does not.
     for batch in ([("a", 1000), ("a", 1050), ("b", 1099)], [("a", 1100), ("a", 1101)]):
-        store = CachedKeyValueStore("counts", backend, serdes.Text(), serdes.Int())
+        store = cached_key_value_store("counts", backend, serdes.Text(), serdes.Int())
         context = ReplayedProcessorContext("app", "0_0", {"counts": store})
         task = ProcessorTask(Counting, context, [("reset", 100)], clock, stream_time)
         for offset, (key, ts) in enumerate(batch):
             task.process_source_record([(key, None, ts)], ts, "events", 0, offset)
-        store.flush()
+        store.raw.flush()
         stream_time = task.stream_time
         results.extend((key, value) for key, value, _ in context.forwarded)
     # The first record fires the punctuation at once (the worker's first due time is "now").
@@ -241,7 +241,7 @@ def test_a_processor_task_runs_records_and_stream_time_punctuations_like_the_wor
     assert clock.next_due == {"reset": 1200}
 
     # A source record that stateless steps dropped still moves stream time and punctuates.
-    context = ReplayedProcessorContext("app", "0_0", {"counts": CachedKeyValueStore("counts", backend, serdes.Text(), serdes.Int())})
+    context = ReplayedProcessorContext("app", "0_0", {"counts": cached_key_value_store("counts", backend, serdes.Text(), serdes.Int())})
     task = ProcessorTask(Counting, context, [("reset", 100)], clock, stream_time)
     task.process_source_record([], 1250, "events", 0, 9)
     assert context.forwarded == [("reset", 1250, 1250)] and task.stream_time == 1250

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -916,36 +917,36 @@ class SparkJob:
     operator per query), each checkpointed in its own sub-directory of the checkpoint."""
 
     plan: SparkPlan
-    #: sink node name -> its query, configured but not started
-    writers: dict[str, Any]
-    #: the same queries for a backfill (no wall-clock timers: they would keep it running)
-    backfill_writers: dict[str, Any] = field(default_factory=dict)
-    spark: Any = None
+    spark: Any
+    #: backfill? -> sink node name -> its query, configured but not started (a backfill's
+    #: have no wall-clock timers: they would keep it running)
+    build_writers: Callable[[bool], dict[str, Any]]
     queries: list[Any] = field(default_factory=list)
+
+    @functools.cached_property
+    def writers(self) -> dict[str, Any]:
+        """Sink node name -> its streaming query, configured but not started (for callers
+        that set their own trigger)."""
+        return self.build_writers(False)
 
     def start(self, *, available_now: bool = False) -> list[Any]:
         """Start every query; ``available_now`` = a backfill up to the offsets seen now."""
-        if available_now:
-            # A backfill ends with its input: no-data batches would only evict state, and with
-            # processing-time timers (transformWithState) they never stop. The setting is read
-            # when a query starts and is not kept in its checkpoint.
-            spark = self.spark
-            previous = spark.conf.get(NO_DATA_BATCHES_CONF, None) if spark is not None else None
-            if spark is not None:
-                spark.conf.set(NO_DATA_BATCHES_CONF, "false")
-            try:
-                for writer in (self.backfill_writers or self.writers).values():
-                    self.queries.append(writer.trigger(availableNow=True).start())
-            finally:
-                if spark is not None:
-                    if previous is None:
-                        spark.conf.unset(NO_DATA_BATCHES_CONF)
-                    else:
-                        spark.conf.set(NO_DATA_BATCHES_CONF, previous)
+        if not available_now:
+            self.queries.extend(writer.start() for writer in self.writers.values())
             return self.queries
-        else:
-            for writer in self.writers.values():
-                self.queries.append(writer.start())
+        # A backfill ends with its input: no-data batches would only evict state, and with
+        # processing-time timers (transformWithState) they never stop. The setting is read
+        # when a query starts and is not kept in its checkpoint.
+        previous = self.spark.conf.get(NO_DATA_BATCHES_CONF, None)
+        self.spark.conf.set(NO_DATA_BATCHES_CONF, "false")
+        try:
+            for writer in self.build_writers(True).values():
+                self.queries.append(writer.trigger(availableNow=True).start())
+        finally:
+            if previous is None:
+                self.spark.conf.unset(NO_DATA_BATCHES_CONF)
+            else:
+                self.spark.conf.set(NO_DATA_BATCHES_CONF, previous)
         return self.queries
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
@@ -990,6 +991,7 @@ def to_spark(
     plan = compile_topology(topology, topics_matching=cluster_pattern_matcher(bootstrap_servers))
     _ship_app_modules(spark, topology)
     source_format = source_format or choose_source_format(spark)
+
     def writers(backfill: bool) -> dict[str, Any]:
         built = {}
         for sink in plan.sinks:
@@ -1006,4 +1008,4 @@ def to_spark(
             )
         return built
 
-    return SparkJob(plan, writers(backfill=False), writers(backfill=True), spark)
+    return SparkJob(plan, spark, writers)

@@ -19,7 +19,6 @@ from pystreams.topology.windows import JoinWindow, SessionWindow, Windowed
 
 from .serdes import ShippedSerde
 from .worker_semantics import (
-    CachedKeyValueStore,
     JoinBuffers,
     JoinRule,
     KeyValueBackend,
@@ -28,6 +27,7 @@ from .worker_semantics import (
     ReplayedProcessorContext,
     SessionChanges,
     add_to_sessions,
+    cached_key_value_store,
     decode_sessions,
     encode_sessions,
     expire_sessions,
@@ -311,10 +311,10 @@ def processor_operator(spec: ProcessorSpec) -> Any:
                 self._spec = pickle.loads(pickled_spec)
             return self._spec
 
-        def _task(self, partition: int) -> tuple[ProcessorTask, dict[str, CachedKeyValueStore]]:
+        def _task(self, partition: int) -> tuple[ProcessorTask, dict[str, Any]]:
             spec = self.spec
             stores = {
-                name: CachedKeyValueStore(name, _MapStateBackend(self.store_states[name]), key_serde, value_serde)
+                name: cached_key_value_store(name, _MapStateBackend(self.store_states[name]), key_serde, value_serde)
                 for name, key_serde, value_serde in spec.stores
             }
             stream_time, due = None, {}
@@ -325,10 +325,10 @@ def processor_operator(spec: ProcessorSpec) -> Any:
             task = ProcessorTask(spec.processor_class, context, spec.stream_punctuations, PunctuationClock(due), stream_time)
             return task, stores
 
-        def _finish(self, task: ProcessorTask, stores: dict[str, CachedKeyValueStore], now_ms: int) -> Iterator[Any]:
+        def _finish(self, task: ProcessorTask, stores: dict[str, Any], now_ms: int) -> Iterator[Any]:
             spec = self.spec
             for store in stores.values():
-                store.flush()
+                store.raw.flush()
             if spec.wall_clock_punctuations and not spec.wall_clock_timers:
                 for timer in list(self.handle.listTimers()):  # left by a streaming run
                     self.handle.deleteTimer(timer)

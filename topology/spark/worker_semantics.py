@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from pystreams.topology.ir import next_punctuation_due
+from pystreams.worker.stores import TypedKeyValueStore
 from pystreams.topology.windows import merge_into_session
 
 # -- session windows ------------------------------------------------------------------------------
@@ -198,47 +199,38 @@ class KeyValueBackend:
 _DELETED = object()
 
 
-class CachedKeyValueStore:
-    """The typed key-value store a processor sees (``get/put/put_if_absent/delete/items/range``,
-    like the worker's ``TypedKeyValueStore``), over a backend with a write-back cache: each
-    key goes to the backend at most once per batch each way. Iteration is in key-byte order,
-    as over RocksDB."""
+class CachedBytesStore:
+    """A processor's key-value store over a backend, in bytes, with a write-back cache: each
+    key goes to the backend at most once per batch each way (``flush`` writes). Iteration is in
+    key-byte order, as over RocksDB. Processors see it through the worker's typed view
+    (``cached_key_value_store``), so both runtimes give them the same store API."""
 
-    def __init__(self, name: str, backend: KeyValueBackend, key_serde: Any, value_serde: Any) -> None:
+    def __init__(self, name: str, backend: KeyValueBackend) -> None:
         self.name = name
         self._backend = backend
-        self._key, self._key_of = key_serde.serialize, key_serde.deserialize
-        self._value, self._value_of = value_serde.serialize, value_serde.deserialize
         self._cache: dict[bytes, Any] = {}  # key bytes -> value bytes | None (absent) | _DELETED
         self._dirty: set[bytes] = set()
 
-    def _raw_get(self, key: bytes) -> bytes | None:
+    def get(self, key: bytes) -> bytes | None:
         if key not in self._cache:
             self._cache[key] = self._backend.get(key)
         value = self._cache[key]
         return None if value is _DELETED else value
 
-    def _raw_put(self, key: bytes, value: bytes | None) -> None:
+    def put(self, key: bytes, value: bytes | None) -> None:
         self._cache[key] = _DELETED if value is None else value
         self._dirty.add(key)
 
-    def get(self, key: Any) -> Any:
-        return self._value_of(self._raw_get(self._key(key)))
-
-    def put(self, key: Any, value: Any) -> None:
-        self._raw_put(self._key(key), self._value(value))
-
-    def put_if_absent(self, key: Any, value: Any) -> Any:
-        raw_key = self._key(key)
-        existing = self._raw_get(raw_key)
+    def put_if_absent(self, key: bytes, value: bytes) -> bytes | None:
+        existing = self.get(key)
         if existing is None:
-            self._raw_put(raw_key, self._value(value))
-        return self._value_of(existing)
+            self.put(key, value)
+        return existing
 
-    def delete(self, key: Any) -> None:
-        self._raw_put(self._key(key), None)
+    def delete(self, key: bytes) -> None:
+        self.put(key, None)
 
-    def _raw_items(self) -> list[tuple[bytes, bytes]]:
+    def all(self) -> list[tuple[bytes, bytes]]:
         merged = dict(self._backend.items())
         for key in self._dirty:
             value = self._cache[key]
@@ -248,22 +240,11 @@ class CachedKeyValueStore:
                 merged[key] = value
         return sorted(merged.items())
 
-    def items(self) -> Iterator[tuple[Any, Any]]:
-        return ((self._key_of(k), self._value_of(v)) for k, v in self._raw_items())
-
-    all = items
-
-    def range(self, key_from: Any, key_to: Any) -> Iterator[tuple[Any, Any]]:
-        low = None if key_from is None else self._key(key_from)
-        high = None if key_to is None else self._key(key_to)
-        return (
-            (self._key_of(k), self._value_of(v))
-            for k, v in self._raw_items()
-            if (low is None or k >= low) and (high is None or k <= high)
-        )
+    def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        return ((k, v) for k, v in self.all() if (low is None or k >= low) and (high is None or k <= high))
 
     def approximate_count(self) -> int:
-        return len(self._raw_items())
+        return len(self.all())
 
     def flush(self) -> None:
         for key in self._dirty:
@@ -275,10 +256,15 @@ class CachedKeyValueStore:
         self._dirty.clear()
 
 
+def cached_key_value_store(name: str, backend: KeyValueBackend, key_serde: Any, value_serde: Any) -> TypedKeyValueStore:
+    """The typed store a processor sees; ``.raw.flush()`` writes it to the backend."""
+    return TypedKeyValueStore(CachedBytesStore(name, backend), key_serde, value_serde)
+
+
 class ReplayedProcessorContext:
     """The ``ProcessorContext`` a processor sees, with forwards collected for the caller."""
 
-    def __init__(self, app_id: str, task_id: Any, stores: dict[str, CachedKeyValueStore]) -> None:
+    def __init__(self, app_id: str, task_id: Any, stores: dict[str, TypedKeyValueStore]) -> None:
         self.app_id = app_id
         self.task_id = task_id
         self._stores = stores
@@ -288,7 +274,7 @@ class ReplayedProcessorContext:
         self.timestamp = 0
         self.forwarded: list[tuple[Any, Any, int]] = []
 
-    def store(self, name: str) -> CachedKeyValueStore:
+    def store(self, name: str) -> TypedKeyValueStore:
         if name not in self._stores:
             raise KeyError(f"store {name!r} is not declared by this processor (it may use {list(self._stores)})")
         return self._stores[name]
