@@ -23,6 +23,7 @@ from pystreams.assignors.streams import (
     StickyTaskAssignor,
     StreamsMemberMetadata,
     decode_assignment_metadata,
+    decode_member_metadata,
     encode_member_metadata,
     place_tasks,
 )
@@ -526,6 +527,15 @@ def test_rolling_upgrade_each_member_gets_the_version_it_understands(dedupe):
     assert sorted(t for m in everyone for t in m.standby_task_ids()) == list(dedupe.tasks)  # v1 keeps its standbys
     standby_hosts = new["new1"].standby_partitions_by_host
     assert sum(len(pairs) for pairs in standby_hosts.values()) == len(dedupe.tasks)
+
+
+def test_member_metadata_goes_out_at_the_version_an_old_member_reads(dedupe):
+    """Member metadata has one layout in v1 and v2, so it is sent as v1: if the coordinator
+    ends up picking an old member (range [1, 1]) to compute, it can read everyone's."""
+    metadata = StickyTaskAssignor(dedupe, process_id=uuid.UUID(int=3), user_endpoint="h:1").metadata()
+    assert (metadata.minimum_version, metadata.maximum_version) == (1, 2)
+    assert metadata.version == 1
+    assert decode_member_metadata(1, metadata.data).user_endpoint == "h:1"
 
 
 def test_a_member_asking_to_shut_down_shuts_down_everyone(dedupe):

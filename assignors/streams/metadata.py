@@ -43,6 +43,10 @@ MINIMUM_METADATA_VERSION = 1
 MAXIMUM_METADATA_VERSION = 2
 #: The version this code writes when nothing asks for an older one.
 METADATA_VERSION = MAXIMUM_METADATA_VERSION
+#: The version member metadata is sent at. Its layout is the same in v1 and v2 (v2 changed
+#: only the assignment), so it goes out as v1: every member of a group rolling between the two
+#: can read everyone's metadata and compute the assignment, should the coordinator pick it.
+MEMBER_METADATA_VERSION = MINIMUM_METADATA_VERSION
 
 
 class MemberReason(enum.IntEnum):

@@ -42,7 +42,7 @@ from pystreams.topology.resolve import ResolvedTopology
 
 from .metadata import (
     MAXIMUM_METADATA_VERSION,
-    METADATA_VERSION,
+    MEMBER_METADATA_VERSION,
     MINIMUM_METADATA_VERSION,
     AssignmentError,
     AssignmentMetadataWriter,
@@ -132,7 +132,7 @@ class StickyTaskAssignor:
             reason = self._reason
         return AssignorMetadata(
             reason=int(reason),
-            version=METADATA_VERSION,
+            version=MEMBER_METADATA_VERSION,
             data=encode_member_metadata(self.member_metadata()),
             minimum_version=MINIMUM_METADATA_VERSION,
             maximum_version=MAXIMUM_METADATA_VERSION,
