@@ -133,6 +133,15 @@ def test_warmups_within_the_limit_and_only_where_the_active_is_held_back(group):
     warmups = [task for member in result.values() for task in member.warmup]
     assert len(warmups) <= config.max_warmup_replicas
     assert set(warmups) <= stateful
+    process_of, actives = _process_of(processes), _actives(result)
+    standbys = {(process_of[mid], task) for mid, member in result.items() for task in member.standby}
+    for mid, member in result.items():
+        here = process_of[mid]
+        for task in member.warmup:
+            assert process_of[actives[task]] != here  # a warm-up prepares a move elsewhere
+            lag = _lag(processes, owners, task, here)
+            assert lag is None or lag > config.acceptable_recovery_lag  # else it could run it now
+            assert (here, task) not in standbys  # a standby there restores it already
 
 
 @PROPERTY_SETTINGS
