@@ -1,5 +1,9 @@
 """pystreams: Kafka Streams-style stream processing on the KIP-848 rebalance protocol."""
-from pystreams import serdes
+from pystreams.protocol import linear_decoding as _linear_decoding
+
+_linear_decoding.install()  # before any kafka-python decoder is compiled
+
+from pystreams import serdes  # noqa: E402  (after the decoder patch)
 from pystreams.app import (
     App,
     Branches,

@@ -21,7 +21,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 
 from pystreams.protocol import messages as m
 from pystreams.protocol.registry import advertised_versions
-from pystreams.protocol.server import KafkaProtocolServer, current_peer
+from pystreams.protocol.server import KafkaProtocolServer, ServerLimits, current_peer
 
 GUARD_S = 10.0  # only a safety net against hangs
 
@@ -214,7 +214,7 @@ async def test_malformed_frames_close_only_that_connection(frame):
 @pytest.mark.parametrize("size", [1025, 2**31 - 1, -5])
 @async_test
 async def test_oversized_or_negative_frames_close_the_connection(size):
-    async with serving(answer_heartbeats, max_request_bytes=1024) as server:
+    async with serving(answer_heartbeats, limits=ServerLimits(max_request_bytes=1024)) as server:
         client = await Client.connect(server)
         await client.send_raw(struct.pack(">i", size))  # the body is never sent, nor read
         assert await client.closed_by_server()
@@ -226,7 +226,7 @@ async def test_oversized_or_negative_frames_close_the_connection(size):
 
 @async_test
 async def test_a_frame_of_exactly_the_maximum_size_is_served():
-    async with serving(answer_heartbeats, max_request_bytes=1024) as server:
+    async with serving(answer_heartbeats, limits=ServerLimits(max_request_bytes=1024)) as server:
         client = await Client.connect(server)
         request = heartbeat()
         client.protocol.send_request(request)
@@ -494,7 +494,7 @@ async def test_close_drops_open_connections_and_cancels_requests_in_progress():
 
 @async_test
 async def test_idle_connections_are_closed():
-    async with serving(answer_heartbeats, connections_max_idle_ms=100) as server:
+    async with serving(answer_heartbeats, limits=ServerLimits(connections_max_idle_ms=100)) as server:
         client = await Client.connect(server)
         assert await client.closed_by_server()
         await wait_until(lambda: server.connection_count == 0)

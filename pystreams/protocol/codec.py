@@ -29,6 +29,8 @@ from kafka.protocol.api_header import RequestHeader, ResponseHeader
 from kafka.protocol.api_message import ApiMessage
 
 from pystreams.protocol import messages as m
+from pystreams.protocol.linear_decoding import decode_body
+from pystreams.protocol.validation import InvalidRequestField, check_message
 from pystreams.protocol.registry import API_VERSIONS_KEY, SUPPORTED_APIS, ApiSpec, api_spec
 
 # api key (int16) + api version (int16) + correlation id (int32): readable before knowing the API.
@@ -102,6 +104,15 @@ class MalformedRequestError(RequestDecodeError):
     """Truncated or garbage header or body. Kafka closes the connection."""
 
 
+class InvalidFieldError(RequestDecodeError):
+    """The request decoded but breaks its schema (a null where none is allowed, a string too
+    long). ``request`` is the decoded request; it is answered with INVALID_REQUEST."""
+
+    def __init__(self, message: str, *, header: RequestHeader, request: ApiMessage) -> None:
+        super().__init__(message, header=header)
+        self.request = request
+
+
 def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest:
     """Decode one request from the bytes of a frame (without its 4-byte size prefix).
 
@@ -135,13 +146,22 @@ def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest:
             header=header,
         )
 
+    body = data[body_offset:]
     try:
-        request = spec.request_class.decode(data[body_offset:], version=api_version)
+        request, end = decode_body(spec.request_class, body, api_version)
     except Exception as exc:  # the generated decoder raises struct.error, IndexError, ValueError, ...
         raise MalformedRequestError(
             f"cannot parse the {spec.name} v{api_version} request body: {exc!r}", header=header,
         ) from exc
+    if end > len(body):  # a string or bytes field ran past the frame and was cut short
+        raise MalformedRequestError(
+            f"the {spec.name} v{api_version} request body is truncated ({len(body)} bytes, fields need {end})", header=header,
+        )
     request._header = header  # as kafka-python's own decode(header=True) does
+    try:
+        check_message(request, api_version)
+    except InvalidRequestField as exc:
+        raise InvalidFieldError(f"{spec.name} v{api_version}: {exc}", header=header, request=request) from None
     return DecodedRequest(header=header, request=request, spec=spec)
 
 

@@ -1,14 +1,27 @@
 """An asyncio TCP server that speaks the Kafka wire protocol and hands requests to a handler.
 
-The server owns the connection-level duties of a Kafka broker's socket server:
+The server owns the connection-level duties of a Kafka broker's socket server, and every one of
+them is bounded, since anyone who can reach the port can send anything (``ServerLimits``):
 
 * size-prefixed frames; a frame larger than ``max_request_bytes`` (Kafka's
-  ``socket.request.max.bytes``, 100 MiB) or with a negative size closes the connection;
-* one request at a time per connection, answered in order (Kafka mutes a channel while its request
-  is processed); different connections run concurrently;
+  ``socket.request.max.bytes``) or with a negative size closes the connection without reading
+  the body; a frame that has started must arrive whole within ``request_read_timeout_ms`` (a
+  slow sender cannot hold a connection and its buffer for ever);
+* at most ``max_connections`` connections, and ``max_connections_per_ip`` from one address
+  (Kafka's ``max.connections`` and ``max.connections.per.ip``): a connection over either is
+  closed at once;
+* one request at a time per connection, answered in order (Kafka mutes a channel while its
+  request is processed), so a connection holds at most one request: that is the in-flight limit;
+  large frames (over ``decode_in_thread_bytes``) are read under a shared byte budget
+  (``queued_max_request_bytes``, Kafka's ``queued.max.request.bytes``) and decoded on a worker
+  thread, so neither memory nor the event loop is held hostage by big requests;
 * requests that do not decode close the connection, except ApiVersions at an unknown version,
-  which is answered with UNSUPPORTED_VERSION (see ``codec``);
+  which is answered with UNSUPPORTED_VERSION (see ``codec``); a request that decodes but breaks
+  its schema (a null where the schema has none, a string over 32767 bytes) is answered with
+  INVALID_REQUEST naming the field;
 * connections idle for ``connections_max_idle_ms`` (Kafka's default 10 minutes) are closed.
+
+Each refusal is counted in ``refusals`` (by reason) for the metrics.
 
 It answers ApiVersions itself from the registry and, through overridable methods, Metadata and
 FindCoordinator as a one-broker cluster that coordinates every group. Everything else goes to
@@ -19,6 +32,8 @@ UNKNOWN_SERVER_ERROR otherwise), as Kafka answers a request whose processing fai
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import contextvars
 import logging
 import re
@@ -38,8 +53,6 @@ log = logging.getLogger(__name__)
 
 RequestHandler = Callable[[RequestHeader, ApiMessage], Awaitable[ApiMessage]]
 
-DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024  # socket.request.max.bytes
-DEFAULT_CONNECTIONS_MAX_IDLE_MS = 10 * 60 * 1000  # connections.max.idle.ms
 _FRAME_SIZE_BYTES = 4
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 
@@ -61,6 +74,65 @@ def current_peer() -> tuple[str, int] | None:
 
 
 @dataclass(frozen=True)
+class ServerLimits:
+    """What one server lets its clients hold; Kafka's names where Kafka has the setting."""
+
+    #: socket.request.max.bytes: the largest frame accepted (Kafka's default, 100 MiB).
+    max_request_bytes: int = 100 * 1024 * 1024
+    #: connections.max.idle.ms: a connection with no request for this long is closed.
+    connections_max_idle_ms: int | None = 10 * 60 * 1000
+    #: A frame that has started must be read whole within this time.
+    request_read_timeout_ms: int = 30_000
+    #: max.connections and max.connections.per.ip.
+    max_connections: int = 4096
+    max_connections_per_ip: int = 1024
+    #: Frames above this size are decoded on a worker thread and count against the budget below.
+    decode_in_thread_bytes: int = 1024 * 1024
+    #: queued.max.request.bytes: the bytes of large frames being read or served at once.
+    queued_max_request_bytes: int = 256 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_request_bytes", "request_read_timeout_ms", "max_connections", "max_connections_per_ip",
+                     "decode_in_thread_bytes", "queued_max_request_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.queued_max_request_bytes < self.max_request_bytes:
+            raise ValueError("queued_max_request_bytes must be >= max_request_bytes, or the largest frame could never be read")
+
+
+class _ByteBudget:
+    """Bytes of large frames in flight across connections; a frame waits for room (FIFO)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    async def acquire(self, size: int) -> None:
+        if not self._waiters and self.used + size <= self.limit:
+            self.used += size
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((size, waiter))
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.release(size)  # granted just as we were cancelled
+            else:
+                self._waiters.remove((size, waiter))
+            raise
+
+    def release(self, size: int) -> None:
+        self.used -= size
+        while self._waiters and self.used + self._waiters[0][0] <= self.limit:
+            size, waiter = self._waiters.popleft()
+            if not waiter.done():
+                self.used += size
+                waiter.set_result(None)
+
+
+@dataclass(frozen=True)
 class BrokerAddress:
     node_id: int
     host: str
@@ -76,8 +148,7 @@ class KafkaProtocolServer:
         port: int,
         handler: RequestHandler,
         *,
-        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-        connections_max_idle_ms: int | None = DEFAULT_CONNECTIONS_MAX_IDLE_MS,
+        limits: ServerLimits | None = None,
         node_id: int = 0,
         advertised_host: str | None = None,
         advertised_port: int | None = None,
@@ -91,14 +162,18 @@ class KafkaProtocolServer:
         self._host = host
         self._requested_port = port
         self._handler = handler
-        self._max_request_bytes = max_request_bytes
-        self._connections_max_idle_ms = connections_max_idle_ms
+        self.limits = limits or ServerLimits()
         self._node_id = node_id
         self._advertised_host = advertised_host
         self._advertised_port = advertised_port
         self.cluster_id = cluster_id
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._per_ip: collections.Counter[str] = collections.Counter()
+        self._budget = _ByteBudget(self.limits.queued_max_request_bytes)
+        self._decoder: concurrent.futures.ThreadPoolExecutor | None = None
+        #: Connections closed or requests refused, by reason, since start (for the metrics).
+        self.refusals: collections.Counter[str] = collections.Counter()
 
     # --- lifecycle -------------------------------------------------------------------------------
 
@@ -125,6 +200,9 @@ class KafkaProtocolServer:
         await asyncio.gather(*tasks, return_exceptions=True)
         if server is not None:
             await server.wait_closed()
+        decoder, self._decoder = self._decoder, None
+        if decoder is not None:
+            decoder.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> KafkaProtocolServer:
         await self.start()
@@ -226,64 +304,125 @@ class KafkaProtocolServer:
     # --- connections -----------------------------------------------------------------------------
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if peer else ""
+        refusal = self._over_connection_limits(host)
+        if refusal is not None:
+            self.refusals[refusal] += 1
+            log.warning("refusing a connection from %s: %s", host, refusal.replace("_", "."))
+            writer.close()
+            return
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        peer = writer.get_extra_info("peername")
+        self._per_ip[host] += 1
         _current_peer.set(peer[:2] if peer else None)
         try:
             while True:
-                payload = await self._read_frame(reader, peer)
-                if payload is None:
+                size = await self._read_frame_size(reader, peer)
+                if size is None:
                     return
-                reply = await self._answer(payload, peer)
-                if reply is None:
-                    return
-                writer.write(reply)
-                await writer.drain()
+                budgeted = size if size > self.limits.decode_in_thread_bytes else 0
+                if budgeted:
+                    await self._budget.acquire(budgeted)
+                try:
+                    payload = await self._read_frame_body(reader, size, peer)
+                    if payload is None:
+                        return
+                    reply = await self._answer(payload, peer, in_thread=bool(budgeted))
+                    del payload
+                    if reply is None:
+                        return
+                    writer.write(reply)
+                    await writer.drain()
+                finally:
+                    if budgeted:
+                        self._budget.release(budgeted)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away mid-frame or mid-reply
         except Exception:  # never let one connection's failure escape into the event loop
             log.exception("connection from %s failed", peer)
         finally:
             self._connections.discard(task)
+            self._per_ip[host] -= 1
+            if self._per_ip[host] <= 0:
+                del self._per_ip[host]
             writer.close()
             try:
                 await writer.wait_closed()
             except OSError:
                 pass  # the peer reset the connection first
 
-    async def _read_frame(self, reader: asyncio.StreamReader, peer: object) -> bytes | None:
-        """The next request's bytes, or None when the connection should close."""
-        idle_ms = self._connections_max_idle_ms
+    def _over_connection_limits(self, host: str) -> str | None:
+        if len(self._connections) >= self.limits.max_connections:
+            return "max_connections"
+        if self._per_ip[host] >= self.limits.max_connections_per_ip:
+            return "max_connections_per_ip"
+        return None
+
+    async def _read_frame_size(self, reader: asyncio.StreamReader, peer: object) -> int | None:
+        """The size of the next frame, or None when the connection should close."""
+        idle_ms = self.limits.connections_max_idle_ms
         try:
             async with asyncio.timeout(None if idle_ms is None else idle_ms / 1000):
-                size_bytes = await reader.readexactly(_FRAME_SIZE_BYTES)
+                first = await reader.readexactly(1)
         except asyncio.IncompleteReadError:
             return None  # clean close between requests
         except TimeoutError:
             log.info("closing connection from %s idle for %d ms", peer, idle_ms)
             return None
-        size = int.from_bytes(size_bytes, "big", signed=True)
-        if size < 0 or size > self._max_request_bytes:
+        try:
+            async with asyncio.timeout(self.limits.request_read_timeout_ms / 1000):
+                rest = await reader.readexactly(_FRAME_SIZE_BYTES - 1)
+        except TimeoutError:
+            return self._read_timed_out(peer)
+        size = int.from_bytes(first + rest, "big", signed=True)
+        if size < 0 or size > self.limits.max_request_bytes:
             # Kafka's InvalidReceiveException: the connection is closed without reading the body.
-            log.warning("closing connection from %s: frame size %d outside 0..%d", peer, size, self._max_request_bytes)
+            self.refusals["frame_too_large" if size > 0 else "bad_frame_size"] += 1
+            log.warning("closing connection from %s: frame size %d outside 0..%d", peer, size, self.limits.max_request_bytes)
             return None
-        return await reader.readexactly(size)
+        return size
 
-    async def _answer(self, payload: bytes, peer: object) -> bytes | None:
+    async def _read_frame_body(self, reader: asyncio.StreamReader, size: int, peer: object) -> bytes | None:
+        try:
+            async with asyncio.timeout(self.limits.request_read_timeout_ms / 1000):
+                return await reader.readexactly(size)
+        except TimeoutError:
+            return self._read_timed_out(peer)
+
+    def _read_timed_out(self, peer: object) -> None:
+        self.refusals["request_read_timeout"] += 1
+        log.warning("closing connection from %s: a request was not received whole within %d ms", peer, self.limits.request_read_timeout_ms)
+        return None
+
+    async def _decode(self, payload: bytes, in_thread: bool) -> codec.DecodedRequest:
+        if not in_thread:
+            return codec.decode_request(payload)
+        if self._decoder is None:
+            # One thread: large frames queue behind each other instead of all holding the GIL.
+            self._decoder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pystreams-decode")
+        return await asyncio.get_running_loop().run_in_executor(self._decoder, codec.decode_request, payload)
+
+    async def _answer(self, payload: bytes, peer: object, *, in_thread: bool = False) -> bytes | None:
         """The framed reply to one request, or None to close the connection."""
         try:
-            decoded = codec.decode_request(payload)
+            decoded = await self._decode(payload, in_thread)
         except codec.UnsupportedApiVersionError as exc:
             if exc.answerable:
                 header = exc.header
                 return codec.encode_response(
                     header, codec.error_response(header, Errors.UnsupportedVersionError.errno),
                 )
+            self.refusals["unsupported_version"] += 1
             log.warning("closing connection from %s: %s", peer, exc)
             return None
+        except codec.InvalidFieldError as exc:
+            self.refusals["invalid_request"] += 1
+            log.info("invalid request from %s: %s", peer, exc)
+            return self._encoded_error(exc.header, exc.request, Errors.InvalidRequestError.errno, str(exc))
         except codec.RequestDecodeError as exc:
+            self.refusals["malformed_request"] += 1
             log.warning("closing connection from %s: %s", peer, exc)
             return None
 
@@ -299,7 +438,11 @@ class KafkaProtocolServer:
                 decoded.spec.name, decoded.api_version, decoded.correlation_id, peer, exc,
                 exc_info=not expected,
             )
-            return self._encoded_error(decoded, exc)
+            if isinstance(exc, Errors.BrokerResponseError) and exc.errno is not None:
+                code, message = exc.errno, (str(exc.args[0]) if exc.args else None)
+            else:  # internal details stay in the log
+                code, message = Errors.UnknownError.errno, None
+            return self._encoded_error(decoded.header, decoded.request, code, message)
 
     async def _dispatch(self, decoded: codec.DecodedRequest) -> ApiMessage:
         header, request = decoded.header, decoded.request
@@ -311,15 +454,13 @@ class KafkaProtocolServer:
             return await self.handle_find_coordinator(header, request)
         return await self._handler(header, request)
 
-    def _encoded_error(self, decoded: codec.DecodedRequest, exc: Exception) -> bytes | None:
-        if isinstance(exc, Errors.BrokerResponseError) and exc.errno is not None:
-            code, message = exc.errno, (str(exc.args[0]) if exc.args else None)
-        else:  # internal details stay in the log
-            code, message = Errors.UnknownError.errno, None
-        try:
-            return codec.encode_response(
-                decoded.header, codec.error_response(decoded.header, code, message, decoded.request),
-            )
-        except Exception:
-            log.exception("cannot build the error response to %s; closing the connection", decoded.spec.name)
-            return None
+    def _encoded_error(self, header: RequestHeader, request: ApiMessage, code: int, message: str | None) -> bytes | None:
+        """The API's error response, shaped after the request where the API needs that; built
+        without the request when its contents cannot be echoed (a null name in an invalid one)."""
+        for echoed in (request, None):
+            try:
+                return codec.encode_response(header, codec.error_response(header, code, message, echoed))
+            except Exception:
+                continue
+        log.error("cannot build the error response to API %d; closing the connection", header.request_api_key)
+        return None

@@ -1,0 +1,253 @@
+"""Hostile input at the protocol edge: what a stranger with a socket can send the coordinator.
+
+Decoding is linear and bounded (no quadratic copies, no unbounded varints), a decoded request is
+checked against its schema before any handler sees it, and the server bounds what a connection
+can hold: frame deadlines, connection limits, a byte budget for large frames. Nothing here
+asserts on speed; cost is pinned by memory (tracemalloc) and by what the server refuses.
+"""
+from __future__ import annotations
+
+import asyncio
+import struct
+import tracemalloc
+
+import kafka.errors as Errors
+import pytest
+from kafka.protocol.api_header import RequestHeader
+from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.schemas.fields.codecs import UnsignedVarInt32
+
+from pystreams.protocol import codec
+from pystreams.protocol import messages as m
+from pystreams.protocol.server import ServerLimits, _ByteBudget
+from pystreams.protocol.validation import MAX_STRING_BYTES
+from tests.test_protocol_server import Client, answer_heartbeats, async_test, heartbeat, serving, wait_until
+
+Install = m.ConsumerGroupInstallAssignmentRequest
+
+
+def request_bytes(request: ApiMessage, version: int) -> bytes:
+    """A request frame body (header + body) exactly as a client would write it."""
+    header = RequestHeader(request_api_key=request.API_KEY, request_api_version=version, correlation_id=7, client_id="probe")
+    flexible = bool(type(request).flexible_version_q(version))
+    return bytes(header.encode(flexible=flexible)) + bytes(request.encode(version=version))
+
+
+def compact_string(text: str | None) -> bytes:
+    if text is None:
+        return b"\x00"
+    raw = text.encode()
+    return UnsignedVarInt32.encode(len(raw) + 1) + raw
+
+
+def heartbeat_with_null_topic() -> bytes:
+    """A first ConsumerGroupHeartbeat whose SubscribedTopicNames is [null]: it decodes."""
+    request = m.ConsumerGroupHeartbeatRequest(
+        group_id="g", member_id="", member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=["t"],
+    )
+    frame = request_bytes(request, 0)
+    marker = b"\x02" + compact_string("t")  # a one-element compact array holding "t"
+    assert frame.count(marker) == 1
+    return frame.replace(marker, b"\x02" + compact_string(None))
+
+
+# --- schema checks at the edge ----------------------------------------------------------------------
+
+
+def test_a_null_in_a_non_nullable_array_element_is_an_invalid_field_naming_it():
+    with pytest.raises(codec.InvalidFieldError, match=r"SubscribedTopicNames\[0\] must not be null"):
+        codec.decode_request(heartbeat_with_null_topic())
+
+
+def test_list_groups_with_a_null_state_filter_is_refused_before_any_handler():
+    frame = request_bytes(m.ListGroupsRequest(states_filter=["Stable"], types_filter=[]), 4)
+    frame = frame.replace(b"\x02" + compact_string("Stable"), b"\x02" + compact_string(None))
+    with pytest.raises(codec.InvalidFieldError, match=r"StatesFilter\[0\]"):
+        codec.decode_request(frame)
+
+
+def test_an_offset_commit_with_a_null_topic_name_is_refused():
+    topic = m.OffsetCommitRequest.OffsetCommitRequestTopic(name="orders", partitions=[])
+    frame = request_bytes(m.OffsetCommitRequest(group_id="g", generation_id_or_member_epoch=-1, member_id="", topics=[topic]), 9)
+    frame = frame.replace(compact_string("orders"), compact_string(None))
+    with pytest.raises(codec.InvalidFieldError, match=r"Topics\[0\]\.Name must not be null"):
+        codec.decode_request(frame)
+
+
+def test_strings_longer_than_kafkas_limit_are_refused_and_the_limit_itself_is_served():
+    at_limit = request_bytes(m.ListGroupsRequest(states_filter=["s" * MAX_STRING_BYTES], types_filter=[]), 5)
+    assert codec.decode_request(at_limit).request.states_filter == ["s" * MAX_STRING_BYTES]
+    over = request_bytes(m.ListGroupsRequest(states_filter=["é" * (MAX_STRING_BYTES // 2 + 1)], types_filter=[]), 5)
+    with pytest.raises(codec.InvalidFieldError, match="longer than 32767 bytes"):
+        codec.decode_request(over)
+
+
+def test_nullable_fields_may_be_null():
+    request = m.ConsumerGroupHeartbeatRequest(group_id="g", member_id="m", member_epoch=3, rebalance_timeout_ms=-1)
+    decoded = codec.decode_request(request_bytes(request, 0)).request
+    assert decoded.subscribed_topic_names is None and decoded.instance_id is None
+
+
+def test_a_string_running_past_the_end_of_the_frame_is_malformed_not_silently_cut():
+    frame = request_bytes(m.FindCoordinatorRequest(key="orders-app", key_type=0), 0)  # v0: the key ends the body
+    cut = frame[: frame.index(b"orders-app") + 3]  # the length says 10 bytes, 3 arrive
+    with pytest.raises(codec.MalformedRequestError, match="truncated"):
+        codec.decode_request(cut)
+
+
+def test_a_varint_longer_than_five_bytes_is_malformed():
+    header = RequestHeader(request_api_key=m.ConsumerGroupHeartbeatRequest.API_KEY, request_api_version=0, correlation_id=1, client_id="x")
+    frame = bytes(header.encode(flexible=True)) + b"\x80" * 6 + b"\x01"
+    with pytest.raises(codec.MalformedRequestError, match="longer than 5 bytes"):
+        codec.decode_request(frame)
+
+
+def install_with_tagged_members(count: int) -> bytes:
+    """An InstallAssignment of ``count`` members, each carrying one unknown tagged field."""
+    one = Install.Member(member_id="m", partitions=[], metadata_version=0, metadata_bytes=b"")
+    request = Install(group_id="g", member_id="x", member_epoch=1, group_epoch=1, error=0, members=[one])
+    frame = request_bytes(request, 0)
+    member = compact_string("m") + b"\x01" + b"\x00\x00" + b"\x01" + b"\x00"  # no partitions, v0, empty bytes, no tags
+    start = frame.index(b"\x02" + member)  # one-element array
+    tagged = member[:-1] + b"\x01\x63\x00"  # one unknown tag (99) of size 0
+    return frame[:start] + UnsignedVarInt32.encode(count + 1) + tagged * count + frame[start + 1 + len(member):]
+
+
+def test_tagged_fields_decode_without_copying_the_rest_of_the_frame():
+    frame = install_with_tagged_members(20_000)
+    tracemalloc.start()
+    try:
+        decoded = codec.decode_request(frame).request
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(decoded.members) == 20_000
+    assert decoded.members[-1].unknown_tags == {"_99": b""}
+    # Copying the rest of the frame once per member would peak near len(frame) per member alive
+    # at once and total ~len(frame)**2 / 2 bytes; the decoded objects alone take ~1 KB a member.
+    assert peak < 2_000 * 20_000
+
+
+# --- the server's bounds ---------------------------------------------------------------------------
+
+
+@async_test
+async def test_an_invalid_request_is_answered_with_invalid_request_and_the_connection_goes_on():
+    async with serving(answer_heartbeats) as server:
+        client = await Client.connect(server)
+        await client.send_raw(struct.pack(">i", len(heartbeat_with_null_topic())) + heartbeat_with_null_topic())
+        size = struct.unpack(">i", await client.reader.readexactly(4))[0]
+        body = await client.reader.readexactly(size)
+        response = m.ConsumerGroupHeartbeatResponse.decode(body[4 + 1:], version=0)  # correlation id, tag byte
+        assert response.error_code == Errors.InvalidRequestError.errno
+        assert "SubscribedTopicNames[0] must not be null" in response.error_message
+        assert (await client.call(heartbeat())).error_code == 0
+        assert server.refusals["invalid_request"] == 1
+        await client.close()
+
+
+@async_test
+async def test_a_frame_that_never_finishes_arriving_is_dropped_after_the_read_deadline():
+    async with serving(answer_heartbeats, limits=ServerLimits(request_read_timeout_ms=200)) as server:
+        slow = await Client.connect(server)
+        await slow.send_raw(struct.pack(">i", 100) + b"\x00" * 10)  # 10 of 100 bytes, then silence
+        assert await slow.closed_by_server()
+        assert server.refusals["request_read_timeout"] == 1
+        also_slow = await Client.connect(server)
+        await also_slow.send_raw(b"\x00\x00")  # half a size prefix
+        assert await also_slow.closed_by_server()
+        assert server.refusals["request_read_timeout"] == 2
+        fresh = await Client.connect(server)
+        assert (await fresh.call(heartbeat())).error_code == 0
+        await fresh.close()
+
+
+@async_test
+async def test_connections_over_the_per_ip_and_total_limits_are_refused_and_others_served():
+    async with serving(answer_heartbeats, limits=ServerLimits(max_connections=6, max_connections_per_ip=3)) as server:
+        held = [await Client.connect(server) for _ in range(3)]
+        await wait_until(lambda: server.connection_count == 3)
+        refused = await Client.connect(server)
+        assert await refused.closed_by_server()
+        assert server.refusals["max_connections_per_ip"] == 1
+        assert (await held[0].call(heartbeat())).error_code == 0  # the ones inside keep working
+        await held[1].close()
+        await wait_until(lambda: server.connection_count == 2)
+        again = await Client.connect(server)
+        assert (await again.call(heartbeat())).error_code == 0
+        for client in (held[0], held[2], again):
+            await client.close()
+
+
+@async_test
+async def test_a_connection_flood_is_bounded_and_the_server_keeps_serving():
+    async with serving(answer_heartbeats, limits=ServerLimits(max_connections=20, max_connections_per_ip=1000)) as server:
+        flood = []
+        for _ in range(60):
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            flood.append(writer)
+        await wait_until(lambda: server.refusals["max_connections"] == 40)
+        assert server.connection_count == 20
+        for writer in flood[:5]:
+            writer.close()
+        await wait_until(lambda: server.connection_count == 15)
+        client = await Client.connect(server)
+        assert (await client.call(heartbeat())).error_code == 0
+        await client.close()
+        for writer in flood[5:]:
+            writer.close()
+
+
+@async_test
+async def test_large_frames_are_decoded_off_the_event_loop_and_answered():
+    seen_members = []
+
+    async def handler(header, request):
+        seen_members.append(len(request.members))
+        return m.ConsumerGroupInstallAssignmentResponse(error_code=0)
+
+    frame = install_with_tagged_members(5_000)
+    async with serving(handler, limits=ServerLimits(decode_in_thread_bytes=1024)) as server:
+        client = await Client.connect(server)
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(tick())
+        await client.send_raw(struct.pack(">i", len(frame)) + frame)
+        size = struct.unpack(">i", await client.reader.readexactly(4))[0]
+        await client.reader.readexactly(size)
+        ticker.cancel()
+        assert seen_members == [5_000]
+        assert server._decoder is not None  # the worker thread decoded it
+        assert ticks > 1  # the loop ran other work while the frame was being decoded
+        await client.close()
+
+
+@async_test
+async def test_the_byte_budget_makes_large_frames_wait_in_order_and_never_overcommits():
+    budget = _ByteBudget(100)
+    await budget.acquire(60)
+    second = asyncio.create_task(budget.acquire(50))
+    third = asyncio.create_task(budget.acquire(10))
+    await asyncio.sleep(0)
+    assert not second.done() and not third.done()  # FIFO: the small one does not jump the queue
+    budget.release(60)
+    await asyncio.wait_for(asyncio.gather(second, third), 1)
+    assert budget.used == 60
+    cancelled = asyncio.create_task(budget.acquire(50))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    await asyncio.gather(cancelled, return_exceptions=True)
+    budget.release(50)
+    budget.release(10)
+    assert budget.used == 0
+
+
+def test_limits_refuse_a_budget_smaller_than_the_largest_frame():
+    with pytest.raises(ValueError, match="largest frame"):
+        ServerLimits(max_request_bytes=10_000, queued_max_request_bytes=100)
