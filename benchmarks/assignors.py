@@ -163,7 +163,6 @@ def run(cases: Iterable[Case]) -> dict[str, object]:
 
 def shard_heartbeats(members: int, partitions_per_member: int = 5, seconds: float = 2.0) -> dict[str, object]:
     """Steady-state heartbeats/s of one GroupCoordinatorShard, plus the cost of forming the group."""
-    from pystreams import partitions as tp
     from pystreams.coordinator.shard import GroupCoordinatorShard
     from pystreams.protocol.messages import ConsumerGroupHeartbeatRequest as Heartbeat
 
@@ -180,7 +179,7 @@ def shard_heartbeats(members: int, partitions_per_member: int = 5, seconds: floa
     for _ in range(3):  # well-behaved members: acknowledge revocations until stable
         for member_id in member_ids:
             member = group.members[member_id]
-            owned = tp.to_topic_partitions(member.assigned, Heartbeat.TopicPartitions) if member.revoking else None
+            owned = member.assigned.to_wire(Heartbeat.TopicPartitions) if member.revoking else None
             shard.handle(Heartbeat(group_id="bench", member_id=member_id, member_epoch=member.member_epoch, topic_partitions=owned), 0)
     requests = [Heartbeat(group_id="bench", member_id=m, member_epoch=group.members[m].member_epoch) for m in member_ids]
     handled, now, started = 0, 1, time.perf_counter()

@@ -20,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pystreams import partitions as tp
+    from pystreams.partitions import PartitionSet
     from pystreams.assignors.api import TopicMetadata
     from pystreams.coordinator.config import CoordinatorConfig
     from pystreams.coordinator.shard import GroupCoordinatorShard
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         log.extend(shard.update_topics({TOPIC: TopicMetadata(TOPIC_ID, TOPIC, n)}, clock["now"]).records)
 
     def send(member: str, epoch: int, report=None, **fields):
-        owned = None if report is None else tp.to_topic_partitions(report, HB.TopicPartitions)
+        owned = None if report is None else PartitionSet.of(report).to_wire(HB.TopicPartitions)
         result = shard.handle(HB(group_id="demo", member_id=member, member_epoch=epoch, topic_partitions=owned, **fields), clock["now"])
         log.extend(result.records)
         response = result.response
@@ -64,15 +64,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"   Group (epoch={group.group_epoch}) state={group.state.value}: {', '.join(sorted(group.members)) or 'no members'}")
         print(f"   Target Assignment (epoch={group.assignment_epoch})")
         for member_id, target in sorted(group.targets.items()):
-            print(f"     {member_id} - partitions=[{tp.describe(target.partitions, names_by_id)}]")
+            print(f"     {member_id} - partitions=[{target.partitions.describe(names_by_id)}]")
         print("   Member Assignment")
         for member_id, m in sorted(group.members.items()):
             at_target = m.member_epoch == group.assignment_epoch and not m.revoking
-            pending = tp.difference(group.target_of(member_id), m.assigned) if at_target else {}
-            revoking = f", revoking=[{tp.describe(m.revoking, names_by_id)}]" if m.revoking else ""
+            pending = group.target_of(member_id) - m.assigned if at_target else PartitionSet()
+            revoking = f", revoking=[{m.revoking.describe(names_by_id)}]" if m.revoking else ""
             print(
-                f"     {member_id} - epoch={m.member_epoch}, partitions=[{tp.describe(m.assigned, names_by_id)}], "
-                f"pending-partitions=[{tp.describe(pending, names_by_id)}]{revoking}"
+                f"     {member_id} - epoch={m.member_epoch}, partitions=[{m.assigned.describe(names_by_id)}], "
+                f"pending-partitions=[{pending.describe(names_by_id)}]{revoking}"
             )
 
     topics(args.partitions)

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import uuid
 
-from pystreams import partitions as tp
 from pystreams.assignors.api import GroupAssignment, MemberAssignment, TopicMetadata
+from pystreams.coordinator import records as r
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.shard import GroupCoordinatorShard
+from pystreams.partitions import PartitionSet
 from pystreams.protocol import messages as m
 
 HB = m.ConsumerGroupHeartbeatRequest
@@ -24,17 +25,14 @@ def topics(**counts: int) -> dict[str, TopicMetadata]:
     return {name: TopicMetadata(TOPIC_IDS[name], name, n) for name, n in counts.items()}
 
 
-def parts(spec: str) -> dict[uuid.UUID, frozenset[int]]:
+def parts(spec: str) -> PartitionSet:
     """'foo-0, foo-1, bar-2' -> {foo: {0, 1}, bar: {2}}"""
-    out: dict[uuid.UUID, set[int]] = {}
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, p = item.rsplit("-", 1)
-        out.setdefault(TOPIC_IDS[name], set()).add(int(p))
-    return tp.normalize(out)
+    items = filter(None, (s.strip() for s in spec.split(",")))
+    return PartitionSet.from_pairs((TOPIC_IDS[name], int(p)) for name, p in (item.rsplit("-", 1) for item in items))
 
 
 def owned(spec: str):
-    return tp.to_topic_partitions(parts(spec), HB.TopicPartitions)
+    return parts(spec).to_wire(HB.TopicPartitions)
 
 
 class ScriptedAssignor:
@@ -62,6 +60,7 @@ class Harness:
         config = CoordinatorConfig(**{**_fields(config), "assignors": tuple(assignors)})
         self.shard = GroupCoordinatorShard(config, assignors=assignors, new_member_id=self._new_id)
         self.log = []
+        self.last_records: list[r.Record] = []
         self.now = 0
         self.ids = iter(f"member-{i}" for i in range(1_000_000))
 
@@ -70,6 +69,7 @@ class Harness:
 
     def _collect(self, result):
         self.log.extend(result.records)
+        self.last_records = list(result.records)
         return result.response
 
     def topics(self, **counts: int) -> None:
@@ -99,16 +99,16 @@ class Harness:
         return self.shard.groups[GROUP]
 
     def target(self) -> dict[str, str]:
-        return {mid: tp.describe(t.partitions, NAMES) for mid, t in sorted(self.group.targets.items())}
+        return {mid: t.partitions.describe(NAMES) for mid, t in sorted(self.group.targets.items())}
 
     def members(self) -> dict[str, tuple[int, str, str]]:
         """member -> (epoch, partitions, pending-partitions), as the case studies print them."""
         out = {}
         for mid, member in sorted(self.group.members.items()):
             at_target = member.member_epoch == self.group.assignment_epoch and not member.revoking
-            pending = tp.difference(self.group.target_of(mid), member.assigned) if at_target else {}
-            held = tp.union(member.assigned, member.revoking)  # revoking partitions are still held
-            out[mid] = (member.member_epoch, tp.describe(held, NAMES), tp.describe(pending, NAMES))
+            pending = self.group.target_of(mid) - member.assigned if at_target else PartitionSet()
+            held = member.assigned | member.revoking  # revoking partitions are still held
+            out[mid] = (member.member_epoch, held.describe(NAMES), pending.describe(NAMES))
         return out
 
     def replayed(self) -> GroupCoordinatorShard:
@@ -124,7 +124,7 @@ class Harness:
 def response_parts(response, field: str = "assigned_topic_partitions") -> str:
     if response.assignment is None:
         return None
-    return tp.describe(tp.from_topic_partitions(getattr(response.assignment, field)), NAMES)
+    return PartitionSet.from_wire(getattr(response.assignment, field)).describe(NAMES)
 
 
 def _fields(config: CoordinatorConfig) -> dict:
@@ -146,4 +146,21 @@ class RoundRobinAssignor:
             for p in range(spec.topics[topic_id].num_partitions):
                 if subscribers:
                     out[subscribers[p % len(subscribers)]].setdefault(topic_id, set()).add(p)
-        return GroupAssignment({mid: MemberAssignment(tp.normalize(a)) for mid, a in out.items()})
+        return GroupAssignment({mid: MemberAssignment(PartitionSet(a)) for mid, a in out.items()})
+
+
+def assert_records(actual: list[r.Record], expected: list[r.Record]) -> None:
+    """The exact records a step wrote, in order, as Kafka's coordinator tests pin them."""
+    assert actual == expected, "records differ:\n" + "\n".join(
+        f"  {'=' if a == e else '!'} {a!r}\n    expected {e!r}" for a, e in zip(actual, expected)
+    ) + (f"\n  extra: {actual[len(expected):]!r}" if len(actual) > len(expected) else "") + (
+        f"\n  missing: {expected[len(actual):]!r}" if len(expected) > len(actual) else ""
+    )
+
+
+def assignment_records(group_id: str, **members: str) -> list[r.TargetAssignmentMember]:
+    """The TargetAssignmentMember records of a target given in case-study notation."""
+    return [
+        r.TargetAssignmentMember(group_id, mid, r.TargetAssignmentMemberValue(parts(spec).to_wire(r.TopicPartitions)))
+        for mid, spec in members.items()
+    ]

@@ -19,7 +19,7 @@ from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
 
 from pystreams.assignors.api import TopicMetadata
-from pystreams.client.assignment import TopicIdPartition
+from pystreams.partitions import TopicIdPartition
 from pystreams.client.driver import Backoff, CommitResult, MemberDriver, parse_bootstrap
 from test_coordinator_failover import processes  # noqa: F401  (fixture: coordinator processes, killed in teardown)
 from pystreams.client.member import (

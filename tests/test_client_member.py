@@ -13,13 +13,14 @@ from pystreams.assignors.api import (
     MemberAssignment,
     PartitionAssignorError,
 )
-from pystreams.client.assignment import TopicIdPartition, partitions_from_wire
+from pystreams.partitions import PartitionSet, TopicIdPartition
 from pystreams.client.listener import NoOpRebalanceListener, notify_listener
 from pystreams.client.member import (
     ASSIGNOR_FAILED,
     AssignmentAbandoned,
     AssignmentInstalled,
     CoordinatorUnavailable,
+    InstanceIdUnreleased,
     GroupMember,
     LeftGroup,
     MemberConfig,
@@ -50,8 +51,8 @@ STALE = Errors.StaleMemberEpochError.errno
 UNRELEASED = Errors.UnreleasedInstanceIdError.errno
 
 
-def parts(topic: UUID, *numbers: int) -> frozenset[TopicIdPartition]:
-    return frozenset(TopicIdPartition(topic, n) for n in numbers)
+def parts(topic: UUID, *numbers: int) -> PartitionSet:
+    return PartitionSet.from_pairs(TopicIdPartition(topic, n) for n in numbers)
 
 
 def wire(partitions) -> list[ConsumerGroupHeartbeatResponse.Assignment.TopicPartitions]:
@@ -118,7 +119,7 @@ def only_heartbeat(m: GroupMember, now: int) -> ConsumerGroupHeartbeatRequest:
 
 def owned_in(request: ConsumerGroupHeartbeatRequest):
     assert request.topic_partitions is not None, "expected the owned partitions in the heartbeat"
-    return partitions_from_wire(request.topic_partitions)
+    return PartitionSet.from_wire(request.topic_partitions)
 
 
 def join(m: GroupMember, now: int = 0, *, epoch: int = 1, assigned=None, pending=frozenset(),
@@ -494,18 +495,38 @@ def test_fenced_or_unknown_loses_everything_and_rejoins_with_epoch_zero(code):
     assert m.take_events() == [PartitionsAssigned(parts(FOO, 2), 6)]
 
 
-def test_unreleased_instance_id_is_fatal_with_a_clear_message():
-    m = member(instance_id="pod-7")
+def test_a_static_join_refused_with_unreleased_instance_id_is_retried_with_backoff_until_it_succeeds():
+    """A crash-restart: the previous incarnation holds the instance id until its session ends."""
+    m = member(instance_id="pod-7", retry_backoff_ms=100)
     m.subscribe(topics=["foo"])
-    request = only_heartbeat(m, 0)
-    m.on_response(request, error_response(UNRELEASED, "instance pod-7 is in use"), 1)
+    now, delays = 0, []
+    for attempt in range(1, 7):
+        request = only_heartbeat(m, now)
+        assert request.member_epoch == 0 and request.instance_id == "pod-7"
+        m.on_response(request, error_response(UNRELEASED, "instance pod-7 is in use"), now + 1)
+        (event,) = m.take_events()
+        assert event == InstanceIdUnreleased("pod-7", attempt, event.retry_in_ms)
+        assert m.state is not MemberState.FATAL and m.next_deadline() == now + 1 + event.retry_in_ms
+        assert m.poll(now + event.retry_in_ms) == []  # nothing before the back-off ends
+        delays.append(event.retry_in_ms)
+        now = m.next_deadline()
+    assert delays == sorted(delays) and delays[0] == 200 and delays[-1] == 2_000  # grows, then capped
+    request = only_heartbeat(m, now)
+    m.on_response(request, hb_response(epoch=1, member_id="m-1"), now + 1)
+    assert m.state is not MemberState.FATAL and m.member_epoch == 1
+
+
+def test_unreleased_instance_id_after_joining_is_fatal_with_a_clear_message():
+    """Outside a join (the coordinator gave the id to someone else meanwhile) it stays fatal."""
+    m = member(instance_id="pod-7")
+    join(m, 0, epoch=2, assigned=parts(FOO, 0))
+    m.take_events()
+    request = only_heartbeat(m, INTERVAL)
+    m.on_response(request, error_response(UNRELEASED, "instance pod-7 is in use"), INTERVAL + 1)
     assert m.state is MemberState.FATAL
-    (failed,) = m.take_events()
-    assert isinstance(failed, MemberFailed) and failed.error_code == UNRELEASED
+    failed = [e for e in m.take_events() if isinstance(e, MemberFailed)][0]
     for text in ("UNRELEASED_INSTANCE_ID", "'pod-7'", "'g'", "instance pod-7 is in use"):
         assert text in failed.message
-    assert m.fatal_error == failed.message
-    assert m.poll(10_000) == [] and m.next_deadline() is None
     with pytest.raises(MemberFatalError, match="UNRELEASED_INSTANCE_ID"):
         m.subscribe(topics=["foo"])
 
@@ -858,7 +879,7 @@ def test_client_side_assignment_loop():
     assert install.error == 0
     assert [member.member_id for member in install.members] == ["m-1", "m-2"]
     m1 = install.members[0]
-    assert partitions_from_wire(m1.partitions) == parts(FOO, 0, 1) | parts(BAR, 0)
+    assert PartitionSet.from_wire(m1.partitions) == parts(FOO, 0, 1) | parts(BAR, 0)
     assert (m1.metadata_version, m1.metadata_bytes) == (3, b"for-m1")
     assert install.members[1].metadata_bytes == b"for-m2"
 

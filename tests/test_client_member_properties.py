@@ -7,7 +7,7 @@ import kafka.errors as Errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pystreams.client.assignment import TopicIdPartition, partitions_from_wire
+from pystreams.partitions import PartitionSet, TopicIdPartition
 from pystreams.client.member import (
     GroupMember,
     LeftGroup,
@@ -53,23 +53,23 @@ class Model:
     """What the caller can reconstruct from events alone; must always agree with the member."""
 
     def __init__(self) -> None:
-        self.owned: set[TopicIdPartition] = set()
-        self.revoking: dict[int, frozenset[TopicIdPartition]] = {}
+        self.owned = PartitionSet()
+        self.revoking: dict[int, PartitionSet] = {}
 
     def apply(self, event) -> None:
         if isinstance(event, PartitionsAssigned):
             assert not (event.partitions & self.owned), "assigned a partition already owned"
             assert not any(event.partitions & r for r in self.revoking.values()), \
                 "assigned a partition still being revoked"
-            self.owned |= event.partitions
+            self.owned = self.owned | event.partitions
         elif isinstance(event, RevokePartitions):
             assert event.partitions and event.partitions <= self.owned
-            self.owned -= event.partitions
+            self.owned = self.owned - event.partitions
             self.revoking[event.revocation_id] = event.partitions
         elif isinstance(event, PartitionsLost):
             everything = self.owned.union(*self.revoking.values())
             assert event.partitions == everything
-            self.owned.clear()
+            self.owned = PartitionSet()
             self.revoking.clear()
 
 
@@ -106,7 +106,7 @@ def test_member_invariants_hold_under_random_answers(data):
                     assert request.topic_partitions == []
                 if request.topic_partitions is not None:
                     # Owned partitions are reported until their revocation is done.
-                    assert partitions_from_wire(request.topic_partitions) == reported
+                    assert PartitionSet.from_wire(request.topic_partitions) == reported
         elif op == "answer":
             if in_flight.member_epoch in (-1, -2):
                 m.on_response(in_flight, _response(-1, None, ()), now)

@@ -2,7 +2,7 @@
 import kafka.errors as Errors
 from coordinator_support import GROUP, HB, NAMES, TOPIC_IDS, Harness, response_parts
 
-from pystreams import partitions as tp
+from pystreams.partitions import PartitionSet
 from pystreams.coordinator.consumer_group import GroupState
 from pystreams.protocol import messages as m
 from pystreams.protocol.errors import InvalidAssignmentError
@@ -19,7 +19,7 @@ def install(h, member_id, epoch, group_epoch, plan: dict[str, str], error=0, met
     from coordinator_support import parts
 
     members = [
-        Install.Member(member_id=mid, partitions=tp.to_topic_partitions(parts(spec), Install.Member.TopicPartitions),
+        Install.Member(member_id=mid, partitions=parts(spec).to_wire(Install.Member.TopicPartitions),
                        metadata_version=2, metadata_bytes=metadata or mid.encode())
         for mid, spec in plan.items()
     ]
@@ -31,7 +31,7 @@ def test_member_selection_prefers_the_member_whose_range_covers_everyone():
     h.topics(foo=2)
     for mid, (lo, hi) in {"A": (1, 5), "B": (3, 4), "C": (2, 4)}.items():
         h.join(mid, client_assignors=[assignor(lo=lo, hi=hi)])
-    assert h.shard.choose_computing_member(h.group, "streams", set()) == "A"
+    assert h.shard.consumer.choose_computing_member(h.group, "streams", set()) == "A"
     assert h.shard.computations[GROUP].member_id in {"A", "B", "C"}
 
 
@@ -166,7 +166,7 @@ def test_server_assignor_when_not_every_member_has_the_client_assignor():
     h.join("B")  # no client assignors: the group falls back to the server-side default
     assert GROUP not in h.shard.computations
     assert h.target() == {"A": "foo-0", "B": "foo-1"}
-    assert h.shard.select_assignor(h.group) == (False, "scripted")
+    assert h.shard.consumer.select_assignor(h.group) == (False, "scripted")
 
 
 def test_a_reason_falling_back_to_zero_does_not_rebalance_again():

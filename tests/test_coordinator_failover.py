@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import kafka.errors as Errors
+import msgspec
 import pytest
 from kafka.admin import KafkaAdminClient
 from kafka.protocol.parser import KafkaProtocol
@@ -517,8 +518,8 @@ def test_dev_runs_a_broker_and_a_coordinator_and_stops_both_on_ctrl_c(processes:
 def _records(group: str, count: int) -> list:
     from pystreams.coordinator import records as r
 
-    out = [r.Record(r.GroupMetadataKey(group), r.GroupMetadataValue(epoch)) for epoch in range(1, count + 1)]
-    out.append(r.Record(r.GroupConfigKey(group), None))  # a tombstone survives the round trip
+    out = [r.GroupMetadata(group, r.GroupMetadataValue(epoch)) for epoch in range(1, count + 1)]
+    out.append(r.GroupConfig(group, None))  # a tombstone survives the round trip
     return out
 
 
@@ -602,3 +603,61 @@ def test_kafka_log_drops_an_append_its_writer_died_in_the_middle_of(
             await asyncio.to_thread(dying.close, 1)
 
     asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 2))
+
+
+def test_a_poison_record_in_the_log_quarantines_its_group_and_repair_releases_it(
+    kafka_bootstrap: str, unique_topic: Callable[[str], str], processes: Callable[..., CoordinatorProcess],
+) -> None:
+    """An older version wrote a member record with a null topic name: the coordinator still
+    loads and serves the other groups, and ``--repair --skip-unreadable`` releases the group."""
+    from kafka import KafkaProducer
+
+    from pystreams.coordinator import records as r
+    from pystreams.coordinator.runtime import group_shard
+    from pystreams.protocol.client import KafkaProtocolClient
+
+    log_topic = unique_topic("pystreams-groups")
+    shards = 2
+    sick, healthy = "sick-group", next(f"healthy-{i}" for i in range(100) if group_shard(f"healthy-{i}", shards) == group_shard("sick-group", shards))
+    first = processes(*coordinator_args(kafka_bootstrap, log_topic, free_port(), shards))
+    address = first.address()
+    first.wait_ready()
+
+    def first_heartbeat(group: str) -> m.ConsumerGroupHeartbeatResponse:
+        with KafkaProtocolClient(*address) as client:
+            return client.send(m.ConsumerGroupHeartbeatRequest(
+                group_id=group, member_id="", member_epoch=0, rebalance_timeout_ms=5_000,
+                subscribed_topic_names=["t"], topic_partitions=[],
+            ))
+
+    assert first_heartbeat(healthy).error_code == 0
+    first.kill()
+    key, _ = r.encode(r.MemberMetadata(sick, "ghost", None))
+    poison = msgspec.msgpack.encode({"group_epoch": 1, "client_id": "c", "client_host": "h", "rebalance_timeout_ms": 1,
+                                     "subscribed_topic_names": [None]})
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    producer.send(log_topic, key=key, value=poison, partition=group_shard(sick, shards)).get(10)
+    producer.close()
+
+    second = processes(*coordinator_args(kafka_bootstrap, log_topic, free_port(), shards))
+    address = second.address()
+    second.wait_ready()  # every shard loads: the poison does not brick one
+    refused = first_heartbeat(sick)
+    assert refused.error_code == Errors.CoordinatorNotAvailableError.errno and "cannot be replayed" in refused.error_message
+    assert first_heartbeat(healthy).error_code == 0
+    assert "quarantined" in second.log_tail(200)
+
+    repair = processes("--bootstrap-servers", kafka_bootstrap, "--log-topic", log_topic, "--shards", str(shards), "--repair")
+    repair.wait_for_line(lambda line: "cannot be replayed" in line)
+    listed = repair.wait_for_line(lambda line: "sick-group" in line)
+    assert "subscribed_topic_names" in listed
+    assert repair.process.wait(GUARD_S) == 1
+    fix = processes("--bootstrap-servers", kafka_bootstrap, "--log-topic", log_topic, "--shards", str(shards), "--repair", "--skip-unreadable")
+    fix.wait_for_line(lambda line: line.startswith("tombstoned 1 key"))
+    assert fix.process.wait(GUARD_S) == 0
+
+    second.kill()
+    third = processes(*coordinator_args(kafka_bootstrap, log_topic, free_port(), shards))
+    address = third.address()
+    third.wait_ready()
+    assert first_heartbeat(sick).error_code == 0

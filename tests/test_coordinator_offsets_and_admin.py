@@ -107,7 +107,7 @@ def test_empty_group_expires_with_its_offsets():
     assert GROUP in h.shard.groups
     h.advance(1)
     assert GROUP not in h.shard.groups
-    assert h.replayed().snapshot() == h.shard.snapshot() == {"groups": {}, "group_configs": {}}
+    assert h.replayed().snapshot() == h.shard.snapshot() == {"groups": {}, "offsets": {}, "group_configs": {}}
 
 
 def test_list_groups_filters_by_state_and_type():
@@ -156,7 +156,7 @@ def test_dynamic_group_configs_within_bounds():
     assert _alter(h, GROUP, (HEARTBEAT_INTERVAL, 0, "250"), (SESSION_TIMEOUT, 0, "2000")) == (0, None)
     assert _describe(h, GROUP)[HEARTBEAT_INTERVAL] == ("250", False)
     assert h.heartbeat("A", 1).heartbeat_interval_ms == 250
-    assert h.shard.session_timeout_ms(GROUP) == 2000
+    assert h.shard.consumer.session_timeout_ms(GROUP) == 2000
     code, message = _alter(h, GROUP, (SESSION_TIMEOUT, 0, "999999"))
     assert code == Errors.InvalidConfigurationError.errno and "outside" in message
     code, message = _alter(h, GROUP, ("group.consumer.assignors", 0, "x"))

@@ -4,7 +4,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from coordinator_support import GROUP, HB, Harness, RoundRobinAssignor, owned
 
-from pystreams import partitions as tp
+from pystreams.partitions import PartitionSet
 from pystreams.coordinator.consumer_group import LEAVE_STATIC_EPOCH
 from pystreams.protocol import messages as m
 
@@ -26,7 +26,7 @@ def check_invariants(h: Harness, seen_epochs: dict) -> None:
     for group in h.shard.groups.values():
         holders = {}
         for member in group.members.values():
-            for pair in tp.pairs(tp.union(member.assigned, member.revoking)):
+            for pair in (member.assigned | member.revoking):
                 assert pair not in holders, f"{pair} held by {holders[pair]} and {member.member_id}"
                 holders[pair] = member.member_id
             if member.member_epoch != LEAVE_STATIC_EPOCH:
@@ -55,10 +55,10 @@ def test_replay_equals_live_and_invariants_hold(sequence):
             h.join(mid, subscribe=topics, instance_id=f"pod-{mid}" if static else None)
         elif kind == "heartbeat" and member is not None and member.member_epoch != LEAVE_STATIC_EPOCH:
             ack = args[1]
-            held = tp.union(member.assigned, member.revoking)
+            held = member.assigned | member.revoking
             report = member.assigned if ack else held
             h.send(HB(group_id=GROUP, member_id=member.member_id, member_epoch=member.member_epoch,
-                      topic_partitions=tp.to_topic_partitions(report, HB.TopicPartitions)))
+                      topic_partitions=PartitionSet.of(report).to_wire(HB.TopicPartitions)))
         elif kind == "bad-epoch":
             h.heartbeat(args[0], args[1] if args[1] != 0 else 1, "")
         elif kind == "leave" and member is not None:

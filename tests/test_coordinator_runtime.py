@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import kafka.errors as Errors
+import msgspec
 import pytest
 from kafka.protocol.api_header import RequestHeader
 
@@ -158,7 +159,7 @@ async def test_a_response_is_sent_only_after_its_records_are_in_the_log() -> Non
         gate.opened.set()
         response = await pending
         assert response.error_code == 0 and response.member_id
-        keys = [record.key for record in log.records(0)]
+        keys = [record.key() for record in log.records(0)]
         assert r.MemberMetadataKey("g", response.member_id) in keys
         assert r.GroupMetadataKey("g") in keys
 
@@ -194,7 +195,7 @@ async def test_many_groups_across_shards_concurrently_split_and_merged_in_order(
         # Every group's records are on its own shard's partition, and only there.
         for g in group_ids:
             for partition in range(shards):
-                present = r.GroupMetadataKey(g) in [record.key for record in log.records(partition)]
+                present = r.GroupMetadataKey(g) in [record.key() for record in log.records(partition)]
                 assert present == (partition == group_shard(g, shards)), (g, partition)
         assert len({group_shard(g, shards) for g in group_ids}) == shards
 
@@ -304,13 +305,13 @@ async def test_a_failed_append_answers_an_error_and_the_shard_reloads_to_what_th
 
 
 @async_test
-async def test_a_handler_that_raises_gets_an_error_and_the_shard_reloads() -> None:
+async def test_a_handler_that_raises_gets_an_error_its_changes_roll_back_and_the_shard_stays_up() -> None:
     log = MemoryLog(1)
     broken = {"on": False}
 
     def factory() -> GroupCoordinatorShard:
         shard = GroupCoordinatorShard(FAST)
-        original = shard.consumer_group_heartbeat
+        original = shard.consumer.consumer_group_heartbeat
 
         def heartbeat_handler(request, now_ms):
             response = original(request, now_ms)  # emits (and replays) its records...
@@ -328,9 +329,12 @@ async def test_a_handler_that_raises_gets_an_error_and_the_shard_reloads() -> No
         failed = await call(coordinator, join("g"))
         assert failed.error_code == Errors.UnknownError.errno
         broken["on"] = False
-        await asyncio.wait_for(coordinator.runners[0].loaded.wait(), GUARD_S)
-        assert coordinator.runners[0].shard.snapshot() == replayed_snapshot(log, 0)
-        assert len(coordinator.runners[0].shard.groups["g"].members) == 1
+        runner = coordinator.runners[0]
+        assert runner.state is ShardState.ACTIVE and runner.load_count == 1  # no reload
+        assert runner.shard.snapshot() == replayed_snapshot(log, 0)  # the second join left nothing
+        assert len(runner.shard.groups["g"].members) == 1
+        assert runner.shard.handler_failures == 1
+        assert (await call(coordinator, join("g"))).error_code == 0  # and it serves on
 
 
 @async_test
@@ -467,7 +471,7 @@ async def test_session_timers_fire_without_any_request() -> None:
             while coordinator.runners[0].shard.groups["g"].members:
                 await asyncio.sleep(0.05)
         # The expiry went through the log like any change.
-        assert r.Record(r.MemberMetadataKey("g", member.member_id), None) in log.records(0)
+        assert r.MemberMetadata("g", member.member_id, None) in log.records(0)
         assert replayed_snapshot(log, 0) == coordinator.runners[0].shard.snapshot()
 
 
@@ -637,7 +641,7 @@ def test_append_frames_drop_what_a_dying_writer_left_but_keep_what_compaction_th
     from pystreams.coordinator.log import _FRAME, FRAME_HEADER, _AppendAssembler
 
     def framed(append: bytes, index: int, count: int, group: str):
-        key, value = r.encode(r.Record(r.GroupMetadataKey(group), r.GroupMetadataValue(index)))
+        key, value = r.encode(r.GroupMetadata(group, r.GroupMetadataValue(index)))
         return key, value, [(FRAME_HEADER, _FRAME.pack(append * 16, index, count))]
 
     def read(entries, end_offset):
@@ -647,7 +651,7 @@ def test_append_frames_drop_what_a_dying_writer_left_but_keep_what_compaction_th
         for offset, key, value, headers in entries:
             out += assembler.add(offset, key, value, headers)
         out += assembler.finish(end_offset)
-        return [(record.key.group_id, record.value.epoch) for record in out]
+        return [(record.group_id, record.value.epoch) for record in out]
 
     # Two whole appends, each followed by its commit marker.
     whole = [(0, *framed(b"a", 0, 2, "a")), (1, *framed(b"a", 1, 2, "a")), (3, *framed(b"b", 0, 1, "b"))]
@@ -665,7 +669,7 @@ def test_append_frames_drop_what_a_dying_writer_left_but_keep_what_compaction_th
     middle_gone = [(2, *framed(b"x", 0, 3, "x")), (4, *framed(b"x", 2, 3, "x")), (6, *framed(b"c", 0, 1, "c"))]
     assert read(middle_gone, 8) == [("x", 0), ("x", 2), ("c", 0)]
     # Records without a frame are taken as they are.
-    key, value = r.encode(r.Record(r.GroupMetadataKey("plain"), r.GroupMetadataValue(9)))
+    key, value = r.encode(r.GroupMetadata("plain", r.GroupMetadataValue(9)))
     assert read([(0, key, value, [])], 1) == [("plain", 9)]
 
 
@@ -679,3 +683,45 @@ async def test_close_does_not_wait_for_a_shard_that_cannot_load() -> None:
     assert [runner.state for runner in coordinator.runners] == [ShardState.CLOSED, ShardState.CLOSED]
     [stuck] = groups_on_shard(0, 2, 1)
     assert (await call(coordinator, join(stuck))).error_code == Errors.NotCoordinatorError.errno
+
+
+# --- records that cannot be read ---------------------------------------------------------------
+
+
+def poison_member_record(group_id: str) -> tuple[bytes, bytes]:
+    """A member-metadata record as an older buggy version wrote it: a null topic name."""
+    key, _ = r.encode(r.MemberMetadata(group_id, "ghost", None))
+    value = msgspec.msgpack.encode({"group_epoch": 1, "client_id": "c", "client_host": "h", "rebalance_timeout_ms": 5000,
+                                    "subscribed_topic_names": [None]})
+    return key, value
+
+
+@async_test
+async def test_an_unreadable_record_quarantines_its_group_and_every_other_group_is_served() -> None:
+    log = MemoryLog(1)
+    sick, healthy = groups_on_shard(0, 1, 2)
+    async with coordinator_on(log) as coordinator:
+        await coordinator.wait_until_loaded()
+        for group in (sick, healthy):
+            assert (await call(coordinator, join(group))).error_code == 0
+    key, value = poison_member_record(sick)
+    log.append_raw(0, key, value)
+    poisoned_at = log.size(0) - 1
+
+    async with coordinator_on(log) as coordinator:
+        await coordinator.wait_until_loaded()  # the shard loads: it is not bricked
+        shard = coordinator.runners[0].shard
+        assert list(shard.quarantined) == [sick]
+        assert shard.quarantined[sick].unreadable[0].offset == poisoned_at
+        refused = await call(coordinator, join(sick))
+        assert refused.error_code == Errors.CoordinatorNotAvailableError.errno
+        assert f"log offset {poisoned_at}" in refused.error_message and "subscribed_topic_names" in refused.error_message
+        assert (await call(coordinator, join(healthy))).error_code == 0
+        listed = await call(coordinator, m.ListGroupsRequest(states_filter=[], types_filter=[]))
+        assert [g.group_id for g in listed.groups] == [healthy]
+
+    log.append_raw(0, key, None)  # what `pystreams coordinator repair` writes: the key's tombstone
+    async with coordinator_on(log) as coordinator:
+        await coordinator.wait_until_loaded()
+        assert not coordinator.runners[0].shard.quarantined
+        assert (await call(coordinator, join(sick))).error_code == 0

@@ -138,9 +138,9 @@ def test_profiles_are_the_documented_ones():
 
 
 def _accept_commits_at_any_epoch(monkeypatch):
-    from pystreams.coordinator.offsets import OffsetHandlers
+    from pystreams.coordinator.consumer_group import ConsumerGroup
 
-    monkeypatch.setattr(OffsetHandlers, "_validate_member", lambda self, group, member_id, member_epoch: None)
+    monkeypatch.setattr(ConsumerGroup, "_validate_member_epoch", lambda self, member_id, member_epoch: None)
 
 
 def test_cli_prints_each_failing_seed_with_its_replay_command(monkeypatch, capsys):

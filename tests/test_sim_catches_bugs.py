@@ -10,12 +10,12 @@ import kafka.errors as Errors
 import pytest
 
 import pystreams.coordinator.consumer as consumer
-from pystreams import partitions as tp
 from pystreams.client.member import GroupMember
 from pystreams.coordinator import records
-from pystreams.coordinator.consumer import RequestError
-from pystreams.coordinator.offsets import OffsetHandlers
-from pystreams.coordinator.shard import GroupCoordinatorShard
+from pystreams.coordinator.consumer_group import ConsumerGroup
+from pystreams.coordinator.context import ShardContext
+from pystreams.coordinator.errors import RequestError
+from pystreams.partitions import PartitionSet
 from pystreams.sim import PROFILES, Profile, run_seed
 from pystreams.sim.scenario import SeedResult
 from pystreams.sim.world import Misbehaviour
@@ -70,24 +70,24 @@ def test_a_partition_handed_on_before_its_revocation_is_acknowledged_is_caught(m
     original = consumer.reconcile
 
     def hand_over_early(current, target_epoch, target, owned, is_free):
-        return original(current, target_epoch, target, {} if current.revoking else owned, is_free)
+        return original(current, target_epoch, target, PartitionSet() if current.revoking else owned, is_free)
 
     result = caught(monkeypatch, lambda patch: patch.setattr(consumer, "reconcile", hand_over_early), SLOW_APPS, {"double-ownership"})
     assert "revoking" in result.violations[0].message
 
 
 def test_a_commit_from_a_stale_member_epoch_is_caught(monkeypatch):
-    def only_membership(self, group, member_id, member_epoch):
-        if group is None or (member_id or "") not in group.members:
+    def only_membership(self, member_id, member_epoch):
+        if (member_id or "") not in self.members:
             raise RequestError(Errors.UnknownMemberIdError, f"Member {member_id!r} is unknown.")
 
-    caught(monkeypatch, lambda patch: patch.setattr(OffsetHandlers, "_validate_member", only_membership), PROFILES["churn"], {"stale-commit-accepted"})
+    caught(monkeypatch, lambda patch: patch.setattr(ConsumerGroup, "_validate_member_epoch", only_membership), PROFILES["churn"], {"stale-commit-accepted"})
 
 
 def test_an_invalid_client_side_assignment_accepted_is_caught(monkeypatch):
-    def unvalidated(request, computation):
+    def unvalidated(request, computation, max_metadata_bytes):
         return {
-            entry.member_id: (tp.from_topic_partitions(entry.partitions), entry.metadata_version, bytes(entry.metadata_bytes))
+            entry.member_id: (PartitionSet.from_wire(entry.partitions), entry.metadata_version, bytes(entry.metadata_bytes))
             for entry in request.members
         }
 
@@ -99,12 +99,14 @@ def test_an_invalid_client_side_assignment_accepted_is_caught(monkeypatch):
 
 def test_a_state_change_missing_from_the_log_is_caught(monkeypatch):
     """Offsets applied live but never written: a replaying shard would not have them."""
-    def emit_without_offsets(self, record):
-        self.replay(record)
-        if not isinstance(record.key, records.OffsetCommitKey):
-            self._pending.append(record)
+    original = ShardContext.emit
 
-    caught(monkeypatch, lambda patch: patch.setattr(GroupCoordinatorShard, "emit", emit_without_offsets), PROFILES["steady"], {"replay-diverged"})
+    def emit_without_offsets(self, record):
+        original(self, record)
+        if isinstance(record, records.OffsetCommit):
+            self._journal.records.pop()  # applied, but never handed to the log
+
+    caught(monkeypatch, lambda patch: patch.setattr(ShardContext, "emit", emit_without_offsets), PROFILES["steady"], {"replay-diverged"})
 
 
 def test_a_member_that_never_gives_up_partitions_on_its_own_is_caught(monkeypatch):

@@ -16,33 +16,47 @@ COMMIT_INTERVAL_MS = 200
 
 
 class Cluster:
-    """A fresh embedded broker and a coordinator process (short session timeouts)."""
+    """A fresh embedded broker and a coordinator process (short session timeouts). With
+    ``log="kafka"`` the coordinator keeps its records on the broker, so it can be killed and
+    started again (``kill_coordinator``, ``start_coordinator``) without losing a group."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *, log: str = "memory") -> None:
         self.broker = EmbeddedBroker(port=None)
         self.broker.start()
-        port = free_port()
-        self._log = (tmp_path / "coordinator.log").open("wb")
-        self.coordinator = subprocess.Popen(
-            [sys.executable, "-m", "pystreams", "coordinator", "--log", "memory",
-             "--bootstrap-servers", self.broker.bootstrap_servers, "--listen", f"127.0.0.1:{port}",
-             "--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500"],
-            stdout=self._log, stderr=subprocess.STDOUT,
-        )
+        self.port = free_port()
+        self.log_kind = log
+        self._log = (tmp_path / "coordinator.log").open("ab")
         self.bootstrap = self.broker.bootstrap_servers
-        self.coordinator_address = f"127.0.0.1:{port}"
+        self.coordinator_address = f"127.0.0.1:{self.port}"
+        self.coordinator: subprocess.Popen[bytes] | None = None
         try:
-            wait_for(lambda: listening(port), 20, "the coordinator to listen")
+            self.start_coordinator()
         except BaseException:
             self.stop()
             raise
 
+    def start_coordinator(self) -> None:
+        self.coordinator = subprocess.Popen(
+            [sys.executable, "-m", "pystreams", "coordinator", "--log", self.log_kind,
+             "--bootstrap-servers", self.broker.bootstrap_servers, "--listen", f"127.0.0.1:{self.port}",
+             "--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500"],
+            stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        wait_for(lambda: listening(self.port), 20, "the coordinator to listen")
+
+    def kill_coordinator(self) -> None:
+        assert self.coordinator is not None
+        self.coordinator.kill()
+        self.coordinator.wait(10)
+        wait_for(lambda: not listening(self.port), 10, "the coordinator's port to close")
+
     def stop(self) -> None:
-        self.coordinator.terminate()
-        try:
-            self.coordinator.wait(10)
-        except subprocess.TimeoutExpired:
-            self.coordinator.kill()
+        if self.coordinator is not None and self.coordinator.poll() is None:
+            self.coordinator.terminate()
+            try:
+                self.coordinator.wait(10)
+            except subprocess.TimeoutExpired:
+                self.coordinator.kill()
         self._log.close()
         self.broker.stop()
 

@@ -57,6 +57,7 @@ from pystreams.client.member import (
     RevokePartitions,
 )
 from pystreams.protocol import messages as m
+from pystreams.protocol.sentinels import COORDINATOR_MOVED
 from pystreams.protocol.registry import ApiSpec, api_spec
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,7 @@ _OFFSET_VERSION_BY_ID = 10
 
 _NONE = Errors.NoError.errno
 _STALE_MEMBER_EPOCH = Errors.StaleMemberEpochError.errno
-_COORDINATOR_MOVED = frozenset(
-    {Errors.NotCoordinatorError.errno, Errors.CoordinatorNotAvailableError.errno}
-)
+_COORDINATOR_MOVED = COORDINATOR_MOVED
 
 
 def monotonic_ms() -> int:

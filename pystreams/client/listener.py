@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from pystreams.client.assignment import PartitionSet
+from pystreams.partitions import PartitionSet
 from pystreams.client.member import (
     MemberEvent,
     PartitionsAssigned,

@@ -42,7 +42,7 @@ converged. A topic-name subscription sends ``SubscribedTopicRegex`` = "" when it
 regex; a regex subscription sends ``SubscribedTopicNames`` = []. Assignor metadata is sent
 whenever ``metadata()`` returns something different from what was last sent.
 
-Owned, revoking and pending partitions are flat sets of ``TopicIdPartition`` (topic ids only).
+Owned, revoking and pending partitions are ``PartitionSet`` values (sets of ``TopicIdPartition``, topic ids only).
 """
 from __future__ import annotations
 
@@ -62,14 +62,9 @@ from pystreams.assignors.api import (
     PartitionAssignorError,
     TopicMetadata,
 )
-from pystreams.client.assignment import (
-    NO_PARTITIONS,
-    PartitionSet,
-    partitions_from_mapping,
-    partitions_from_wire,
-    partitions_to_mapping,
-    partitions_to_wire,
-)
+from pystreams.partitions import NO_PARTITIONS, PartitionSet
+from pystreams.protocol.sentinels import COORDINATOR_MOVED, JOIN_EPOCH, LEAVE_EPOCH, LEAVE_STATIC_EPOCH, RETRIABLE
+
 from pystreams.protocol.messages import (
     ConsumerGroupHeartbeatRequest,
     ConsumerGroupHeartbeatResponse,
@@ -90,9 +85,6 @@ Response = (
     | ConsumerGroupInstallAssignmentResponse
 )
 
-JOIN_EPOCH = 0
-LEAVE_EPOCH = -1
-STATIC_LEAVE_EPOCH = -2
 
 #: The Install ``Error`` the member sends when its assignor raises PartitionAssignorError
 #: (any non-zero value makes the coordinator keep the current target assignment).
@@ -103,22 +95,15 @@ _FENCED_MEMBER_EPOCH = Errors.FencedMemberEpochError.errno
 _UNKNOWN_MEMBER_ID = Errors.UnknownMemberIdError.errno
 _STALE_MEMBER_EPOCH = Errors.StaleMemberEpochError.errno
 _UNRELEASED_INSTANCE_ID = Errors.UnreleasedInstanceIdError.errno
+#: The longest wait between two joins of a static member whose instance id is not released yet.
+_UNRELEASED_RETRY_MAX_MS = 2_000
 #: The coordinator moved or is down: the caller must look it up again; the member retries.
-_COORDINATOR_ERRORS = frozenset(
-    {Errors.NotCoordinatorError.errno, Errors.CoordinatorNotAvailableError.errno}
-)
+_COORDINATOR_ERRORS = COORDINATOR_MOVED
 #: Transient heartbeat errors: retry after a back-off, with all fields (the KIP's "when an
 #: error occurs"). Everything else that is not fencing is fatal, as in Kafka's consumer.
-_RETRIABLE_HEARTBEAT_ERRORS = _COORDINATOR_ERRORS | frozenset(
-    {
-        Errors.CoordinatorLoadInProgressError.errno,
-        Errors.RequestTimedOutError.errno,
-        Errors.NetworkExceptionError.errno,
-        # Not listed for the heartbeat by the KIP; if it comes, the epoch we sent is behind and
-        # the next (full) heartbeat sorts it out.
-        _STALE_MEMBER_EPOCH,
-    }
-)
+#: STALE_MEMBER_EPOCH is not listed for the heartbeat by the KIP; if it comes, the epoch we
+#: sent is behind and the next (full) heartbeat sorts it out.
+_RETRIABLE_HEARTBEAT_ERRORS = RETRIABLE | frozenset({_STALE_MEMBER_EPOCH})
 
 
 def error_name(code: int) -> str:
@@ -222,6 +207,17 @@ class CoordinatorUnavailable:
 
 
 @dataclass(frozen=True)
+class InstanceIdUnreleased:
+    """A static member's join met UNRELEASED_INSTANCE_ID: its previous incarnation (a crashed
+    process) still holds the instance id until its session expires; the join is retried after
+    ``retry_in_ms``. ``attempt`` counts the refusals in a row."""
+
+    instance_id: str
+    attempt: int
+    retry_in_ms: int
+
+
+@dataclass(frozen=True)
 class AssignmentInstalled:
     group_epoch: int
 
@@ -240,6 +236,7 @@ MemberEvent = (
     | MemberFailed
     | LeftGroup
     | CoordinatorUnavailable
+    | InstanceIdUnreleased
     | AssignmentInstalled
     | AssignmentAbandoned
 )
@@ -338,6 +335,7 @@ class GroupMember:
         self._regex_ever_sent = False
         self._closed = False
         self._fatal_error: str | None = None
+        self._unreleased_attempts = 0
         self._leave_epoch = LEAVE_EPOCH
 
         self._owned: PartitionSet = NO_PARTITIONS
@@ -387,7 +385,7 @@ class GroupMember:
     @property
     def revoking_partitions(self) -> PartitionSet:
         """Handed to the caller for revocation; still reported to the coordinator as owned."""
-        return frozenset().union(*self._revocations.values())
+        return NO_PARTITIONS.union(*self._revocations.values())
 
     @property
     def pending_partitions(self) -> PartitionSet:
@@ -492,7 +490,7 @@ class GroupMember:
         ):
             return
         static = self.config.instance_id is not None
-        self._leave_epoch = STATIC_LEAVE_EPOCH if static and not permanent else LEAVE_EPOCH
+        self._leave_epoch = LEAVE_STATIC_EPOCH if static and not permanent else LEAVE_EPOCH
         self._abandon_computation(None)
         self._ack_pending = False
         self._state = MemberState.PREPARE_LEAVING
@@ -645,9 +643,7 @@ class GroupMember:
             ]
         topic_partitions = None
         if full or self._ack_pending or self._report_owned or reported != sent.owned:
-            topic_partitions = partitions_to_wire(
-                reported, ConsumerGroupHeartbeatRequest.TopicPartitions
-            )
+            topic_partitions = reported.to_wire(ConsumerGroupHeartbeatRequest.TopicPartitions)
 
         request = ConsumerGroupHeartbeatRequest(
             group_id=self.config.group_id,
@@ -686,6 +682,14 @@ class GroupMember:
             self._on_heartbeat_success(in_flight, response, now_ms)
         elif code in (_FENCED_MEMBER_EPOCH, _UNKNOWN_MEMBER_ID):
             self._lose_everything(code)
+        elif code == _UNRELEASED_INSTANCE_ID and self.config.instance_id is not None and in_flight.request.member_epoch == JOIN_EPOCH:
+            # A crash-restart is what static membership is for: the old incarnation's session
+            # will expire (or a -2 leave arrive); until then, keep asking, backing off.
+            self._unreleased_attempts += 1
+            delay = min(self.config.retry_backoff_ms * 2 ** min(self._unreleased_attempts, 16), _UNRELEASED_RETRY_MAX_MS)
+            self._events.append(InstanceIdUnreleased(self.config.instance_id, self._unreleased_attempts, delay))
+            self._after_heartbeat_error(in_flight, now_ms)
+            self._heartbeat_due_ms = now_ms + delay
         elif code in _RETRIABLE_HEARTBEAT_ERRORS:
             if code in _COORDINATOR_ERRORS:
                 self._events.append(CoordinatorUnavailable(code))
@@ -706,6 +710,7 @@ class GroupMember:
         if response.member_id:
             self._member_id = response.member_id
         self._member_epoch = response.member_epoch
+        self._unreleased_attempts = 0
         if response.heartbeat_interval_ms > 0:
             self._heartbeat_interval_ms = response.heartbeat_interval_ms
         # The interval counts from the send, as Kafka's consumer does.
@@ -723,8 +728,8 @@ class GroupMember:
 
         assignment = response.assignment
         if assignment is not None:
-            assigned = partitions_from_wire(assignment.assigned_topic_partitions)
-            pending = partitions_from_wire(assignment.pending_topic_partitions) - assigned
+            assigned = PartitionSet.from_wire(assignment.assigned_topic_partitions)
+            pending = PartitionSet.from_wire(assignment.pending_topic_partitions) - assigned
             self._target = _Target(response.member_epoch, assigned, pending)
             # Reporting owned partitions is how the member acknowledges an assignment.
             self._report_owned = True
@@ -752,7 +757,7 @@ class GroupMember:
         self.config.client_assignors[0].on_assignment(
             assignment.error,
             MemberAssignment(
-                partitions=partitions_to_mapping(target),
+                partitions=target.by_topic,
                 metadata_version=assignment.metadata_version,
                 metadata=bytes(assignment.metadata_bytes or b""),
             ),
@@ -959,8 +964,7 @@ class GroupMember:
                 members=[
                     ConsumerGroupInstallAssignmentRequest.Member(
                         member_id=member_id,
-                        partitions=partitions_to_wire(
-                            partitions_from_mapping(member.partitions),
+                        partitions=PartitionSet.of(member.partitions).to_wire(
                             ConsumerGroupInstallAssignmentRequest.Member.TopicPartitions,
                         ),
                         metadata_version=member.metadata_version,
@@ -1038,7 +1042,7 @@ def assignment_spec_from_prepare(
         metadata = member.assignor
         members[member.member_id] = MemberSpec(
             subscribed_topic_ids=frozenset(member.subscribed_topic_ids or ()),
-            target_partitions=partitions_to_mapping(partitions_from_wire(member.topic_partitions)),
+            target_partitions=PartitionSet.from_wire(member.topic_partitions).by_topic,
             instance_id=member.instance_id,
             rack_id=member.rack_id,
             metadata=AssignorMetadata(

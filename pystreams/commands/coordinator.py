@@ -126,6 +126,14 @@ def add_coordinator_options(parser: argparse.ArgumentParser, *, cluster: bool = 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_coordinator_options(parser, cluster=True)
+    repair = parser.add_argument_group(
+        "repair", "instead of serving, find records of the log that a load cannot replay (their groups are "
+        "quarantined) and, with --skip-unreadable, append the tombstones that release them; safe beside a "
+        "running coordinator, which serves the released groups after its next restart",
+    )
+    repair.add_argument("--repair", action="store_true", help="list the unreadable records of the log and exit")
+    repair.add_argument("--skip-unreadable", action="store_true",
+                        help="with --repair: tombstone every unreadable record's key (its group then loads without it)")
 
 
 # --- settings ----------------------------------------------------------------------------------
@@ -317,6 +325,31 @@ def _configure_logging(level: str) -> None:
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
+async def repair_log(settings: CoordinatorSettings, skip_unreadable: bool) -> int:
+    """``--repair``: 0 when the log is clean (or was just repaired), 1 when unreadable records remain."""
+    from pystreams.coordinator import repair
+    from pystreams.coordinator.log import KafkaLog
+
+    if settings.log != "kafka" or not settings.bootstrap_servers:
+        print("pystreams coordinator: --repair reads the Kafka log: give --bootstrap-servers (and --log-topic, --shards)", file=sys.stderr)
+        return 2
+    log = KafkaLog(settings.bootstrap_servers, settings.shards, topic=settings.log_topic)
+    await log.open()
+    findings = await repair.find_unreadable(log)
+    if not findings:
+        print(f"log {settings.log_topic!r}: every record can be replayed")
+        return 0
+    print(f"log {settings.log_topic!r}: {len(findings)} record(s) cannot be replayed:")
+    for finding in findings:
+        print(f"  {finding.describe()}")
+    if not skip_unreadable:
+        print("run again with --skip-unreadable to tombstone them; their groups then load from their other records")
+        return 1
+    await repair.skip(log, findings)
+    print(f"tombstoned {len(findings)} key(s); restart the coordinator to serve the groups again")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
@@ -324,6 +357,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"pystreams coordinator: {error}", file=sys.stderr)
         return 2
     _configure_logging(args.log_level)
+    if getattr(args, "repair", False):
+        return asyncio.run(repair_log(settings, args.skip_unreadable))
+    if getattr(args, "skip_unreadable", False):
+        print("pystreams coordinator: --skip-unreadable needs --repair", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(serve(settings))
     except KeyboardInterrupt:

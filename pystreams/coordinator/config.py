@@ -1,6 +1,8 @@
 """Coordinator (broker-level) configuration and the dynamic per-group overrides of KIP-848."""
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 SESSION_TIMEOUT = "group.consumer.session.timeout.ms"
@@ -24,6 +26,13 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     #: How long a group stays EMPTY before it is deleted (DEAD), offsets included; Kafka's
     #: offsets.retention.minutes default of 7 days.
     empty_group_retention_ms: int = 7 * 24 * 3600 * 1000
+    #: offset.metadata.max.bytes: longer commit metadata is OFFSET_METADATA_TOO_LARGE.
+    offset_metadata_max_bytes: int = 4096
+    #: The groups one shard holds at most; a new group beyond it is refused (POLICY_VIOLATION).
+    max_groups: int = 100_000
+    #: A client assignor's metadata (in a heartbeat) or one member's assignment metadata (in an
+    #: install) at most: both are written as records, which must fit a log batch.
+    max_assignor_metadata_bytes: int = 256 * 1024
 
     def __post_init__(self) -> None:
         if not self.min_session_timeout_ms <= self.session_timeout_ms <= self.max_session_timeout_ms:
@@ -34,6 +43,9 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("heartbeat_interval_ms must be smaller than session_timeout_ms")
         if not self.assignors:
             raise ValueError("at least one server-side assignor must be configured")
+        for name in ("offset_metadata_max_bytes", "max_groups", "max_assignor_metadata_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
 
     def bounds(self, name: str) -> tuple[int, int]:
         if name == SESSION_TIMEOUT:
@@ -50,14 +62,26 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
         raise KeyError(name)
 
 
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+def parse_int(value: object, name: str) -> int:
+    """A decimal integer as Kafka's config parser reads one (``Integer.parseInt`` of the trimmed
+    text): ``5_0000`` or ``٣`` is not one, though Python's ``int()`` takes both."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, str):
+        if not _DECIMAL.fullmatch(value.strip()):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        value = value.strip()
+    return int(value)
+
+
 def validate_group_config(config: CoordinatorConfig, name: str, value: str) -> int:
     """The parsed value of one group override, or ValueError with the reason."""
     if name not in GROUP_CONFIG_NAMES:
         raise ValueError(f"unknown group config {name!r}; supported: {', '.join(GROUP_CONFIG_NAMES)}")
-    try:
-        parsed = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    parsed = parse_int(value, name)
     low, high = config.bounds(name)
     if not low <= parsed <= high:
         raise ValueError(f"{name}={parsed} is outside the coordinator's bounds [{low}, {high}]")

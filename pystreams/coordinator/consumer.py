@@ -1,55 +1,45 @@
 """KIP-848 consumer groups: ConsumerGroupHeartbeat, Prepare/InstallAssignment and Describe.
 
-Handlers validate, then *generate* records; ``emit`` replays each record on the spot, so the
-state a handler reads after emitting is exactly what a shard replaying the log would have.
-Timers (session, revocation, client-side computation) are runtime state, re-armed on load.
+The manager validates, then *generates* records through its :class:`ShardContext`; ``emit``
+replays each record on the spot, so the state a handler reads after emitting is exactly what a
+shard replaying the log would have. Timers (session, revocation, client-side computation) and
+the computation in flight are runtime state, re-armed on load.
 """
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-
-import msgspec
 from uuid import UUID
 
 import kafka.errors as Errors
+import msgspec
 
-from pystreams import partitions as tp
 from pystreams.assignors.api import (
     AssignmentSpec,
     AssignorMetadata,
     MemberSpec,
     PartitionAssignorError,
+    ServerAssignor,
     TopicMetadata,
 )
 from pystreams.coordinator import records as r
-from pystreams.coordinator.consumer_group import (
-    LEAVE_EPOCH,
-    LEAVE_STATIC_EPOCH,
-    ConsumerGroup,
-    ConsumerMember,
-    GroupState,
-    to_record_partitions,
-)
+from pystreams.coordinator.consumer_group import ConsumerGroup, ConsumerMember, GroupState
+from pystreams.coordinator.context import ShardContext
+from pystreams.coordinator.errors import RequestError
+from pystreams.coordinator.config import HEARTBEAT_INTERVAL, SESSION_TIMEOUT
 from pystreams.coordinator.reconciliation import MemberAssignmentState, reconcile
 from pystreams.coordinator.subscriptions import InvalidRegex, subscribed_names, subscribed_topic_ids, validate_regex
+from pystreams.coordinator.timers import ComputationTimer, EmptyGroupTimer, RevocationTimer, SessionTimer
+from pystreams.partitions import NO_PARTITIONS, PartitionSet
 from pystreams.protocol import messages as m
 from pystreams.protocol.errors import InvalidAssignmentError
+from pystreams.protocol.sentinels import LEAVE_EPOCH, LEAVE_STATIC_EPOCH
 
 HeartbeatRequest = m.ConsumerGroupHeartbeatRequest
 HeartbeatResponse = m.ConsumerGroupHeartbeatResponse
 
 
-class RequestError(Exception):
-    """A request is refused with a Kafka error code and a message saying why."""
-
-    def __init__(self, error: type[Errors.BrokerResponseError], message: str) -> None:
-        super().__init__(message)
-        self.code = error.errno
-        self.message = message
-
-
-@dataclass
+@dataclass(frozen=True)
 class ClientComputation:
     """The one client-side assignment computation a group may have in flight (not persisted)."""
 
@@ -59,23 +49,7 @@ class ClientComputation:
     prepared_epoch: int | None = None
     prepared_members: dict[str, frozenset[UUID]] = field(default_factory=dict)
     prepared_topics: dict[UUID, TopicMetadata] = field(default_factory=dict)
-    tried: set[str] = field(default_factory=set)
-
-
-def session_key(group_id: str, member_id: str) -> tuple:
-    return ("session", group_id, member_id)
-
-
-def revocation_key(group_id: str, member_id: str) -> tuple:
-    return ("revocation", group_id, member_id)
-
-
-def computation_key(group_id: str) -> tuple:
-    return ("computation", group_id)
-
-
-def empty_group_key(group_id: str) -> tuple:
-    return ("empty", group_id)
+    tried: frozenset[str] = frozenset()
 
 
 def validate_first_heartbeat(request: HeartbeatRequest) -> None:
@@ -91,7 +65,7 @@ def validate_first_heartbeat(request: HeartbeatRequest) -> None:
         raise RequestError(invalid, "SubscribedTopicNames or SubscribedTopicRegex must be set in the first heartbeat request.")
 
 
-def validate_heartbeat(request: HeartbeatRequest, server_assignors: tuple[str, ...]) -> None:
+def validate_heartbeat(request: HeartbeatRequest, server_assignors: tuple[str, ...], max_metadata_bytes: int) -> None:
     """KIP-848 "Request Validation" of ConsumerGroupHeartbeat (first-heartbeat rules aside)."""
     invalid = Errors.InvalidRequestError
     epoch = request.member_epoch
@@ -121,6 +95,8 @@ def validate_heartbeat(request: HeartbeatRequest, server_assignors: tuple[str, .
             raise RequestError(invalid, f"Assignor {assignor.name}: MaximumVersion must be >= 0 and >= MinimumVersion.")
         if not assignor.minimum_version <= assignor.metadata_version <= assignor.maximum_version:
             raise RequestError(invalid, f"Assignor {assignor.name}: MetadataVersion must lie within [MinimumVersion, MaximumVersion].")
+        if len(assignor.metadata_bytes) > max_metadata_bytes:
+            raise RequestError(invalid, f"Assignor {assignor.name}: MetadataBytes is {len(assignor.metadata_bytes)} bytes; this coordinator accepts at most {max_metadata_bytes}.")
     if request.server_assignor is not None and request.server_assignor not in server_assignors:
         raise RequestError(
             Errors.UnsupportedAssignorError,
@@ -128,22 +104,61 @@ def validate_heartbeat(request: HeartbeatRequest, server_assignors: tuple[str, .
         )
 
 
-class ConsumerGroupHandlers:
-    """Mixed into the shard: the consumer group type's request handling.
+class ConsumerGroupManager:
+    """The consumer group type: its requests, timers and fail-over duties."""
 
-    Expects from the shard: ``config``, ``assignors`` (name -> ServerAssignor), ``topics``
-    (name -> TopicMetadata), ``timers``, ``groups``, ``computations``, ``emit(record)``,
-    ``new_member_id()``, ``group_config_value(group_id, name)``.
-    """
+    def __init__(self, ctx: ShardContext, assignors: dict[str, ServerAssignor]) -> None:
+        self.ctx = ctx
+        self.assignors = assignors
+        #: group id -> the client-side computation in flight (runtime state, not records).
+        self.computations: dict[str, ClientComputation] = {}
+
+    @property
+    def config(self):
+        return self.ctx.config
+
+    def session_timeout_ms(self, group_id: str) -> int:
+        return self.ctx.group_config(group_id, SESSION_TIMEOUT)
+
+    def heartbeat_interval_ms(self, group_id: str) -> int:
+        return self.ctx.group_config(group_id, HEARTBEAT_INTERVAL)
+
+    def _set_computation(self, group_id: str, computation: ClientComputation | None) -> None:
+        previous = self.computations.get(group_id)
+        if computation is None:
+            self.computations.pop(group_id, None)
+        else:
+            self.computations[group_id] = computation
+
+        def restore() -> None:
+            if previous is None:
+                self.computations.pop(group_id, None)
+            else:
+                self.computations[group_id] = previous
+
+        self.ctx.on_undo(restore)
+
+    def _consumer_group(self, group_id: str) -> ConsumerGroup | None:
+        """The group if it is a consumer group; a group of another type is refused."""
+        group = self.ctx.groups.get(group_id)
+        if group is not None and group.group_type != "consumer":
+            raise RequestError(Errors.InconsistentGroupProtocolError, f"Group {group_id} is not a consumer group.")
+        return group
+
+    def create_group(self, group_id: str, now_ms: int) -> ConsumerGroup:
+        """A new, EMPTY consumer group; it exists because a record says so."""
+        if len(self.ctx.groups) >= self.config.max_groups:
+            raise RequestError(Errors.PolicyViolationError, f"This coordinator shard already holds its maximum of {self.config.max_groups} groups.")
+        self.ctx.emit(r.GroupMetadata(group_id, r.GroupMetadataValue(0)))
+        self.ctx.schedule(EmptyGroupTimer(group_id), now_ms + self.config.empty_group_retention_ms)
+        return self.ctx.groups[group_id]
 
     # --- ConsumerGroupHeartbeat -------------------------------------------------------------
 
     def consumer_group_heartbeat(self, request: HeartbeatRequest, now_ms: int) -> HeartbeatResponse:
         try:
-            validate_heartbeat(request, self.config.assignors)
-            group = self.groups.get(request.group_id)
-            if group is not None and group.group_type != "consumer":
-                raise RequestError(Errors.InconsistentGroupProtocolError, f"Group {request.group_id} is not a consumer group.")
+            validate_heartbeat(request, self.config.assignors, self.config.max_assignor_metadata_bytes)
+            group = self._consumer_group(request.group_id)
             if request.member_epoch in (LEAVE_EPOCH, LEAVE_STATIC_EPOCH):
                 return self._leave(group, request, now_ms)
             if request.member_epoch == 0:
@@ -173,15 +188,15 @@ class ConsumerGroupHandlers:
                         Errors.UnreleasedInstanceIdError,
                         f"Instance id {request.instance_id} is still used by member {holder_id}; it must leave first.",
                     )
-        member_id = request.member_id or self.new_member_id()
+        member_id = request.member_id or self.ctx.new_member_id()
         member = group.members.get(member_id)
         if member is not None:
             # A rejoin with epoch 0: the member gave up everything, so it holds nothing and has
             # nothing left to revoke (else it would be timed out on a revocation it cannot see).
             if member.assigned or member.revoking:
-                self.timers.cancel(revocation_key(group.group_id, member_id))
+                self.ctx.cancel(RevocationTimer(group.group_id, member_id))
                 released = msgspec.structs.replace(member.assignment_value(), assigned=[], revoking=[])
-                self.emit(r.Record(r.CurrentAssignmentKey(group.group_id, member_id), released))
+                self.ctx.emit(r.CurrentAssignment(group.group_id, member_id, released))
                 member = group.members[member_id]
             return group, member, False
         if len(group.members) >= self.config.max_group_size:
@@ -193,20 +208,15 @@ class ConsumerGroupHandlers:
 
     def _replace_static_member(self, group: ConsumerGroup, old: ConsumerMember, request) -> ConsumerMember:
         """A static member is back: its new incarnation takes the old one's assignment, no bump."""
-        new_id = request.member_id or self.new_member_id()
+        new_id = request.member_id or self.ctx.new_member_id()
         new = replace(old, member_id=new_id)
         target = group.targets.get(old.member_id)
         assignment = old.assignment_value()
         self._cancel_member_timers(group.group_id, old.member_id)
         self._emit_member_tombstones(group, old.member_id)
-        self.emit(r.Record(r.MemberMetadataKey(group.group_id, new_id), new.metadata_value(group.group_epoch)))
+        self.ctx.emit(r.MemberMetadata(group.group_id, new_id, new.metadata_value(group.group_epoch)))
         if target is not None:
-            self.emit(
-                r.Record(
-                    r.TargetAssignmentMemberKey(group.group_id, new_id),
-                    r.TargetAssignmentMemberValue(to_record_partitions(target.partitions), target.metadata_version, target.metadata),
-                )
-            )
+            self.ctx.emit(r.TargetAssignmentMember(group.group_id, new_id, target.value()))
         # The epoch it held before leaving; the member reconciles from there like any other.
         restored = r.CurrentAssignmentValue(
             member_epoch=assignment.previous_member_epoch,
@@ -216,7 +226,7 @@ class ConsumerGroupHandlers:
             metadata_version=assignment.metadata_version,
             metadata=assignment.metadata,
         )
-        self.emit(r.Record(r.CurrentAssignmentKey(group.group_id, new_id), restored))
+        self.ctx.emit(r.CurrentAssignment(group.group_id, new_id, restored))
         return group.members[new_id]
 
     def _existing_member(self, group: ConsumerGroup | None, request, now_ms: int) -> tuple[ConsumerGroup, ConsumerMember]:
@@ -225,8 +235,8 @@ class ConsumerGroupHandlers:
             raise RequestError(Errors.UnknownMemberIdError, f"Member {request.member_id} is not a member of group {request.group_id}.")
         if request.member_epoch == member.member_epoch:
             return group, member
-        owned = tp.from_topic_partitions(request.topic_partitions) if request.topic_partitions is not None else None
-        if request.member_epoch < member.member_epoch and owned is not None and tp.is_subset(owned, member.assigned):
+        owned = PartitionSet.from_wire(request.topic_partitions) if request.topic_partitions is not None else None
+        if request.member_epoch < member.member_epoch and owned is not None and owned <= member.assigned:
             # Responses that moved the member on were lost. It holds nothing the coordinator did
             # not give it, so resending its state is safe (the KIP's edge case; Kafka accepts only
             # the previous epoch, which fences a live member after two lost responses).
@@ -259,47 +269,47 @@ class ConsumerGroupHandlers:
         away = r.CurrentAssignmentValue(
             member_epoch=LEAVE_STATIC_EPOCH,
             previous_member_epoch=member.member_epoch,
-            assigned=to_record_partitions(member.assigned),
+            assigned=member.assigned.to_wire(r.TopicPartitions),
             error=member.error,
             metadata_version=member.metadata_version,
             metadata=member.metadata,
         )
-        self.emit(r.Record(r.CurrentAssignmentKey(group.group_id, member.member_id), away))
-        self.timers.cancel(revocation_key(group.group_id, member.member_id))
-        self.timers.schedule(session_key(group.group_id, member.member_id), now_ms + self.session_timeout_ms(group.group_id))
+        self.ctx.emit(r.CurrentAssignment(group.group_id, member.member_id, away))
+        self.ctx.cancel(RevocationTimer(group.group_id, member.member_id))
+        self.ctx.schedule(SessionTimer(group.group_id, member.member_id), now_ms + self.session_timeout_ms(group.group_id))
         self._maybe_restart_computation(group, member.member_id, now_ms)
         return HeartbeatResponse(member_id=member.member_id, member_epoch=LEAVE_STATIC_EPOCH, heartbeat_interval_ms=0)
 
     def _update_and_reconcile(self, group: ConsumerGroup, member: ConsumerMember, request, is_new: bool, now_ms: int) -> HeartbeatResponse:
-        updated, bump = _apply_request_fields(member, request, self.context)
+        updated, bump = _apply_request_fields(member, request, self.ctx.request)
         self._check_assignor_versions(group, updated)
         bump = bump or is_new
         if is_new or updated != member:
-            self.emit(r.Record(r.MemberMetadataKey(group.group_id, updated.member_id), updated.metadata_value(group.group_epoch)))
+            self.ctx.emit(r.MemberMetadata(group.group_id, updated.member_id, updated.metadata_value(group.group_epoch)))
             member = group.members[updated.member_id]
         if bump:
             self._refresh_subscription_metadata(group)
             self.bump_group_epoch(group)
-        self.timers.cancel(empty_group_key(group.group_id))
+        self.ctx.cancel(EmptyGroupTimer(group.group_id))
         self.maybe_compute_target(group, now_ms)
 
-        owned = tp.from_topic_partitions(request.topic_partitions) if request.topic_partitions is not None else None
+        owned = PartitionSet.from_wire(request.topic_partitions) if request.topic_partitions is not None else None
         if request.member_epoch == 0:
-            owned = owned or {}
+            owned = owned or NO_PARTITIONS
         changed = self._reconcile_member(group, member, owned, now_ms)
-        self.timers.schedule(session_key(group.group_id, member.member_id), now_ms + self.session_timeout_ms(group.group_id))
+        self.ctx.schedule(SessionTimer(group.group_id, member.member_id), now_ms + self.session_timeout_ms(group.group_id))
 
         computation = self.computations.get(group.group_id)
         should_compute = computation is not None and computation.member_id == member.member_id and computation.prepared_epoch is None
         if should_compute and not computation.notified:
-            computation.notified = True
+            self._set_computation(group.group_id, replace(computation, notified=True))
             # The member has its rebalance timeout to deliver, counted from this notification.
-            self.timers.schedule(computation_key(group.group_id), now_ms + member.rebalance_timeout_ms)
+            self.ctx.schedule(ComputationTimer(group.group_id), now_ms + member.rebalance_timeout_ms)
 
         include_assignment = (
             request.member_epoch == 0
             or changed
-            or (owned is not None and dict(owned) != dict(member.assigned))
+            or (owned is not None and owned != member.assigned)
             or not group.is_reconciled(member)
         )
         return HeartbeatResponse(
@@ -311,11 +321,11 @@ class ConsumerGroupHandlers:
         )
 
     def _assignment_for(self, group: ConsumerGroup, member: ConsumerMember):
-        pending = tp.difference(group.target_of(member.member_id), member.assigned) if not member.revoking else {}
+        pending = group.target_of(member.member_id) - member.assigned if not member.revoking else NO_PARTITIONS
         return HeartbeatResponse.Assignment(
             error=member.error,
-            assigned_topic_partitions=tp.to_topic_partitions(member.assigned, HeartbeatResponse.Assignment.TopicPartitions),
-            pending_topic_partitions=tp.to_topic_partitions(pending, HeartbeatResponse.Assignment.TopicPartitions),
+            assigned_topic_partitions=member.assigned.to_wire(HeartbeatResponse.Assignment.TopicPartitions),
+            pending_topic_partitions=pending.to_wire(HeartbeatResponse.Assignment.TopicPartitions),
             metadata_version=member.metadata_version,
             metadata_bytes=member.metadata,
         )
@@ -350,36 +360,36 @@ class ConsumerGroupHandlers:
         value = r.CurrentAssignmentValue(
             member_epoch=nxt.member_epoch,
             previous_member_epoch=nxt.previous_member_epoch,
-            assigned=to_record_partitions(nxt.assigned),
-            revoking=to_record_partitions(nxt.revoking),
+            assigned=nxt.assigned.to_wire(r.TopicPartitions),
+            revoking=nxt.revoking.to_wire(r.TopicPartitions),
             error=group.assignment_error if at_target else member.error,
             metadata_version=(meta.metadata_version if meta else 0) if at_target else member.metadata_version,
             metadata=(meta.metadata if meta else b"") if at_target else member.metadata,
         )
         if value == member.assignment_value():
             return False
-        self.emit(r.Record(r.CurrentAssignmentKey(group.group_id, member.member_id), value))
-        key = revocation_key(group.group_id, member.member_id)
+        self.ctx.emit(r.CurrentAssignment(group.group_id, member.member_id, value))
+        key = RevocationTimer(group.group_id, member.member_id)
         if nxt.revoking and not current.revoking:
-            self.timers.schedule(key, now_ms + member.rebalance_timeout_ms)
+            self.ctx.schedule(key, now_ms + member.rebalance_timeout_ms)
         elif not nxt.revoking:
-            self.timers.cancel(key)
+            self.ctx.cancel(key)
         return True
 
     # --- membership changes ------------------------------------------------------------------
 
     def bump_group_epoch(self, group: ConsumerGroup) -> None:
-        self.emit(r.Record(r.GroupMetadataKey(group.group_id), r.GroupMetadataValue(group.group_epoch + 1)))
+        self.ctx.emit(r.GroupMetadata(group.group_id, r.GroupMetadataValue(group.group_epoch + 1)))
 
     def _emit_member_tombstones(self, group: ConsumerGroup, member_id: str) -> None:
-        self.emit(r.Record(r.CurrentAssignmentKey(group.group_id, member_id), None))
+        self.ctx.emit(r.CurrentAssignment(group.group_id, member_id, None))
         if member_id in group.targets:
-            self.emit(r.Record(r.TargetAssignmentMemberKey(group.group_id, member_id), None))
-        self.emit(r.Record(r.MemberMetadataKey(group.group_id, member_id), None))
+            self.ctx.emit(r.TargetAssignmentMember(group.group_id, member_id, None))
+        self.ctx.emit(r.MemberMetadata(group.group_id, member_id, None))
 
     def _cancel_member_timers(self, group_id: str, member_id: str) -> None:
-        self.timers.cancel(session_key(group_id, member_id))
-        self.timers.cancel(revocation_key(group_id, member_id))
+        self.ctx.cancel(SessionTimer(group_id, member_id))
+        self.ctx.cancel(RevocationTimer(group_id, member_id))
 
     def remove_member(self, group: ConsumerGroup, member: ConsumerMember, now_ms: int) -> None:
         """Fenced, expired or left: tombstones, a new group epoch, a new target."""
@@ -390,19 +400,17 @@ class ConsumerGroupHandlers:
         self._maybe_restart_computation(group, member.member_id, now_ms)
         self.maybe_compute_target(group, now_ms)
         if not group.members:
-            self.timers.schedule(empty_group_key(group.group_id), now_ms + self.config.empty_group_retention_ms)
+            self.ctx.schedule(EmptyGroupTimer(group.group_id), now_ms + self.config.empty_group_retention_ms)
 
     def _refresh_subscription_metadata(self, group: ConsumerGroup) -> bool:
         """Re-resolve the group's subscribed topics against the topic image; True if changed."""
         names: set[str] = set()
         for member in group.members.values():
-            names |= subscribed_names(member.subscribed_topic_names, member.subscribed_topic_regex, self.topics)
-        current = {name: r.TopicMetadataValue(self.topics[name].topic_id, name, self.topics[name].num_partitions) for name in names}
+            names |= subscribed_names(member.subscribed_topic_names, member.subscribed_topic_regex, self.ctx.topics)
+        current = {name: r.TopicMetadataValue(self.ctx.topics[name].topic_id, name, self.ctx.topics[name].num_partitions) for name in names}
         if current == group.subscribed_topics:
             return False
-        self.emit(
-            r.Record(r.PartitionMetadataKey(group.group_id), r.PartitionMetadataValue([current[n] for n in sorted(current)]))
-        )
+        self.ctx.emit(r.PartitionMetadata(group.group_id, r.PartitionMetadataValue([current[n] for n in sorted(current)])))
         return True
 
     def on_topics_changed(self, group: ConsumerGroup, now_ms: int) -> None:
@@ -449,7 +457,7 @@ class ConsumerGroupHandlers:
                     metadata = AssignorMetadata(a.reason, a.version, a.metadata, a.minimum_version, a.maximum_version)
             members[member.member_id] = MemberSpec(
                 subscribed_topic_ids=topic_ids,
-                target_partitions=group.target_of(member.member_id),
+                target_partitions=group.target_of(member.member_id).by_topic,
                 instance_id=member.instance_id,
                 rack_id=member.rack_id,
                 metadata=metadata,
@@ -461,7 +469,7 @@ class ConsumerGroupHandlers:
         if group.group_epoch <= group.assignment_epoch:
             return
         if not group.members:
-            self.emit(r.Record(r.TargetAssignmentMetadataKey(group.group_id), r.TargetAssignmentMetadataValue(group.group_epoch)))
+            self.ctx.emit(r.TargetAssignmentMetadata(group.group_id, r.TargetAssignmentMetadataValue(group.group_epoch)))
             self._end_computation(group.group_id)
             return
         client_side, name = self.select_assignor(group)
@@ -473,33 +481,26 @@ class ConsumerGroupHandlers:
             result = self.assignors[name].assign(self.assignment_spec(group))
         except PartitionAssignorError:
             # Keep the current target; a later change of the group retries.
-            self.emit(
-                r.Record(r.TargetAssignmentMetadataKey(group.group_id), r.TargetAssignmentMetadataValue(group.group_epoch, group.assignment_error))
-            )
+            self.ctx.emit(r.TargetAssignmentMetadata(group.group_id, r.TargetAssignmentMetadataValue(group.group_epoch, group.assignment_error)))
             return
         self.install_target(group, {mid: (a.partitions, a.metadata_version, a.metadata) for mid, a in result.members.items()}, group.group_epoch, 0)
 
     def install_target(self, group: ConsumerGroup, assignment: dict, epoch: int, error: int) -> None:
         """Writes the new target as one batch of deltas followed by its metadata record."""
         for member_id in group.members:
-            partitions, version, metadata = assignment.get(member_id, ({}, 0, b""))
+            partitions, version, metadata = assignment.get(member_id, (NO_PARTITIONS, 0, b""))
             old = group.targets.get(member_id)
-            if old is not None and partitions is old.partitions and old.metadata_version == version and old.metadata == metadata:
+            if old is not None and partitions is old.partitions.by_topic and old.metadata_version == version and old.metadata == metadata:
                 continue  # the assignor handed the target back untouched
-            partitions = tp.normalize(partitions)
+            partitions = PartitionSet.of(partitions)
             if not partitions and not version and not metadata:
                 if old is not None:  # an empty target is no target
-                    self.emit(r.Record(r.TargetAssignmentMemberKey(group.group_id, member_id), None))
+                    self.ctx.emit(r.TargetAssignmentMember(group.group_id, member_id, None))
                 continue
-            if old is not None and dict(old.partitions) == partitions and old.metadata_version == version and old.metadata == metadata:
+            if old is not None and old.partitions == partitions and old.metadata_version == version and old.metadata == metadata:
                 continue
-            self.emit(
-                r.Record(
-                    r.TargetAssignmentMemberKey(group.group_id, member_id),
-                    r.TargetAssignmentMemberValue(to_record_partitions(partitions), version, metadata),
-                )
-            )
-        self.emit(r.Record(r.TargetAssignmentMetadataKey(group.group_id), r.TargetAssignmentMetadataValue(epoch, error)))
+            self.ctx.emit(r.TargetAssignmentMember(group.group_id, member_id, r.TargetAssignmentMemberValue(partitions.to_wire(r.TopicPartitions), version, metadata)))
+        self.ctx.emit(r.TargetAssignmentMetadata(group.group_id, r.TargetAssignmentMetadataValue(epoch, error)))
 
     # --- client-side assignment ----------------------------------------------------------------
 
@@ -528,11 +529,12 @@ class ConsumerGroupHandlers:
         chosen = self.choose_computing_member(group, assignor, set())
         self._end_computation(group.group_id)
         if chosen is not None:
-            self.computations[group.group_id] = ClientComputation(member_id=chosen, assignor=assignor, tried={chosen})
+            self._set_computation(group.group_id, ClientComputation(member_id=chosen, assignor=assignor, tried=frozenset({chosen})))
 
     def _end_computation(self, group_id: str) -> None:
-        self.computations.pop(group_id, None)
-        self.timers.cancel(computation_key(group_id))
+        if group_id in self.computations:
+            self._set_computation(group_id, None)
+        self.ctx.cancel(ComputationTimer(group_id))
 
     def _maybe_restart_computation(self, group: ConsumerGroup, departed_member_id: str, now_ms: int) -> None:
         computation = self.computations.get(group.group_id)
@@ -544,15 +546,15 @@ class ConsumerGroupHandlers:
         computation = self.computations.get(group.group_id)
         if computation is None:
             return
-        self.timers.cancel(computation_key(group.group_id))
+        self.ctx.cancel(ComputationTimer(group.group_id))
         chosen = self.choose_computing_member(group, computation.assignor, computation.tried)
         if chosen is None:
-            self.computations.pop(group.group_id, None)
+            self._set_computation(group.group_id, None)
             return
         tried = computation.tried | {chosen}
         if tried >= set(group.members):
-            tried = {chosen}  # everyone had a turn: start the round again
-        self.computations[group.group_id] = ClientComputation(member_id=chosen, assignor=computation.assignor, tried=tried)
+            tried = frozenset({chosen})  # everyone had a turn: start the round again
+        self._set_computation(group.group_id, ClientComputation(member_id=chosen, assignor=computation.assignor, tried=tried))
 
     def _computing_member(self, group_id: str, member_id: str, member_epoch: int) -> tuple[ConsumerGroup, ConsumerMember, ClientComputation]:
         """The checks Prepare and Install share (KIP-848 "Request Handling" steps 1-4)."""
@@ -563,7 +565,7 @@ class ConsumerGroupHandlers:
             raise RequestError(invalid, "MemberId must be non-empty.")
         if member_epoch < 0:
             raise RequestError(invalid, f"MemberEpoch must be >= 0, got {member_epoch}.")
-        group = self.groups.get(group_id)
+        group = self.ctx.groups.get(group_id)
         if group is None or group.group_type != "consumer":
             raise RequestError(Errors.GroupIdNotFoundError, f"Consumer group {group_id} does not exist.")
         member = group.members.get(member_id)
@@ -585,12 +587,16 @@ class ConsumerGroupHandlers:
         if not computation.notified:
             # It prepared before any heartbeat told it to: its rebalance timeout starts now,
             # or a member that never installs would leave the group ASSIGNING for ever.
-            computation.notified = True
-            self.timers.schedule(computation_key(group.group_id), now_ms + group.members[request.member_id].rebalance_timeout_ms)
+            self.ctx.schedule(ComputationTimer(group.group_id), now_ms + group.members[request.member_id].rebalance_timeout_ms)
         spec = self.assignment_spec(group, computation.assignor)
-        computation.prepared_epoch = group.group_epoch
-        computation.prepared_members = {mid: s.subscribed_topic_ids for mid, s in spec.members.items()}
-        computation.prepared_topics = dict(spec.topics)
+        computation = replace(
+            computation,
+            notified=True,
+            prepared_epoch=group.group_epoch,
+            prepared_members={mid: s.subscribed_topic_ids for mid, s in spec.members.items()},
+            prepared_topics=dict(spec.topics),
+        )
+        self._set_computation(group.group_id, computation)
         members = []
         for member_id, s in sorted(spec.members.items()):
             member = group.members[member_id]
@@ -609,7 +615,7 @@ class ConsumerGroupHandlers:
                         metadata_version=meta.version,
                         metadata_bytes=meta.data,
                     ),
-                    topic_partitions=tp.to_topic_partitions(s.target_partitions, Response.Member.TopicPartitions),
+                    topic_partitions=PartitionSet.of(s.target_partitions).to_wire(Response.Member.TopicPartitions),
                 )
             )
         topics = [Response.TopicMetadata(topic_id=t.topic_id, topic_name=t.name, num_partitions=t.num_partitions) for t in sorted(spec.topics.values(), key=lambda t: t.name)]
@@ -633,7 +639,7 @@ class ConsumerGroupHandlers:
                 # The assignor could not compute: keep the current target, record the error.
                 self.install_target(group, {mid: (t.partitions, t.metadata_version, t.metadata) for mid, t in group.targets.items()}, request.group_epoch, request.error)
             else:
-                assignment = _validated_assignment(request, computation)
+                assignment = _validated_assignment(request, computation, self.config.max_assignor_metadata_bytes)
                 self.install_target(group, assignment, request.group_epoch, 0)
         except RequestError as exc:
             return Response(error_code=exc.code, error_message=exc.message)
@@ -645,6 +651,43 @@ class ConsumerGroupHandlers:
         self.maybe_compute_target(group, now_ms)
         return Response()
 
+    # --- timers, topics and fail-over ---------------------------------------------------------
+
+    def expire(self, timer: SessionTimer | RevocationTimer | ComputationTimer, now_ms: int) -> None:
+        group = self.ctx.groups.peek(timer.group_id)
+        if group is None or group.group_type != "consumer":
+            return
+        match timer:
+            case SessionTimer(member_id=member_id) | RevocationTimer(member_id=member_id):
+                member = group.members.get(member_id)
+                if member is not None:
+                    self.remove_member(group, member, now_ms)
+            case ComputationTimer():
+                self.reassign_computation(group, now_ms)
+
+    def delete_group(self, group: ConsumerGroup) -> None:
+        """An EMPTY group past its retention becomes DEAD: its records are tombstoned (the
+        shard tombstones its offsets first)."""
+        self.ctx.emit(r.PartitionMetadata(group.group_id, None))
+        self.ctx.emit(r.TargetAssignmentMetadata(group.group_id, None))
+        self.ctx.emit(r.GroupMetadata(group.group_id, None))
+        if group.group_id in self.computations:
+            self._set_computation(group.group_id, None)
+
+    def on_loaded(self, group: ConsumerGroup, now_ms: int) -> None:
+        """KIP-848 "Fail Over": re-arm timers, re-check metadata and regexes, compute a missing target."""
+        session = self.session_timeout_ms(group.group_id)
+        for member in group.members.values():
+            self.ctx.schedule(SessionTimer(group.group_id, member.member_id), now_ms + session)
+            if member.revoking:
+                self.ctx.schedule(RevocationTimer(group.group_id, member.member_id), now_ms + member.rebalance_timeout_ms)
+        if not group.members:
+            self.ctx.schedule(EmptyGroupTimer(group.group_id), now_ms + self.config.empty_group_retention_ms)
+            return
+        if self.ctx.topics:
+            self.on_topics_changed(group, now_ms)
+        self.maybe_compute_target(group, now_ms)
+
     # --- ConsumerGroupDescribe ---------------------------------------------------------------
 
     def consumer_group_describe(self, request, now_ms: int):
@@ -653,7 +696,8 @@ class ConsumerGroupHandlers:
         if not request.group_ids:
             return Response(groups=[Group(error_code=Errors.InvalidRequestError.errno, error_message="GroupIds must be non-empty.", group_id="")])
 
-        def assignment(partitions, names, error=0, version=0, metadata=b""):
+        def assignment(held: PartitionSet, names, error=0, version=0, metadata=b""):
+            partitions = held.by_topic
             return Assignment(
                 topic_partitions=[
                     Assignment.TopicPartitions(topic_id=t, topic_name=names.get(t, ""), partitions=sorted(partitions[t]))
@@ -666,7 +710,11 @@ class ConsumerGroupHandlers:
 
         described = []
         for group_id in request.group_ids:
-            group = self.groups.get(group_id)
+            try:
+                group = self.ctx.groups.get(group_id)
+            except RequestError as exc:
+                described.append(Group(error_code=exc.code, error_message=exc.message, group_id=group_id, group_state=GroupState.DEAD.value))
+                continue
             if group is None or group.group_type != "consumer":
                 described.append(Group(error_code=Errors.GroupIdNotFoundError.errno, error_message=f"Group {group_id} not found.", group_id=group_id, group_state=GroupState.DEAD.value))
                 continue
@@ -685,9 +733,9 @@ class ConsumerGroupHandlers:
                         client_host=member.client_host,
                         subscribed_topic_names=list(member.subscribed_topic_names),
                         subscribed_topic_regex=member.subscribed_topic_regex,
-                        assignment=assignment(tp.union(member.assigned, member.revoking), names, member.error, member.metadata_version, member.metadata),
+                        assignment=assignment(member.assigned | member.revoking, names, member.error, member.metadata_version, member.metadata),
                         target_assignment=assignment(
-                            target.partitions if target else {}, names, group.assignment_error,
+                            target.partitions if target else NO_PARTITIONS, names, group.assignment_error,
                             target.metadata_version if target else 0, target.metadata if target else b"",
                         ),
                     )
@@ -755,7 +803,7 @@ def _assignors_trigger(before: tuple, after: tuple) -> bool:
     return False
 
 
-def _validated_assignment(request, computation: ClientComputation) -> dict:
+def _validated_assignment(request, computation: ClientComputation, max_metadata_bytes: int) -> dict:
     """KIP-848 "Assignment Validation", against the metadata the assignment was computed from."""
     invalid = InvalidAssignmentError
     assignment: dict[str, tuple] = {}
@@ -765,6 +813,8 @@ def _validated_assignment(request, computation: ClientComputation) -> dict:
             raise RequestError(invalid, f"Member {entry.member_id} was not in the group the assignment was computed for.")
         if entry.member_id in assignment:
             raise RequestError(invalid, f"Member {entry.member_id} appears twice in the assignment.")
+        if len(entry.metadata_bytes) > max_metadata_bytes:
+            raise RequestError(invalid, f"The metadata for member {entry.member_id} is {len(entry.metadata_bytes)} bytes; this coordinator accepts at most {max_metadata_bytes}.")
         partitions: dict[UUID, set[int]] = {}
         for item in entry.partitions:
             topic = computation.prepared_topics.get(item.topic_id)
@@ -777,7 +827,7 @@ def _validated_assignment(request, computation: ClientComputation) -> dict:
                 if holder != entry.member_id or p in partitions.get(item.topic_id, ()):
                     raise RequestError(invalid, f"Partition {topic.name}-{p} is assigned more than once.")
                 partitions.setdefault(item.topic_id, set()).add(p)
-        assignment[entry.member_id] = (tp.normalize(partitions), entry.metadata_version, bytes(entry.metadata_bytes))
+        assignment[entry.member_id] = (PartitionSet(partitions), entry.metadata_version, bytes(entry.metadata_bytes))
     subscribed = set().union(*computation.prepared_members.values()) if computation.prepared_members else set()
     for topic_id in subscribed:
         topic = computation.prepared_topics[topic_id]

@@ -1,7 +1,8 @@
 """The consumer group (KIP-848 "Data Model") and how records change it.
 
-Nothing here decides anything: handlers in ``consumer.py`` generate records, and ``replay``
-applies a record to the model — live, and identically when a shard loads its log.
+Nothing here decides anything: the manager in ``consumer.py`` generates records, and ``replay``
+applies a record to the model — live, and identically when a shard loads its log. ``pre_image``
+is replay's inverse for one key: the record that restores what the key holds now.
 """
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import enum
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from pystreams import partitions as tp
-from pystreams.coordinator import records as r
+import kafka.errors as Errors
 
-#: The epoch a static member holds while it is away (KIP-848 "Static Membership").
-LEAVE_STATIC_EPOCH = -2
-LEAVE_EPOCH = -1
+from pystreams.coordinator import records as r
+from pystreams.coordinator.errors import RequestError
+from pystreams.partitions import NO_PARTITIONS, PartitionSet
+from pystreams.protocol.sentinels import LEAVE_STATIC_EPOCH
 
 CONSUMER = "consumer"
 CLASSIC = "classic"
@@ -32,9 +33,12 @@ class GroupState(enum.Enum):
 
 @dataclass(slots=True)
 class TargetMember:
-    partitions: tp.Partitions
+    partitions: PartitionSet
     metadata_version: int = 0
     metadata: bytes = b""
+
+    def value(self) -> r.TargetAssignmentMemberValue:
+        return r.TargetAssignmentMemberValue(self.partitions.to_wire(r.TopicPartitions), self.metadata_version, self.metadata)
 
 
 @dataclass(slots=True)
@@ -52,8 +56,8 @@ class ConsumerMember:
     # The current assignment (CurrentAssignment record).
     member_epoch: int = 0
     previous_member_epoch: int = -1
-    assigned: tp.Partitions = field(default_factory=dict)
-    revoking: tp.Partitions = field(default_factory=dict)
+    assigned: PartitionSet = NO_PARTITIONS
+    revoking: PartitionSet = NO_PARTITIONS
     error: int = 0
     metadata_version: int = 0
     metadata: bytes = b""
@@ -76,8 +80,8 @@ class ConsumerMember:
         return r.CurrentAssignmentValue(
             member_epoch=self.member_epoch,
             previous_member_epoch=self.previous_member_epoch,
-            assigned=_to_record(self.assigned),
-            revoking=_to_record(self.revoking),
+            assigned=self.assigned.to_wire(r.TopicPartitions),
+            revoking=self.revoking.to_wire(r.TopicPartitions),
             error=self.error,
             metadata_version=self.metadata_version,
             metadata=self.metadata,
@@ -103,21 +107,20 @@ class ConsumerGroup:
     targets: dict[str, TargetMember] = field(default_factory=dict)
     #: Who holds each partition (assigned or still revoking): a partition has one holder.
     owners: dict[tuple[UUID, int], str] = field(default_factory=dict)
-    offsets: dict[tuple[str, int], r.OffsetCommitValue] = field(default_factory=dict)
 
     group_type = CONSUMER
 
     # --- derived views ---------------------------------------------------------------------
 
-    def target_of(self, member_id: str) -> tp.Partitions:
+    def target_of(self, member_id: str) -> PartitionSet:
         target = self.targets.get(member_id)
-        return target.partitions if target is not None else tp.EMPTY
+        return target.partitions if target is not None else NO_PARTITIONS
 
     def is_reconciled(self, member: ConsumerMember) -> bool:
         return (
             member.member_epoch in (self.assignment_epoch, LEAVE_STATIC_EPOCH)
             and not member.revoking
-            and dict(member.assigned) == dict(self.target_of(member.member_id))
+            and member.assigned == self.target_of(member.member_id)
         )
 
     @property
@@ -130,6 +133,10 @@ class ConsumerGroup:
             return GroupState.STABLE
         return GroupState.RECONCILING
 
+    @property
+    def is_empty(self) -> bool:
+        return not self.members
+
     def topic_names_by_id(self) -> dict[UUID, str]:
         return {t.topic_id: t.name for t in self.subscribed_topics.values()}
 
@@ -137,34 +144,74 @@ class ConsumerGroup:
         owner = self.owners.get((topic_id, partition))
         return owner is None or owner == member_id
 
+    # --- offsets (Kafka's Group.validateOffsetCommit / validateOffsetFetch) ------------------
+
+    def validate_offset_commit(self, member_id: str, member_epoch: int) -> None:
+        """A member commits with its member epoch: a newer one is FENCED, an older one STALE.
+        Admin tools commit with no member and epoch -1, only while the group has no members."""
+        if member_epoch < 0 and not member_id:
+            if self.members:
+                raise RequestError(Errors.UnknownMemberIdError, "Commits without a member are only accepted while the group has no members.")
+            return
+        self._validate_member_epoch(member_id, member_epoch)
+
+    def validate_offset_fetch(self, member_id: str | None, member_epoch: int) -> None:
+        if member_id or member_epoch >= 0:
+            self._validate_member_epoch(member_id or "", member_epoch)
+
+    def _validate_member_epoch(self, member_id: str, member_epoch: int) -> None:
+        member = self.members.get(member_id)
+        if member is None:
+            raise RequestError(Errors.UnknownMemberIdError, f"Member {member_id!r} is not a member of group {self.group_id}.")
+        if member_epoch > member.member_epoch:
+            raise RequestError(Errors.FencedMemberEpochError, f"Member epoch {member_epoch} is newer than the coordinator's {member.member_epoch}.")
+        if member_epoch < member.member_epoch:
+            raise RequestError(Errors.StaleMemberEpochError, f"Member epoch {member_epoch} is stale; the member's epoch is {member.member_epoch}.")
+
     # --- replay -----------------------------------------------------------------------------
 
-    def replay(self, key: r.RecordKey, value: r.RecordValue | None) -> None:
-        if isinstance(key, r.GroupMetadataKey):
-            self.group_epoch = value.epoch
-        elif isinstance(key, r.PartitionMetadataKey):
-            self.subscribed_topics = {t.name: t for t in value.topics} if value else {}
-        elif isinstance(key, r.MemberMetadataKey):
-            self._replay_member_metadata(key.member_id, value)
-        elif isinstance(key, r.TargetAssignmentMetadataKey):
-            if value is None:
+    def replay(self, record: r.Record) -> None:
+        match record:
+            case r.GroupMetadata(value=value):
+                self.group_epoch = value.epoch if value is not None else 0
+            case r.PartitionMetadata(value=value):
+                self.subscribed_topics = {t.name: t for t in value.topics} if value else {}
+            case r.MemberMetadata(member_id=member_id, value=value):
+                self._replay_member_metadata(member_id, value)
+            case r.TargetAssignmentMetadata(value=None):
                 self.assignment_epoch, self.assignment_error = 0, 0
-            else:
+            case r.TargetAssignmentMetadata(value=value):
                 self.assignment_epoch, self.assignment_error = value.assignment_epoch, value.error
-        elif isinstance(key, r.TargetAssignmentMemberKey):
-            if value is None:
-                self.targets.pop(key.member_id, None)
-            else:
-                self.targets[key.member_id] = TargetMember(_from_record(value.partitions), value.metadata_version, value.metadata)
-        elif isinstance(key, r.CurrentAssignmentKey):
-            self._replay_current_assignment(key.member_id, value)
-        elif isinstance(key, r.OffsetCommitKey):
-            if value is None:
-                self.offsets.pop((key.topic, key.partition), None)
-            else:
-                self.offsets[(key.topic, key.partition)] = value
-        else:  # pragma: no cover - the shard routes only group records here
-            raise TypeError(f"not a consumer group record: {key!r}")
+            case r.TargetAssignmentMember(member_id=member_id, value=None):
+                self.targets.pop(member_id, None)
+            case r.TargetAssignmentMember(member_id=member_id, value=value):
+                self.targets[member_id] = TargetMember(PartitionSet.from_wire(value.partitions), value.metadata_version, value.metadata)
+            case r.CurrentAssignment(member_id=member_id, value=value):
+                self._replay_current_assignment(member_id, value)
+            case _:  # pragma: no cover - the shard routes only consumer group records here
+                raise TypeError(f"not a consumer group record: {record!r}")
+
+    def pre_image(self, record: r.Record) -> r.Record:
+        """The record that restores what ``record``'s key holds in this group now."""
+        g = self.group_id
+        match record:
+            case r.GroupMetadata():
+                return r.GroupMetadata(g, r.GroupMetadataValue(self.group_epoch, self.group_type))
+            case r.PartitionMetadata():
+                topics = list(self.subscribed_topics.values())
+                return r.PartitionMetadata(g, r.PartitionMetadataValue(topics) if topics else None)
+            case r.MemberMetadata(member_id=member_id):
+                member = self.members.get(member_id)
+                return r.MemberMetadata(g, member_id, member.metadata_value(self.group_epoch) if member else None)
+            case r.TargetAssignmentMetadata():
+                return r.TargetAssignmentMetadata(g, r.TargetAssignmentMetadataValue(self.assignment_epoch, self.assignment_error))
+            case r.TargetAssignmentMember(member_id=member_id):
+                target = self.targets.get(member_id)
+                return r.TargetAssignmentMember(g, member_id, target.value() if target else None)
+            case r.CurrentAssignment(member_id=member_id):
+                member = self.members.get(member_id)
+                return r.CurrentAssignment(g, member_id, member.assignment_value() if member else None)
+        raise TypeError(f"not a consumer group record: {record!r}")  # pragma: no cover
 
     def _replay_member_metadata(self, member_id: str, value: r.MemberMetadataValue | None) -> None:
         member = self.members.get(member_id)
@@ -199,18 +246,18 @@ class ConsumerGroup:
         self._release(member)
         if value is None:
             member.member_epoch, member.previous_member_epoch = 0, -1
-            member.assigned, member.revoking = {}, {}
+            member.assigned, member.revoking = NO_PARTITIONS, NO_PARTITIONS
             member.error, member.metadata_version, member.metadata = 0, 0, b""
             return
         member.member_epoch = value.member_epoch
         member.previous_member_epoch = value.previous_member_epoch
-        member.assigned = _from_record(value.assigned)
-        member.revoking = _from_record(value.revoking)
+        member.assigned = PartitionSet.from_wire(value.assigned)
+        member.revoking = PartitionSet.from_wire(value.revoking)
         member.error = value.error
         member.metadata_version = value.metadata_version
         member.metadata = value.metadata
         for holding in (member.assigned, member.revoking):
-            for pair in tp.pairs(holding):
+            for pair in holding:
                 holder = self.owners.get(pair)
                 if holder is not None and holder != member_id:
                     raise AssertionError(f"partition {pair} handed to {member_id} while {holder} holds it")
@@ -218,7 +265,7 @@ class ConsumerGroup:
 
     def _release(self, member: ConsumerMember) -> None:
         for holding in (member.assigned, member.revoking):
-            for pair in tp.pairs(holding):
+            for pair in holding:
                 if self.owners.get(pair) == member.member_id:
                     del self.owners[pair]
 
@@ -227,6 +274,7 @@ class ConsumerGroup:
     def snapshot(self) -> dict:
         """Everything records determine, as plain data."""
         return {
+            "group_type": self.group_type,
             "group_epoch": self.group_epoch,
             "assignment_epoch": self.assignment_epoch,
             "assignment_error": self.assignment_error,
@@ -236,19 +284,7 @@ class ConsumerGroup:
                 mid: (m.metadata_value(0), m.assignment_value()) for mid, m in sorted(self.members.items())
             },
             "targets": {
-                mid: (dict(t.partitions), t.metadata_version, t.metadata) for mid, t in sorted(self.targets.items())
+                mid: (t.partitions, t.metadata_version, t.metadata) for mid, t in sorted(self.targets.items())
             },
             "owners": dict(self.owners),
-            "offsets": dict(self.offsets),
         }
-
-
-def _to_record(partitions: tp.Partitions) -> list[r.TopicPartitions]:
-    return [r.TopicPartitions(topic, sorted(partitions[topic])) for topic in sorted(partitions)]
-
-
-def _from_record(items: list[r.TopicPartitions]) -> dict[UUID, frozenset[int]]:
-    return {item.topic_id: frozenset(item.partitions) for item in items if item.partitions}
-
-
-to_record_partitions = _to_record

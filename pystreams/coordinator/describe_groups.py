@@ -21,9 +21,12 @@ from kafka.protocol.consumer.metadata import (
     ConsumerProtocolType,
 )
 
-from pystreams import partitions as tp
+from pystreams.coordinator.consumer import ConsumerGroupManager
 from pystreams.coordinator.consumer_group import CONSUMER, ConsumerGroup, ConsumerMember, GroupState
+from pystreams.coordinator.context import ShardContext
+from pystreams.coordinator.errors import RequestError
 from pystreams.coordinator.subscriptions import InvalidRegex, matching_topics
+from pystreams.partitions import PartitionSet
 from pystreams.protocol import messages as m
 
 #: The versions Kafka's ConsumerProtocol writes today; clients read any version up to theirs.
@@ -34,7 +37,9 @@ NOT_FOUND_ERROR_VERSION = 6
 
 
 class DescribeGroupsHandler:
-    """Mixin for ``GroupCoordinatorShard``: needs ``groups``, ``topics`` and ``select_assignor``."""
+    def __init__(self, ctx: ShardContext, consumer: ConsumerGroupManager) -> None:
+        self.ctx = ctx
+        self.consumer = consumer
 
     def describe_groups(self, request, now_ms: int):
         Response = m.DescribeGroupsResponse
@@ -43,11 +48,15 @@ class DescribeGroupsHandler:
             version = NOT_FOUND_ERROR_VERSION
         described = []
         for group_id in request.groups or []:
-            group = self.groups.get(group_id)
+            try:
+                group = self.ctx.groups.get(group_id)
+            except RequestError as exc:
+                described.append(_failed_group(group_id, exc))
+                continue
             if group is None or group.group_type != CONSUMER:
                 described.append(_dead_group(group_id, version))
                 continue
-            _, assignor = self.select_assignor(group)
+            _, assignor = self.consumer.select_assignor(group)
             names = self._topic_names(group)
             members = [
                 Response.DescribedGroup.DescribedGroupMember(
@@ -76,9 +85,15 @@ class DescribeGroupsHandler:
     def _topic_names(self, group: ConsumerGroup) -> dict[UUID, str]:
         # The group's own metadata first; the cluster image covers a topic the group has not
         # recorded yet (a member may hold a partition of it while the group catches up).
-        names = {topic.topic_id: name for name, topic in self.topics.items()}
+        names = {topic.topic_id: name for name, topic in self.ctx.topics.items()}
         names.update(group.topic_names_by_id())
         return names
+
+
+def _failed_group(group_id: str, error: RequestError):
+    return m.DescribeGroupsResponse.DescribedGroup(
+        error_code=error.code, error_message=error.message, group_id=group_id, group_state="", protocol_type="", protocol_data="", members=[],
+    )
 
 
 def _dead_group(group_id: str, version: int):
@@ -110,8 +125,8 @@ def _subscription(group: ConsumerGroup, member: ConsumerMember) -> bytes:
     return bytes(subscription.encode())
 
 
-def _assignment(partitions: tp.Partitions, names: dict[UUID, str]) -> bytes:
-    by_topic = sorted((names.get(topic_id, str(topic_id)), sorted(indexes)) for topic_id, indexes in partitions.items() if indexes)
+def _assignment(partitions: PartitionSet, names: dict[UUID, str]) -> bytes:
+    by_topic = sorted((names.get(topic_id, str(topic_id)), sorted(indexes)) for topic_id, indexes in partitions.by_topic.items())
     assignment = ConsumerProtocolAssignment(
         version=ASSIGNMENT_VERSION,
         assigned_partitions=[

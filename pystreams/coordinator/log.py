@@ -94,8 +94,9 @@ class PartitionLog(abc.ABC):
     partition: int
 
     @abc.abstractmethod
-    def read(self) -> AsyncIterator[list[r.Record]]:
-        """Every committed record of the partition, oldest first, in chunks; then stops."""
+    def read(self) -> AsyncIterator[list[r.Record | r.UnreadableRecord]]:
+        """Every committed record of the partition, oldest first, in chunks; then stops. A stored
+        record that does not decode comes as an UnreadableRecord (offset, key bytes, reason)."""
 
     @abc.abstractmethod
     async def append(self, records: Sequence[r.Record]) -> None:
@@ -120,6 +121,14 @@ class RecordLog(abc.ABC):
 
     async def close(self) -> None:
         """Release what ``open`` acquired."""
+
+    def scan(self, partition: int) -> AsyncIterator[list[r.Record | r.UnreadableRecord]]:
+        """Read a partition without claiming it (a live owner keeps writing): for tools."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be scanned")
+
+    async def write_tombstones(self, partition: int, raw_keys: Sequence[bytes]) -> None:
+        """Append a tombstone for each key, outside any claim (the repair tool's one write)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be repaired")
 
     @property
     def internal_topics(self) -> frozenset[str]:
@@ -157,12 +166,24 @@ class MemoryLog(RecordLog):
         self._writer_epochs[partition] += 1
         return _MemoryPartition(self, partition, self._writer_epochs[partition])
 
-    def records(self, partition: int) -> list[r.Record]:
+    def records(self, partition: int) -> list[r.Record | r.UnreadableRecord]:
         """What the partition holds, decoded (for tests and tools)."""
-        return [r.decode(key, value) for key, value in self._entries[partition]]
+        return [r.read_stored(offset, key, value) for offset, (key, value) in enumerate(self._entries[partition])]
+
+    def append_raw(self, partition: int, key: bytes, value: bytes | None) -> None:
+        """Store bytes as they are, bypassing every check (tests of what replay tolerates)."""
+        self._entries[partition].append((key, value))
 
     def size(self, partition: int) -> int:
         return len(self._entries[partition])
+
+    async def scan(self, partition: int) -> AsyncIterator[list[r.Record | r.UnreadableRecord]]:
+        self._check_partition(partition)
+        yield self.records(partition)
+
+    async def write_tombstones(self, partition: int, raw_keys: Sequence[bytes]) -> None:
+        self._check_partition(partition)
+        self._entries[partition].extend((key, None) for key in raw_keys)
 
     def describe(self) -> str:
         return f"memory log, {self.partition_count} partitions"
@@ -178,11 +199,11 @@ class _MemoryPartition(PartitionLog):
         if self._owner._writer_epochs[self.partition] != self._epoch:
             raise LogFencedError(f"memory log partition {self.partition} was claimed by a newer writer")
 
-    async def read(self) -> AsyncIterator[list[r.Record]]:
+    async def read(self) -> AsyncIterator[list[r.Record | r.UnreadableRecord]]:
         entries = list(self._owner._entries[self.partition])  # a stable view: appends may follow
         chunk = self._owner._read_chunk
         for start in range(0, len(entries), chunk):
-            yield [r.decode(key, value) for key, value in entries[start:start + chunk]]
+            yield [r.read_stored(start + i, key, value) for i, (key, value) in enumerate(entries[start:start + chunk])]
             await asyncio.sleep(0)  # a big log must not starve the other shards
 
     async def append(self, records: Sequence[r.Record]) -> None:
@@ -276,6 +297,31 @@ class KafkaLog(RecordLog):
     def transactional_id(self, partition: int) -> str:
         return f"{self.transactional_id_prefix}-{self.topic}-{partition}"
 
+    async def scan(self, partition: int) -> AsyncIterator[list[r.Record | r.UnreadableRecord]]:
+        self._check_partition(partition)
+        reader = _KafkaPartition(self, partition)  # no producer: nobody is fenced
+        try:
+            async for chunk in reader.read():
+                yield chunk
+        finally:
+            await reader.close()
+
+    async def write_tombstones(self, partition: int, raw_keys: Sequence[bytes]) -> None:
+        self._check_partition(partition)
+
+        def write() -> None:
+            from kafka import KafkaProducer
+
+            producer = KafkaProducer(bootstrap_servers=self.bootstrap_servers, client_id=f"{self.client_id}-repair", acks="all", **self.client_config)
+            try:
+                for key in raw_keys:
+                    producer.send(self.topic, key=key, value=None, partition=partition)
+                producer.flush(timeout=self.append_timeout_s)
+            finally:
+                producer.close(timeout=5)
+
+        await asyncio.get_running_loop().run_in_executor(None, write)
+
 
 def _is_fencing(error: BaseException) -> bool:
     from kafka.errors import InvalidProducerEpochError, ProducerFencedError
@@ -305,35 +351,35 @@ class _AppendAssembler:
         self._partition = partition
         self._append_id: bytes | None = None
         self._count = 0
-        self._pending: list[tuple[int, r.Record]] = []
+        self._pending: list[tuple[int, r.Record | r.UnreadableRecord]] = []
         self._last_offset = -1
         self.dropped_records = 0
 
-    def add(self, offset: int, key: bytes, value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> list[r.Record]:
+    def add(self, offset: int, key: bytes, value: bytes | None, headers: Sequence[tuple[str, bytes]]) -> list[r.Record | r.UnreadableRecord]:
         frame = next((v for k, v in headers or () if k == FRAME_HEADER), None)
-        if frame is None:  # not written by an append of ours: take it as it is
-            return self._close(offset) + [r.decode(key, value)]
+        if frame is None or len(frame) != _FRAME.size:  # not written by an append of ours: take it as it is
+            return self._close(offset) + [r.read_stored(offset, key, value)]
         append_id, index, count = _FRAME.unpack(frame)
-        ready: list[r.Record] = []
+        ready: list[r.Record | r.UnreadableRecord] = []
         if append_id != self._append_id or (self._pending and index <= self._pending[-1][0]):
             ready = self._close(offset)
             self._append_id, self._count = append_id, count
-        self._pending.append((index, r.decode(key, value)))
+        self._pending.append((index, r.read_stored(offset, key, value)))
         self._last_offset = offset
         if len(self._pending) == self._count:
             ready += self._take()
         return ready
 
-    def finish(self, end_offset: int) -> list[r.Record]:
+    def finish(self, end_offset: int) -> list[r.Record | r.UnreadableRecord]:
         """The end of the partition (the offset after its last record or marker) was reached."""
         return self._close(end_offset)
 
-    def _take(self) -> list[r.Record]:
+    def _take(self) -> list[r.Record | r.UnreadableRecord]:
         records = [record for _, record in self._pending]
         self._pending, self._append_id = [], None
         return records
 
-    def _close(self, next_offset: int) -> list[r.Record]:
+    def _close(self, next_offset: int) -> list[r.Record | r.UnreadableRecord]:
         """The pending append will get no more records: apply it, or drop it if unfinished."""
         if not self._pending:
             return []
@@ -434,9 +480,9 @@ class _KafkaPartition(PartitionLog):
         consumer.seek_to_beginning(partition)
         return consumer, partition
 
-    def _read_chunk(self, consumer: Any, partition: Any, assembler: _AppendAssembler) -> tuple[list[r.Record], bool]:
+    def _read_chunk(self, consumer: Any, partition: Any, assembler: _AppendAssembler) -> tuple[list[r.Record | r.UnreadableRecord], bool]:
         batches = consumer.poll(timeout_ms=200)
-        records: list[r.Record] = []
+        records: list[r.Record | r.UnreadableRecord] = []
         for message in batches.get(partition, ()):
             records.extend(assembler.add(message.offset, message.key, message.value, message.headers))
         highwater = consumer.highwater(partition)  # from the fetch responses, not ListOffsets
@@ -448,7 +494,7 @@ class _KafkaPartition(PartitionLog):
 
     # -- event-loop side ---------------------------------------------------------------------
 
-    async def read(self) -> AsyncIterator[list[r.Record]]:
+    async def read(self) -> AsyncIterator[list[r.Record | r.UnreadableRecord]]:
         consumer, partition = await self._run(self._open_consumer, timeout_s=self._owner.append_timeout_s)
         assembler = _AppendAssembler(self.partition)
         deadline = time.monotonic() + self._owner.load_timeout_s

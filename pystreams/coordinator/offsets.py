@@ -1,79 +1,119 @@
-"""OffsetCommit and OffsetFetch for consumer groups, fenced by the member epoch (KIP-848).
+"""Committed offsets: OffsetCommit and OffsetFetch, and the offsets each group holds.
 
-A member commits with its member epoch: a newer epoch than the coordinator's is FENCED, an
-older one STALE (retry after the next heartbeat). Admin tools commit with no member and epoch
--1, allowed only while the group has no members. Topics come by name or, from v10 as in
-Apache Kafka, by topic id; an offset remembers the topic id it was committed for, so a
-re-created topic does not inherit its predecessor's offsets.
+Offsets live here, beside the groups rather than inside them (as in Kafka's
+OffsetMetadataManager), so they survive whatever happens to the group that committed them. The
+group decides whether a commit or fetch is allowed (``validate_offset_commit``): a KIP-848
+member commits with its member epoch (newer is FENCED, older STALE), admin tools with no member
+and epoch -1 while the group has no members. Topics come by name or, from v10 as in Apache
+Kafka, by topic id; an offset remembers the topic id it was committed for, so a re-created topic
+does not inherit its predecessor's offsets.
+
+Bounds on what a stranger can store: commit metadata is at most ``offset.metadata.max.bytes``
+(OFFSET_METADATA_TOO_LARGE, as Kafka), topic names follow Kafka's rules, and the all-zero topic
+id is no topic.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from uuid import UUID
 
 import kafka.errors as Errors
 
 from pystreams.coordinator import records as r
-from pystreams.coordinator.consumer import RequestError
-from pystreams.coordinator.consumer_group import ConsumerGroup
+from pystreams.coordinator.errors import RequestError
+from pystreams.coordinator.context import ShardContext
 from pystreams.protocol import messages as m
 
 NIL_UUID = UUID(int=0)
+#: Kafka's topic name rules (org.apache.kafka.common.internals.Topic).
+_LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+Offsets = dict[tuple[str, int], r.OffsetCommitValue]
 
 
-def _has_id(topic_id) -> bool:
+def _has_id(topic_id: UUID | None) -> bool:
     return topic_id is not None and topic_id != NIL_UUID
 
 
-class OffsetHandlers:
-    """Mixed into the shard. Expects ``groups``, ``topics``, ``emit``, ``create_group``."""
+class OffsetManager:
+    def __init__(self, ctx: ShardContext, create_group: Callable[[str, int], object]) -> None:
+        self.ctx = ctx
+        self._create_group = create_group
+        #: group id -> (topic, partition) -> committed offset
+        self.offsets: dict[str, Offsets] = {}
 
-    def _validate_member(self, group: ConsumerGroup | None, member_id: str | None, member_epoch: int) -> None:
-        if group is None:
-            raise RequestError(Errors.UnknownMemberIdError, f"Member {member_id} is unknown: the group does not exist.")
-        member = group.members.get(member_id or "")
-        if member is None:
-            raise RequestError(Errors.UnknownMemberIdError, f"Member {member_id!r} is not a member of group {group.group_id}.")
-        if member_epoch > member.member_epoch:
-            raise RequestError(Errors.FencedMemberEpochError, f"Member epoch {member_epoch} is newer than the coordinator's {member.member_epoch}.")
-        if member_epoch < member.member_epoch:
-            raise RequestError(Errors.StaleMemberEpochError, f"Member epoch {member_epoch} is stale; the member's epoch is {member.member_epoch}.")
+    # --- records ----------------------------------------------------------------------------
 
-    def _topic_name(self, topic) -> tuple[str | None, UUID | None, int]:
-        """(name, topic id, error code) of a request topic given by name or by id."""
-        if topic.name and _has_id(getattr(topic, "topic_id", None)):
+    def replay(self, record: r.OffsetCommit) -> None:
+        key = (record.topic, record.partition)
+        if record.value is None:
+            held = self.offsets.get(record.group_id)
+            if held is not None:
+                held.pop(key, None)
+                if not held:
+                    del self.offsets[record.group_id]
+        else:
+            self.offsets.setdefault(record.group_id, {})[key] = record.value
+
+    def pre_image(self, record: r.OffsetCommit) -> r.OffsetCommit:
+        held = self.offsets.get(record.group_id, {}).get((record.topic, record.partition))
+        return r.OffsetCommit(record.group_id, record.topic, record.partition, held)
+
+    def of(self, group_id: str) -> Offsets:
+        return self.offsets.get(group_id, {})
+
+    def delete_all(self, group_id: str) -> None:
+        """Tombstone every offset of a group that is being deleted."""
+        for topic, partition in sorted(self.of(group_id)):
+            self.ctx.emit(r.OffsetCommit(group_id, topic, partition, None))
+
+    # --- OffsetCommit -----------------------------------------------------------------------
+
+    def _topic_name(self, topic, version: int | None) -> tuple[str | None, UUID | None, int]:
+        """(name, topic id, error code) of a request topic: by id from v10, by name before."""
+        topic_id = getattr(topic, "topic_id", None)
+        if topic.name and _has_id(topic_id):
             return None, None, Errors.InvalidRequestError.errno
-        if _has_id(getattr(topic, "topic_id", None)):
-            for metadata in self.topics.values():
-                if metadata.topic_id == topic.topic_id:
-                    return metadata.name, topic.topic_id, 0
-            return None, topic.topic_id, Errors.UnknownTopicIdError.errno
+        if _has_id(topic_id):
+            for metadata in self.ctx.topics.values():
+                if metadata.topic_id == topic_id:
+                    return metadata.name, topic_id, 0
+            return None, topic_id, Errors.UnknownTopicIdError.errno
+        if version is not None and version >= 10:
+            return None, None, Errors.UnknownTopicIdError.errno  # the all-zero id names no topic
+        if not _LEGAL_TOPIC.fullmatch(topic.name or ""):
+            return None, None, Errors.UnknownTopicOrPartitionError.errno  # no such topic can exist
         return topic.name, None, 0
 
     def offset_commit(self, request, now_ms: int):
         Response = m.OffsetCommitResponse
         Topic, Partition = Response.OffsetCommitResponseTopic, Response.OffsetCommitResponseTopic.OffsetCommitResponsePartition
-        group = self.groups.get(request.group_id)
+        max_metadata = self.ctx.config.offset_metadata_max_bytes
         error = 0
+        group = None
         try:
             if not request.group_id:
                 raise RequestError(Errors.InvalidGroupIdError, "GroupId must be non-empty.")
-            if group is not None and group.group_type != "consumer":
-                raise RequestError(Errors.InconsistentGroupProtocolError, f"Group {request.group_id} is not a consumer group.")
-            if request.generation_id_or_member_epoch < 0 and not request.member_id:
-                if group is not None and group.members:
-                    raise RequestError(Errors.UnknownMemberIdError, "Commits without a member are only accepted while the group has no members.")
+            group = self.ctx.groups.get(request.group_id)
+            if group is None:
+                if request.generation_id_or_member_epoch >= 0 or request.member_id:
+                    raise RequestError(Errors.UnknownMemberIdError, f"Member {request.member_id!r} is unknown: the group does not exist.")
             else:
-                self._validate_member(group, request.member_id, request.generation_id_or_member_epoch)
+                group.validate_offset_commit(request.member_id, request.generation_id_or_member_epoch)
         except RequestError as exc:
             error = exc.code
         topics = []
         for topic in request.topics:
-            name, topic_id, topic_error = self._topic_name(topic)
-            code = error or topic_error
-            if not code and group is None:
-                group = self.create_group(request.group_id, now_ms)
+            name, topic_id, topic_error = self._topic_name(topic, request.API_VERSION)
+            partitions = []
             for p in topic.partitions:
+                code = error or topic_error
+                if not code and p.committed_metadata is not None and len(p.committed_metadata.encode("utf-8", "surrogatepass")) > max_metadata:
+                    code = Errors.OffsetMetadataTooLargeError.errno
                 if not code:
+                    if group is None:
+                        group = self._create_group(request.group_id, now_ms)
                     value = r.OffsetCommitValue(
                         offset=p.committed_offset,
                         commit_timestamp_ms=now_ms,
@@ -81,34 +121,38 @@ class OffsetHandlers:
                         metadata=p.committed_metadata,
                         topic_id=topic_id,
                     )
-                    self.emit(r.Record(r.OffsetCommitKey(request.group_id, name, p.partition_index), value))
-            topics.append(
-                Topic(name=topic.name, topic_id=getattr(topic, "topic_id", None) or NIL_UUID, partitions=[Partition(partition_index=p.partition_index, error_code=code) for p in topic.partitions])
-            )
+                    self.ctx.emit(r.OffsetCommit(request.group_id, name, p.partition_index, value))
+                partitions.append(Partition(partition_index=p.partition_index, error_code=code))
+            topics.append(Topic(name=topic.name, topic_id=getattr(topic, "topic_id", None) or NIL_UUID, partitions=partitions))
         return Response(topics=topics)
 
-    def _fetch_group(self, group_id: str, member_id, member_epoch: int, topics):
+    # --- OffsetFetch ------------------------------------------------------------------------
+
+    def _fetch_group(self, group_id: str, member_id, member_epoch: int, topics, version: int | None):
         """(group error, [(request topic or None, name, topic id, [(partition, value|None, error)])])."""
-        group = self.groups.get(group_id)
-        if member_id or member_epoch >= 0:
-            try:
-                self._validate_member(group, member_id, member_epoch)
-            except RequestError as exc:
-                return exc.code, []
+        try:
+            group = self.ctx.groups.get(group_id)
+            if group is not None:
+                group.validate_offset_fetch(member_id, member_epoch)
+            elif member_id or member_epoch >= 0:
+                raise RequestError(Errors.UnknownMemberIdError, f"Member {member_id} is unknown: the group does not exist.")
+        except RequestError as exc:
+            return exc.code, []
+        stored_offsets = self.of(group_id)
         out = []
         if topics is None:
             stored: dict[str, list] = {}
-            for (name, partition), value in sorted((group.offsets if group else {}).items()):
+            for (name, partition), value in sorted(stored_offsets.items()):
                 stored.setdefault(name, []).append((partition, value, 0))
             for name, parts in stored.items():
-                topic_id = self.topics[name].topic_id if name in self.topics else NIL_UUID
+                topic_id = self.ctx.topics[name].topic_id if name in self.ctx.topics else NIL_UUID
                 out.append((None, name, topic_id, parts))
             return 0, out
         for topic in topics:
-            name, topic_id, error = self._topic_name(topic)
+            name, topic_id, error = self._topic_name(topic, version)
             parts = []
             for partition in topic.partition_indexes:
-                value = group.offsets.get((name, partition)) if (group is not None and not error) else None
+                value = stored_offsets.get((name, partition)) if not error else None
                 if value is not None and topic_id is not None and value.topic_id is not None and value.topic_id != topic_id:
                     value = None  # committed for an earlier topic of the same name
                 parts.append((partition, value, error))
@@ -125,7 +169,7 @@ class OffsetHandlers:
             Topics, Partitions = Group.OffsetFetchResponseTopics, Group.OffsetFetchResponseTopics.OffsetFetchResponsePartitions
             groups = []
             for g in request.groups:
-                error, topics = self._fetch_group(g.group_id, g.member_id, g.member_epoch, g.topics)
+                error, topics = self._fetch_group(g.group_id, g.member_id, g.member_epoch, g.topics, request.API_VERSION)
                 groups.append(
                     Group(
                         group_id=g.group_id,
@@ -142,7 +186,7 @@ class OffsetHandlers:
                 )
             return Response(groups=groups)
         Topic, Partition = Response.OffsetFetchResponseTopic, Response.OffsetFetchResponseTopic.OffsetFetchResponsePartition
-        error, topics = self._fetch_group(request.group_id, None, -1, request.topics)
+        error, topics = self._fetch_group(request.group_id, None, -1, request.topics, request.API_VERSION)
         return Response(
             error_code=error,
             topics=[Topic(name=name, partitions=[_partition(Partition, p, v, e) for p, v, e in parts]) for _, name, _, parts in topics],

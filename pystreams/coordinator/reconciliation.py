@@ -16,22 +16,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from uuid import UUID
 
-from pystreams import partitions as tp
+from pystreams.partitions import NO_PARTITIONS, PartitionSet
 
 
 @dataclass(frozen=True, slots=True)
 class MemberAssignmentState:
     member_epoch: int
     previous_member_epoch: int
-    assigned: tp.Partitions
-    revoking: tp.Partitions
+    assigned: PartitionSet
+    revoking: PartitionSet
 
 
 def reconcile(
     current: MemberAssignmentState,
     target_epoch: int,
-    target: tp.Partitions,
-    owned: tp.Partitions | None,
+    target: PartitionSet,
+    owned: PartitionSet | None,
     is_free: Callable[[UUID, int], bool],
 ) -> MemberAssignmentState:
     """The member's next state. ``owned`` is what the member reported in this heartbeat (None
@@ -39,9 +39,9 @@ def reconcile(
     """
     if current.revoking:
         # Phase 1, waiting: only the member's own report that it let go moves it on.
-        if owned is None or tp.overlaps(owned, current.revoking):
+        if owned is None or not owned.isdisjoint(current.revoking):
             return current
-    elif current.member_epoch == target_epoch and dict(current.assigned) == dict(target):
+    elif current.member_epoch == target_epoch and current.assigned == target:
         return current
     return _next(current, target_epoch, target, is_free)
 
@@ -49,19 +49,16 @@ def reconcile(
 def _next(
     current: MemberAssignmentState,
     target_epoch: int,
-    target: tp.Partitions,
+    target: PartitionSet,
     is_free: Callable[[UUID, int], bool],
 ) -> MemberAssignmentState:
-    keep = tp.intersection(current.assigned, target)
-    revoke = tp.difference(current.assigned, target)
+    keep = current.assigned & target
+    revoke = current.assigned - target
     if revoke:
         # Stay at the current epoch: the member may not take anything new before it revokes.
         return MemberAssignmentState(current.member_epoch, current.previous_member_epoch, keep, revoke)
-    granted = dict(keep)
-    for topic, parts in tp.difference(target, keep).items():
-        free = frozenset(p for p in parts if is_free(topic, p))
-        if free:
-            granted[topic] = granted[topic] | free if topic in granted else free
+    free = PartitionSet.from_pairs(pair for pair in (target - keep) if is_free(*pair))
+    granted = keep | free
     if current.member_epoch == target_epoch:
-        return MemberAssignmentState(target_epoch, current.previous_member_epoch, granted, {})
-    return MemberAssignmentState(target_epoch, current.member_epoch, granted, {})
+        return MemberAssignmentState(target_epoch, current.previous_member_epoch, granted, NO_PARTITIONS)
+    return MemberAssignmentState(target_epoch, current.member_epoch, granted, NO_PARTITIONS)

@@ -1,23 +1,37 @@
 """The coordinator's records (KIP-848 "Records"): the only way group state changes.
 
-Every key type names its record; its value type is fixed by the key. A ``None`` value is a
-tombstone: it deletes what the key names. Keys and values are msgpack through msgspec; a key
-carries its type tag, so a log partition is self-describing. Fields added later get defaults,
-so older records stay readable (the role tagged fields play in Kafka's JSON records).
+Each record kind is one frozen struct that ties its key fields to the one value type the key
+takes (``MemberMetadata(group_id, member_id, value)``); the kinds form the tagged union
+``Record``, which shards replay with ``match``. A ``None`` value is a tombstone: it deletes what
+the key names.
+
+On the log a record is a key and a value, both msgpack through msgspec. The key carries its
+kind's tag, so a log partition is self-describing; fields added later get defaults, so older
+records stay readable (the role tagged fields play in Kafka's JSON records). That layout is
+the format of existing logs and does not change with the Python types.
+
+Nothing may reach the log that replay cannot read: ``check_appendable`` round-trips a record
+through the strict decoder (msgspec does not validate on construction, so a ``None`` where a
+``str`` belongs would otherwise be written) and bounds its size. A record read back that does
+not decode is an ``UnreadableRecord`` carrying the reason, never an exception that stops a load.
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import ClassVar, Union
 from uuid import UUID
 
 import msgspec
 
+#: The largest record (key + value) a shard writes. Kafka's default max.message.bytes is about
+#: 1 MiB per batch, and an append must fit: a larger record would fail every retry.
+MAX_RECORD_BYTES = 512 * 1024
+
+
+# --- keys (the on-log layout) ------------------------------------------------------------------
+
 
 class _Key(msgspec.Struct, frozen=True, tag_field="type", array_like=False):
     group_id: str
-
-
-# --- keys -------------------------------------------------------------------------------------
 
 
 class GroupMetadataKey(_Key, frozen=True, tag="group"):
@@ -64,7 +78,7 @@ RecordKey = Union[
     GroupConfigKey,
 ]
 
-# --- values -----------------------------------------------------------------------------------
+# --- values ------------------------------------------------------------------------------------
 
 
 class TopicPartitions(msgspec.Struct, frozen=True, array_like=True):
@@ -148,49 +162,183 @@ class GroupConfigValue(msgspec.Struct, frozen=True):
     configs: dict[str, str]
 
 
-RecordValue = Union[
-    GroupMetadataValue,
-    PartitionMetadataValue,
-    MemberMetadataValue,
-    TargetAssignmentMetadataValue,
-    TargetAssignmentMemberValue,
-    CurrentAssignmentValue,
-    OffsetCommitValue,
-    GroupConfigValue,
+# --- record kinds: a key's fields and its value ------------------------------------------------
+
+
+class _Record(msgspec.Struct, frozen=True):
+    group_id: str
+
+    KEY: ClassVar[type[_Key]]
+
+    def key(self) -> _Key:
+        return self.KEY(*msgspec.structs.astuple(self)[:-1])
+
+
+class GroupMetadata(_Record, frozen=True):
+    value: GroupMetadataValue | None
+    KEY = GroupMetadataKey
+
+
+class PartitionMetadata(_Record, frozen=True):
+    value: PartitionMetadataValue | None
+    KEY = PartitionMetadataKey
+
+
+class MemberMetadata(_Record, frozen=True):
+    member_id: str
+    value: MemberMetadataValue | None
+    KEY = MemberMetadataKey
+
+
+class TargetAssignmentMetadata(_Record, frozen=True):
+    value: TargetAssignmentMetadataValue | None
+    KEY = TargetAssignmentMetadataKey
+
+
+class TargetAssignmentMember(_Record, frozen=True):
+    member_id: str
+    value: TargetAssignmentMemberValue | None
+    KEY = TargetAssignmentMemberKey
+
+
+class CurrentAssignment(_Record, frozen=True):
+    member_id: str
+    value: CurrentAssignmentValue | None
+    KEY = CurrentAssignmentKey
+
+
+class OffsetCommit(_Record, frozen=True):
+    topic: str
+    partition: int
+    value: OffsetCommitValue | None
+    KEY = OffsetCommitKey
+
+
+class GroupConfig(_Record, frozen=True):
+    value: GroupConfigValue | None
+    KEY = GroupConfigKey
+
+
+Record = Union[
+    GroupMetadata,
+    PartitionMetadata,
+    MemberMetadata,
+    TargetAssignmentMetadata,
+    TargetAssignmentMember,
+    CurrentAssignment,
+    OffsetCommit,
+    GroupConfig,
 ]
 
-VALUE_TYPES: dict[type, type] = {
-    GroupMetadataKey: GroupMetadataValue,
-    PartitionMetadataKey: PartitionMetadataValue,
-    MemberMetadataKey: MemberMetadataValue,
-    TargetAssignmentMetadataKey: TargetAssignmentMetadataValue,
-    TargetAssignmentMemberKey: TargetAssignmentMemberValue,
-    CurrentAssignmentKey: CurrentAssignmentValue,
-    OffsetCommitKey: OffsetCommitValue,
-    GroupConfigKey: GroupConfigValue,
-}
+_KINDS: tuple[type[_Record], ...] = (
+    GroupMetadata, PartitionMetadata, MemberMetadata, TargetAssignmentMetadata,
+    TargetAssignmentMember, CurrentAssignment, OffsetCommit, GroupConfig,
+)
+_KIND_BY_KEY: dict[type[_Key], type[_Record]] = {kind.KEY: kind for kind in _KINDS}
 
 
-class Record(msgspec.Struct, frozen=True):
-    key: RecordKey
-    value: RecordValue | None  # None: tombstone
-
-    def __post_init__(self) -> None:
-        if self.value is not None and type(self.value) is not VALUE_TYPES[type(self.key)]:
-            raise TypeError(f"{type(self.key).__name__} takes {VALUE_TYPES[type(self.key)].__name__}, got {type(self.value).__name__}")
+def _declared_value_type(kind: type[_Record]) -> type:
+    """The struct in ``value: SomeValue | None``: the annotation is the one place it is written."""
+    union = msgspec.inspect.type_info(kind).fields[-1].type
+    return next(t.cls for t in union.types if isinstance(t, msgspec.inspect.StructType))  # type: ignore[attr-defined]
 
 
-_key_encoder = msgspec.msgpack.Encoder()
+_VALUE_TYPE: dict[type[_Record], type] = {kind: _declared_value_type(kind) for kind in _KINDS}
+
+
+def tombstone_of(record: Record) -> Record:
+    """The tombstone of ``record``'s key."""
+    return type(record)(*msgspec.structs.astuple(record)[:-1], None)  # type: ignore[call-arg]
+
+
+def value_type(kind: type[_Record]) -> type:
+    """The value struct a record kind takes."""
+    return _VALUE_TYPE[kind]
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+_encoder = msgspec.msgpack.Encoder()
 _key_decoder = msgspec.msgpack.Decoder(RecordKey)
-_value_decoders = {key: msgspec.msgpack.Decoder(value) for key, value in VALUE_TYPES.items()}
+_value_decoders = {kind: msgspec.msgpack.Decoder(_VALUE_TYPE[kind]) for kind in _KINDS}
+_lenient_key_decoder = msgspec.msgpack.Decoder(dict)
+
+
+class RecordDecodeError(ValueError):
+    """Stored bytes that are not a record this coordinator can replay."""
+
+
+class UnappendableRecord(ValueError):
+    """A record that must not be written: replay could not read it back, or it is too large."""
 
 
 def encode(record: Record) -> tuple[bytes, bytes | None]:
-    value = None if record.value is None else _key_encoder.encode(record.value)
-    return _key_encoder.encode(record.key), value
+    value = None if record.value is None else _encoder.encode(record.value)
+    return _encoder.encode(record.key()), value
 
 
 def decode(key: bytes, value: bytes | None) -> Record:
-    decoded_key = _key_decoder.decode(key)
-    decoded_value = None if value is None else _value_decoders[type(decoded_key)].decode(value)
-    return Record(decoded_key, decoded_value)
+    """The record stored as ``key`` and ``value``; RecordDecodeError if it is not one."""
+    try:
+        decoded_key = _key_decoder.decode(key)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise RecordDecodeError(f"the key does not decode: {error}") from None
+    kind = _KIND_BY_KEY[type(decoded_key)]
+    try:
+        decoded_value = None if value is None else _value_decoders[kind].decode(value)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise RecordDecodeError(f"the value of a {kind.__name__} record does not decode: {error}") from None
+    return kind(*msgspec.structs.astuple(decoded_key), decoded_value)  # type: ignore[call-arg]
+
+
+def group_of_raw_key(key: bytes) -> str | None:
+    """The group id in a key that does not decode as a record key, if it can be read at all."""
+    try:
+        fields = _lenient_key_decoder.decode(key)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    group = fields.get("group_id")
+    return group if isinstance(group, str) else None
+
+
+def check_appendable(record: Record) -> None:
+    """Raise UnappendableRecord unless ``record`` decodes back to itself and fits a log batch."""
+    try:
+        key, value = encode(record)
+    except (TypeError, ValueError, OverflowError) as error:  # msgspec.EncodeError is a ValueError
+        raise UnappendableRecord(f"{type(record).__name__} does not encode: {error}") from None
+    size = len(key) + (len(value) if value is not None else 0)
+    if size > MAX_RECORD_BYTES:
+        raise UnappendableRecord(f"{type(record).__name__} of group {record.group_id!r} is {size} bytes, over the {MAX_RECORD_BYTES}-byte limit")
+    try:
+        decoded = decode(key, value)
+    except RecordDecodeError as error:
+        raise UnappendableRecord(f"{type(record).__name__} would not replay: {error}") from None
+    if decoded != record:
+        raise UnappendableRecord(f"{type(record).__name__} does not survive a round trip: {record!r} reads back as {decoded!r}")
+
+
+# --- what a load reads -------------------------------------------------------------------------
+
+
+class UnreadableRecord(msgspec.Struct, frozen=True):
+    """A stored record that does not decode: where it is, what it says of itself, and why.
+
+    ``raw_key`` identifies it: a later record with the same key bytes supersedes it, as
+    compaction would. ``group_id`` is None when not even that can be read from the key.
+    """
+
+    offset: int
+    raw_key: bytes
+    group_id: str | None
+    reason: str
+    #: A tombstone whose key does not decode still supersedes an earlier record of that key.
+    tombstone: bool = False
+
+
+def read_stored(offset: int, key: bytes, value: bytes | None) -> Record | UnreadableRecord:
+    """A stored record as a load sees it: decoded, or unreadable with the reason."""
+    try:
+        return decode(key, value)
+    except RecordDecodeError as error:
+        return UnreadableRecord(offset, key, group_of_raw_key(key), str(error), tombstone=value is None)

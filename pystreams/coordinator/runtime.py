@@ -27,11 +27,17 @@ COORDINATOR_LOAD_IN_PROGRESS. The ``partition-load-time`` metric covers claim to
 whole batch with COORDINATOR_NOT_AVAILABLE (clients look the coordinator up again and retry),
 throws the shard away and *reloads it from the log* — the log is the truth, and the outcome of
 a failed append is unknown, so replaying is the only way to agree with it. While reloading the
-shard answers COORDINATOR_LOAD_IN_PROGRESS. If the append failed because another coordinator
-claimed the partition (fenced), the shard is no longer ours: it answers NOT_COORDINATOR from
-then on and does not reload. A handler that raises is treated the same way (its half-emitted
-records were replayed but are lost): the events after it in the batch are answered
-COORDINATOR_NOT_AVAILABLE, the records before it are appended, and the shard reloads.
+shard answers COORDINATOR_LOAD_IN_PROGRESS. Reloads are rate-limited (``reload_backoff_s``:
+back-to-back failures wait longer and longer), and each releases its log handle before the next
+claim. If the append failed because another coordinator claimed the partition (fenced), the
+shard is no longer ours: it answers NOT_COORDINATOR from then on and does not reload.
+
+**A handler that raises** is a bug, not an outage: the shard rolled its changes back (see
+``shard``), so only that request is answered UNKNOWN_SERVER_ERROR; the batch goes on and the
+shard is not reloaded. A timer or a topic update that fails is rolled back the same way.
+
+**A record that cannot be read** does not stop a load: its group is quarantined (logged with
+the offset and the reason) and every other group is served.
 
 **Topic metadata** comes from a :class:`TopicSource` (``ClusterMetadata``): fetched every
 ``metadata_refresh_ms`` and on demand — a heartbeat subscribing to a topic name the coordinator
@@ -60,7 +66,7 @@ from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.consumer_group import CLASSIC, CONSUMER, GroupState
 from pystreams.coordinator.log import LogConfigurationError, LogFencedError, PartitionLog, RecordLog
 from pystreams.coordinator.metrics import CoordinatorMetrics, Exposition, IdleTracker
-from pystreams.coordinator.shard import GroupCoordinatorShard, RequestContext
+from pystreams.coordinator.shard import GroupCoordinatorShard, HandlerFailed, RequestContext
 from pystreams.protocol import codec
 from pystreams.protocol import messages as m
 from pystreams.protocol.server import current_peer
@@ -138,6 +144,10 @@ class _Outcome(enum.Enum):
     FENCED = "fenced"
 
 
+#: A shard that served this long since its last reload is stable: the next reload waits nothing.
+_STABLE_AFTER_S = 60.0
+
+
 def _not_coordinator(shard_id: int, why: str) -> Errors.BrokerResponseError:
     return Errors.NotCoordinatorError(f"shard {shard_id} {why}")
 
@@ -174,6 +184,7 @@ class ShardRunner:
         self.failure: BaseException | None = None
         self.loaded = asyncio.Event()
         self.load_count = 0
+        self.reload_count = 0
         self.idle = IdleTracker()
         self._handle: PartitionLog | None = None
         self._pending_topics: Topics | None = None
@@ -240,13 +251,22 @@ class ShardRunner:
     # -- the task ------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        reload_delay = 0.0
         try:
             while not self._stopping:
                 if not await self._load():
                     break
+                served_at = time.monotonic()
                 outcome = await self._serve()
                 if outcome is not _Outcome.RELOAD:
                     break
+                # Rate-limited: a shard whose appends keep failing does not reload in a loop.
+                stable = time.monotonic() - served_at > _STABLE_AFTER_S
+                reload_delay = 0.0 if stable else min(max(reload_delay * 2, self._backoff_s[0]), self._backoff_s[1])
+                self.reload_count += 1
+                if reload_delay:
+                    log.warning("shard %d reloads again within %.0f s; waiting %.1f s first", self.shard_id, _STABLE_AFTER_S, reload_delay)
+                    await asyncio.sleep(reload_delay)
         except Exception as error:  # a bug: never leave callers waiting forever
             log.exception("coordinator shard %d crashed", self.shard_id)
             self._fail(error)
@@ -294,6 +314,11 @@ class ShardRunner:
                         for record in chunk:
                             shard.replay(record)
                         replayed += len(chunk)
+                for quarantine in shard.finish_load():
+                    log.error(
+                        "shard %d: group %r is quarantined: %s. Its other records were loaded and the other groups are "
+                        "served; `pystreams coordinator repair` releases it.", self.shard_id, quarantine.group_id, quarantine.describe(),
+                    )
                 waited = time.monotonic()
                 topics = await self._topics()  # the newest image: older offers are moot
                 waited = time.monotonic() - waited
@@ -356,29 +381,19 @@ class ShardRunner:
             now = self._clock_ms()
             records: list[r.Record] = []
             answers: list[tuple[asyncio.Future, Any]] = []
-            broken = False
-            try:
-                topics, self._pending_topics = self._pending_topics, None
-                if topics is not None:
-                    records += shard.update_topics(topics, now).records
-                deadline = shard.next_deadline()
-                if deadline is not None and deadline <= now:
-                    records += shard.expire(now).records
-            except Exception:
-                log.exception("shard %d: applying topics or timers failed; reloading it", self.shard_id)
-                broken = True
+            topics, self._pending_topics = self._pending_topics, None
+            if topics is not None:
+                records += self._rolled_back_on_failure(shard.update_topics, topics, now)
+            deadline = shard.next_deadline()
+            if deadline is not None and deadline <= now:
+                records += self._rolled_back_on_failure(shard.expire, now)
             for event in events:
                 if not isinstance(event, _Request):
                     continue
-                if broken:
-                    answers.append((event.future, Errors.CoordinatorNotAvailableError(f"shard {self.shard_id} is reloading")))
-                    continue
                 try:
                     result = shard.handle(event.request, now, event.context)
-                except Exception:
-                    log.exception("shard %d: %s failed; reloading the shard", self.shard_id, type(event.request).__name__)
-                    answers.append((event.future, Errors.UnknownError("the coordinator failed to handle the request")))
-                    broken = True
+                except HandlerFailed as error:  # rolled back: only this request fails
+                    answers.append((event.future, error))
                     continue
                 records += result.records
                 answers.append((event.future, result.response))
@@ -398,10 +413,14 @@ class ShardRunner:
                     return _Outcome.RELOAD
                 self._count_rebalances(records)
             self._answer(answers)
-            if broken:
-                self.state = ShardState.LOADING
-                self.loaded.clear()
-                return _Outcome.RELOAD
+
+    def _rolled_back_on_failure(self, step: Callable[..., Any], *args: Any) -> list[r.Record]:
+        """The records of a topic update or timer run; none if it failed (it was rolled back)."""
+        try:
+            return step(*args).records
+        except HandlerFailed:
+            log.error("shard %d: %s failed and was rolled back", self.shard_id, getattr(step, "__name__", step))
+            return []
 
     @staticmethod
     def _answer(answers: Sequence[tuple[asyncio.Future, Any]]) -> None:
@@ -414,7 +433,7 @@ class ShardRunner:
                 future.set_result(outcome)
 
     def _count_rebalances(self, records: Sequence[r.Record]) -> None:
-        count = sum(1 for record in records if isinstance(record.key, r.TargetAssignmentMetadataKey) and record.value is not None)
+        count = sum(1 for record in records if isinstance(record, r.TargetAssignmentMetadata) and record.value is not None)
         if count:
             self.metrics.rebalances.record(count)
 

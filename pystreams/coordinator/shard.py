@@ -6,9 +6,24 @@ the change produced; the shard's state changes only by replaying those records, 
 sends the response. ``next_deadline()`` says when ``expire`` wants to run; ``update_topics``
 feeds topic metadata from the cluster; ``on_loaded`` performs the KIP's fail-over duties after
 a replay. No sockets, threads, sleeps or clocks in here.
+
+The shard composes one manager per concern, each built with the explicit
+:class:`~pystreams.coordinator.context.ShardContext` (emit records, timers, config, topics):
+consumer groups (KIP-848), offsets, group configs, and DescribeGroups for admin tools.
+
+**A handler bug is a bug, not an outage.** Every event runs in a journal: if a handler raises,
+what it emitted is rolled back (pre-images replayed, timers restored), nothing reaches the log,
+and the request alone is answered UNKNOWN_SERVER_ERROR (:class:`HandlerFailed`).
+
+**A record that cannot be read never bricks a shard.** Loading replays what it can; an
+:class:`~pystreams.coordinator.records.UnreadableRecord` that no later record of the same key
+supersedes quarantines its group (``finish_load``): that group answers COORDINATOR_NOT_AVAILABLE
+with the offset and the reason, every other group is served, and
+``pystreams coordinator repair`` writes the tombstone that releases it.
 """
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,25 +32,17 @@ import kafka.errors as Errors
 
 from pystreams.assignors.api import ServerAssignor, TopicMetadata
 from pystreams.coordinator import records as r
-from pystreams.coordinator.config import GROUP_CONFIG_NAMES, HEARTBEAT_INTERVAL, SESSION_TIMEOUT, CoordinatorConfig, validate_group_config
-from pystreams.coordinator.consumer import (
-    ClientComputation,
-    ConsumerGroupHandlers,
-    computation_key,
-    empty_group_key,
-    revocation_key,
-    session_key,
-)
-from pystreams.coordinator.consumer_group import LEAVE_STATIC_EPOCH, ConsumerGroup, GroupState
+from pystreams.coordinator.config import CoordinatorConfig
+from pystreams.coordinator.consumer import ConsumerGroupManager
+from pystreams.coordinator.consumer_group import ConsumerGroup
+from pystreams.coordinator.context import Quarantine, ShardContext
 from pystreams.coordinator.describe_groups import DescribeGroupsHandler
-from pystreams.coordinator.offsets import OffsetHandlers
-from pystreams.coordinator.timers import Timers
+from pystreams.coordinator.group_configs import GroupConfigManager
+from pystreams.coordinator.offsets import OffsetManager
+from pystreams.coordinator.timers import ComputationTimer, EmptyGroupTimer, RevocationTimer, SessionTimer
 from pystreams.protocol import messages as m
 
-GROUP_RESOURCE = 16  # ConfigResource.Type.GROUP
-CONFIG_SOURCE_DEFAULT = 5
-CONFIG_SOURCE_GROUP = 8
-OP_SET, OP_DELETE = 0, 1
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,7 +59,11 @@ class RequestContext:
     client_host: str = ""
 
 
-class GroupCoordinatorShard(ConsumerGroupHandlers, OffsetHandlers, DescribeGroupsHandler):
+class HandlerFailed(Errors.UnknownError):
+    """A handler raised; its changes were rolled back. Answered as UNKNOWN_SERVER_ERROR."""
+
+
+class GroupCoordinatorShard:
     def __init__(
         self,
         config: CoordinatorConfig | None = None,
@@ -68,26 +79,54 @@ class GroupCoordinatorShard(ConsumerGroupHandlers, OffsetHandlers, DescribeGroup
         if missing:
             raise ValueError(f"configured server assignors without an implementation: {missing}")
         self.assignors = dict(assignors)
-        self.new_member_id = new_member_id or (lambda: str(uuid.uuid4()))
-        self.groups: dict[str, ConsumerGroup] = {}
-        self.group_configs: dict[str, dict[str, str]] = {}
-        self.topics: dict[str, TopicMetadata] = {}
-        self.timers = Timers()
-        self.computations: dict[str, ClientComputation] = {}
-        self._pending: list[r.Record] | None = None
-        self.context = RequestContext()
-        self._handlers = {
-            m.ConsumerGroupHeartbeatRequest.API_KEY: self.consumer_group_heartbeat,
-            m.ConsumerGroupPrepareAssignmentRequest.API_KEY: self.consumer_group_prepare_assignment,
-            m.ConsumerGroupInstallAssignmentRequest.API_KEY: self.consumer_group_install_assignment,
-            m.ConsumerGroupDescribeRequest.API_KEY: self.consumer_group_describe,
-            m.OffsetCommitRequest.API_KEY: self.offset_commit,
-            m.OffsetFetchRequest.API_KEY: self.offset_fetch,
+        self.ctx = ShardContext(self.config, self, new_member_id or (lambda: str(uuid.uuid4())))
+        self.consumer = ConsumerGroupManager(self.ctx, self.assignors)
+        self.offsets = OffsetManager(self.ctx, self.consumer.create_group)
+        self.group_configs = GroupConfigManager(self.ctx)
+        self.describe = DescribeGroupsHandler(self.ctx, self.consumer)
+        #: Unreadable records met while loading, by their key bytes (a later record of the same
+        #: key supersedes one, as compaction would).
+        self._unreadable: dict[bytes, r.UnreadableRecord] = {}
+        #: Handler failures rolled back since start (for the metrics).
+        self.handler_failures = 0
+        self._handlers: dict[int, Callable] = {
+            m.ConsumerGroupHeartbeatRequest.API_KEY: self.consumer.consumer_group_heartbeat,
+            m.ConsumerGroupPrepareAssignmentRequest.API_KEY: self.consumer.consumer_group_prepare_assignment,
+            m.ConsumerGroupInstallAssignmentRequest.API_KEY: self.consumer.consumer_group_install_assignment,
+            m.ConsumerGroupDescribeRequest.API_KEY: self.consumer.consumer_group_describe,
+            m.OffsetCommitRequest.API_KEY: self.offsets.offset_commit,
+            m.OffsetFetchRequest.API_KEY: self.offsets.offset_fetch,
             m.ListGroupsRequest.API_KEY: self.list_groups,
-            m.DescribeGroupsRequest.API_KEY: self.describe_groups,
-            m.DescribeConfigsRequest.API_KEY: self.describe_configs,
-            m.IncrementalAlterConfigsRequest.API_KEY: self.incremental_alter_configs,
+            m.DescribeGroupsRequest.API_KEY: self.describe.describe_groups,
+            m.DescribeConfigsRequest.API_KEY: self.group_configs.describe_configs,
+            m.IncrementalAlterConfigsRequest.API_KEY: self.group_configs.incremental_alter_configs,
         }
+
+    # --- what tests, tools and the simulator read ----------------------------------------------
+
+    @property
+    def groups(self):
+        return self.ctx.groups
+
+    @property
+    def timers(self):
+        return self.ctx.timers
+
+    @property
+    def topics(self) -> Mapping[str, TopicMetadata]:
+        return self.ctx.topics
+
+    @property
+    def group_configs_by_group(self) -> dict[str, dict[str, str]]:
+        return self.ctx.group_configs
+
+    @property
+    def computations(self):
+        return self.consumer.computations
+
+    @property
+    def quarantined(self) -> dict[str, Quarantine]:
+        return self.ctx.groups.quarantined
 
     # --- the sans-IO surface ------------------------------------------------------------------
 
@@ -95,14 +134,28 @@ class GroupCoordinatorShard(ConsumerGroupHandlers, OffsetHandlers, DescribeGroup
         handler = self._handlers.get(request.API_KEY)
         if handler is None:
             raise TypeError(f"the group coordinator does not handle {type(request).__name__}")
-        self.context = context or RequestContext()
+        self.ctx.request = context or RequestContext()
         return self._run(handler, request, now_ms)
 
     def handles(self, api_key: int) -> bool:
         return api_key in self._handlers
 
     def expire(self, now_ms: int) -> CoordinatorResult:
-        return self._run(self._expire, now_ms)
+        """Fire every due timer; one that fails is rolled back and dropped, the others stand."""
+        self.ctx.begin()
+        try:
+            for timer in self.ctx.timers.pop_due(now_ms):
+                savepoint = self.ctx.savepoint()
+                try:
+                    self._expire(timer, now_ms)
+                except Exception:
+                    self.ctx.rollback(savepoint)
+                    self.handler_failures += 1
+                    log.exception("timer %s failed; its changes were rolled back", timer)
+            return CoordinatorResult(None, self.ctx.commit())
+        except BaseException:
+            self.ctx.abort()
+            raise
 
     def update_topics(self, topics: Mapping[str, TopicMetadata], now_ms: int) -> CoordinatorResult:
         """New topic metadata from the cluster: groups whose subscriptions it touches rebalance."""
@@ -113,112 +166,105 @@ class GroupCoordinatorShard(ConsumerGroupHandlers, OffsetHandlers, DescribeGroup
         return self._run(self._on_loaded, now_ms)
 
     def next_deadline(self) -> int | None:
-        return self.timers.next_deadline()
+        return self.ctx.timers.next_deadline()
 
-    def replay(self, record: r.Record) -> None:
-        key, value = record.key, record.value
-        if isinstance(key, r.GroupConfigKey):
-            if value is None:
-                self.group_configs.pop(key.group_id, None)
-            else:
-                self.group_configs[key.group_id] = dict(value.configs)
-            return
-        group = self.groups.get(key.group_id)
-        if group is None:
-            if value is None:
+    def _run(self, fn: Callable, *args) -> CoordinatorResult:
+        self.ctx.begin()
+        try:
+            response = fn(*args)
+        except Exception as error:
+            self.ctx.abort()
+            self.handler_failures += 1
+            log.exception("%s failed; its changes were rolled back", getattr(fn, "__name__", fn))
+            raise HandlerFailed(f"the coordinator failed to handle the request: {type(error).__name__}") from error
+        except BaseException:
+            self.ctx.abort()
+            raise
+        return CoordinatorResult(response, self.ctx.commit())
+
+    # --- records ------------------------------------------------------------------------------
+
+    def replay(self, record: r.Record | r.UnreadableRecord) -> None:
+        """Apply one record (live and at load); an unreadable one is remembered, not applied."""
+        if self._unreadable and not isinstance(record, r.UnreadableRecord):
+            self._unreadable.pop(r.encode(record)[0], None)  # a later record of the key supersedes it
+        match record:
+            case r.UnreadableRecord(tombstone=True):
+                self._unreadable.pop(record.raw_key, None)
                 return
-            group = self.groups[key.group_id] = ConsumerGroup(key.group_id)
-        if isinstance(key, r.GroupMetadataKey) and value is None:
-            del self.groups[key.group_id]
-            return
-        group.replay(key, value)
+            case r.UnreadableRecord():
+                self._unreadable[record.raw_key] = record
+                return
+            case r.GroupConfig():
+                self.group_configs.replay(record)
+            case r.OffsetCommit():
+                self.offsets.replay(record)
+            case r.GroupMetadata(group_id=group_id, value=None):
+                self.ctx.groups.pop(group_id, None)
+            case _:
+                group = self.ctx.groups.peek(record.group_id)
+                if group is None:
+                    if record.value is None:
+                        return
+                    group = self.ctx.groups[record.group_id] = ConsumerGroup(record.group_id)
+                group.replay(record)
+
+    def pre_image(self, record: r.Record) -> r.Record:
+        match record:
+            case r.GroupConfig():
+                return self.group_configs.pre_image(record)
+            case r.OffsetCommit():
+                return self.offsets.pre_image(record)
+        group = self.ctx.groups.peek(record.group_id)
+        if group is None:
+            return r.tombstone_of(record)
+        return group.pre_image(record)
+
+    def finish_load(self) -> list[Quarantine]:
+        """After a replay: quarantine the groups that unreadable records belong to."""
+        by_group: dict[str, list[r.UnreadableRecord]] = {}
+        for unreadable in self._unreadable.values():
+            if unreadable.group_id is None:
+                log.error("log record at offset %d cannot be read and names no group; it is skipped: %s", unreadable.offset, unreadable.reason)
+                continue
+            by_group.setdefault(unreadable.group_id, []).append(unreadable)
+        self._unreadable.clear()
+        quarantines = []
+        for group_id, unreadable in sorted(by_group.items()):
+            quarantine = Quarantine(group_id, tuple(sorted(unreadable, key=lambda u: u.offset)))
+            self.ctx.groups.quarantined[group_id] = quarantine
+            quarantines.append(quarantine)
+        return quarantines
 
     def snapshot(self) -> dict:
         """The record-derived state, for comparing a live shard with a replayed one."""
         return {
-            "groups": {gid: g.snapshot() for gid, g in sorted(self.groups.items())},
-            "group_configs": {gid: dict(c) for gid, c in sorted(self.group_configs.items())},
+            "groups": {gid: g.snapshot() for gid, g in sorted(self.ctx.groups.items())},
+            "offsets": {gid: dict(sorted(o.items())) for gid, o in sorted(self.offsets.offsets.items())},
+            "group_configs": {gid: dict(c) for gid, c in sorted(self.ctx.group_configs.items())},
         }
 
-    # --- plumbing -----------------------------------------------------------------------------
+    # --- timers, topics, fail-over ------------------------------------------------------------
 
-    def emit(self, record: r.Record) -> None:
-        """Generate a record: replay it now, and hand it to the runtime to persist."""
-        if self._pending is None:
-            raise RuntimeError("records can only be emitted while handling an event")
-        self.replay(record)
-        self._pending.append(record)
-
-    def create_group(self, group_id: str, now_ms: int) -> ConsumerGroup:
-        """A new, EMPTY consumer group; it exists because a record says so."""
-        self.emit(r.Record(r.GroupMetadataKey(group_id), r.GroupMetadataValue(0)))
-        self.timers.schedule(empty_group_key(group_id), now_ms + self.config.empty_group_retention_ms)
-        return self.groups[group_id]
-
-    def _run(self, fn, *args) -> CoordinatorResult:
-        self._pending = []
-        try:
-            return CoordinatorResult(fn(*args), self._pending)
-        finally:
-            self._pending = None
-
-    def session_timeout_ms(self, group_id: str) -> int:
-        return self._group_config(group_id, SESSION_TIMEOUT)
-
-    def heartbeat_interval_ms(self, group_id: str) -> int:
-        return self._group_config(group_id, HEARTBEAT_INTERVAL)
-
-    def _group_config(self, group_id: str, name: str) -> int:
-        value = self.group_configs.get(group_id, {}).get(name)
-        return int(value) if value is not None else self.config.default(name)
-
-    # --- timers -------------------------------------------------------------------------------
-
-    def _expire(self, now_ms: int) -> None:
-        for key in self.timers.pop_due(now_ms):
-            kind, group_id = key[0], key[1]
-            group = self.groups.get(group_id)
-            if group is None:
-                continue
-            if kind in ("session", "revocation"):
-                member = group.members.get(key[2])
-                if member is not None:
-                    self.remove_member(group, member, now_ms)
-            elif kind == "computation":
-                self.reassign_computation(group, now_ms)
-            elif kind == "empty" and not group.members:
-                self._delete_group(group)
-
-    def _delete_group(self, group: ConsumerGroup) -> None:
-        """An EMPTY group past its retention becomes DEAD: everything it wrote is tombstoned."""
-        for topic, partition in sorted(group.offsets):
-            self.emit(r.Record(r.OffsetCommitKey(group.group_id, topic, partition), None))
-        self.emit(r.Record(r.PartitionMetadataKey(group.group_id), None))
-        self.emit(r.Record(r.TargetAssignmentMetadataKey(group.group_id), None))
-        self.emit(r.Record(r.GroupMetadataKey(group.group_id), None))
-        self.computations.pop(group.group_id, None)
-
-    # --- topic metadata and fail-over ---------------------------------------------------------
+    def _expire(self, timer, now_ms: int) -> None:
+        match timer:
+            case SessionTimer() | RevocationTimer() | ComputationTimer():
+                self.consumer.expire(timer, now_ms)
+            case EmptyGroupTimer(group_id=group_id):
+                group = self.ctx.groups.peek(group_id)
+                if group is not None and group.is_empty and group_id not in self.ctx.groups.quarantined:
+                    self.offsets.delete_all(group_id)
+                    self.consumer.delete_group(group)
 
     def _update_topics(self, topics: dict[str, TopicMetadata], now_ms: int) -> None:
-        self.topics = topics
-        for group in list(self.groups.values()):
+        self.ctx.topics = topics
+        for _, group in list(self.ctx.groups.served()):
             if group.members:
-                self.on_topics_changed(group, now_ms)
+                self.consumer.on_topics_changed(group, now_ms)
 
     def _on_loaded(self, now_ms: int) -> None:
-        for group in list(self.groups.values()):
-            session = self.session_timeout_ms(group.group_id)
-            for member in group.members.values():
-                self.timers.schedule(session_key(group.group_id, member.member_id), now_ms + session)
-                if member.revoking:
-                    self.timers.schedule(revocation_key(group.group_id, member.member_id), now_ms + member.rebalance_timeout_ms)
-            if not group.members:
-                self.timers.schedule(empty_group_key(group.group_id), now_ms + self.config.empty_group_retention_ms)
-                continue
-            if self.topics:
-                self.on_topics_changed(group, now_ms)
-            self.maybe_compute_target(group, now_ms)
+        for _, group in list(self.ctx.groups.served()):
+            self.consumer.on_loaded(group, now_ms)
 
     # --- ListGroups ---------------------------------------------------------------------------
 
@@ -227,7 +273,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers, OffsetHandlers, DescribeGroup
         states = {s.lower() for s in (request.states_filter or [])}
         types = {t.lower() for t in (request.types_filter or [])}
         listed = []
-        for group_id, group in sorted(self.groups.items()):
+        for group_id, group in sorted(self.ctx.groups.served()):
             state = group.state.value
             if states and state.lower() not in states:
                 continue
@@ -235,75 +281,3 @@ class GroupCoordinatorShard(ConsumerGroupHandlers, OffsetHandlers, DescribeGroup
                 continue
             listed.append(Response.ListedGroup(group_id=group_id, protocol_type="consumer", group_state=state, group_type=group.group_type))
         return Response(error_code=0, groups=listed)
-
-    # --- dynamic group configs (DescribeConfigs / IncrementalAlterConfigs, resource GROUP) -----
-
-    def describe_configs(self, request, now_ms: int):
-        Response = m.DescribeConfigsResponse
-        Result, Entry = Response.DescribeConfigsResult, Response.DescribeConfigsResult.DescribeConfigsResourceResult
-        results = []
-        for resource in request.resources:
-            if resource.resource_type != GROUP_RESOURCE:
-                results.append(Result(error_code=Errors.InvalidRequestError.errno, error_message="The pystreams coordinator serves GROUP (16) config resources only.", resource_type=resource.resource_type, resource_name=resource.resource_name, configs=[]))
-                continue
-            overrides = self.group_configs.get(resource.resource_name, {})
-            names = resource.configuration_keys or list(GROUP_CONFIG_NAMES)
-            entries = []
-            for name in names:
-                if name not in GROUP_CONFIG_NAMES:
-                    continue
-                override = overrides.get(name)
-                entries.append(
-                    Entry(
-                        name=name,
-                        value=override if override is not None else str(self.config.default(name)),
-                        read_only=False,
-                        is_default=override is None,
-                        config_source=CONFIG_SOURCE_GROUP if override is not None else CONFIG_SOURCE_DEFAULT,
-                        is_sensitive=False,
-                        synonyms=[],
-                        config_type=3,  # INT
-                        documentation=None,
-                    )
-                )
-            results.append(Result(error_code=0, error_message=None, resource_type=GROUP_RESOURCE, resource_name=resource.resource_name, configs=entries))
-        return Response(results=results)
-
-    def incremental_alter_configs(self, request, now_ms: int):
-        Response = m.IncrementalAlterConfigsResponse
-        Result = Response.AlterConfigsResourceResponse
-        results = []
-        for resource in request.resources:
-            def result(code=0, message=None):
-                return Result(error_code=code, error_message=message, resource_type=resource.resource_type, resource_name=resource.resource_name)
-
-            if resource.resource_type != GROUP_RESOURCE:
-                results.append(result(Errors.InvalidRequestError.errno, "The pystreams coordinator serves GROUP (16) config resources only."))
-                continue
-            if not resource.resource_name:
-                results.append(result(Errors.InvalidRequestError.errno, "The group id (resource name) must be non-empty."))
-                continue
-            configs = dict(self.group_configs.get(resource.resource_name, {}))
-            try:
-                for entry in resource.configs:
-                    if entry.config_operation == OP_SET:
-                        validate_group_config(self.config, entry.name, entry.value)
-                        configs[entry.name] = str(int(entry.value))
-                    elif entry.config_operation == OP_DELETE:
-                        if entry.name not in GROUP_CONFIG_NAMES:
-                            raise ValueError(f"unknown group config {entry.name!r}")
-                        configs.pop(entry.name, None)
-                    else:
-                        raise ValueError(f"operation {entry.config_operation} is not supported for {entry.name}: group configs are not lists")
-                session = int(configs.get(SESSION_TIMEOUT, self.config.session_timeout_ms))
-                interval = int(configs.get(HEARTBEAT_INTERVAL, self.config.heartbeat_interval_ms))
-                if interval >= session:
-                    raise ValueError(f"{HEARTBEAT_INTERVAL}={interval} must be smaller than {SESSION_TIMEOUT}={session}")
-            except ValueError as exc:
-                results.append(result(Errors.InvalidConfigurationError.errno, str(exc)))
-                continue
-            if not request.validate_only and configs != self.group_configs.get(resource.resource_name, {}):
-                self.emit(r.Record(r.GroupConfigKey(resource.resource_name), r.GroupConfigValue(configs) if configs else None))
-            results.append(result())
-        return Response(responses=results)
-

@@ -1,29 +1,66 @@
-"""Deadlines without a clock: the shard schedules by key, the runtime asks what is due."""
+"""Deadlines without a clock: the shard schedules by key, the runtime asks what is due.
+
+Timer keys are small frozen values, one type per kind of deadline, so expiry dispatches with
+``match`` and a key can never be confused with another kind's.
+"""
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Hashable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTimer:
+    """A member that does not heartbeat before this is removed (session timeout)."""
+
+    group_id: str
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RevocationTimer:
+    """A member still revoking at this point is removed (its rebalance timeout)."""
+
+    group_id: str
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ComputationTimer:
+    """A client-side assignment not installed by now moves to another member."""
+
+    group_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyGroupTimer:
+    """An EMPTY group still empty by now is deleted (offsets retention)."""
+
+    group_id: str
+
+
+TimerKey = SessionTimer | RevocationTimer | ComputationTimer | EmptyGroupTimer
 
 
 class Timers:
     def __init__(self) -> None:
-        self._deadlines: dict[Hashable, int] = {}
-        self._heap: list[tuple[int, int, Hashable]] = []
+        self._deadlines: dict[TimerKey, int] = {}
+        self._heap: list[tuple[int, int, TimerKey]] = []
         self._sequence = itertools.count()
 
-    def schedule(self, key: Hashable, deadline_ms: int) -> None:
+    def schedule(self, key: TimerKey, deadline_ms: int) -> None:
         """(Re)arm ``key``; a later schedule of the same key replaces the earlier one."""
         self._deadlines[key] = deadline_ms
         heapq.heappush(self._heap, (deadline_ms, next(self._sequence), key))
 
-    def cancel(self, key: Hashable) -> None:
+    def cancel(self, key: TimerKey) -> None:
         self._deadlines.pop(key, None)
 
-    def deadline(self, key: Hashable) -> int | None:
+    def deadline(self, key: TimerKey) -> int | None:
         return self._deadlines.get(key)
 
-    def pop_due(self, now_ms: int) -> list[Hashable]:
+    def pop_due(self, now_ms: int) -> list[TimerKey]:
         """Keys whose deadline is at or before ``now_ms``, earliest first; they are disarmed."""
         due = []
         while self._heap and self._heap[0][0] <= now_ms:

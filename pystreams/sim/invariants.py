@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pystreams import partitions as tp
-from pystreams.client.assignment import TopicIdPartition
-from pystreams.coordinator.consumer_group import LEAVE_STATIC_EPOCH, ConsumerGroup
+from pystreams.partitions import TopicIdPartition
+from pystreams.coordinator.consumer_group import ConsumerGroup
+from pystreams.protocol.sentinels import LEAVE_STATIC_EPOCH
 
 if TYPE_CHECKING:
     from pystreams.sim.process import MemberProcess
@@ -171,17 +171,17 @@ class InvariantChecker:
             elif epoch not in (0, LEAVE_STATIC_EPOCH):
                 violation("epochs", f"member {member_id} has epoch {epoch}")
                 return False
-            for pair in tp.pairs(member.assigned):
+            for pair in member.assigned:
                 if held.setdefault(pair, member_id) != member_id:
                     violation("coordinator-double-holder", f"{pair} held by {held[pair]} and {member_id}")
                     return False
-            for pair in tp.pairs(member.revoking):
+            for pair in member.revoking:
                 if held.setdefault(pair, member_id) != member_id:
                     violation("coordinator-double-holder", f"{pair} held by {held[pair]} and {member_id}")
                     return False
         targeted: dict[tuple, str] = {}
         for member_id, target in group.targets.items():
-            for pair in tp.pairs(target.partitions):
+            for pair in target.partitions:
                 if targeted.setdefault(pair, member_id) != member_id:
                     violation("target-double-assigned", f"{pair} is in the targets of {targeted[pair]} and {member_id}")
                     return False
@@ -196,7 +196,7 @@ class InvariantChecker:
         if member is None:
             return CommitContext(None, frozenset())
         held = frozenset(
-            TopicIdPartition(topic, p) for holding in (member.assigned, member.revoking) for topic, p in tp.pairs(holding)
+            TopicIdPartition(topic, p) for holding in (member.assigned, member.revoking) for topic, p in holding
         )
         return CommitContext(member.member_epoch, held)
 

@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING
 
 import kafka.errors as Errors
 
-from pystreams.client.assignment import NO_PARTITIONS, PartitionSet, TopicIdPartition
+from pystreams.partitions import NO_PARTITIONS, PartitionSet, TopicIdPartition
 from pystreams.client.member import (
     AssignmentAbandoned,
     AssignmentInstalled,
     GroupMember,
     LeftGroup,
     MemberConfig,
+    InstanceIdUnreleased,
     MemberFailed,
     MemberState,
     PartitionsAssigned,
@@ -52,7 +53,6 @@ Commit = m.OffsetCommitRequest
 CommitTopic = Commit.OffsetCommitRequestTopic
 CommitPartition = CommitTopic.OffsetCommitRequestPartition
 
-_UNRELEASED_INSTANCE_ID = Errors.UnreleasedInstanceIdError.errno
 #: Records "processed" per millisecond of ownership: a position that grows with time.
 RECORDS_PER_MS = 1
 
@@ -297,14 +297,11 @@ class MemberProcess:
                 self._stop()
                 world.after_stop(self)
                 return
+            elif isinstance(event, InstanceIdUnreleased):
+                # Its previous incarnation's session has not expired yet: the member retries.
+                world.stats["process.unreleased_instance_id"] += 1
             elif isinstance(event, MemberFailed):
-                if event.error_code == _UNRELEASED_INSTANCE_ID:
-                    # Its previous incarnation's session has not expired yet: crash-loop until it has.
-                    world.stats["process.unreleased_instance_id"] += 1
-                    self._stop()
-                    world.at(world.now + world.timing.restart_backoff_ms, world.restart_if_wanted, self)
-                else:
-                    world.violation("member-failed", f"{self.name} ({self.member_id}) failed: {event.message}")
+                world.violation("member-failed", f"{self.name} ({self.member_id}) failed: {event.message}")
                 return
             elif isinstance(event, AssignmentInstalled):
                 world.stats["assignor.installed"] += 1

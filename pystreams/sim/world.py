@@ -21,7 +21,7 @@ from typing import Any
 import kafka.errors as Errors
 
 from pystreams.assignors.api import TopicMetadata
-from pystreams.client.assignment import TopicIdPartition
+from pystreams.partitions import TopicIdPartition
 from pystreams.client.member import MemberState
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.consumer_group import GroupState
@@ -111,7 +111,7 @@ class Simulation:
         self._coordinator_touched = False
         self._timer_token = 0
         self._timer_at: int | None = None
-        self.trace: deque[str] | None = deque(maxlen=400) if trace else None
+        self.trace: deque[str] | None = deque(maxlen=400_000 if trace == "all" else 400) if trace else None
 
     # ------------------------------------------------------------------ identities
 
@@ -266,9 +266,8 @@ class Simulation:
 
     def committed_offset(self, partition: TopicIdPartition) -> int:
         """The committed offset a new owner starts from (an OffsetFetch that cannot fail)."""
-        group = self.coordinator.shadow.groups.get(self.group_id)
         name = self.topic_name(partition.topic_id)
-        value = group.offsets.get((name, partition.partition)) if group is not None and name else None
+        value = self.coordinator.shadow.offsets.of(self.group_id).get((name, partition.partition)) if name else None
         return value.offset if value is not None else 0
 
     # ------------------------------------------------------------------ world changes
@@ -412,7 +411,7 @@ class Simulation:
             if member.state is not MemberState.STABLE or member.member_epoch != group.assignment_epoch:
                 return f"{process.name} is {member.state.value} at epoch {member.member_epoch} (assignment epoch {group.assignment_epoch})"
             target = frozenset(
-                TopicIdPartition(topic, p) for topic, parts in group.target_of(member.member_id).items() for p in parts
+                TopicIdPartition(topic, p) for topic, p in group.target_of(member.member_id)
             )
             if process.view() != target:
                 return f"{process.name} owns {len(process.view())} partitions, its target has {len(target)}"
@@ -433,8 +432,7 @@ class Simulation:
         digest = hashlib.sha256()
         digest.update(f"{self.steps}/{self.now}/{sorted(self.stats.items())}".encode())
         for record in self.coordinator.log:
-            digest.update(msgspec.msgpack.encode(record.key))
-            digest.update(msgspec.msgpack.encode(record.value))
+            digest.update(msgspec.msgpack.encode(record))
         return digest.hexdigest()[:16]
 
 

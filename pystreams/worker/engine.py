@@ -115,6 +115,7 @@ class TaskEngine:
         *,
         committed_offsets: CommittedOffsetsReader | None = None,
         commit_offsets: OffsetCommitter | None = None,
+        commit_offsets_in_background: OffsetCommitter | None = None,
         on_restore_progress: Callable[[RestoreProgress], None] | None = None,
     ) -> None:
         self.resolved = resolved
@@ -123,6 +124,9 @@ class TaskEngine:
         self.errors = ErrorHandling(config.deserialization_errors, config.processing_errors, config.dead_letter_topic)
         self._committed_offsets = committed_offsets
         self._commit_offsets = commit_offsets
+        #: Periodic commits hand their offsets here and go on processing (the coordinator may be
+        #: away for a while); commits that end a task's ownership always wait (``commit_offsets``).
+        self._commit_offsets_in_background = commit_offsets_in_background
         self._on_restore_progress = on_restore_progress
         self._tasks: dict[TaskId, StreamTask] = {}
         self._task_of_partition: dict[TopicPartition, StreamTask] = {}
@@ -448,16 +452,17 @@ class TaskEngine:
         """``prepare_commit``, the committer given to the engine (if any), ``complete_commit``."""
         return self._commit(list(self._tasks.values()))
 
-    def _commit(self, tasks: list[StreamTask]) -> dict[TopicPartition, int]:
+    def _commit(self, tasks: list[StreamTask], *, in_background: bool = False) -> dict[TopicPartition, int]:
         offsets = self.prepare_commit(tasks)
-        if self._commit_offsets is not None and offsets:
-            self._commit_offsets(offsets)
+        committer = self._commit_offsets_in_background if in_background and self._commit_offsets_in_background else self._commit_offsets
+        if committer is not None and offsets:
+            committer(offsets)
         self.complete_commit(tasks)
         return offsets
 
     def maybe_commit(self) -> dict[TopicPartition, int] | None:
         if (time.monotonic() - self._last_commit) * 1000 >= self.config.commit_interval_ms:
-            return self.commit()
+            return self._commit(list(self._tasks.values()), in_background=True)
         return None
 
     def run(self, *, until: Callable[[], bool] | None = None, timeout_s: float | None = None) -> int:

@@ -50,12 +50,13 @@ from typing import Any, TypeVar
 
 from pystreams.assignors.streams import AssignmentError, MemberReason, StickyTaskAssignor, StreamsAssignmentMetadata
 from pystreams.assignors.streams.placement import HaConfig
-from pystreams.client.assignment import TopicIdPartition
+from pystreams.partitions import TopicIdPartition
 from pystreams.client.driver import MemberDriver
 from pystreams.client.member import (
     LeftGroup,
     MemberConfig,
     MemberEvent,
+    InstanceIdUnreleased,
     MemberFailed,
     PartitionsAssigned,
     PartitionsLost,
@@ -76,6 +77,8 @@ log = logging.getLogger(__name__)
 DEFAULT_COMMIT_INTERVAL_MS = 1000
 #: How long a commit or offset fetch (made from the engine thread) may wait for the loop.
 _OFFSETS_CALL_TIMEOUT_S = 30.0
+#: A static member refused this long is more likely a duplicate instance id than a crash-restart.
+_UNRELEASED_ALARM_S = 120.0
 _STALE_EPOCH_RETRIES = 5
 #: How soon a task whose state a sibling thread's replica still locks is started again.
 _LOCKED_TASK_RETRY_S = 0.2
@@ -187,6 +190,7 @@ class StreamThread:
             ),
             committed_offsets=self._read_committed_blocking,
             commit_offsets=self._commit_blocking,
+            commit_offsets_in_background=self._commit_in_background,
         )
         self.assignor = StickyTaskAssignor(
             resolved,
@@ -222,6 +226,13 @@ class StreamThread:
         self._running: set[TaskId] = set()
         #: Membership events and retries of locked tasks run one at a time, in order.
         self._membership_lock = asyncio.Lock()
+        self._unreleased_since: float | None = None
+        #: The periodic commit on its way to the coordinator (one at a time, so offsets never
+        #: go back), and the newest offsets waiting for it to finish.
+        self._background_commit: concurrent.futures.Future[None] | None = None
+        self._next_background_commit: dict[TopicPartition, int] = {}
+        self._background_lock = threading.Lock()
+        self._background_failures = 0
         self._start_retry: asyncio.Task[None] | None = None
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -291,10 +302,29 @@ class StreamThread:
                 await self._call_engine(lambda: self.engine.lose_tasks(dropping))
                 self._running -= set(dropping)
                 log.warning("%s: lost tasks %s (error %d)", self.name, ", ".join(map(str, dropping)), event.error_code)
+        elif isinstance(event, InstanceIdUnreleased):
+            self._log_unreleased_instance_id(event)
         elif isinstance(event, MemberFailed):
             self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
         elif isinstance(event, LeftGroup):
             log.info("%s: left the group (epoch %s)", self.name, event.member_epoch_sent)
+
+    def _log_unreleased_instance_id(self, event: InstanceIdUnreleased) -> None:
+        now = time.monotonic()
+        if event.attempt == 1:
+            self._unreleased_since = now
+            log.warning(
+                "%s: instance id %r is still held by this worker's previous incarnation (it stopped without leaving); "
+                "retrying the join until that session expires", self.name, event.instance_id,
+            )
+        elif self._unreleased_since is not None and now - self._unreleased_since > _UNRELEASED_ALARM_S:
+            self._unreleased_since = None  # said once per streak
+            log.error(
+                "%s: instance id %r has been held by another member for over %.0f s: is another live worker "
+                "running with the same --instance-id? Still retrying.", self.name, event.instance_id, _UNRELEASED_ALARM_S,
+            )
+        else:
+            log.debug("%s: instance id %r not released yet (attempt %d); next try in %d ms", self.name, event.instance_id, event.attempt, event.retry_in_ms)
 
     async def _start_owned_tasks(self) -> None:
         """Start every task whose input partitions are all owned and that does not run yet.
@@ -410,7 +440,41 @@ class StreamThread:
     # -- offsets (called on the engine thread; executed on the loop) --------------------------
 
     def _commit_blocking(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """A commit that ends ownership (revocation, close): it waits, after any periodic one in
+        flight, so that an older background commit can never land after it."""
+        with self._background_lock:
+            self._next_background_commit.clear()  # these offsets supersede them
+            in_flight = self._background_commit
+        if in_flight is not None:
+            with contextlib.suppress(Exception):
+                in_flight.result(_OFFSETS_CALL_TIMEOUT_S)
         asyncio.run_coroutine_threadsafe(self._commit(offsets), self._loop).result(_OFFSETS_CALL_TIMEOUT_S)
+
+    def _commit_in_background(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """A periodic commit: the engine goes on processing while it travels. If the previous one
+        is still on its way (the coordinator is away), these offsets wait and go next, merged."""
+        with self._background_lock:
+            if self._background_commit is not None and not self._background_commit.done():
+                self._next_background_commit.update(offsets)
+                return
+            self._background_commit = asyncio.run_coroutine_threadsafe(self._commit_chain(dict(offsets)), self._loop)
+
+    async def _commit_chain(self, offsets: dict[TopicPartition, int]) -> None:
+        while True:
+            try:
+                await self._commit(offsets)
+                if self._background_failures:
+                    log.info("%s: offsets committed again after %d failed attempt(s)", self.name, self._background_failures)
+                self._background_failures = 0
+            except Exception as error:
+                # The offsets stay uncommitted for now: the next periodic commit carries newer ones.
+                self._background_failures += 1
+                if self._background_failures in (1, 10) or self._background_failures % 100 == 0:
+                    log.warning("%s: committing offsets failed (%s); processing goes on and the next commit retries", self.name, error)
+            with self._background_lock:
+                if not self._next_background_commit:
+                    return
+                offsets, self._next_background_commit = self._next_background_commit, {}
 
     async def _commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         keyed = {(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
@@ -462,7 +526,7 @@ class StreamThread:
                 try:
                     self.engine.maybe_commit()
                 except Exception:
-                    # The offsets stay uncommitted: at-least-once, the next owner reprocesses.
+                    # Flushing the outputs failed; the offsets stay uncommitted (at-least-once).
                     log.exception("%s: periodic commit failed", self.name)
             self._run_commands()
         except BaseException as error:
