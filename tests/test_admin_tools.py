@@ -378,3 +378,36 @@ def test_configs_alter_outside_bounds_prints_the_coordinators_error(coordinator:
     malformed = pystreams("configs", "--coordinator", coordinator.address, "--group", group_id, "--alter", "novalue")
     assert malformed.returncode == 2
     assert "expected KEY=VALUE" in malformed.stderr
+
+
+def test_configs_report_which_values_are_defaults(coordinator: RunningCoordinator) -> None:
+    group_id = unique_group("defaults")
+    assert pystreams("configs", "--coordinator", coordinator.address, "--group", group_id,
+                     "--alter", f"{HEARTBEAT_INTERVAL}=1000").returncode == 0
+    configs = _configs_json(coordinator, group_id)
+    assert configs[SESSION_TIMEOUT]["is_default"] is True
+    assert configs[HEARTBEAT_INTERVAL]["is_default"] is False
+
+
+def test_configs_alter_refuses_numbers_kafka_would_not_read(coordinator: RunningCoordinator) -> None:
+    group_id = unique_group("strict")
+    for text in ("5_0000", "٣٠٠٠٠", "30000.0"):
+        result = pystreams("configs", "--coordinator", coordinator.address, "--group", group_id, "--alter", f"{SESSION_TIMEOUT}={text}")
+        assert result.returncode == 1, result
+        assert "must be an integer" in result.stderr
+    assert _configs_json(coordinator, group_id)[SESSION_TIMEOUT]["source"] == "DEFAULT"
+    flag = pystreams("coordinator", "--log", "memory", "--session-timeout-ms", "5_0000")
+    assert flag.returncode == 2 and "not an integer: '5_0000'" in flag.stderr
+
+
+def test_groups_output_escapes_what_clients_chose(coordinator: RunningCoordinator) -> None:
+    forged = "evil\n" + unique_group("x") + "  Stable  consumer\x1b[2J"
+    with coordinator.client() as client:
+        form_stable_group(client, forged, 1)
+    listed = pystreams("groups", "--coordinator", coordinator.address, "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert "\x1b" not in listed.stdout and "evil\\n" in listed.stdout and "\\x1b[2J" in listed.stdout
+    assert not any(line.startswith(forged.split("\n")[1]) for line in listed.stdout.splitlines())  # no forged row
+    described = pystreams("groups", "--coordinator", coordinator.address, "--describe", forged)
+    assert described.returncode == 0, described.stderr
+    assert "\x1b" not in described.stdout and described.stdout.count("\n") == len(described.stdout.splitlines())

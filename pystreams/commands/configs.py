@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from pystreams.commands.groups import add_coordinator_option, connect, error_text, fail, print_json, print_table
 
@@ -21,7 +22,8 @@ HELP = "describe or alter a group's dynamic configs (session timeout, heartbeat 
 GROUP_RESOURCE_TYPE = 16  # ConfigResource.Type.GROUP
 OP_SET, OP_DELETE = 0, 1  # IncrementalAlterConfigs operations
 #: DescribeConfigs ConfigSource values Kafka uses for group configs.
-CONFIG_SOURCES = {5: "DEFAULT", 8: "GROUP_CONFIG"}
+CONFIG_SOURCE_DEFAULT = 5
+CONFIG_SOURCES = {CONFIG_SOURCE_DEFAULT: "DEFAULT", 8: "GROUP_CONFIG"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +82,7 @@ def _describe(args: argparse.Namespace, client) -> int:
             "group": args.group,
             "configs": [
                 {"name": e.name, "value": e.value, "source": CONFIG_SOURCES.get(e.config_source, str(e.config_source)),
-                 "is_default": bool(e.is_default), "read_only": bool(e.read_only)}
+                 "is_default": _is_default(e), "read_only": bool(e.read_only)}
                 for e in entries
             ],
         })
@@ -89,6 +91,13 @@ def _describe(args: argparse.Namespace, client) -> int:
     print_table(("NAME", "VALUE", "SOURCE"),
                 ((e.name, e.value, CONFIG_SOURCES.get(e.config_source, str(e.config_source))) for e in entries))
     return 0
+
+
+def _is_default(entry: Any) -> bool:
+    """IsDefault exists only in DescribeConfigs v0; from v1 the config source says it (DEFAULT_CONFIG)."""
+    if entry.config_source is not None and entry.config_source >= 0:
+        return entry.config_source == CONFIG_SOURCE_DEFAULT
+    return bool(entry.is_default)
 
 
 def _alter(args: argparse.Namespace, client, alterations: list[tuple[str, int, str | None]]) -> int:

@@ -62,9 +62,17 @@ def error_text(code: int, message: str | None) -> str:
     return f"{name}: {message}" if message else name
 
 
+def shown(text: str) -> str:
+    """Text a client chose (group ids, member ids, hosts), safe for a terminal: control and other
+    unprintable characters are escaped, so they can neither forge table rows nor move the cursor."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(c if c.isprintable() and c != "\\" else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], out=None) -> None:
     out = out or sys.stdout
-    text_rows = [["" if cell is None else str(cell) for cell in row] for row in rows]
+    text_rows = [["" if cell is None else shown(str(cell)) for cell in row] for row in rows]
     widths = [max([len(header)] + [len(row[i]) for row in text_rows]) for i, header in enumerate(headers)]
     for row in [list(headers)] + text_rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip(), file=out)
@@ -75,7 +83,7 @@ def print_json(value: Any) -> None:
 
 
 def fail(command: str, message: str, status: int = 1) -> int:
-    print(f"pystreams {command}: {message}", file=sys.stderr)
+    print(f"pystreams {command}: {shown(message)}", file=sys.stderr)
     return status
 
 

@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import argparse
+import re
+
+#: A decimal integer as Kafka's config parser reads one (Python's int() also takes "5_000", "٣").
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+def decimal(text: str, what: str = "an integer") -> int:
+    if not _DECIMAL.fullmatch(text.strip()):
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}")
+    return int(text.strip())
 
 
 def port(text: str) -> int:
     """0-65535; 0 asks for a free port."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    value = decimal(text, "a port number")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port out of range 0-65535: {value}")
     return value
@@ -18,16 +25,13 @@ def port(text: str) -> int:
 def host_port(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (IPv6 hosts in brackets); an empty host means every interface."""
     host, sep, number = text.strip().rpartition(":")
-    if not sep or not number.isdigit() or not 0 <= int(number) <= 65535:
+    if not sep or not _DECIMAL.fullmatch(number) or number[0] in "+-" or not 0 <= int(number) <= 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]") or "0.0.0.0", int(number)
 
 
 def _int_at_least(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    value = decimal(text)
     if value < minimum:
         raise argparse.ArgumentTypeError(f"must be >= {minimum}: {value}")
     return value
