@@ -22,7 +22,7 @@ from pystreams.assignors.api import TopicMetadata
 from pystreams.coordinator import records as r
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.log import LogError, MemoryLog
-from pystreams.coordinator.metrics import MetricsHttpServer
+from pystreams.coordinator.metrics import MetricsHttpServer, coordinator_registry
 from pystreams.coordinator.runtime import (
     Coordinator,
     ShardState,
@@ -501,7 +501,7 @@ async def test_a_heartbeat_naming_an_unknown_topic_triggers_a_metadata_refresh()
 
 async def http_get(port: int, path: str) -> tuple[int, str]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n".encode())
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
     await writer.drain()
     raw = await asyncio.wait_for(reader.read(), GUARD_S)
     writer.close()
@@ -509,9 +509,12 @@ async def http_get(port: int, path: str) -> tuple[int, str]:
     return int(head.split()[1]), body
 
 
-def sample(text: str, name: str) -> float:
+OWN = "pystreams_coordinator_"
+
+
+def sample(text: str, name: str, prefix: str = "kafka_server_group_coordinator_metrics_") -> float:
     for line in text.splitlines():
-        if line.startswith("kafka_server_group_coordinator_metrics_" + name + " "):
+        if line.startswith(prefix + name + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} not in metrics")
 
@@ -520,7 +523,7 @@ def sample(text: str, name: str) -> float:
 async def test_metrics_are_served_in_prometheus_text_format() -> None:
     log = MemoryLog(2)
     async with coordinator_on(log) as coordinator:
-        metrics = MetricsHttpServer("127.0.0.1", 0, coordinator.render_metrics, coordinator.is_ready)
+        metrics = MetricsHttpServer("127.0.0.1", 0, coordinator_registry(coordinator, refusals=lambda: {"max_connections": 3}), coordinator.is_ready)
         await metrics.start()
         try:
             await coordinator.wait_until_loaded()
@@ -541,6 +544,10 @@ async def test_metrics_are_served_in_prometheus_text_format() -> None:
             assert 0 <= sample(text, "thread_idle_ratio_min") <= sample(text, "thread_idle_ratio_avg") <= 1
             assert sample(text, "event_queue_size") == 0
             assert reconciling.error_code == 0
+            assert sample(text, 'refusals_total{reason="max_connections"}', OWN) == 3
+            assert sample(text, "handler_failures_total", OWN) == 0
+            assert sample(text, "quarantined_groups", OWN) == 0
+            assert (await http_get(metrics.port, "/healthz"))[0] == 200
             assert (await http_get(metrics.port, "/nope"))[0] == 404
         finally:
             await metrics.close()

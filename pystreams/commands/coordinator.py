@@ -102,6 +102,34 @@ _SERVER_OPTIONS = [
 ]
 
 
+_LIMIT_OPTIONS = [
+    _Option("--socket-request-max-bytes", "PYSTREAMS_SOCKET_REQUEST_MAX_BYTES", str(100 * 1024 * 1024),
+            "socket.request.max.bytes: the largest request accepted", {"type": options.positive_int, "metavar": "BYTES"}),
+    _Option("--queued-max-request-bytes", "PYSTREAMS_QUEUED_MAX_REQUEST_BYTES", str(256 * 1024 * 1024),
+            "queued.max.request.bytes: bytes of large requests read or served at once", {"type": options.positive_int, "metavar": "BYTES"}),
+    _Option("--connections-max-idle-ms", "PYSTREAMS_CONNECTIONS_MAX_IDLE_MS", str(10 * 60 * 1000),
+            "connections.max.idle.ms: close connections idle this long", {"type": options.positive_int, "metavar": "MS"}),
+    _Option("--request-read-timeout-ms", "PYSTREAMS_REQUEST_READ_TIMEOUT_MS", "30000",
+            "a request that has started must arrive whole within this time", {"type": options.positive_int, "metavar": "MS"}),
+    _Option("--max-connections", "PYSTREAMS_MAX_CONNECTIONS", "4096",
+            "max.connections: client connections at once", {"type": options.positive_int, "metavar": "N"}),
+    _Option("--max-connections-per-ip", "PYSTREAMS_MAX_CONNECTIONS_PER_IP", "1024",
+            "max.connections.per.ip", {"type": options.positive_int, "metavar": "N"}),
+    _Option("--group-consumer-max-size", "PYSTREAMS_GROUP_CONSUMER_MAX_SIZE", str(2**31 - 1),
+            "group.consumer.max.size: members of one consumer group", {"type": options.positive_int, "metavar": "N"}),
+    _Option("--max-groups", "PYSTREAMS_MAX_GROUPS", "100000",
+            "groups this coordinator holds at most (spread over the shards)", {"type": options.positive_int, "metavar": "N"}),
+    _Option("--offset-metadata-max-bytes", "PYSTREAMS_OFFSET_METADATA_MAX_BYTES", "4096",
+            "offset.metadata.max.bytes: commit metadata per partition", {"type": options.positive_int, "metavar": "BYTES"}),
+    _Option("--assignor-metadata-max-bytes", "PYSTREAMS_ASSIGNOR_METADATA_MAX_BYTES", str(256 * 1024),
+            "a client assignor's metadata per member (heartbeat and install)", {"type": options.positive_int, "metavar": "BYTES"}),
+    _Option("--regex-max-bytes", "PYSTREAMS_REGEX_MAX_BYTES", "4096",
+            "the longest SubscribedTopicRegex accepted", {"type": options.positive_int, "metavar": "BYTES"}),
+    _Option("--regex-cache-bytes", "PYSTREAMS_REGEX_CACHE_BYTES", str(32 * 1024 * 1024),
+            "memory for compiled regexes (an LRU cache bounded by size)", {"type": options.positive_int, "metavar": "BYTES"}),
+]
+
+
 def _add(parser: argparse.ArgumentParser, options: list[_Option]) -> None:
     for option in options:
         default = os.environ.get(option.env, option.default)
@@ -118,7 +146,7 @@ def _epilog(options: list[_Option]) -> str:
 
 def add_coordinator_options(parser: argparse.ArgumentParser, *, cluster: bool = True) -> None:
     """The server options (and, with ``cluster``, where the log and topics live)."""
-    options = (_CLUSTER_OPTIONS if cluster else []) + _SERVER_OPTIONS
+    options = (_CLUSTER_OPTIONS if cluster else []) + _SERVER_OPTIONS + _LIMIT_OPTIONS
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = (parser.epilog or "") + _epilog(options)
     _add(parser, options)
@@ -152,6 +180,9 @@ class CoordinatorSettings:
     config: Any  # CoordinatorConfig
     metadata_refresh_ms: int
     event_queue_size: int
+    limits: Any = None  # ServerLimits
+    regex_max_bytes: int = 4096
+    regex_cache_bytes: int = 32 * 1024 * 1024
 
 
 def _parse(value: Any, convert: Any) -> Any:
@@ -163,6 +194,7 @@ def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | Non
                        log_topic: str | None = None) -> CoordinatorSettings:
     """Validated settings; raises ValueError with a message for the user."""
     from pystreams.coordinator.config import CoordinatorConfig
+    from pystreams.protocol.server import ServerLimits
 
     bootstrap = bootstrap_servers or getattr(args, "bootstrap_servers", None)
     log_kind = log or args.log
@@ -176,7 +208,12 @@ def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | Non
     def bound(value: Any, fallback: int) -> int:
         return _parse(value, int) if value is not None else fallback
 
+    shards = _parse(args.shards, options.positive_int)
     config = CoordinatorConfig(
+        max_group_size=_parse(args.group_consumer_max_size, options.positive_int),
+        max_groups=-(-_parse(args.max_groups, options.positive_int) // shards),  # per shard, rounded up
+        offset_metadata_max_bytes=_parse(args.offset_metadata_max_bytes, options.positive_int),
+        max_assignor_metadata_bytes=_parse(args.assignor_metadata_max_bytes, options.positive_int),
         session_timeout_ms=session,
         min_session_timeout_ms=bound(args.min_session_timeout_ms, min(_SESSION_DEFAULTS[1], session)),
         max_session_timeout_ms=bound(args.max_session_timeout_ms, max(_SESSION_DEFAULTS[2], session)),
@@ -191,12 +228,22 @@ def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | Non
         log_topic=log_topic or getattr(args, "log_topic", None) or DEFAULT_LOG_TOPIC,
         listen=_parse(args.listen, options.host_port),
         advertised=_parse(args.advertised_listener, options.host_port) if args.advertised_listener else None,
-        shards=_parse(args.shards, options.positive_int),
+        shards=shards,
         metrics_port=_parse(metrics_port, options.port) if metrics_port not in (None, "") else None,
         metrics_host=args.metrics_host,
         config=config,
         metadata_refresh_ms=_parse(args.metadata_refresh_ms, int),
         event_queue_size=_parse(args.event_queue_size, int),
+        limits=ServerLimits(
+            max_request_bytes=_parse(args.socket_request_max_bytes, options.positive_int),
+            queued_max_request_bytes=_parse(args.queued_max_request_bytes, options.positive_int),
+            connections_max_idle_ms=_parse(args.connections_max_idle_ms, options.positive_int),
+            request_read_timeout_ms=_parse(args.request_read_timeout_ms, options.positive_int),
+            max_connections=_parse(args.max_connections, options.positive_int),
+            max_connections_per_ip=_parse(args.max_connections_per_ip, options.positive_int),
+        ),
+        regex_max_bytes=_parse(args.regex_max_bytes, options.positive_int),
+        regex_cache_bytes=_parse(args.regex_cache_bytes, options.positive_int),
     )
 
 
@@ -219,7 +266,8 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
     """
     from pystreams.cluster import ClusterMetadata
     from pystreams.coordinator.log import KafkaLog, MemoryLog
-    from pystreams.coordinator.metrics import MetricsHttpServer
+    from pystreams.coordinator.metrics import MetricsHttpServer, coordinator_registry
+    from pystreams.coordinator import subscriptions
     from pystreams.coordinator.runtime import Coordinator, StaticTopics
     from pystreams.protocol.server import KafkaProtocolServer
 
@@ -240,13 +288,15 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
     )
     host, port = settings.listen
     advertised_host, advertised_port = settings.advertised or (None, None)
-    server = KafkaProtocolServer(host, port, coordinator.handle, advertised_host=advertised_host, advertised_port=advertised_port)
+    subscriptions.configure(max_bytes=settings.regex_cache_bytes, max_pattern_bytes=settings.regex_max_bytes)
+    server = KafkaProtocolServer(host, port, coordinator.handle, limits=settings.limits, advertised_host=advertised_host, advertised_port=advertised_port)
     metrics = None
     try:
         await coordinator.start()
         await server.start()
         if settings.metrics_port is not None:
-            metrics = MetricsHttpServer(settings.metrics_host or host, settings.metrics_port, coordinator.render_metrics, coordinator.is_ready)
+            registry = coordinator_registry(coordinator, refusals=lambda: server.refusals, connections=lambda: server.connection_count)
+            metrics = MetricsHttpServer(settings.metrics_host or host, settings.metrics_port, registry, coordinator.is_ready)
             await metrics.start()
         address = server.address
         metrics_url = None

@@ -1,4 +1,5 @@
-"""The coordinator's metrics (KIP-848 "Broker Metrics") in Prometheus text format, over HTTP.
+"""The coordinator's metrics (KIP-848 "Broker Metrics"), exported with prometheus_client and
+served over HTTP with aiohttp.
 
 Names follow what the Prometheus JMX exporter makes of Kafka's
 ``kafka.server:type=group-coordinator-metrics,name=NAME``: ``kafka_server_group_coordinator_metrics_``
@@ -16,23 +17,39 @@ partition-load-time-avg / -max                  ``partition_load_time_avg`` / ``
 thread-idle-ratio-min / -avg                    ``thread_idle_ratio_min`` / ``_avg``
 ==============================================  ================================================
 
+pystreams' own, for operating it safely (``pystreams_coordinator_``): ``refusals_total{reason}``
+(connections and requests the server refused: limits, deadlines, malformed or invalid requests,
+failed authentication, denied by ACL), ``handler_failures_total`` (requests whose handler raised
+and was rolled back), ``shard_reloads_total``, ``quarantined_groups``, ``connections``.
+
 Rates and idle ratios are over a sliding window (60 s, Kafka's two 30 s samples); load times
-cover every load since the process started. A *rebalance* is a new target assignment.
-The HTTP side is a few lines of asyncio: ``GET /metrics`` and ``GET /ready`` (200 once every
-shard is active, 503 before: a readiness probe).
+cover every load since the process started. A *rebalance* is a new target assignment. Every
+value is read from the shards when Prometheus scrapes (a custom collector): nothing is counted
+per request on the hot path. ``GET /metrics``; ``GET /ready`` (and ``/readyz``) answers 200
+once every shard is active and 503 before (a readiness probe); ``GET /healthz`` answers 200
+while the process serves (a liveness probe).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from pystreams.coordinator.runtime import Coordinator
 
 log = logging.getLogger(__name__)
 
 PREFIX = "kafka_server_group_coordinator_metrics_"
+OWN_PREFIX = "pystreams_coordinator_"
 WINDOW_S = 60.0
 
 
@@ -131,104 +148,147 @@ class CoordinatorMetrics:
         self.load_times = LoadTimes()
 
 
-# --- Prometheus text format ---------------------------------------------------------------------
+# --- export -------------------------------------------------------------------------------------
 
 
-def _value(number: float) -> str:
-    if math.isnan(number):
-        return "NaN"
-    if math.isinf(number):
-        return "+Inf" if number > 0 else "-Inf"
-    return repr(float(number)) if not float(number).is_integer() else str(int(number))
+def _gauge(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]], prefix: str = PREFIX) -> GaugeMetricFamily:
+    samples = list(samples)
+    labels = sorted(samples[0][0]) if samples and samples[0][0] else []
+    family = GaugeMetricFamily(prefix + name, help_text, labels=labels)
+    for values, value in samples:
+        family.add_metric([values[label] for label in labels], value)
+    return family
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+class CoordinatorCollector(Collector):
+    """Reads the coordinator (and its server's refusal counts) at scrape time."""
+
+    def __init__(self, coordinator: Coordinator, refusals: Callable[[], Mapping[str, int]] | None = None,
+                 connections: Callable[[], int] | None = None) -> None:
+        self._coordinator = coordinator
+        self._refusals = refusals or (lambda: {})
+        self._connections = connections or (lambda: 0)
+
+    def collect(self) -> Iterable[Any]:
+        from pystreams.coordinator.runtime import ShardState
+
+        coordinator = self._coordinator
+        by_protocol = {"consumer": 0, "classic": 0}
+        by_state: dict[str, int] = {}
+        by_partition_state = {"loading": 0, "active": 0, "failed": 0}
+        quarantined = handler_failures = 0
+        for runner in coordinator.runners:
+            if runner.state is ShardState.ACTIVE:
+                by_partition_state["active"] += 1
+            elif runner.state is ShardState.LOADING:
+                by_partition_state["loading"] += 1
+            else:
+                by_partition_state["failed"] += 1
+            if runner.shard is None:
+                continue
+            handler_failures += runner.shard.handler_failures
+            if runner.state is not ShardState.ACTIVE:
+                continue
+            quarantined += len(runner.shard.quarantined)
+            for _, group in runner.shard.groups.served():
+                by_protocol[group.group_type] = by_protocol.get(group.group_type, 0) + 1
+                if group.group_type == "consumer":
+                    state = group.state.value.lower()
+                    by_state[state] = by_state.get(state, 0) + 1
+        for state in ("empty", "assigning", "reconciling", "stable", "dead"):
+            by_state.setdefault(state, 0)
+        idle = [runner.idle.ratio() for runner in coordinator.runners]
+        rebalances = coordinator.metrics.rebalances
+        loads = coordinator.metrics.load_times
+        yield _gauge("group_count", "Number of groups by rebalance protocol (KIP-848 group-count).",
+                     (({"protocol": p}, n) for p, n in by_protocol.items()))
+        yield _gauge("consumer_group_count", "Number of consumer groups by state (consumer-group-count).",
+                     (({"state": s}, n) for s, n in sorted(by_state.items())))
+        yield _gauge("partition_count", "Number of record-log partitions (shards) by state (partition-count).",
+                     (({"state": s}, n) for s, n in by_partition_state.items()))
+        yield _gauge("event_queue_size", "Events waiting in the shards' queues (event-queue-size).",
+                     [({}, sum(runner.queue_size for runner in coordinator.runners))])
+        yield _gauge("shard_event_queue_size", "Events waiting in one shard's queue.",
+                     (({"shard": str(runner.shard_id)}, runner.queue_size) for runner in coordinator.runners))
+        yield _gauge("consumer_group_rebalance_rate", "New target assignments per second over the last minute (consumer-group-rebalance-rate).",
+                     [({}, rebalances.rate())])
+        yield _gauge("consumer_group_rebalance_count", "New target assignments since start (consumer-group-rebalance-count).",
+                     [({}, rebalances.total)])
+        yield _gauge("partition_load_time_avg", "Average shard load time in ms (partition-load-time-avg).", [({}, loads.avg_ms)])
+        yield _gauge("partition_load_time_max", "Longest shard load time in ms (partition-load-time-max).", [({}, loads.max_ms)])
+        yield _gauge("thread_idle_ratio_min", "Lowest share of the last minute a shard spent waiting for events (thread-idle-ratio-min).",
+                     [({}, min(idle) if idle else 1.0)])
+        yield _gauge("thread_idle_ratio_avg", "Average share of the last minute the shards spent waiting for events (thread-idle-ratio-avg).",
+                     [({}, sum(idle) / len(idle) if idle else 1.0)])
+
+        refusals = CounterMetricFamily(OWN_PREFIX + "refusals", "Connections and requests refused, by reason.", labels=["reason"])
+        for reason, count in sorted(self._refusals().items()):
+            refusals.add_metric([reason], count)
+        yield refusals
+        yield CounterMetricFamily(OWN_PREFIX + "handler_failures", "Requests whose handler raised; rolled back, answered UNKNOWN_SERVER_ERROR.",
+                                  value=handler_failures)
+        yield CounterMetricFamily(OWN_PREFIX + "shard_reloads", "Shards reloaded from the log after a failed append.",
+                                  value=sum(runner.reload_count for runner in coordinator.runners))
+        yield _gauge("quarantined_groups", "Groups not served because a record of theirs cannot be replayed.",
+                     [({}, quarantined)], prefix=OWN_PREFIX)
+        yield _gauge("connections", "Open client connections.", [({}, self._connections())], prefix=OWN_PREFIX)
 
 
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{key}="{_escape(str(value))}"' for key, value in labels.items()) + "}"
+def coordinator_registry(coordinator: Coordinator, **sources: Any) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CoordinatorCollector(coordinator, **sources))
+    return registry
 
 
-class Exposition:
-    """Builds one Prometheus text exposition (format version 0.0.4)."""
-
-    def __init__(self) -> None:
-        self._lines: list[str] = []
-
-    def metric(self, name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
-        full = PREFIX + name
-        self._lines.append(f"# HELP {full} {help_text}")
-        self._lines.append(f"# TYPE {full} {kind}")
-        for labels, value in samples:
-            self._lines.append(f"{full}{_labels(labels)} {_value(value)}")
-
-    def text(self) -> str:
-        return "\n".join(self._lines) + "\n"
+def render(registry: CollectorRegistry) -> str:
+    return generate_latest(registry).decode()
 
 
 # --- HTTP ---------------------------------------------------------------------------------------
 
 
 class MetricsHttpServer:
-    """``GET /metrics`` -> ``render()``; ``GET /ready`` -> 200 if ``ready()`` else 503."""
+    """``GET /metrics``: the registry; ``/ready`` (``/readyz``): 200 if ``ready()`` else 503;
+    ``/healthz``: 200 while the process serves."""
 
     CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-    def __init__(self, host: str, port: int, render: Callable[[], str], ready: Callable[[], bool]) -> None:
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, ready: Callable[[], bool]) -> None:
         self._host, self._requested_port = host, port
-        self._render, self._ready = render, ready
-        self._server: asyncio.Server | None = None
+        self._registry, self._ready = registry, ready
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self._host, self._requested_port)
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/", self._metrics)
+        for path in ("/ready", "/readyz"):
+            app.router.add_get(path, self._readiness)
+        app.router.add_get("/healthz", self._liveness)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, self._host, self._requested_port)
+        await self._site.start()
 
     @property
     def port(self) -> int:
-        if self._server is None or not self._server.sockets:
+        server = self._site._server if self._site is not None else None  # aiohttp keeps the bound socket here
+        if server is None or not server.sockets:
             raise RuntimeError("metrics server not started")
-        return self._server.sockets[0].getsockname()[1]
+        return server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-            await server.wait_closed()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(10):
-                request_line = (await reader.readline()).decode("latin-1").split()
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass  # headers are not needed
-            method, path = (request_line + ["", ""])[:2]
-            path = path.split("?", 1)[0]
-            if method not in ("GET", "HEAD"):
-                status, body, content_type = "405 Method Not Allowed", "only GET\n", "text/plain"
-            elif path in ("/metrics", "/"):
-                status, body, content_type = "200 OK", self._render(), self.CONTENT_TYPE
-            elif path in ("/ready", "/healthz"):
-                ready = self._ready()
-                status = "200 OK" if ready else "503 Service Unavailable"
-                body, content_type = ("ready\n" if ready else "loading\n"), "text/plain"
-            else:
-                status, body, content_type = "404 Not Found", "not found\n", "text/plain"
-            payload = body.encode()
-            head = (
-                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-            ).encode()
-            writer.write(head if method == "HEAD" else head + payload)
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        except Exception:
-            log.exception("metrics request failed")
-        finally:
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except OSError:
-                pass
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self._registry), headers={"Content-Type": self.CONTENT_TYPE})
+
+    async def _readiness(self, request: web.Request) -> web.Response:
+        ready = self._ready()
+        return web.Response(status=200 if ready else 503, text="ready\n" if ready else "loading\n")
+
+    async def _liveness(self, request: web.Request) -> web.Response:
+        return web.Response(text="alive\n")

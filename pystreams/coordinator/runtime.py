@@ -63,9 +63,8 @@ from kafka.protocol.api_message import ApiMessage
 from pystreams.assignors.api import TopicMetadata
 from pystreams.coordinator import records as r
 from pystreams.coordinator.config import CoordinatorConfig
-from pystreams.coordinator.consumer_group import CLASSIC, CONSUMER, GroupState
 from pystreams.coordinator.log import LogConfigurationError, LogFencedError, PartitionLog, RecordLog
-from pystreams.coordinator.metrics import CoordinatorMetrics, Exposition, IdleTracker
+from pystreams.coordinator.metrics import CoordinatorMetrics, IdleTracker
 from pystreams.coordinator.shard import GroupCoordinatorShard, HandlerFailed, RequestContext
 from pystreams.protocol import codec
 from pystreams.protocol import messages as m
@@ -674,53 +673,11 @@ class Coordinator:
             except TimeoutError:
                 pass
 
-    # -- metrics -------------------------------------------------------------------------------
-
     def render_metrics(self) -> str:
-        """The KIP-848 coordinator metrics in Prometheus text format (see ``metrics``)."""
-        by_protocol = {CONSUMER: 0, CLASSIC: 0}
-        by_state = {state.value.lower(): 0 for state in GroupState}
-        by_partition_state = {"loading": 0, "active": 0, "failed": 0}
-        for runner in self.runners:
-            if runner.state is ShardState.ACTIVE:
-                by_partition_state["active"] += 1
-            elif runner.state is ShardState.LOADING:
-                by_partition_state["loading"] += 1
-            else:
-                by_partition_state["failed"] += 1
-            if runner.state is not ShardState.ACTIVE or runner.shard is None:
-                continue
-            for group in runner.shard.groups.values():
-                by_protocol[group.group_type] = by_protocol.get(group.group_type, 0) + 1
-                if group.group_type == CONSUMER:
-                    by_state[group.state.value.lower()] += 1
-        idle = [runner.idle.ratio() for runner in self.runners]
-        rebalances = self.metrics.rebalances
-        loads = self.metrics.load_times
-        out = Exposition()
-        out.metric("group_count", "gauge", "Number of groups by rebalance protocol (KIP-848 group-count).",
-                   (({"protocol": protocol}, count) for protocol, count in by_protocol.items()))
-        out.metric("consumer_group_count", "gauge", "Number of consumer groups by state (consumer-group-count).",
-                   (({"state": state}, count) for state, count in by_state.items()))
-        out.metric("partition_count", "gauge", "Number of record-log partitions (shards) by state (partition-count).",
-                   (({"state": state}, count) for state, count in by_partition_state.items()))
-        out.metric("event_queue_size", "gauge", "Events waiting in the shards' queues (event-queue-size).",
-                   [({}, sum(runner.queue_size for runner in self.runners))])
-        out.metric("shard_event_queue_size", "gauge", "Events waiting in one shard's queue.",
-                   (({"shard": str(runner.shard_id)}, runner.queue_size) for runner in self.runners))
-        out.metric("consumer_group_rebalance_rate", "gauge", "New target assignments per second over the last minute (consumer-group-rebalance-rate).",
-                   [({}, rebalances.rate())])
-        out.metric("consumer_group_rebalance_count", "counter", "New target assignments since start (consumer-group-rebalance-count).",
-                   [({}, rebalances.total)])
-        out.metric("partition_load_time_avg", "gauge", "Average shard load time in ms (partition-load-time-avg).",
-                   [({}, loads.avg_ms)])
-        out.metric("partition_load_time_max", "gauge", "Longest shard load time in ms (partition-load-time-max).",
-                   [({}, loads.max_ms)])
-        out.metric("thread_idle_ratio_min", "gauge", "Lowest share of the last minute a shard spent waiting for events (thread-idle-ratio-min).",
-                   [({}, min(idle) if idle else 1.0)])
-        out.metric("thread_idle_ratio_avg", "gauge", "Average share of the last minute the shards spent waiting for events (thread-idle-ratio-avg).",
-                   [({}, sum(idle) / len(idle) if idle else 1.0)])
-        return out.text()
+        """The metrics in Prometheus text format (see ``metrics``), without an HTTP server."""
+        from pystreams.coordinator.metrics import coordinator_registry, render
+
+        return render(coordinator_registry(self))
 
 
 def _with_fields(request: ApiMessage, header: RequestHeader, **changes: Any) -> ApiMessage:
