@@ -5,6 +5,9 @@
   member sends its next heartbeat as soon as the last is answered). Steady-state heartbeats
   change nothing, so they generate no records. Reported for 1 and 4 shards and a few
   concurrency levels: heartbeats/s and p50/p99 latency; ``best`` is the highest sustained rate.
+* **security** — the same heartbeat loop (4 shards) on a TLS listener and on SASL_SSL
+  (SCRAM-SHA-512; each connection authenticates once, then heartbeats), next to plaintext:
+  what encryption costs per heartbeat.
 * **offset commits** — the same closed loop with OffsetCommit (member epoch fenced), which
   *does* append a record each: memory log vs the Kafka log on the embedded broker (one
   transaction per batch of requests — group commit), 4 shards.
@@ -89,13 +92,22 @@ def decode(response_class, body: bytes, version: int):
 
 
 class SimulatedMember:
-    def __init__(self, group_id: str) -> None:
+    def __init__(self, group_id: str, security=None) -> None:
         self.group_id = group_id
         self.member_id = ""
         self.epoch = 0
+        self.security = security
 
     async def connect(self, address: tuple[str, int]) -> None:
-        self.reader, self.writer = await asyncio.open_connection(*address)
+        from pystreams.client.driver import KafkaConnection
+
+        if self.security is None:
+            self.reader, self.writer = await asyncio.open_connection(*address)
+            return
+        # Authenticate through the real client handshake, then speak raw frames on its streams.
+        connection = await KafkaConnection.open(address, "bench", 10, self.security)
+        connection._reader_task.cancel()
+        self.reader, self.writer = connection._reader, connection._writer
 
     async def join(self) -> None:
         request = HB(group_id=self.group_id, member_id="", member_epoch=0, rebalance_timeout_ms=30_000,
@@ -161,8 +173,8 @@ async def closed_loop(members: list[SimulatedMember], frames: list[bytes], error
     }
 
 
-async def prepared_members(address: tuple[str, int], count: int, prefix: str) -> list[SimulatedMember]:
-    members = [SimulatedMember(f"{prefix}-{i // MEMBERS_PER_GROUP}") for i in range(count)]
+async def prepared_members(address: tuple[str, int], count: int, prefix: str, security=None) -> list[SimulatedMember]:
+    members = [SimulatedMember(f"{prefix}-{i // MEMBERS_PER_GROUP}", security) for i in range(count)]
     await asyncio.gather(*(member.connect(address) for member in members))
     for member in members:  # one by one: each join bumps its group's epoch
         await member.join()
@@ -176,12 +188,12 @@ HEARTBEAT_ERROR_AT = 5 + 4  # header v1 (correlation id, tags) + ThrottleTimeMs
 COMMIT_ERROR_AT = 5 + 4 + 1 + 1 + len("bench-topic") + 1 + 4  # header, throttle, topics, name, partitions, index
 
 
-async def bench_heartbeats(shards: int, duration_s: float) -> dict:
-    coordinator = CoordinatorProcess("--log", "memory", "--shards", str(shards))
+async def bench_heartbeats(shards: int, duration_s: float, listener_args: tuple[str, ...] = (), security=None) -> dict:
+    coordinator = CoordinatorProcess("--log", "memory", "--shards", str(shards), *listener_args)
     try:
         runs = []
         for concurrency in CONCURRENCY:
-            members = await prepared_members(coordinator.address, concurrency, f"hb-{concurrency}")
+            members = await prepared_members(coordinator.address, concurrency, f"hb-{concurrency}", security)
             try:
                 runs.append(await closed_loop(members, [member.heartbeat_frame() for member in members], HEARTBEAT_ERROR_AT, duration_s, 0.5))
             finally:
@@ -204,6 +216,32 @@ async def bench_commits(log_args: list[str], duration_s: float) -> dict:
                 member.close()
     finally:
         coordinator.stop()
+
+
+async def bench_security(duration_s: float) -> dict:
+    """Plaintext, TLS and SASL_SSL listeners under the same heartbeat loop (4 shards)."""
+    import tempfile
+
+    import trustme
+
+    from pystreams.protocol.sasl import CredentialStore
+    from pystreams.protocol.security import ClientSecurity
+
+    with tempfile.TemporaryDirectory() as directory:
+        ca = trustme.CA()
+        ca.cert_pem.write_to_path(f"{directory}/ca.pem")
+        ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(f"{directory}/server.pem")
+        with open(f"{directory}/credentials.json", "w") as file:
+            file.write(CredentialStore().with_user("bench", "bench-secret").dumps())
+        tls = ("--ssl-certfile", f"{directory}/server.pem")
+        return {
+            "PLAINTEXT": await bench_heartbeats(4, duration_s),
+            "SSL": await bench_heartbeats(4, duration_s, ("--listen", "SSL://127.0.0.1:0", *tls),
+                                          ClientSecurity("SSL", ssl_cafile=f"{directory}/ca.pem")),
+            "SASL_SSL": await bench_heartbeats(4, duration_s, ("--listen", "SASL_SSL://127.0.0.1:0", *tls, "--sasl-credentials-file", f"{directory}/credentials.json"),
+                                               ClientSecurity("SASL_SSL", ssl_cafile=f"{directory}/ca.pem", sasl_mechanism="SCRAM-SHA-512",
+                                                              sasl_plain_username="bench", sasl_plain_password="bench-secret")),
+        }
 
 
 # --- loading -----------------------------------------------------------------------------------
@@ -242,7 +280,7 @@ def generate_group_records(groups: int) -> list[r.Record]:
 async def fill(record_log, records: list[r.Record], shards: int, chunk: int = 2000) -> None:
     by_shard: dict[int, list[r.Record]] = {}
     for record in records:
-        by_shard.setdefault(group_shard(record.key.group_id, shards), []).append(record)
+        by_shard.setdefault(group_shard(record.group_id, shards), []).append(record)
     for shard_id, shard_records in by_shard.items():
         handle = await record_log.claim(shard_id)
         try:
@@ -302,6 +340,7 @@ async def main_async(args: argparse.Namespace) -> dict:
         "note": "closed loop over TCP on loopback; load generator and coordinator share the machine",
     }
     results["heartbeats"] = {f"{shards}_shards": await bench_heartbeats(shards, args.duration) for shards in (1, 4)}
+    results["heartbeats_4_shards_by_listener"] = await bench_security(args.duration)
     broker = None if args.skip_kafka else EmbeddedBroker().start()
     try:
         commits = {"memory_log": await bench_commits(["--log", "memory"], args.duration)}

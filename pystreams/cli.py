@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dev": ("pystreams.commands.dev", "start the embedded Kafka broker and a coordinator together for local development"),
     "demo": ("pystreams.demo", "replay a scripted KIP-848 rebalance through the coordinator state machine"),
     "groups": ("pystreams.commands.groups", "list and describe groups on a coordinator; validate a regex subscription"),
+    "credentials": ("pystreams.commands.credentials", "add, remove or list the SCRAM credentials a SASL listener checks"),
     "configs": ("pystreams.commands.configs", "describe or alter a group's dynamic configs (session timeout, heartbeat interval, ...)"),
     "sim": ("pystreams.commands.sim", "deterministic simulation: real coordinator and members, faults, invariants, many seeds"),
     "worker": ("pystreams.commands.worker", "run an app's stream tasks as a member of its group (KIP-848, client-side task assignment)"),

@@ -33,17 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import logging
 import random as random_module
-import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from uuid import UUID
 
 import kafka.errors as Errors
-from kafka.protocol.api_header import RequestHeader, ResponseHeader
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.find_coordinator import CoordinatorType
 
@@ -57,8 +54,10 @@ from pystreams.client.member import (
     RevokePartitions,
 )
 from pystreams.protocol import messages as m
+from pystreams.protocol.framing import ClientFraming
+from pystreams.protocol.handshake import HandshakeError, ServerInfo, client_handshake
+from pystreams.protocol.security import ClientSecurity
 from pystreams.protocol.sentinels import COORDINATOR_MOVED
-from pystreams.protocol.registry import ApiSpec, api_spec
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +66,6 @@ Address = tuple[str, int]
 OffsetKey = tuple[UUID | str, int]
 EventHandler = Callable[[MemberEvent], Awaitable[None]]
 
-_FRAME_SIZE = struct.Struct(">i")
-_CORRELATION_ID = struct.Struct(">i")
 
 #: The versions this driver speaks. FindCoordinator v4 is the batched form every Kafka 3+/4
 #: broker and our coordinator serve; OffsetCommit/OffsetFetch v9 carry names, v10 topic ids.
@@ -151,7 +148,11 @@ class ConnectionLost(ConnectionError):
 
 
 class KafkaConnection:
-    """One Kafka-protocol connection with several requests in flight, matched by correlation id."""
+    """One Kafka-protocol connection with several requests in flight, matched by correlation id.
+
+    ``open`` connects (TLS when the security settings say so) and runs the client handshake
+    (ApiVersions, then SASL when configured); ``server`` is what ApiVersions said.
+    """
 
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: Address, client_id: str
@@ -159,18 +160,38 @@ class KafkaConnection:
         self.address = address
         self._reader = reader
         self._writer = writer
-        self._client_id = client_id
-        self._next_correlation_id = 0
-        # correlation id -> (the spec and version to decode with, the waiting future)
-        self._pending: dict[int, tuple[ApiSpec, int, asyncio.Future[ApiMessage]]] = {}
+        self._framing = ClientFraming(client_id)
+        #: correlation id -> the waiting future
+        self._pending: dict[int, asyncio.Future[ApiMessage]] = {}
         self._closed = False
         self._close_reason: BaseException | None = None
+        self.server: ServerInfo | None = None
         self._reader_task = asyncio.create_task(self._read_responses(), name=f"kafka-connection-{address}")
 
     @classmethod
-    async def open(cls, address: Address, client_id: str, timeout_s: float) -> KafkaConnection:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), timeout_s)
-        return cls(reader, writer, address, client_id)
+    async def open(
+        cls, address: Address, client_id: str, timeout_s: float, security: ClientSecurity | None = None,
+    ) -> KafkaConnection:
+        security = security or ClientSecurity()
+        context = security.ssl_context()
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(*address, ssl=context, server_hostname=address[0] if context else None), timeout_s,
+        )
+        connection = cls(reader, writer, address, client_id)
+        try:
+            connection.server = await connection._drive(client_handshake(security, address[0]), timeout_s)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    async def _drive(self, steps, timeout_s: float) -> ServerInfo:
+        try:
+            request, version = next(steps)
+            while True:
+                request, version = steps.send(await self.send(request, version, timeout_s))
+        except StopIteration as done:
+            return done.value
 
     @property
     def closed(self) -> bool:
@@ -181,32 +202,23 @@ class KafkaConnection:
         the connection)."""
         if self._closed:
             raise ConnectionLost(f"connection to {self.address} is closed")
-        spec = api_spec(request.API_KEY)
-        if spec is None or not spec.supports(version):
-            raise ValueError(f"{type(request).__name__} v{version} is not a served API version")
-        correlation_id = self._next_correlation_id
-        self._next_correlation_id = (self._next_correlation_id + 1) & 0x7FFFFFFF
-        header = RequestHeader(
-            request_api_key=request.API_KEY, request_api_version=version,
-            correlation_id=correlation_id, client_id=self._client_id,
-        )
-        payload = bytes(header.encode(flexible=spec.request_header_version(version) == 2))
-        payload += bytes(request.encode(version=version))
+        correlation_id, data = self._framing.request_bytes(request, version)
         future: asyncio.Future[ApiMessage] = asyncio.get_running_loop().create_future()
-        self._pending[correlation_id] = (spec, version, future)
+        self._pending[correlation_id] = future
         try:
-            self._writer.write(_FRAME_SIZE.pack(len(payload)) + payload)
+            self._writer.write(data)
             async with asyncio.timeout(timeout_s):
                 await self._writer.drain()
                 return await future
         except TimeoutError:
-            self.close(TimeoutError(f"{spec.name} timed out after {timeout_s} s"))
+            self.close(TimeoutError(f"{type(request).__name__} timed out after {timeout_s} s"))
             raise
         except (ConnectionError, OSError) as exc:
             self.close(exc)
             raise ConnectionLost(str(exc)) from exc
         finally:
             self._pending.pop(correlation_id, None)
+            self._framing.forget(correlation_id)
 
     def close(self, reason: BaseException | None = None) -> None:
         if self._closed:
@@ -216,7 +228,7 @@ class KafkaConnection:
         self._writer.close()
         if asyncio.current_task() is not self._reader_task:
             self._reader_task.cancel()
-        for _, _, future in self._pending.values():
+        for future in self._pending.values():
             if not future.done():
                 future.set_exception(ConnectionLost(f"connection to {self.address} closed: {reason!r}"))
         self._pending.clear()
@@ -230,18 +242,13 @@ class KafkaConnection:
     async def _read_responses(self) -> None:
         try:
             while True:
-                size = _FRAME_SIZE.unpack(await self._reader.readexactly(_FRAME_SIZE.size))[0]
-                frame = await self._reader.readexactly(size)
-                (correlation_id,) = _CORRELATION_ID.unpack_from(frame, 0)
-                entry = self._pending.get(correlation_id)
-                if entry is None:
-                    continue  # the request timed out and was given up on
-                spec, version, future = entry
-                stream = io.BytesIO(frame)
-                ResponseHeader.decode(stream, flexible=spec.response_header_version(version) == 1)
-                response = spec.response_class.decode(stream.read(), version=version)
-                if not future.done():
-                    future.set_result(response)
+                chunk = await self._reader.read(1 << 20)
+                if not chunk:
+                    raise ConnectionLost(f"{self.address} closed the connection")
+                for correlation_id, response in self._framing.receive(chunk):
+                    future = self._pending.get(correlation_id)
+                    if future is not None and not future.done():
+                        future.set_result(response)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # EOF, reset, or a response we cannot parse: all fatal here
@@ -316,8 +323,10 @@ class MemberDriver:
         reconnect_backoff_max_ms: int = 1_000,
         clock_ms: Callable[[], int] = monotonic_ms,
         random: Callable[[], float] = random_module.random,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.config = config
+        self.security = security or ClientSecurity()
         self.member = GroupMember(config)
         self.bootstrap = parse_bootstrap(bootstrap)
         self.request_timeout_ms = request_timeout_ms
@@ -645,7 +654,7 @@ class MemberDriver:
         """Find the coordinator and connect to it; on failure sleep the back-off (wakeable)."""
         try:
             connection = await self._find_and_connect()
-        except (OSError, TimeoutError, ConnectionLost, _CoordinatorLookupError) as exc:
+        except (OSError, TimeoutError, ConnectionLost, _CoordinatorLookupError, HandshakeError) as exc:
             delay_ms = self._backoff.next_ms()
             log.info("group %s: no coordinator (%r); retrying in %d ms", self.config.group_id, exc, delay_ms)
             await asyncio.sleep(delay_ms / 1000)
@@ -661,7 +670,7 @@ class MemberDriver:
         start = self._backoff.attempts % len(self.bootstrap)
         for address in self.bootstrap[start:] + self.bootstrap[:start]:
             try:
-                bootstrap_connection = await KafkaConnection.open(address, self._client_id, timeout_s)
+                bootstrap_connection = await KafkaConnection.open(address, self._client_id, timeout_s, self.security)
             except (OSError, TimeoutError) as exc:
                 last_error = exc
                 continue
@@ -679,10 +688,18 @@ class MemberDriver:
                     )
                 coordinator = (entry.host, entry.port)
                 if coordinator == address:
-                    keep = True
-                    return bootstrap_connection
-                return await KafkaConnection.open(coordinator, self._client_id, timeout_s)
-            except (OSError, TimeoutError, ConnectionLost, _CoordinatorLookupError) as exc:
+                    connection = bootstrap_connection
+                else:
+                    connection = await KafkaConnection.open(coordinator, self._client_id, timeout_s, self.security)
+                if connection.server is not None and not connection.server.is_pystreams_coordinator:
+                    connection.close()
+                    raise _CoordinatorLookupError(
+                        f"{coordinator[0]}:{coordinator[1]} is a Kafka broker, not a pystreams coordinator "
+                        "(point --coordinator at `pystreams coordinator`)"
+                    )
+                keep = connection is bootstrap_connection
+                return connection
+            except (OSError, TimeoutError, ConnectionLost, _CoordinatorLookupError, HandshakeError) as exc:
                 last_error = exc
             finally:
                 if not keep:

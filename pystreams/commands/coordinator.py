@@ -64,7 +64,8 @@ _CLUSTER_OPTIONS = [
 
 _SERVER_OPTIONS = [
     _Option("--listen", "PYSTREAMS_LISTEN", DEFAULT_LISTEN,
-            "address to serve the Kafka protocol on; port 0 picks a free port", {"type": options.host_port, "metavar": "HOST:PORT"}),
+            "[PROTOCOL://]HOST:PORT to serve the Kafka protocol on (Kafka's listeners; PROTOCOL is PLAINTEXT, SSL, "
+            "SASL_PLAINTEXT or SASL_SSL); port 0 picks a free port", {"metavar": "[PROTOCOL://]HOST:PORT"}),
     _Option("--advertised-listener", "PYSTREAMS_ADVERTISED_LISTENER", None,
             "address clients are told to connect to (needed when --listen binds 0.0.0.0)",
             {"type": options.host_port, "metavar": "HOST:PORT"}),
@@ -101,6 +102,26 @@ _SERVER_OPTIONS = [
             {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"], "type": str.upper}),
 ]
 
+
+_SECURITY_OPTIONS = [
+    _Option("--ssl-certfile", "PYSTREAMS_SSL_CERTFILE", None,
+            "the listener's certificate chain (PEM; may hold the key too) for SSL and SASL_SSL", {"metavar": "FILE"}),
+    _Option("--ssl-keyfile", "PYSTREAMS_SSL_KEYFILE", None, "the certificate's private key (PEM)", {"metavar": "FILE"}),
+    _Option("--ssl-cafile", "PYSTREAMS_SSL_CAFILE", None,
+            "CAs that client certificates must chain to (with --ssl-client-auth)", {"metavar": "FILE"}),
+    _Option("--ssl-client-auth", "PYSTREAMS_SSL_CLIENT_AUTH", "none",
+            "ssl.client.auth: none, requested or required (mTLS: the certificate's DN is the principal)",
+            {"choices": ["none", "requested", "required"]}),
+    _Option("--sasl-enabled-mechanisms", "PYSTREAMS_SASL_ENABLED_MECHANISMS", "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+            "sasl.enabled.mechanisms, comma-separated", {"metavar": "MECHANISMS"}),
+    _Option("--sasl-credentials-file", "PYSTREAMS_SASL_CREDENTIALS_FILE", None,
+            "SCRAM credentials written by `pystreams credentials` (or put the JSON itself in PYSTREAMS_SASL_CREDENTIALS)",
+            {"metavar": "FILE"}),
+    _Option("--acl-file", "PYSTREAMS_ACL_FILE", None,
+            "ACLs (JSON, re-read when it changes); without it every client may do everything", {"metavar": "FILE"}),
+    _Option("--super-users", "PYSTREAMS_SUPER_USERS", "",
+            "super.users: principals ACLs do not restrict, ;-separated (User:admin;User:ops)", {"metavar": "PRINCIPALS"}),
+]
 
 _LIMIT_OPTIONS = [
     _Option("--socket-request-max-bytes", "PYSTREAMS_SOCKET_REQUEST_MAX_BYTES", str(100 * 1024 * 1024),
@@ -146,10 +167,12 @@ def _epilog(options: list[_Option]) -> str:
 
 def add_coordinator_options(parser: argparse.ArgumentParser, *, cluster: bool = True) -> None:
     """The server options (and, with ``cluster``, where the log and topics live)."""
-    options = (_CLUSTER_OPTIONS if cluster else []) + _SERVER_OPTIONS + _LIMIT_OPTIONS
+    listed = (_CLUSTER_OPTIONS if cluster else []) + _SERVER_OPTIONS + _SECURITY_OPTIONS + _LIMIT_OPTIONS
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = (parser.epilog or "") + _epilog(options)
-    _add(parser, options)
+    parser.epilog = (parser.epilog or "") + _epilog(listed)
+    _add(parser, listed)
+    if cluster:
+        options.add_client_security_options(parser, prefix="broker-", what="the Kafka cluster (record log and topic metadata)")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -181,6 +204,9 @@ class CoordinatorSettings:
     metadata_refresh_ms: int
     event_queue_size: int
     limits: Any = None  # ServerLimits
+    security: Any = None  # ListenerSecurity
+    authorizer: Any = None  # Authorizer | None
+    broker_security: Any = None  # ClientSecurity
     regex_max_bytes: int = 4096
     regex_cache_bytes: int = 32 * 1024 * 1024
 
@@ -193,7 +219,9 @@ def _parse(value: Any, convert: Any) -> Any:
 def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | None = None, log: str | None = None,
                        log_topic: str | None = None) -> CoordinatorSettings:
     """Validated settings; raises ValueError with a message for the user."""
+    from pystreams.coordinator.authorizer import Authorizer
     from pystreams.coordinator.config import CoordinatorConfig
+    from pystreams.protocol.security import ClientSecurity, Listener, ListenerSecurity, credentials_from, uses_sasl
     from pystreams.protocol.server import ServerLimits
 
     bootstrap = bootstrap_servers or getattr(args, "bootstrap_servers", None)
@@ -209,6 +237,16 @@ def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | Non
         return _parse(value, int) if value is not None else fallback
 
     shards = _parse(args.shards, options.positive_int)
+    listener = Listener.parse(args.listen)
+    security = ListenerSecurity(
+        protocol=listener.protocol,
+        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, ssl_cafile=args.ssl_cafile,
+        ssl_client_auth=args.ssl_client_auth,
+        sasl_enabled_mechanisms=tuple(m.strip().upper() for m in args.sasl_enabled_mechanisms.split(",") if m.strip()),
+        credentials=credentials_from(args.sasl_credentials_file) if uses_sasl(listener.protocol) else None,
+    )
+    super_users = [u.strip() for u in (args.super_users or "").split(";") if u.strip()]
+    authorizer = Authorizer(args.acl_file, super_users) if args.acl_file else None
     config = CoordinatorConfig(
         max_group_size=_parse(args.group_consumer_max_size, options.positive_int),
         max_groups=-(-_parse(args.max_groups, options.positive_int) // shards),  # per shard, rounded up
@@ -226,7 +264,10 @@ def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | Non
         bootstrap_servers=bootstrap,
         log=log_kind,
         log_topic=log_topic or getattr(args, "log_topic", None) or DEFAULT_LOG_TOPIC,
-        listen=_parse(args.listen, options.host_port),
+        listen=(listener.host, listener.port),
+        security=security,
+        authorizer=authorizer,
+        broker_security=options.client_security_from_args(args, prefix="broker-") if hasattr(args, "broker_security_protocol") else ClientSecurity(),
         advertised=_parse(args.advertised_listener, options.host_port) if args.advertised_listener else None,
         shards=shards,
         metrics_port=_parse(metrics_port, options.port) if metrics_port not in (None, "") else None,
@@ -273,23 +314,27 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
 
     loop = asyncio.get_running_loop()
     topic_source: Any
+    broker_config = settings.broker_security.kafka_python_config() if settings.broker_security is not None else {}
     if settings.bootstrap_servers:
-        topic_source = ClusterMetadata(settings.bootstrap_servers, client_id="pystreams-coordinator-metadata")
+        topic_source = ClusterMetadata(settings.bootstrap_servers, client_id="pystreams-coordinator-metadata", **broker_config)
     else:
         topic_source = StaticTopics()
     if settings.log == "kafka":
         assert settings.bootstrap_servers
-        record_log: Any = KafkaLog(settings.bootstrap_servers, settings.shards, topic=settings.log_topic)
+        record_log: Any = KafkaLog(settings.bootstrap_servers, settings.shards, topic=settings.log_topic, **broker_config)
     else:
         record_log = MemoryLog(settings.shards)
     coordinator = Coordinator(
         record_log, config=settings.config, topic_source=topic_source,
         metadata_refresh_ms=settings.metadata_refresh_ms, queue_size=settings.event_queue_size,
+        authorizer=settings.authorizer,
     )
     host, port = settings.listen
     advertised_host, advertised_port = settings.advertised or (None, None)
     subscriptions.configure(max_bytes=settings.regex_cache_bytes, max_pattern_bytes=settings.regex_max_bytes)
-    server = KafkaProtocolServer(host, port, coordinator.handle, limits=settings.limits, advertised_host=advertised_host, advertised_port=advertised_port)
+    server = KafkaProtocolServer(host, port, coordinator.handle, limits=settings.limits, security=settings.security,
+                                 advertised_host=advertised_host, advertised_port=advertised_port)
+    _warn_if_open(settings)
     metrics = None
     try:
         await coordinator.start()
@@ -314,6 +359,21 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
             await metrics.close()
         if isinstance(topic_source, ClusterMetadata):
             await loop.run_in_executor(None, topic_source.close)
+
+
+def _warn_if_open(settings: CoordinatorSettings) -> None:
+    """Open on loopback is the dev experience; open to a network is everyone's group coordinator."""
+    from pystreams.protocol.security import is_loopback
+
+    host = settings.listen[0]
+    if settings.security is not None and not settings.security.authenticates and not is_loopback(host):
+        logging.getLogger("pystreams.coordinator").warning(
+            "listening on %s without authentication: any client that reaches it can join, commit and alter any group. "
+            "Use a SASL_SSL listener (--listen SASL_SSL://HOST:PORT) and --acl-file.", host,
+        )
+    if settings.authorizer is not None and settings.security is not None and not settings.security.authenticates:
+        logging.getLogger("pystreams.coordinator").warning(
+            "ACLs are enforced but clients do not authenticate: every client is User:ANONYMOUS")
 
 
 def _install_stop_signals(stop: asyncio.Event) -> None:

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pystreams.commands import options
+
 HELP = "list and describe groups on a coordinator; validate a regex subscription"
 
 COORDINATOR_ENV = "PYSTREAMS_COORDINATOR"
@@ -38,6 +40,7 @@ def add_coordinator_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=float, default=10.0, metavar="S",
                         help="give up on a connection or an answer after this long (default: 10)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    options.add_client_security_options(parser)
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -52,7 +55,8 @@ def connect(args: argparse.Namespace):
     from pystreams.protocol.client import KafkaProtocolClient
 
     host, port = parse_host_port(args.coordinator)
-    return KafkaProtocolClient(host, port, client_id="pystreams-cli", timeout_s=args.timeout_s).connect()
+    security = options.client_security_from_args(args)
+    return KafkaProtocolClient(host, port, client_id="pystreams-cli", timeout_s=args.timeout_s, security=security).connect()
 
 
 def error_text(code: int, message: str | None) -> str:

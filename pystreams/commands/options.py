@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
 #: A decimal integer as Kafka's config parser reads one (Python's int() also takes "5_000", "٣").
 _DECIMAL = re.compile(r"[+-]?[0-9]+")
@@ -66,3 +67,49 @@ def positive_seconds(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive: {value:g}")
     return value
+
+
+# --- client security (kafka-python's names) -------------------------------------------------------
+
+_SECURITY_FIELDS = (
+    # (flag suffix, ClientSecurity field, environment suffix, help)
+    ("security-protocol", "security_protocol", "SECURITY_PROTOCOL", "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"),
+    ("ssl-cafile", "ssl_cafile", "SSL_CAFILE", "CA bundle (PEM) to verify the server's certificate"),
+    ("ssl-certfile", "ssl_certfile", "SSL_CERTFILE", "client certificate (PEM) for mutual TLS"),
+    ("ssl-keyfile", "ssl_keyfile", "SSL_KEYFILE", "the client certificate's private key (PEM)"),
+    ("sasl-mechanism", "sasl_mechanism", "SASL_MECHANISM", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"),
+    ("sasl-plain-username", "sasl_plain_username", "SASL_PLAIN_USERNAME", "SASL user"),
+    ("sasl-plain-password", "sasl_plain_password", "SASL_PLAIN_PASSWORD", "SASL password (prefer the environment variable)"),
+)
+
+
+def add_client_security_options(parser: argparse.ArgumentParser, *, prefix: str = "", what: str = "the coordinator") -> None:
+    """``--[PREFIX]security-protocol`` and friends; each also reads ``PYSTREAMS_[PREFIX]...``.
+    With a prefix (``broker-``), an option left unset falls back to the unprefixed one."""
+    import os
+
+    group = parser.add_argument_group(f"security toward {what}")
+    env_prefix = "PYSTREAMS_" + prefix.upper().replace("-", "_")
+    for flag, name, env, help_text in _SECURITY_FIELDS:
+        group.add_argument(f"--{prefix}{flag}", dest=f"{prefix.replace('-', '_')}{name}", default=os.environ.get(env_prefix + env),
+                           metavar=name.upper().split("_", 1)[-1], help=f"{help_text} (env {env_prefix + env})")
+    group.add_argument(f"--{prefix}no-ssl-check-hostname", dest=f"{prefix.replace('-', '_')}no_ssl_check_hostname", action="store_true",
+                       default=os.environ.get(env_prefix + "SSL_CHECK_HOSTNAME", "").lower() in ("0", "false", "no"),
+                       help=f"do not check the server certificate's host name (env {env_prefix}SSL_CHECK_HOSTNAME=false)")
+
+
+def client_security_from_args(args: argparse.Namespace, *, prefix: str = "", fallback: Any = None) -> Any:
+    """The ClientSecurity the options describe (ValueError with the reason if inconsistent)."""
+    from pystreams.protocol.security import ClientSecurity
+
+    dest = prefix.replace("-", "_")
+    values: dict[str, Any] = {}
+    for _, name, _, _ in _SECURITY_FIELDS:
+        value = getattr(args, dest + name, None)
+        if value is None and fallback is not None:
+            value = getattr(fallback, name)
+        if value is not None:
+            values[name] = value.upper() if name in ("security_protocol", "sasl_mechanism") else value
+    no_check = getattr(args, dest + "no_ssl_check_hostname", False)
+    values["ssl_check_hostname"] = not no_check if (no_check or fallback is None) else fallback.ssl_check_hostname
+    return ClientSecurity(**values)

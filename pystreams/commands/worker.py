@@ -56,6 +56,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         default=env("PYSTREAMS_SHUTDOWN_APPLICATION_ON_ERROR", "") in ("1", "true"),
                         help="a fatal error here asks every worker of the app to shut down "
                              "(env PYSTREAMS_SHUTDOWN_APPLICATION_ON_ERROR)")
+    options.add_client_security_options(parser)
+    options.add_client_security_options(parser, prefix="broker-", what="the Kafka brokers (unset: as toward the coordinator)")
     parser.add_argument("--log-level", default=env("PYSTREAMS_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(env PYSTREAMS_LOG_LEVEL)")
 
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         except argparse.ArgumentTypeError as error:
             raise ValueError(f"PYSTREAMS_CLIENT_TAGS: {error}") from None
         client_tags.update(args.client_tag)  # the command line wins over the environment
+        coordinator_security = options.client_security_from_args(args)
         settings = WorkerSettings(
             app=args.app,
             bootstrap_servers=args.bootstrap_servers,
@@ -91,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
             ),
             client_tags=client_tags,
             shutdown_application_on_error=args.shutdown_application_on_error,
+            coordinator_security=coordinator_security,
+            broker_security=options.client_security_from_args(args, prefix="broker-", fallback=coordinator_security),
         )
     except ValueError as error:
         print(f"pystreams worker: {error}", file=sys.stderr)

@@ -62,13 +62,14 @@ from kafka.protocol.api_message import ApiMessage
 
 from pystreams.assignors.api import TopicMetadata
 from pystreams.coordinator import records as r
+from pystreams.coordinator.authorizer import PERMISSIONS, Authorizer
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.log import LogConfigurationError, LogFencedError, PartitionLog, RecordLog
 from pystreams.coordinator.metrics import CoordinatorMetrics, IdleTracker
 from pystreams.coordinator.shard import GroupCoordinatorShard, HandlerFailed, RequestContext
 from pystreams.protocol import codec
 from pystreams.protocol import messages as m
-from pystreams.protocol.server import current_peer
+from pystreams.protocol.server import ANONYMOUS, current_session
 
 __all__ = ["Coordinator", "ShardRunner", "ShardState", "StaticTopics", "TopicSource", "group_shard", "java_string_hash"]
 
@@ -461,9 +462,12 @@ class Coordinator:
         max_batch: int = 256,
         shard_factory: Callable[[], GroupCoordinatorShard] | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.log = log
         self.config = config or CoordinatorConfig()
+        #: None: every request is allowed (no authorizer configured, Kafka's default).
+        self.authorizer = authorizer
         self.shard_count = log.partition_count
         self.metrics = CoordinatorMetrics()
         self._topic_source = topic_source if topic_source is not None else StaticTopics()
@@ -540,8 +544,9 @@ class Coordinator:
         return group_shard(group_id, self.shard_count)
 
     async def handle(self, header: RequestHeader, request: ApiMessage) -> ApiMessage:
-        """The ``KafkaProtocolServer`` handler: route, wait for durability, answer."""
-        peer = current_peer()
+        """The ``KafkaProtocolServer`` handler: authorize, route, wait for durability, answer."""
+        session = current_session()
+        peer = session.peer if session is not None else None
         context = RequestContext(client_id=header.client_id or "", client_host=peer[0] if peer else "")
         route = self._routes.get(request.API_KEY)
         if route is None:
@@ -549,7 +554,58 @@ class Coordinator:
                 header, Errors.UnsupportedVersionError.errno,
                 f"{type(request).__name__.removesuffix('Request')} is not served by this coordinator yet", request,
             )
+        if self.authorizer is not None and request.API_KEY in PERMISSIONS:
+            principal = session.principal if session is not None else ANONYMOUS
+            return await self._authorized(route, header, request, context, principal, context.client_host)
         return await route(header, request, context)
+
+    # -- authorization ---------------------------------------------------------------------------
+
+    #: Requests naming several groups: (the list field, how an item names its group, the result field).
+    _ITEMS: dict[int, tuple[str, Callable[[Any], str | None], str]] = {
+        m.DescribeGroupsRequest.API_KEY: ("groups", lambda group_id: group_id, "groups"),
+        m.ConsumerGroupDescribeRequest.API_KEY: ("group_ids", lambda group_id: group_id, "groups"),
+        m.OffsetFetchRequest.API_KEY: ("groups", lambda group: group.group_id, "groups"),
+        m.DescribeConfigsRequest.API_KEY: ("resources", lambda r: r.resource_name if r.resource_type == 16 else None, "results"),
+        m.IncrementalAlterConfigsRequest.API_KEY: ("resources", lambda r: r.resource_name if r.resource_type == 16 else None, "responses"),
+    }
+
+    async def _authorized(self, route: Route, header: RequestHeader, request: ApiMessage, context: RequestContext,
+                          principal: str, host: str) -> ApiMessage:
+        """Kafka's answers to what a principal may not do: GROUP/CLUSTER_AUTHORIZATION_FAILED for
+        the request or for each group it may not touch; ListGroups lists what it may describe."""
+        assert self.authorizer is not None
+        operation, resource_type = PERMISSIONS[request.API_KEY]
+        allows = self.authorizer.allows
+        if request.API_KEY == m.ListGroupsRequest.API_KEY:
+            response = await route(header, request, context)
+            if not allows(principal, host, "Describe", "Cluster"):
+                response.groups = [g for g in response.groups or [] if allows(principal, host, "Describe", "Group", g.group_id)]
+            return response
+        items = self._ITEMS.get(request.API_KEY)
+        if items is None or (request.API_KEY == m.OffsetFetchRequest.API_KEY and header.request_api_version < 8):
+            if allows(principal, host, operation, resource_type, request.group_id):
+                return await route(header, request, context)
+            return codec.error_response(header, Errors.GroupAuthorizationFailedError.errno,
+                                        f"{principal} may not {operation} group {request.group_id!r}", request)
+        items_field, group_of, results_field = items
+        entries = list(getattr(request, items_field) or [])
+        denied = [
+            index for index, entry in enumerate(entries)
+            if (group := group_of(entry)) is not None and not allows(principal, host, operation, resource_type, group)
+        ]
+        if not denied:
+            return await route(header, request, context)
+        refusal = codec.error_response(
+            header, Errors.GroupAuthorizationFailedError.errno, f"{principal} may not {operation} this group",
+            _with_fields(request, header, **{items_field: [entries[i] for i in denied]}),
+        )
+        refused = iter(getattr(refusal, results_field))
+        allowed = [entry for index, entry in enumerate(entries) if index not in set(denied)]
+        answer = await route(header, _with_fields(request, header, **{items_field: allowed}), context) if allowed else refusal
+        served = iter(getattr(answer, results_field) or []) if allowed else iter(())
+        setattr(answer, results_field, [next(refused) if index in set(denied) else next(served) for index in range(len(entries))])
+        return answer
 
     async def _call(self, shard_id: int, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
         try:

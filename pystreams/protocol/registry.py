@@ -70,6 +70,10 @@ _SERVED: tuple[tuple[type[ApiMessage], type[ApiMessage], int, int], ...] = (
     # v4 differs from v3 only in allowing SupportedFeatures with MinVersion 0 (KAFKA-17011);
     # clients that send v4 get UNSUPPORTED_VERSION and retry with v3, Kafka's own fallback.
     (m.ApiVersionsRequest, m.ApiVersionsResponse, 0, 3),
+    # SASL (KIP-43, KIP-152): v1 handshakes hand the tokens to SaslAuthenticate; v0's raw
+    # token frames were removed by KIP-896. SaslAuthenticate v2 is flexible.
+    (m.SaslHandshakeRequest, m.SaslHandshakeResponse, 1, 1),
+    (m.SaslAuthenticateRequest, m.SaslAuthenticateResponse, 0, 2),
     # v13 only adds a top-level ErrorCode; kafka-python's admin client is happy with 12.
     (m.MetadataRequest, m.MetadataResponse, 0, 12),
     # v4 is the batched CoordinatorKeys form (KIP-699); v5/v6 are transaction/share additions.

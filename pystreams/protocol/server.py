@@ -48,6 +48,8 @@ from kafka.protocol.metadata.find_coordinator import CoordinatorType
 from pystreams.protocol import codec
 from pystreams.protocol import messages as m
 from pystreams.protocol.registry import advertised_versions
+from pystreams.protocol.sasl import SaslServer
+from pystreams.protocol.security import ListenerSecurity, principal_from_certificate
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +61,48 @@ _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 # KIP-511: ApiVersions v3+ client software name and version must match this, else INVALID_REQUEST.
 _SOFTWARE_NAME_OR_VERSION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
-_current_peer: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
-    "pystreams_protocol_peer", default=None,
-)
+ANONYMOUS = "User:ANONYMOUS"
+
+
+@dataclass
+class Session:
+    """What the server knows of one connection: where it comes from and who it is.
+
+    ``principal`` is Kafka's: ``User:ANONYMOUS`` on PLAINTEXT, the client certificate's
+    distinguished name on TLS with a client certificate, ``User:NAME`` once SASL succeeds.
+    """
+
+    peer: tuple[str, int] | None
+    principal: str = ANONYMOUS
+    sasl: SaslServer | None = None
+
+    @property
+    def authenticated(self) -> bool:
+        return self.sasl is None or self.sasl.authenticated
+
+    @property
+    def host(self) -> str:
+        return self.peer[0] if self.peer else ""
+
+
+_current_session: contextvars.ContextVar[Session | None] = contextvars.ContextVar("pystreams_protocol_session", default=None)
+
+#: Before SASL authentication only these are served (Kafka closes the connection on anything else).
+_BEFORE_AUTHENTICATION = frozenset({m.ApiVersionsRequest.API_KEY, m.SaslHandshakeRequest.API_KEY, m.SaslAuthenticateRequest.API_KEY})
+
+
+def current_session() -> Session | None:
+    """The connection whose request is being handled (peer, principal); None outside one.
+
+    Set for the duration of each connection's task, so a handler can call it while serving a
+    request."""
+    return _current_session.get()
 
 
 def current_peer() -> tuple[str, int] | None:
-    """(host, port) of the client whose request is being handled, for ClientHost fields.
-
-    Set for the duration of each connection's task, so a handler can call it while serving a
-    request; None outside a connection.
-    """
-    return _current_peer.get()
+    """(host, port) of the client whose request is being handled, for ClientHost fields."""
+    session = _current_session.get()
+    return session.peer if session is not None else None
 
 
 @dataclass(frozen=True)
@@ -149,6 +181,7 @@ class KafkaProtocolServer:
         handler: RequestHandler,
         *,
         limits: ServerLimits | None = None,
+        security: ListenerSecurity | None = None,
         node_id: int = 0,
         advertised_host: str | None = None,
         advertised_port: int | None = None,
@@ -163,6 +196,8 @@ class KafkaProtocolServer:
         self._requested_port = port
         self._handler = handler
         self.limits = limits or ServerLimits()
+        self.security = security or ListenerSecurity()
+        self._ssl_context = self.security.ssl_context()
         self._node_id = node_id
         self._advertised_host = advertised_host
         self._advertised_port = advertised_port
@@ -180,8 +215,11 @@ class KafkaProtocolServer:
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("server already started")
-        self._server = await asyncio.start_server(self._serve_connection, self._host, self._requested_port)
-        log.info("Kafka protocol server listening on %s:%d", self._host, self.port)
+        self._server = await asyncio.start_server(
+            self._serve_connection, self._host, self._requested_port, ssl=self._ssl_context,
+            ssl_handshake_timeout=self.limits.request_read_timeout_ms / 1000 if self._ssl_context else None,
+        )
+        log.info("Kafka protocol server listening on %s://%s:%d", self.security.protocol, self._host, self.port)
 
     async def serve_forever(self) -> None:
         if self._server is None:
@@ -316,7 +354,13 @@ class KafkaProtocolServer:
         assert task is not None
         self._connections.add(task)
         self._per_ip[host] += 1
-        _current_peer.set(peer[:2] if peer else None)
+        session = Session(peer[:2] if peer else None)
+        if self._ssl_context is not None:
+            session.principal = principal_from_certificate(writer.get_extra_info("peercert")) or ANONYMOUS
+        if self.security.sasl:
+            assert self.security.credentials is not None
+            session.sasl = SaslServer(self.security.sasl_enabled_mechanisms, self.security.credentials)
+        _current_session.set(session)
         try:
             while True:
                 size = await self._read_frame_size(reader, peer)
@@ -329,12 +373,13 @@ class KafkaProtocolServer:
                     payload = await self._read_frame_body(reader, size, peer)
                     if payload is None:
                         return
-                    reply = await self._answer(payload, peer, in_thread=bool(budgeted))
+                    reply, close = await self._answer(payload, session, in_thread=bool(budgeted))
                     del payload
-                    if reply is None:
+                    if reply is not None:
+                        writer.write(reply)
+                        await writer.drain()
+                    if close or reply is None:
                         return
-                    writer.write(reply)
-                    await writer.drain()
                 finally:
                     if budgeted:
                         self._budget.release(budgeted)
@@ -404,8 +449,15 @@ class KafkaProtocolServer:
             self._decoder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pystreams-decode")
         return await asyncio.get_running_loop().run_in_executor(self._decoder, codec.decode_request, payload)
 
-    async def _answer(self, payload: bytes, peer: object, *, in_thread: bool = False) -> bytes | None:
-        """The framed reply to one request, or None to close the connection."""
+    async def _answer(self, payload: bytes, session: Session, *, in_thread: bool = False) -> tuple[bytes | None, bool]:
+        """(the framed reply to one request or None, whether to close the connection after it)."""
+        reply = await self._reply(payload, session, in_thread=in_thread)
+        if isinstance(reply, tuple):
+            return reply
+        return reply, False
+
+    async def _reply(self, payload: bytes, session: Session, *, in_thread: bool) -> bytes | None | tuple[bytes | None, bool]:
+        peer = session.peer
         try:
             decoded = await self._decode(payload, in_thread)
         except codec.UnsupportedApiVersionError as exc:
@@ -426,6 +478,12 @@ class KafkaProtocolServer:
             log.warning("closing connection from %s: %s", peer, exc)
             return None
 
+        if not session.authenticated and decoded.api_key not in _BEFORE_AUTHENTICATION:
+            self.refusals["unauthenticated_request"] += 1
+            log.warning("closing connection from %s: %s before SASL authentication", peer, decoded.spec.name)
+            return None
+        if decoded.api_key in (m.SaslHandshakeRequest.API_KEY, m.SaslAuthenticateRequest.API_KEY):
+            return self._sasl_step(decoded, session)
         try:
             response = await self._dispatch(decoded)
             return codec.encode_response(decoded.header, response)
@@ -443,6 +501,32 @@ class KafkaProtocolServer:
             else:  # internal details stay in the log
                 code, message = Errors.UnknownError.errno, None
             return self._encoded_error(decoded.header, decoded.request, code, message)
+
+    def _sasl_step(self, decoded: codec.DecodedRequest, session: Session) -> tuple[bytes | None, bool]:
+        """SaslHandshake / SaslAuthenticate; a failure is answered, then the connection closes."""
+        request = decoded.request
+        if session.sasl is None:
+            self.refusals["sasl_not_enabled"] += 1
+            code = Errors.IllegalSaslStateError.errno
+            return codec.encode_response(decoded.header, codec.error_response(decoded.header, code, "this listener does not use SASL", request)), True
+        if decoded.api_key == m.SaslHandshakeRequest.API_KEY:
+            code = session.sasl.handshake(request.mechanism)
+            response = m.SaslHandshakeResponse(error_code=code, mechanisms=list(session.sasl.mechanisms))
+            if code:
+                self.refusals["authentication_failed"] += 1
+            return codec.encode_response(decoded.header, response), code == Errors.IllegalSaslStateError.errno
+        step = session.sasl.authenticate(bytes(request.auth_bytes))
+        response = m.SaslAuthenticateResponse(
+            error_code=step.error_code, error_message=step.error_message, auth_bytes=step.auth_bytes, session_lifetime_ms=0,
+        )
+        if step.error_code:
+            self.refusals["authentication_failed"] += 1
+            log.warning("authentication failed for %s: %s", session.peer, step.error_message)
+            return codec.encode_response(decoded.header, response), True
+        if step.principal is not None:
+            session.principal = step.principal
+            log.info("%s authenticated as %s", session.peer, step.principal)
+        return codec.encode_response(decoded.header, response), False
 
     async def _dispatch(self, decoded: codec.DecodedRequest) -> ApiMessage:
         header, request = decoded.header, decoded.request

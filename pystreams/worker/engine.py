@@ -96,13 +96,15 @@ class EngineConfig:
     create_internal_topics: bool = True
     producer_config: Mapping[str, Any] = field(default_factory=dict)
     consumer_config: Mapping[str, Any] = field(default_factory=dict)
+    #: Settings every kafka-python client takes (security_protocol, ssl_*, sasl_*).
+    client_config: Mapping[str, Any] = field(default_factory=dict)
     #: A poll's records are sized to take about this long to process (see batch_size.py).
     poll_batch_target_ms: float = 100.0
 
 
-def resolve_against_cluster(topology: Topology, bootstrap_servers: str) -> ResolvedTopology:
+def resolve_against_cluster(topology: Topology, bootstrap_servers: str, client_config: Mapping[str, Any] | None = None) -> ResolvedTopology:
     """Resolve ``topology`` with the partition counts of the cluster's current topics."""
-    with ClusterMetadata(bootstrap_servers) as cluster:
+    with ClusterMetadata(bootstrap_servers, **(client_config or {})) as cluster:
         counts = {name: meta.num_partitions for name, meta in cluster.fetch_topics().items()}
     return resolve(topology, counts)
 
@@ -157,18 +159,18 @@ class TaskEngine:
         written = [*self.topology.sink_topics, *self.topology.repartition_topics, *self.topology.changelog_topics]
         if self.config.dead_letter_topic:
             written.append(self.config.dead_letter_topic)
-        self._producer = make_producer(self.config.bootstrap_servers, client_id, self.config.producer_config, written)
+        self._producer = make_producer(self.config.bootstrap_servers, client_id, {**self.config.client_config, **self.config.producer_config}, written)
         self._repartition_topics = frozenset(self.topology.repartition_topics)
         self._sender = RecordSender(
             self._producer, {topic: self.resolved.partitions[topic] for topic in self._repartition_topics}
         )
-        self._consumer = make_consumer(self.config.bootstrap_servers, client_id, self.config.consumer_config)
+        self._consumer = make_consumer(self.config.bootstrap_servers, client_id, {**self.config.client_config, **self.config.consumer_config})
         restore_consumer = make_consumer(
-            self.config.bootstrap_servers, f"{client_id}-restore", {**self.config.consumer_config}
+            self.config.bootstrap_servers, f"{client_id}-restore", {**self.config.client_config, **self.config.consumer_config}
         )
         self._restorer = ChangelogRestorer(restore_consumer)
         self._standby_updater = StandbyUpdater(
-            make_consumer(self.config.bootstrap_servers, f"{client_id}-standby", {**self.config.consumer_config})
+            make_consumer(self.config.bootstrap_servers, f"{client_id}-standby", {**self.config.client_config, **self.config.consumer_config})
         )
 
     def ensure_internal_topics(self) -> None:
@@ -178,7 +180,7 @@ class TaskEngine:
             TopicSpec(topic.name, topic.partitions, configs=dict(topic.config))
             for topic in self.resolved.topics_to_create()
         ]
-        with ClusterMetadata(self.config.bootstrap_servers) as cluster:
+        with ClusterMetadata(self.config.bootstrap_servers, **self.config.client_config) as cluster:
             cluster.ensure_topics(specs)
 
     def close(self) -> None:

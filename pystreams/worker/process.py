@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 from pystreams.assignors.streams import AssignmentError, MemberReason, StickyTaskAssignor, StreamsAssignmentMetadata
 from pystreams.assignors.streams.placement import HaConfig
 from pystreams.partitions import TopicIdPartition
+from pystreams.protocol.security import ClientSecurity
 from pystreams.client.driver import MemberDriver
 from pystreams.client.member import (
     LeftGroup,
@@ -112,6 +113,9 @@ class WorkerSettings:
     #: A fatal error in this worker asks every member to shut down (reason SHUTDOWN), as
     #: Kafka Streams' SHUTDOWN_APPLICATION; otherwise only this worker stops.
     shutdown_application_on_error: bool = False
+    #: Security toward the coordinator, and toward the Kafka brokers (kafka-python's names).
+    coordinator_security: ClientSecurity = dataclasses.field(default_factory=ClientSecurity)
+    broker_security: ClientSecurity = dataclasses.field(default_factory=ClientSecurity)
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -136,13 +140,14 @@ def subscription_for(resolved: ResolvedTopology) -> tuple[list[str] | None, str 
 class TopicNames:
     """Topic id → name, from the cluster (the coordinator derives ids the same way)."""
 
-    def __init__(self, bootstrap_servers: str) -> None:
+    def __init__(self, bootstrap_servers: str, client_config: Mapping[str, Any] | None = None) -> None:
         self._bootstrap_servers = bootstrap_servers
+        self._client_config = dict(client_config or {})
         self._names: dict[uuid.UUID, str] = {}
         self._lock = threading.Lock()
 
     def refresh(self) -> None:
-        with ClusterMetadata(self._bootstrap_servers) as cluster:
+        with ClusterMetadata(self._bootstrap_servers, **self._client_config) as cluster:
             topics = cluster.fetch_topics()
         with self._lock:
             self._names.update({meta.topic_id: name for name, meta in topics.items()})
@@ -187,6 +192,7 @@ class StreamThread:
                 client_id=f"{app_id}-{process_id.hex[:8]}-{self.name}",
                 commit_interval_ms=settings.commit_interval_ms,
                 create_internal_topics=False,  # the process created them before joining
+                client_config=settings.broker_security.kafka_python_config(),
             ),
             committed_offsets=self._read_committed_blocking,
             commit_offsets=self._commit_blocking,
@@ -218,6 +224,7 @@ class StreamThread:
             ),
             settings.coordinator,
             on_event=self._on_event,
+            security=settings.coordinator_security,
         )
         self._task_of_partition: dict[TopicPartition, TaskId] = {
             TopicPartition(*pair): task for task in resolved.tasks for pair in resolved.input_partitions(task)
@@ -598,16 +605,17 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
     loop = asyncio.get_running_loop()
     app = load_app(settings.app)
     topology = app.topology()
-    resolved = await loop.run_in_executor(None, resolve_against_cluster, topology, settings.bootstrap_servers)
+    broker_config = settings.broker_security.kafka_python_config()
+    resolved = await loop.run_in_executor(None, resolve_against_cluster, topology, settings.bootstrap_servers, broker_config)
     # Internal topics exist before anyone subscribes, so the first assignment includes them.
     specs = [TopicSpec(t.name, t.partitions, configs=dict(t.config)) for t in resolved.topics_to_create()]
 
     def prepare_cluster() -> None:
-        with ClusterMetadata(settings.bootstrap_servers) as cluster:
+        with ClusterMetadata(settings.bootstrap_servers, **broker_config) as cluster:
             cluster.ensure_topics(specs)
 
     await loop.run_in_executor(None, prepare_cluster)
-    topic_names = TopicNames(settings.bootstrap_servers)
+    topic_names = TopicNames(settings.bootstrap_servers, broker_config)
     await loop.run_in_executor(None, topic_names.refresh)
 
     process_id = uuid.uuid4()
