@@ -661,3 +661,57 @@ def test_a_poison_record_in_the_log_quarantines_its_group_and_repair_releases_it
     address = third.address()
     third.wait_ready()
     assert first_heartbeat(sick).error_code == 0
+
+
+def test_reloads_after_failed_appends_leave_no_threads_behind(
+    kafka_bootstrap: str, unique_topic: Callable[[str], str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every failed append reloads the shard from the Kafka log (claim, replay); the writers and
+    readers of earlier claims must be released, or a stream of failures would pile up threads."""
+    import threading
+
+    from pystreams.coordinator import log as log_module
+    from pystreams.coordinator.log import KafkaLog
+    from kafka.protocol.api_header import RequestHeader
+
+    from pystreams.coordinator.runtime import Coordinator, StaticTopics
+
+    failures = {"left": 6}
+    original = log_module._KafkaPartition._append
+
+    def sometimes_failing(self, records):
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise RuntimeError("the broker refused the batch")
+        return original(self, records)
+
+    monkeypatch.setattr(log_module._KafkaPartition, "_append", sometimes_failing)
+
+    async def scenario() -> tuple[int, int, int]:
+        coordinator = Coordinator(KafkaLog(kafka_bootstrap, 1, topic=unique_topic("groups-log")), topic_source=StaticTopics({}))
+        coordinator.runners[0]._backoff_s = (0.05, 0.2)
+        await coordinator.start()
+        await coordinator.wait_until_loaded()
+        baseline = threading.active_count()
+        heartbeat = m.ConsumerGroupHeartbeatRequest
+        request_header = RequestHeader(request_api_key=heartbeat.API_KEY, request_api_version=0, correlation_id=1, client_id="t")
+        answers = []
+        deadline = time.monotonic() + GUARD_S
+        while time.monotonic() < deadline:
+            request = heartbeat(group_id="reloading", member_id="", member_epoch=0, rebalance_timeout_ms=5_000,
+                                subscribed_topic_names=["t"], topic_partitions=[])
+            request.API_VERSION = 0
+            response = await coordinator.handle(request_header, request)
+            answers.append(response.error_code)
+            if response.error_code == 0:
+                break
+            await asyncio.sleep(0.02)
+        reloads = coordinator.runners[0].reload_count
+        await asyncio.sleep(1.0)  # closers of released writers finish
+        after = threading.active_count()
+        await coordinator.close()
+        return reloads, after - baseline, answers[-1]
+
+    reloads, extra_threads, last = asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 3))
+    assert reloads == 6 and last == 0
+    assert extra_threads <= 2, f"{extra_threads} threads more after {reloads} reloads"
