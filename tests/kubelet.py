@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pystreams.broker import _die_with_parent_hook  # pods die with the test, as brokers do
+
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_DOMAIN = "cluster.local"
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -314,7 +316,7 @@ class MiniKubelet:
             log.write(f"# {shlex.join(command)}\n".encode())
             log.flush()
             pod.process = subprocess.Popen(wrapped, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL)
+                                           stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent_hook())
         pod.started_at = time.monotonic()
         self._write_hosts()
         return pod
@@ -435,20 +437,28 @@ class MiniKubelet:
     def delete_pod(self, pod_name: str) -> tuple[int, float]:
         """``kubectl delete pod``: SIGTERM, then SIGKILL after the grace period. Returns (exit
         status, seconds it took to stop)."""
-        pod = self.pods[pod_name]
-        assert pod.process is not None
-        grace = pod.spec.get("terminationGracePeriodSeconds", 30)
+        return self.delete_pods([pod_name])[pod_name]
+
+    def delete_pods(self, pod_names: Iterable[str]) -> dict[str, tuple[int, float]]:
+        """Several pods at once (a StatefulSet with Parallel pod management scaling in)."""
+        pods = [self.pods[name] for name in pod_names]
         started = time.monotonic()
-        if pod.process.poll() is None:
-            pod.process.send_signal(signal.SIGTERM)
+        for pod in pods:
+            assert pod.process is not None
+            if pod.process.poll() is None:
+                pod.process.send_signal(signal.SIGTERM)
+        results = {}
+        for pod in pods:
+            assert pod.process is not None
+            grace = pod.spec.get("terminationGracePeriodSeconds", 30)
             try:
-                pod.process.wait(grace)
+                pod.process.wait(max(0.0, started + grace - time.monotonic()))
             except subprocess.TimeoutExpired:
-                pod.process.kill()
+                pod.process.kill()  # the kubelet's SIGKILL at the end of the grace period
                 pod.process.wait()
-        took = time.monotonic() - started
+            results[pod.name] = (pod.process.returncode, time.monotonic() - started)
         self._write_hosts()
-        return pod.process.returncode, took
+        return results
 
     def wait_ready(self, pod_names: Iterable[str], timeout_s: float, *, what: str = "") -> float:
         """Poll the readiness probes until every pod is ready; seconds waited."""

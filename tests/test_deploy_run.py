@@ -155,3 +155,155 @@ def test_dev_overlay_comes_up_as_rendered_and_counts(tmp_path: Path) -> None:
         code, took = kubelet.delete_pod(worker.name)
         assert code == 0, worker.log()
         assert "left the group (epoch -2)" in worker.log()
+
+
+# -- the prod overlay --------------------------------------------------------------------------------
+
+
+def _changelog_records(bootstrap: str, partitions: list[int]) -> int:
+    """Records in the given partitions of the counts changelog, counted by reading them (the
+    embedded broker's ListOffsets is not to be trusted)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    topic = "pystreams-demo-counts-changelog"
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest", consumer_timeout_ms=2000)
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in partitions])
+        consumer.seek_to_beginning()
+        return sum(1 for _ in consumer)
+    finally:
+        consumer.close()
+
+
+def _active_tasks(pod) -> list[str]:
+    status, body = pod.get("/metrics", "metrics")
+    assert status == 200, body
+    return sorted(set(re.findall(r'pystreams_task_lag_records\{task="([^"]+)"', body)))
+
+
+def _await_balance(kubelet: MiniKubelet, workers: list[str], timeout_s: float) -> float:
+    """Until every worker runs an active task and all tasks run; seconds waited."""
+    started = time.monotonic()
+    while True:
+        tasks = {name: _active_tasks(kubelet.pods[name]) for name in workers}
+        if all(tasks.values()) and sum(len(t) for t in tasks.values()) == PARTITIONS:
+            return time.monotonic() - started
+        assert time.monotonic() - started < timeout_s, f"the group did not balance: {tasks}"
+        time.sleep(0.5)
+
+
+def _zone_of_endpoints(kubelet: MiniKubelet) -> dict[str, str]:
+    return {f"{pod.name}.{WORKER}.{kubelet.namespace}.svc:7070": pod.labels["topology.kubernetes.io/zone"]
+            for pod in kubelet.pods.values() if pod.owner == WORKER}
+
+
+def test_prod_overlay_rolls_restores_and_scales_with_exact_counts(tmp_path: Path) -> None:
+    objects = _rendered("prod")
+    kafka_config = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("pystreams-kafka"))
+    with EmbeddedBroker(port=None) as broker:
+        # The overlay's one setting a user must change: the bootstrap of their Kafka cluster.
+        kafka_config["data"]["PYSTREAMS_BOOTSTRAP_SERVERS"] = broker.bootstrap_servers
+        ensure_input_topics(broker.bootstrap_servers, [INPUT, OUTPUT], partitions=PARTITIONS)
+        kubelet = _kubelet(objects, tmp_path)
+        workers = [f"{WORKER}-{n}" for n in range(3)]
+        replicas = int(kubelet.find("StatefulSet", WORKER)["spec"]["replicas"])
+        assert replicas == 3
+        measured: dict[str, object] = {}
+        feed = Feed(broker.bootstrap_servers)
+        reader = LatestValueReader(broker.bootstrap_servers, OUTPUT)
+        with running(kubelet):
+            try:
+                coordinator = kubelet.start_pod(COORDINATOR, 0)
+                kubelet.wait_ready([coordinator.name], 60, what="the coordinator")
+                for ordinal in range(replicas):  # podManagementPolicy: Parallel
+                    kubelet.start_pod(WORKER, ordinal)
+                measured["fleet_ready_s"] = round(kubelet.wait_ready(workers, 120, what="three workers"), 1)
+                feed.start()
+                # Ready is per pod; the group settles after: warm-ups move actives onto the
+                # workers that joined after the first assignment.
+                measured["fleet_balanced_s"] = round(_await_balance(kubelet, workers, 180), 1)
+
+                # 1. Rolling restart, highest ordinal first, each pod ready before the next.
+                rolls = []
+                with ReadinessRecorder(kubelet, lambda: workers) as readiness:
+                    for ordinal in reversed(range(replicas)):
+                        name = f"{WORKER}-{ordinal}"
+                        old = kubelet.pods[name]
+                        code, stop_s = kubelet.delete_pod(name)
+                        assert code == 0, old.log()
+                        assert "left the group (epoch -2)" in old.log()  # static: back soon, keep my tasks
+                        kubelet.start_pod(WORKER, ordinal)
+                        ready_s = kubelet.wait_ready([name], 120, what=f"{name} after its restart")
+                        restored = sum(int(n) for n in re.findall(r"\(restored (\d+) records\)", kubelet.pods[name].log()))
+                        rolls.append({"pod": name, "stop_s": round(stop_s, 2), "ready_again_s": round(ready_s, 2),
+                                      "restored_records": restored})
+                assert readiness.samples, "readiness was never sampled"
+                assert readiness.fewest_ready >= 1, "at some moment of the rolling restart no worker was ready"
+                measured["rolling_restart"] = rolls
+                measured["rolling_restart_fewest_ready"] = readiness.fewest_ready
+                feed.pause()
+                _await_counts(reader, feed.sent, 90, "after the rolling restart", kubelet)
+                measured["records_after_roll"] = sum(feed.sent.values())
+
+                # 2. A pod deleted and recreated with its volume restores from its checkpoint.
+                feed.start()
+                victim = f"{WORKER}-1"
+                tasks = _active_tasks(kubelet.pods[victim])
+                assert tasks, "worker 1 has no active task to restore"
+                code, _ = kubelet.delete_pod(victim)
+                assert code == 0
+                assert (tmp_path / "pvc" / f"state-{victim}" / "pystreams-demo").is_dir()
+                recreated = kubelet.start_pod(WORKER, 1)
+                kubelet.wait_ready([victim], 120, what="the recreated pod")
+                status, body = recreated.get("/metrics", "metrics")
+                restored = int(_metric(body, "pystreams_restore_records_total"))
+                logged = sum(int(n) for n in re.findall(r"started tasks .* \(restored (\d+) records\)", recreated.log()))
+                assert restored == logged, (restored, logged)
+                feed.pause()
+                in_changelogs = _changelog_records(broker.bootstrap_servers, [int(t.split("_")[1]) for t in tasks])
+                # From the beginning it would have read every changelog record of its tasks.
+                assert in_changelogs > 0 and restored < in_changelogs, (restored, in_changelogs)
+                measured["recreated_pod"] = {"tasks": tasks, "restored_records": restored,
+                                             "changelog_records_of_its_tasks": in_changelogs}
+                _await_counts(reader, feed.sent, 90, "after the pod was recreated", kubelet)
+
+                # 3. Scale out to five (both new pods at once), input flowing.
+                feed.start()
+                started = time.monotonic()
+                for ordinal in (3, 4):
+                    kubelet.start_pod(WORKER, ordinal)
+                workers = [f"{WORKER}-{n}" for n in range(5)]
+                kubelet.wait_ready(workers, 120, what="five workers")
+                _await_balance(kubelet, workers, 180)
+                measured["scale_out_new_workers_active_s"] = round(time.monotonic() - started, 1)
+                feed.pause()
+                _await_counts(reader, feed.sent, 90, "after scaling to five", kubelet)
+                # Rack awareness: every standby in another zone than its active.
+                status, body = kubelet.pods[workers[0]].get("/v1/metadata", "queries")
+                metadata = json.loads(body)
+                zones = _zone_of_endpoints(kubelet)
+                active_zone = {p: zones[host] for host, pairs in metadata["active"].items() for _, p in pairs}
+                standby_zone = {p: zones[host] for host, pairs in metadata["standby"].items() for _, p in pairs}
+                assert set(active_zone) == set(range(PARTITIONS)) and set(standby_zone) == set(range(PARTITIONS))
+                assert all(active_zone[p] != standby_zone[p] for p in range(PARTITIONS)), (active_zone, standby_zone)
+
+                # 4. Scale back in to three: annotated, so the two leave for good (-1).
+                feed.start()
+                started = time.monotonic()
+                for name in workers[3:]:
+                    kubelet.annotate(name, "pystreams.io/leave-group", "true")
+                for name, (code, _) in kubelet.delete_pods(workers[3:]).items():  # both at once: Parallel
+                    assert code == 0, kubelet.pods[name].log()[-3000:]
+                    assert "left the group (epoch -1)" in kubelet.pods[name].log(), kubelet.pods[name].log()[-3000:]
+                workers = workers[:3]
+                _await_balance(kubelet, workers, 180)
+                kubelet.wait_ready(workers, 120, what="three workers after scaling in")
+                measured["scale_in_tasks_moved_s"] = round(time.monotonic() - started, 1)
+                feed.pause()
+                _await_counts(reader, feed.sent, 90, "after scaling back to three", kubelet)
+                measured["records_total"] = sum(feed.sent.values())
+            finally:
+                reader.close()
+                feed.close()
+        print("MEASUREMENTS " + json.dumps(measured))

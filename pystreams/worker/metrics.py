@@ -88,7 +88,8 @@ class WorkerMetrics:
 
 
 class _StateSizes:
-    """Bytes on disk per task directory, re-measured at most every STATE_SIZE_TTL_S."""
+    """Bytes on disk per task directory, re-measured at most every STATE_SIZE_TTL_S (sooner
+    when task directories come or go)."""
 
     def __init__(self, app_dir: Path, volume: Path) -> None:
         self._app_dir = app_dir
@@ -98,7 +99,7 @@ class _StateSizes:
 
     def per_task(self) -> dict[str, int]:
         now = time.monotonic()
-        if now - self._measured_at >= STATE_SIZE_TTL_S:
+        if now - self._measured_at >= STATE_SIZE_TTL_S or set(_task_directories(self._app_dir)) != self._sizes.keys():
             self._sizes = _directory_sizes(self._app_dir)
             self._measured_at = now
         return self._sizes
@@ -112,21 +113,24 @@ class _StateSizes:
         return usage.free, usage.total
 
 
+def _task_directories(app_dir: Path) -> dict[str, str]:
+    try:
+        return {e.name: e.path for e in os.scandir(app_dir) if e.is_dir() and not e.name.startswith(".")}
+    except OSError:
+        return {}
+
+
 def _directory_sizes(app_dir: Path) -> dict[str, int]:
     sizes: dict[str, int] = {}
-    try:
-        task_dirs = [entry for entry in os.scandir(app_dir) if entry.is_dir() and not entry.name.startswith(".")]
-    except OSError:
-        return sizes
-    for task_dir in task_dirs:
+    for task, path in _task_directories(app_dir).items():
         total = 0
-        for root, _, files in os.walk(task_dir.path):
-            for name in files:
+        for root, _, files in os.walk(path):
+            for file in files:
                 try:
-                    total += os.stat(os.path.join(root, name)).st_size
+                    total += os.stat(os.path.join(root, file)).st_size
                 except OSError:
                     continue  # RocksDB removed it (compaction) while we walked
-        sizes[task_dir.name] = total
+        sizes[task] = total
     return sizes
 
 

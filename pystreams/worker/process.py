@@ -85,6 +85,9 @@ _STALE_EPOCH_RETRIES = 5
 _LOCKED_TASK_RETRY_S = 0.2
 #: How long a worker that asked the application to shut down waits to hear the answer.
 _SHUTDOWN_GRACE_S = 5.0
+#: How long a stopping stream thread waits for its leave (which commits every task first);
+#: the Kubernetes grace period must be longer than this (deploy/ checks it).
+LEAVE_TIMEOUT_S = 30.0
 #: How often a stream thread looks at its member to tell when a rebalance has settled.
 _REBALANCE_WATCH_S = 0.1
 #: Member states in which the member is in the group with an assignment it acts on.
@@ -274,7 +277,7 @@ class StreamThread:
         await self.driver.start()
         self._rebalance_watch = asyncio.get_running_loop().create_task(self._watch_rebalances())
 
-    async def shutdown(self, timeout_s: float = 30.0, *, permanent: bool = False) -> None:
+    async def shutdown(self, timeout_s: float = LEAVE_TIMEOUT_S, *, permanent: bool = False) -> None:
         """Leave (revoking = committing everything), close the engine, stop the driver. A
         static member leaves with -2 (back soon, keep my tasks) unless ``permanent``."""
         self._stopping = True
@@ -304,13 +307,20 @@ class StreamThread:
     def ready(self) -> bool:
         """Kafka Streams' RUNNING, as a readiness probe wants it: in the group with a target
         assignment heard, and every active task whose partitions are all owned restored and
-        running (nothing restoring, nothing waiting to start). A thread with no active task
-        is ready once it has heard its assignment."""
+        running (nothing restoring, nothing waiting to start). A thread the assignment gives no
+        active task is ready once it has heard that assignment (as a Kafka Streams thread is
+        RUNNING after its rebalance)."""
         if self._stopping or not self._thread.is_alive() or self.assignment is None:
             return False
-        if self.driver.member.state not in _IN_GROUP or self.restoring:
+        member = self.driver.member
+        if member.state not in _IN_GROUP or self.restoring or not self._caught_up_with(member):
             return False
         return not self._startable_tasks()
+
+    def _caught_up_with(self, member: Any) -> bool:
+        """Whether every partition the member owns has reached this thread: the assignment is
+        heard before its PartitionsAssigned event is handled, so the two can differ briefly."""
+        return len(member.owned_partitions) == len(self._owned)
 
     @property
     def state(self) -> str:
@@ -340,6 +350,8 @@ class StreamThread:
             return
         member = self.driver.member
         if member.state is not MemberState.STABLE or member.pending_partitions or member.revoking_partitions:
+            return
+        if not self._caught_up_with(member):
             return
         if self.restoring or self._startable_tasks():
             return
