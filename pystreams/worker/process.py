@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pystreams.assignors.streams import AssignmentError, MemberReason, StickyTaskAssignor, StreamsAssignmentMetadata
 from pystreams.assignors.streams.placement import HaConfig
@@ -68,10 +68,12 @@ from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology
 
 from .engine import EngineConfig, TaskEngine, resolve_against_cluster
-from .http import HttpSite, OperationsRoutes
-from .metrics import WorkerMetrics
 from .progress import LagSnapshot, ReplicaProgressLog, RestoreTracker
 from .warmup import WarmUpTracker
+
+if TYPE_CHECKING:  # aiohttp and prometheus_client load only for a worker that serves HTTP
+    from .http import HttpSite
+    from .metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -677,17 +679,20 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
     """Run until ``stop`` is set (or a stream thread fails); the exit status."""
     from pystreams.app import load_app
 
-    loop = asyncio.get_running_loop()
     app = load_app(settings.app)
     topology = app.topology()
     state_dir = Path(settings.state_dir) if settings.state_dir else default_state_dir(topology.app_id, settings.instance_id)
     threads: list[StreamThread] = []
     started: list[StreamThread] = []
-    metrics = WorkerMetrics()
+    metrics = None
     sites: list[HttpSite] = []
-    operations = OperationsRoutes(threads, metrics, started=lambda: bool(threads) and len(started) == len(threads))
     try:
         if settings.http_port is not None:
+            from .http import HttpSite, OperationsRoutes
+            from .metrics import WorkerMetrics
+
+            metrics = WorkerMetrics()
+            operations = OperationsRoutes(threads, metrics, started=lambda: bool(threads) and len(started) == len(threads))
             # Up before anything talks to Kafka: probes answer (not ready) while the worker starts.
             metrics.watch(threads, state_dir, topology.app_id, operations.ready)
             site = HttpSite(settings.http_host or "0.0.0.0", settings.http_port, operations.routes())
@@ -708,7 +713,7 @@ async def _run_threads(
     state_dir: Path,
     threads: list[StreamThread],
     started: list[StreamThread],
-    metrics: WorkerMetrics,
+    metrics: WorkerMetrics | None,
     sites: list[HttpSite],
 ) -> int:
     loop = asyncio.get_running_loop()
