@@ -256,8 +256,9 @@ class StreamThread:
         self._task_of_partition: dict[TopicPartition, TaskId] = {
             TopicPartition(*pair): task for task in resolved.tasks for pair in resolved.input_partitions(task)
         }
-        self._owned: set[TopicPartition] = set()
-        self._running: set[TaskId] = set()
+        # Replaced, never mutated: the metrics collector reads them from another thread.
+        self._owned: frozenset[TopicPartition] = frozenset()
+        self._running: frozenset[TaskId] = frozenset()
         #: Membership events and retries of locked tasks run one at a time, in order.
         self._membership_lock = asyncio.Lock()
         self._start_retry: asyncio.Task[None] | None = None
@@ -380,11 +381,11 @@ class StreamThread:
 
     async def _handle_event(self, event: MemberEvent) -> None:
         if isinstance(event, PartitionsAssigned):
-            self._owned |= await self._named(event.partitions)
+            self._owned = self._owned | await self._named(event.partitions)
             await self._start_owned_tasks()
         elif isinstance(event, RevokePartitions):
             revoked = await self._named(event.partitions)
-            self._owned -= revoked
+            self._owned = self._owned - revoked
             stopping = self._tasks_touching(revoked)
             if stopping:
                 try:
@@ -393,14 +394,14 @@ class StreamThread:
                 except Exception:
                     log.exception("%s: committing revoked tasks failed; dropping them", self.name)
                     await self._call_engine(lambda: self.engine.lose_tasks(stopping))
-                self._running -= set(stopping)
+                self._running = self._running - set(stopping)
         elif isinstance(event, PartitionsLost):
             lost = await self._named(event.partitions)
-            self._owned -= lost
+            self._owned = self._owned - lost
             dropping = self._tasks_touching(lost)
             if dropping:
                 await self._call_engine(lambda: self.engine.lose_tasks(dropping))
-                self._running -= set(dropping)
+                self._running = self._running - set(dropping)
                 log.warning("%s: lost tasks %s (error %d)", self.name, ", ".join(map(str, dropping)), event.error_code)
         elif isinstance(event, MemberFailed):
             self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
@@ -420,7 +421,7 @@ class StreamThread:
         finally:
             self.restoring = self.restoring - set(ready)
         started = sorted(restored)
-        self._running |= set(started)
+        self._running = self._running | set(started)
         if started:
             records = sum(n for stores in restored.values() for n in stores.values())
             log.info("%s: started tasks %s (restored %d records)", self.name, ", ".join(map(str, started)), records)
