@@ -169,6 +169,7 @@ class EmbeddedBroker:
         port: int | None = None,
         *,
         host: str = LOOPBACK,
+        advertised_host: str | None = None,
         log_path: str | os.PathLike[str] | None = None,
         startup_timeout: float = 15.0,
         stop_grace: float = 0.5,
@@ -177,6 +178,8 @@ class EmbeddedBroker:
     ) -> None:
         self._requested_port = port
         self._host = host
+        #: What clients are told to connect to (a Service name in Kubernetes); default: ``host``.
+        self._advertised_host = advertised_host or host
         self._requested_log_path = Path(log_path) if log_path is not None else None
         self._startup_timeout = startup_timeout
         self._stop_grace = stop_grace
@@ -204,7 +207,7 @@ class EmbeddedBroker:
     @property
     def bootstrap_servers(self) -> str:
         """``host:port`` for kafka-python's ``bootstrap_servers``."""
-        return f"{self._host}:{self.port}"
+        return f"{self._advertised_host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -248,12 +251,11 @@ class EmbeddedBroker:
         """Launch on ``port`` and wait until ready. False: lost the port race, try another."""
         binary = self._binary or self._resolve_binary()
         self._open_log()
-        url = f"tcp://{self._host}:{port}"
         command = [
             binary,
             "broker",
-            "--listener-url", url,
-            "--advertised-listener-url", url,
+            "--listener-url", f"tcp://{self._host}:{port}",
+            "--advertised-listener-url", f"tcp://{self._advertised_host}:{port}",
             "--storage-engine", "memory://tansu/",
             "--cluster-id", self._cluster_id,
         ]
@@ -322,7 +324,7 @@ class EmbeddedBroker:
             # The probe could reach another process that owns the port; the broker then reports
             # a failed bind in its log and exits, so check both before trusting the answer.
             if (
-                responds_to_kafka(self._host, self._port, timeout=0.5)
+                responds_to_kafka(self._probe_host, self._port, timeout=0.5)
                 and self._process.poll() is None
                 and not self._log_mentions_address_in_use()
             ):
@@ -333,6 +335,10 @@ class EmbeddedBroker:
                     f"within {self._startup_timeout:g} s"
                 )
             time.sleep(0.02)
+
+    @property
+    def _probe_host(self) -> str:
+        return LOOPBACK if self._host in ("0.0.0.0", "") else self._host
 
     def _fail(self, reason: str) -> None:
         tail = self.log_tail(20) or "(no output)"

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("pystreams.commands.sim", "deterministic simulation: real coordinator and members, faults, invariants, many seeds"),
     "worker": ("pystreams.commands.worker", "run an app's stream tasks as a member of its group (KIP-848, client-side task assignment)"),
     "query": ("pystreams.commands.query", "read one key of an app's store from the worker hosting it (interactive queries)"),
+    "topics": ("pystreams.commands.topics", "list topics, or create topics (idempotent) on a Kafka cluster"),
     "topology": ("pystreams.commands.topology", "describe an app's topology: sub-topologies, tasks, stores and topics (or Mermaid)"),
     "spark": ("pystreams.commands.spark", "run an app's topology on Spark Structured Streaming (local session; --once backfills and exits)"),
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -525,7 +526,8 @@ def test_garbage_request_line_gets_400(cluster):
         answer = b""
         while chunk := connection.recv(4096):
             answer += chunk
-    assert answer.startswith(b"HTTP/1.1 400 ")
+    # A request line that names no HTTP version is answered in HTTP/1.0 (aiohttp's choice).
+    assert re.match(rb"HTTP/1\.[01] 400 ", answer), answer[:80]
     assert raw_get(cluster.endpoints["a"], "/v1/metadata")[0] == 200
 
 

@@ -1,4 +1,4 @@
-"""``pystreams broker``: run the embedded Kafka-compatible broker on loopback in the foreground.
+"""``pystreams broker``: run the embedded Kafka-compatible broker in the foreground (loopback by default).
 
 Memory storage only: every topic is gone when it stops. Meant for development and tests, not
 for production data.
@@ -18,6 +18,8 @@ from pystreams.commands import options
 HELP = "run the embedded Kafka-compatible broker (Tansu, memory storage) on 127.0.0.1"
 
 PORT_ENV = "PYSTREAMS_BROKER_PORT"
+HOST_ENV = "PYSTREAMS_BROKER_HOST"
+ADVERTISED_HOST_ENV = "PYSTREAMS_BROKER_ADVERTISED_HOST"
 LOG_FILE_ENV = "PYSTREAMS_BROKER_LOG_FILE"
 STARTUP_TIMEOUT_ENV = "PYSTREAMS_BROKER_STARTUP_TIMEOUT"
 
@@ -30,6 +32,8 @@ BOOTSTRAP_LINE_PREFIX = "bootstrap servers: "
 _EPILOG = f"""\
 environment variables (a command-line option wins over its variable):
   {PORT_ENV:<34} default for --port
+  {HOST_ENV:<34} default for --host
+  {ADVERTISED_HOST_ENV:<34} default for --advertised-host
   {LOG_FILE_ENV:<34} default for --log-file
   {STARTUP_TIMEOUT_ENV:<34} default for --startup-timeout
 
@@ -49,6 +53,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=options.port,
         default=os.environ.get(PORT_ENV, str(DEFAULT_PORT)),
         help=f"TCP port to listen on; 0 picks a free port (default: {DEFAULT_PORT}, env {PORT_ENV})",
+    )
+    parser.add_argument(
+        "--host",
+        default=os.environ.get(HOST_ENV, "127.0.0.1"),
+        help=f"address to listen on (default: 127.0.0.1; a pod IP or 0.0.0.0 in a container; env {HOST_ENV})",
+    )
+    parser.add_argument(
+        "--advertised-host",
+        default=os.environ.get(ADVERTISED_HOST_ENV) or None,
+        help=f"host name clients are told to connect to (default: --host; env {ADVERTISED_HOST_ENV})",
     )
     parser.add_argument(
         "--log-file",
@@ -74,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     previous_handlers = _install_stop_handlers(stop_requested)
     broker = EmbeddedBroker(
         port=args.port or None,
+        host=args.host,
+        advertised_host=args.advertised_host,
         log_path=args.log_file,
         startup_timeout=args.startup_timeout,
     )

@@ -23,7 +23,8 @@ HELP = "run an app's stream tasks as a member of its group (KIP-848, client-side
 
 def configure(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    parser.add_argument("app", help="path/to/app.py or module[:attribute]")
+    parser.add_argument("app", nargs="?", default=env("PYSTREAMS_APP"),
+                        help="path/to/app.py or module[:attribute] (env PYSTREAMS_APP)")
     parser.add_argument("--bootstrap-servers", default=env("PYSTREAMS_BOOTSTRAP_SERVERS"),
                         help="the Kafka cluster holding the data (env PYSTREAMS_BOOTSTRAP_SERVERS)")
     parser.add_argument("--coordinator", default=env("PYSTREAMS_COORDINATOR"),
@@ -58,23 +59,52 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(env PYSTREAMS_SHUTDOWN_APPLICATION_ON_ERROR)")
     options.add_client_security_options(parser)
     options.add_client_security_options(parser, prefix="broker-", what="the Kafka brokers (unset: as toward the coordinator)")
+    parser.add_argument("--http-port", type=options.port, default=env("PYSTREAMS_HTTP_PORT") or None,
+                        help="serve GET /healthz (stream threads alive), /readyz (active tasks restored and running) "
+                             "and /metrics (Prometheus) on this port; 0 picks one (env PYSTREAMS_HTTP_PORT; default: off)")
+    parser.add_argument("--http-host", default=env("PYSTREAMS_HTTP_HOST") or None, metavar="ADDRESS",
+                        help="address the HTTP endpoints bind, queries included (env PYSTREAMS_HTTP_HOST; default: every "
+                             "interface, or loopback for queries on a loopback user endpoint)")
+    parser.add_argument("--pod-annotations", default=env("PYSTREAMS_POD_ANNOTATIONS") or None, metavar="FILE",
+                        help="a Kubernetes downward-API annotations file read at shutdown: with "
+                             "pystreams.io/leave-group=\"true\" a static member leaves for good (-1), so its tasks move "
+                             "at once (env PYSTREAMS_POD_ANNOTATIONS)")
     parser.add_argument("--log-level", default=env("PYSTREAMS_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(env PYSTREAMS_LOG_LEVEL)")
+
+
+def _client_tags_from_env(text: str) -> dict[str, str]:
+    """PYSTREAMS_CLIENT_TAGS, where a tag with no value is left out with a warning: in
+    Kubernetes ``zone=$(ZONE)`` is empty when the node has no zone label, and a worker
+    without that tag still works (its standbys are just not spread by zone)."""
+    tags = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if sep and key.strip() and not value.strip():
+            print(f"pystreams worker: client tag {key.strip()!r} has no value in PYSTREAMS_CLIENT_TAGS; not used",
+                  file=sys.stderr)
+            continue
+        if item.strip():
+            try:
+                tags.update([options.key_value(item)])
+            except argparse.ArgumentTypeError as error:
+                raise ValueError(f"PYSTREAMS_CLIENT_TAGS: {error}") from None
+    return tags
 
 
 def run(args: argparse.Namespace) -> int:
     from pystreams.assignors.streams.placement import HaConfig
     from pystreams.worker.process import WorkerSettings, run_worker
 
+    if not args.app:
+        print("pystreams worker: an app is required (APP argument or PYSTREAMS_APP)", file=sys.stderr)
+        return 2
     if not args.bootstrap_servers or not args.coordinator:
         print("pystreams worker: --bootstrap-servers and --coordinator are required "
               "(or PYSTREAMS_BOOTSTRAP_SERVERS and PYSTREAMS_COORDINATOR)", file=sys.stderr)
         return 2
     try:
-        try:
-            client_tags = dict(options.key_values(os.environ.get("PYSTREAMS_CLIENT_TAGS", "")))
-        except argparse.ArgumentTypeError as error:
-            raise ValueError(f"PYSTREAMS_CLIENT_TAGS: {error}") from None
+        client_tags = _client_tags_from_env(os.environ.get("PYSTREAMS_CLIENT_TAGS", ""))
         client_tags.update(args.client_tag)  # the command line wins over the environment
         coordinator_security = options.client_security_from_args(args)
         settings = WorkerSettings(
@@ -96,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
             shutdown_application_on_error=args.shutdown_application_on_error,
             coordinator_security=coordinator_security,
             broker_security=options.client_security_from_args(args, prefix="broker-", fallback=coordinator_security),
+            http_port=None if args.http_port is None else int(args.http_port),
+            http_host=args.http_host,
+            pod_annotations=args.pod_annotations,
         )
     except ValueError as error:
         print(f"pystreams worker: {error}", file=sys.stderr)

@@ -102,6 +102,20 @@ class EngineConfig:
     poll_batch_target_ms: float = 100.0
 
 
+@dataclass(slots=True)
+class EngineCounters:
+    """What the engine counts as it goes, for metrics: updated once per poll or commit (never
+    per record) on the engine thread; other threads only read them (one attribute each)."""
+
+    polls: int = 0
+    #: Kafka records of input partitions handed to tasks (a packed repartition record is one).
+    records_consumed: int = 0
+    #: Time spent processing polled records (fetching and waiting excluded).
+    process_seconds: float = 0.0
+    #: Changelog records applied to standby and warm-up replicas.
+    standby_records: int = 0
+
+
 def resolve_against_cluster(topology: Topology, bootstrap_servers: str, client_config: Mapping[str, Any] | None = None) -> ResolvedTopology:
     """Resolve ``topology`` with the partition counts of the cluster's current topics."""
     with ClusterMetadata(bootstrap_servers, **(client_config or {})) as cluster:
@@ -119,6 +133,7 @@ class TaskEngine:
         commit_offsets: OffsetCommitter | None = None,
         commit_offsets_in_background: OffsetCommitter | None = None,
         on_restore_progress: Callable[[RestoreProgress], None] | None = None,
+        on_commit: Callable[[float], None] | None = None,
     ) -> None:
         self.resolved = resolved
         self.topology = resolved.topology
@@ -130,6 +145,9 @@ class TaskEngine:
         #: away for a while); commits that end a task's ownership always wait (``commit_offsets``).
         self._commit_offsets_in_background = commit_offsets_in_background
         self._on_restore_progress = on_restore_progress
+        #: Told how long each commit took (seconds): flush, offsets committed, checkpoint.
+        self._on_commit = on_commit
+        self.counters = EngineCounters()
         self._tasks: dict[TaskId, StreamTask] = {}
         self._task_of_partition: dict[TopicPartition, StreamTask] = {}
         self._producer: Any = None
@@ -370,17 +388,19 @@ class TaskEngine:
         if updater is not None and self._wanted_standbys - updater.tasks.keys() - self._tasks.keys():
             self._reconcile_standbys()
         following = updater is not None and bool(updater.tasks)
+        counters = self.counters
+        counters.polls += 1
         if not self._task_of_partition:
             # Replicas catch up between input batches; with no active work they get the wait.
             if following:
-                updater.poll(timeout)
+                counters.standby_records += updater.poll(timeout)
             else:
                 time.sleep(timeout / 1000)
             self._punctuate_wall_clock()
             self._send_repartition_buffers()
             return 0
         if following:
-            updater.poll(0)
+            counters.standby_records += updater.poll(0)
         fetched = self._consumer.poll(timeout_ms=timeout, max_records=self._batch_size.limit)
         started = time.perf_counter()
         count = 0
@@ -412,7 +432,10 @@ class TaskEngine:
             count += task.records_processed - processed_before  # packed records count per entry
         self._punctuate_wall_clock()
         self._send_repartition_buffers()
-        self._batch_size.observe(kafka_records, (time.perf_counter() - started) * 1000)
+        elapsed_s = time.perf_counter() - started
+        self._batch_size.observe(kafka_records, elapsed_s * 1000)
+        counters.records_consumed += kafka_records
+        counters.process_seconds += elapsed_s
         return count
 
     def _send_repartition_buffers(self) -> None:
@@ -455,11 +478,14 @@ class TaskEngine:
         return self._commit(list(self._tasks.values()))
 
     def _commit(self, tasks: list[StreamTask], *, in_background: bool = False) -> dict[TopicPartition, int]:
+        started = time.perf_counter()
         offsets = self.prepare_commit(tasks)
         committer = self._commit_offsets_in_background if in_background and self._commit_offsets_in_background else self._commit_offsets
         if committer is not None and offsets:
             committer(offsets)
         self.complete_commit(tasks)
+        if self._on_commit is not None:
+            self._on_commit(time.perf_counter() - started)
         return offsets
 
     def maybe_commit(self) -> dict[TopicPartition, int] | None:
@@ -499,6 +525,30 @@ class TaskEngine:
     @property
     def records_processed(self) -> int:
         return sum(task.records_processed for task in self._tasks.values())
+
+    @property
+    def records_produced(self) -> int:
+        """Records the producer confirmed written (outputs, changelogs, packed repartition
+        records), counted when a flush checks them."""
+        return self._sender.records_sent if self._sender is not None else 0
+
+    def input_lags(self) -> dict[TaskId, int]:
+        """Records each active task is behind the end of its input partitions: the high
+        watermark of the input consumer's last fetch minus the next offset to process.
+        Partitions not fetched yet are left out (their end is unknown without asking)."""
+        if self._consumer is None:
+            return {}
+        lags: dict[TaskId, int] = {}
+        highwater = self._consumer.highwater
+        for task_id, task in self._tasks.items():
+            lag = 0
+            for partition in task.input_partitions:
+                end = highwater(KafkaTopicPartition(*partition))
+                position = task.next_offsets.get(partition)
+                if end is not None and position is not None:
+                    lag += max(0, end - position)
+            lags[task_id] = lag
+        return lags
 
 
 def _parse_task_id(text: str) -> TaskId | None:

@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pystreams.assignors.streams import AssignmentError, MemberReason, StickyTaskAssignor, StreamsAssignmentMetadata
 from pystreams.assignors.streams.placement import HaConfig
@@ -59,6 +59,7 @@ from pystreams.client.member import (
     MemberEvent,
     InstanceIdUnreleased,
     MemberFailed,
+    MemberState,
     PartitionsAssigned,
     PartitionsLost,
     RevokePartitions,
@@ -69,7 +70,12 @@ from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology
 
 from .engine import EngineConfig, TaskEngine, resolve_against_cluster
+from .progress import LagSnapshot, ReplicaProgressLog, RestoreTracker
 from .warmup import WarmUpTracker
+
+if TYPE_CHECKING:  # aiohttp and prometheus_client load only for a worker that serves HTTP
+    from .http import HttpSite
+    from .metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +91,13 @@ _STALE_EPOCH_RETRIES = 5
 _LOCKED_TASK_RETRY_S = 0.2
 #: How long a worker that asked the application to shut down waits to hear the answer.
 _SHUTDOWN_GRACE_S = 5.0
+#: How long a stopping stream thread waits for its leave (which commits every task first);
+#: the Kubernetes grace period must be longer than this (deploy/ checks it).
+LEAVE_TIMEOUT_S = 30.0
+#: How often a stream thread looks at its member to tell when a rebalance has settled.
+_REBALANCE_WATCH_S = 0.1
+#: Member states in which the member is in the group with an assignment it acts on.
+_IN_GROUP = frozenset({MemberState.STABLE, MemberState.RECONCILING, MemberState.ACKNOWLEDGING})
 
 T = TypeVar("T")
 
@@ -116,6 +129,14 @@ class WorkerSettings:
     #: Security toward the coordinator, and toward the Kafka brokers (kafka-python's names).
     coordinator_security: ClientSecurity = dataclasses.field(default_factory=ClientSecurity)
     broker_security: ClientSecurity = dataclasses.field(default_factory=ClientSecurity)
+    #: Serve /healthz, /readyz and /metrics on this port (None: not at all).
+    http_port: int | None = None
+    #: The address the HTTP endpoints bind (operations and queries); None: every interface for
+    #: operations, and for queries loopback or every interface as the user endpoint's host is.
+    http_host: str | None = None
+    #: A downward-API annotations file read at shutdown: ``pystreams.io/leave-group="true"``
+    #: makes a static member leave for good (see :func:`leaves_for_good`).
+    pod_annotations: str | None = None
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -124,6 +145,12 @@ class WorkerSettings:
             raise ValueError("commit interval must be positive")
         if self.instance_id == "":
             raise ValueError("instance id, when given, must be non-empty")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ValueError(f"http port out of range 0-65535: {self.http_port}")
+        endpoint_port = self.user_endpoint.rpartition(":")[2]
+        if self.http_port and endpoint_port.isdigit() and int(endpoint_port) == self.http_port:
+            raise ValueError(f"the user endpoint {self.user_endpoint} and the HTTP port {self.http_port} must differ "
+                             "(queries and health/metrics are served separately)")
 
 
 def subscription_for(resolved: ResolvedTopology) -> tuple[list[str] | None, str | None]:
@@ -172,6 +199,7 @@ class StreamThread:
         loop: asyncio.AbstractEventLoop,
         on_fatal: Callable[[str], None],
         on_shutdown_requested: Callable[[], None] = lambda: None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.index = index
         self.resolved = resolved
@@ -182,6 +210,14 @@ class StreamThread:
         self._on_shutdown_requested = on_shutdown_requested
         self._settings = settings
         app_id = resolved.topology.app_id
+        #: Restore progress (metrics, logs) and the lags of the last lag check (metrics).
+        self.restores = RestoreTracker()
+        self.lags = LagSnapshot()
+        self._replica_log = ReplicaProgressLog(self.name)
+        commit_latency = metrics.commit_latency.labels(self.name) if metrics is not None else None
+        self._rebalance_duration = metrics.rebalance_duration.labels(self.name) if metrics is not None else None
+        self._rebalance_started: float | None = None
+        self._stopping = False
         self.engine = TaskEngine(
             resolved,
             EngineConfig(
@@ -197,6 +233,8 @@ class StreamThread:
             committed_offsets=self._read_committed_blocking,
             commit_offsets=self._commit_blocking,
             commit_offsets_in_background=self._commit_in_background,
+            on_restore_progress=self.restores,
+            on_commit=commit_latency.observe if commit_latency is not None else None,
         )
         self.assignor = StickyTaskAssignor(
             resolved,
@@ -229,8 +267,9 @@ class StreamThread:
         self._task_of_partition: dict[TopicPartition, TaskId] = {
             TopicPartition(*pair): task for task in resolved.tasks for pair in resolved.input_partitions(task)
         }
-        self._owned: set[TopicPartition] = set()
-        self._running: set[TaskId] = set()
+        # Replaced, never mutated: the metrics collector reads them from another thread.
+        self._owned: frozenset[TopicPartition] = frozenset()
+        self._running: frozenset[TaskId] = frozenset()
         #: Membership events and retries of locked tasks run one at a time, in order.
         self._membership_lock = asyncio.Lock()
         self._unreleased_since: float | None = None
@@ -241,6 +280,7 @@ class StreamThread:
         self._background_lock = threading.Lock()
         self._background_failures = 0
         self._start_retry: asyncio.Task[None] | None = None
+        self._rebalance_watch: asyncio.Task[None] | None = None
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._engine_started: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -256,11 +296,16 @@ class StreamThread:
         self.assignor.report(await self._call_engine(self.engine.task_lags), reason)
         self.driver.subscribe(topics=topics, regex=regex)
         await self.driver.start()
+        self._rebalance_watch = asyncio.get_running_loop().create_task(self._watch_rebalances())
 
-    async def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Leave (revoking = committing everything), close the engine, stop the driver."""
+    async def shutdown(self, timeout_s: float = LEAVE_TIMEOUT_S, *, permanent: bool = False) -> None:
+        """Leave (revoking = committing everything), close the engine, stop the driver. A
+        static member leaves with -2 (back soon, keep my tasks) unless ``permanent``."""
+        self._stopping = True
+        if self._rebalance_watch is not None:
+            self._rebalance_watch.cancel()
         try:
-            await self.driver.leave(timeout_s=timeout_s)
+            await self.driver.leave(timeout_s=timeout_s, permanent=permanent)
         except TimeoutError:
             log.warning("%s: leaving the group timed out", self.name)
         except Exception:
@@ -279,19 +324,86 @@ class StreamThread:
     def running_tasks(self) -> frozenset[TaskId]:
         return frozenset(self._running)
 
+    @property
+    def ready(self) -> bool:
+        """Kafka Streams' RUNNING, as a readiness probe wants it: in the group with a target
+        assignment heard, and every active task whose partitions are all owned restored and
+        running (nothing restoring, nothing waiting to start). A thread the assignment gives no
+        active task is ready once it has heard that assignment (as a Kafka Streams thread is
+        RUNNING after its rebalance)."""
+        if self._stopping or not self._thread.is_alive() or self.assignment is None:
+            return False
+        member = self.driver.member
+        if member.state not in _IN_GROUP or self.restoring or not self._caught_up_with(member):
+            return False
+        return not self._startable_tasks()
+
+    def _caught_up_with(self, member: Any) -> bool:
+        """Whether every partition the member owns has reached this thread: the assignment is
+        heard before its PartitionsAssigned event is handled, so the two can differ briefly."""
+        return len(member.owned_partitions) == len(self._owned)
+
+    @property
+    def state(self) -> str:
+        """One of metrics.THREAD_STATES."""
+        if not self._thread.is_alive():
+            return "dead" if self._engine_started.done() else "starting"
+        if self._stopping:
+            return "pending_shutdown"
+        if self.restoring:
+            return "restoring"
+        if self.assignment is None:
+            return "starting"
+        if self._rebalance_started is not None or self.driver.member.state not in _IN_GROUP:
+            return "rebalancing"
+        return "running"
+
+    # -- rebalances (asyncio side) ------------------------------------------------------------
+
+    def _rebalance_began(self) -> None:
+        if self._rebalance_started is None:
+            self._rebalance_started = time.monotonic()
+
+    def _check_rebalance_settled(self) -> None:
+        """A rebalance ends when the member is stable with nothing pending and the tasks it
+        owns are running (restores included: the task is not processing before that)."""
+        if self._rebalance_started is None:
+            return
+        member = self.driver.member
+        if member.state is not MemberState.STABLE or member.pending_partitions or member.revoking_partitions:
+            return
+        if not self._caught_up_with(member):
+            return
+        if self.restoring or self._startable_tasks():
+            return
+        duration = time.monotonic() - self._rebalance_started
+        self._rebalance_started = None
+        if self._rebalance_duration is not None:
+            self._rebalance_duration.observe(duration)
+        log.info("%s: rebalance settled after %.2f s (%d active tasks)", self.name, duration, len(self._running))
+
+    async def _watch_rebalances(self) -> None:
+        # The member becomes stable when its acknowledgement is answered: no event says so.
+        while True:
+            await asyncio.sleep(_REBALANCE_WATCH_S)
+            self._check_rebalance_settled()
+
     # -- membership events (asyncio side) -----------------------------------------------------
 
     async def _on_event(self, event: MemberEvent) -> None:
+        if isinstance(event, (PartitionsAssigned, RevokePartitions, PartitionsLost)):
+            self._rebalance_began()
         async with self._membership_lock:
             await self._handle_event(event)
+        self._check_rebalance_settled()
 
     async def _handle_event(self, event: MemberEvent) -> None:
         if isinstance(event, PartitionsAssigned):
-            self._owned |= await self._named(event.partitions)
+            self._owned = self._owned | await self._named(event.partitions)
             await self._start_owned_tasks()
         elif isinstance(event, RevokePartitions):
             revoked = await self._named(event.partitions)
-            self._owned -= revoked
+            self._owned = self._owned - revoked
             stopping = self._tasks_touching(revoked)
             if stopping:
                 try:
@@ -300,14 +412,14 @@ class StreamThread:
                 except Exception:
                     log.exception("%s: committing revoked tasks failed; dropping them", self.name)
                     await self._call_engine(lambda: self.engine.lose_tasks(stopping))
-                self._running -= set(stopping)
+                self._running = self._running - set(stopping)
         elif isinstance(event, PartitionsLost):
             lost = await self._named(event.partitions)
-            self._owned -= lost
+            self._owned = self._owned - lost
             dropping = self._tasks_touching(lost)
             if dropping:
                 await self._call_engine(lambda: self.engine.lose_tasks(dropping))
-                self._running -= set(dropping)
+                self._running = self._running - set(dropping)
                 log.warning("%s: lost tasks %s (error %d)", self.name, ", ".join(map(str, dropping)), event.error_code)
         elif isinstance(event, InstanceIdUnreleased):
             self._log_unreleased_instance_id(event)
@@ -337,10 +449,7 @@ class StreamThread:
         """Start every task whose input partitions are all owned and that does not run yet.
         A task whose state directory a sibling stream thread still holds (its replica there
         closes once that thread hears the new assignment) is retried shortly."""
-        startable = sorted(
-            {task for p in self._owned if (task := self._task_of_partition.get(p)) is not None} - self._running
-        )
-        ready = [t for t in startable if all(TopicPartition(*p) in self._owned for p in self.resolved.input_partitions(t))]
+        ready = self._startable_tasks()
         if not ready:
             return
         self.restoring = self.restoring | set(ready)
@@ -349,12 +458,18 @@ class StreamThread:
         finally:
             self.restoring = self.restoring - set(ready)
         started = sorted(restored)
-        self._running |= set(started)
+        self._running = self._running | set(started)
         if started:
             records = sum(n for stores in restored.values() for n in stores.values())
             log.info("%s: started tasks %s (restored %d records)", self.name, ", ".join(map(str, started)), records)
         if len(started) < len(ready) and (self._start_retry is None or self._start_retry.done()):
             self._start_retry = asyncio.get_running_loop().create_task(self._retry_start_owned_tasks())
+
+    def _startable_tasks(self) -> list[TaskId]:
+        """Tasks whose input partitions are all owned here and that do not run yet."""
+        owned = self._owned
+        candidates = {task for p in owned if (task := self._task_of_partition.get(p)) is not None} - self._running
+        return sorted(t for t in candidates if all(TopicPartition(*p) in owned for p in self.resolved.input_partitions(t)))
 
     async def _retry_start_owned_tasks(self) -> None:
         await asyncio.sleep(_LOCKED_TASK_RETRY_S)
@@ -390,11 +505,20 @@ class StreamThread:
             log.info("%s: replicas %s (warm-ups %s)", self.name, ", ".join(map(str, sorted(replicas))),
                      ", ".join(map(str, sorted(warmups))) or "none")
 
-    def _check_warmups(self, now_ms: int) -> None:
-        """Engine thread: WarmUpReady / WarmUpFailed, with fresh lags, when warm-ups say so."""
+    def _check_lags(self, now_ms: int) -> None:
+        """Engine thread, every lag check: publish lags for metrics, log replicas catching up,
+        and tell the assignor when warm-ups are ready or failing."""
+        replica_lags = self.engine.replica_lags()
+        warmups = self.warmups.warmups
+        self.lags = LagSnapshot(active=self.engine.input_lags(), replicas=replica_lags, warmups=warmups)
+        self._replica_log.observe(replica_lags, warmups, self.engine.counters.standby_records)
+        self._check_warmups(now_ms, replica_lags)
+
+    def _check_warmups(self, now_ms: int, replica_lags: Mapping[TaskId, int]) -> None:
+        """WarmUpReady / WarmUpFailed, with fresh lags, when warm-ups say so."""
         if not self.warmups.warmups:
             return
-        reason = self.warmups.observe(self.engine.replica_lags(), now_ms)
+        reason = self.warmups.observe(replica_lags, now_ms)
         if reason is not MemberReason.NONE:
             lags = self.engine.task_lags()
             log.info("%s: %s (warm-up lags %s)", self.name, reason.name,
@@ -526,10 +650,10 @@ class StreamThread:
                 if now >= next_lag_check:
                     next_lag_check = now + interval_ms / 1000
                     try:
-                        self._check_warmups(int(now * 1000))
+                        self._check_lags(int(now * 1000))
                     except Exception:
                         # A lag is a hint: a broker that does not answer now is asked again later.
-                        log.exception("%s: checking warm-up lags failed", self.name)
+                        log.exception("%s: checking lags failed", self.name)
                 try:
                     self.engine.maybe_commit()
                 except Exception:
@@ -591,6 +715,31 @@ def topology_change_reason(state_dir: Path, topology: Any) -> MemberReason:
     return MemberReason.NONE
 
 
+#: The pod annotation that makes a static member leave the group for good when it stops.
+LEAVE_GROUP_ANNOTATION = "pystreams.io/leave-group"
+
+
+def leaves_for_good(annotations_file: str | None) -> bool:
+    """Whether the downward-API annotations file says ``pystreams.io/leave-group="true"``.
+
+    A static member normally leaves with -2 so that its restart gets its tasks back without a
+    rebalance; a pod removed for good (scale-in) would then hold its tasks until the session
+    timeout. Annotating it first (``kubectl annotate pod P pystreams.io/leave-group=true``; the
+    kubelet updates the mounted file) makes it leave with -1 and its tasks move at once."""
+    if not annotations_file:
+        return False
+    try:
+        lines = Path(annotations_file).read_text().splitlines()
+    except OSError as error:
+        log.warning("cannot read pod annotations %s (%s); leaving as a static member would", annotations_file, error)
+        return False
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == LEAVE_GROUP_ANNOTATION:
+            return value.strip().strip('"').lower() == "true"
+    return False
+
+
 def default_state_dir(app_id: str, instance_id: str | None) -> Path:
     """Kafka Streams' ``state.dir`` default is a temp directory too; an instance id keeps the
     same directory across restarts, so a static member finds its state again."""
@@ -602,9 +751,44 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
     """Run until ``stop`` is set (or a stream thread fails); the exit status."""
     from pystreams.app import load_app
 
-    loop = asyncio.get_running_loop()
     app = load_app(settings.app)
     topology = app.topology()
+    state_dir = Path(settings.state_dir) if settings.state_dir else default_state_dir(topology.app_id, settings.instance_id)
+    threads: list[StreamThread] = []
+    started: list[StreamThread] = []
+    metrics = None
+    sites: list[HttpSite] = []
+    try:
+        if settings.http_port is not None:
+            from .http import HttpSite, OperationsRoutes
+            from .metrics import WorkerMetrics
+
+            metrics = WorkerMetrics()
+            operations = OperationsRoutes(threads, metrics, started=lambda: bool(threads) and len(started) == len(threads))
+            # Up before anything talks to Kafka: probes answer (not ready) while the worker starts.
+            metrics.watch(threads, state_dir, topology.app_id, operations.ready)
+            site = HttpSite(settings.http_host or "0.0.0.0", settings.http_port, operations.routes())
+            await site.start()
+            sites.append(site)
+            announce(f"worker: health and metrics on http://{site.host}:{site.port} (/healthz, /readyz, /metrics)")
+        return await _run_threads(settings, stop, announce, topology, state_dir, threads, started, metrics, sites)
+    finally:
+        for site in sites:
+            await site.stop()
+
+
+async def _run_threads(
+    settings: WorkerSettings,
+    stop: asyncio.Event,
+    announce: Callable[[str], None],
+    topology: Any,
+    state_dir: Path,
+    threads: list[StreamThread],
+    started: list[StreamThread],
+    metrics: WorkerMetrics | None,
+    sites: list[HttpSite],
+) -> int:
+    loop = asyncio.get_running_loop()
     broker_config = settings.broker_security.kafka_python_config()
     resolved = await loop.run_in_executor(None, resolve_against_cluster, topology, settings.bootstrap_servers, broker_config)
     # Internal topics exist before anyone subscribes, so the first assignment includes them.
@@ -619,7 +803,6 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
     await loop.run_in_executor(None, topic_names.refresh)
 
     process_id = uuid.uuid4()
-    state_dir = Path(settings.state_dir) if settings.state_dir else default_state_dir(topology.app_id, settings.instance_id)
     fatal: list[str] = []
 
     def on_fatal(message: str) -> None:
@@ -640,23 +823,23 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
             announce("worker: the application was asked to shut down by a member; stopping")
             stop.set()
 
-    threads = [
+    threads.extend(
         StreamThread(
             index, resolved, settings, process_id=process_id, state_dir=state_dir,
             topic_names=topic_names, loop=loop, on_fatal=on_fatal, on_shutdown_requested=on_shutdown_requested,
+            metrics=metrics,
         )
         for index in range(settings.threads)
-    ]
+    )
     topics, regex = subscription_for(resolved)
     reason = topology_change_reason(state_dir, topology)
-    started: list[StreamThread] = []
-    query_server = None
     try:
         if settings.user_endpoint:
             from .queries import QueryServer
 
-            query_server = QueryServer(resolved, threads, settings.user_endpoint)
+            query_server = QueryServer(resolved, threads, settings.user_endpoint, bind_host=settings.http_host)
             await query_server.start()
+            sites.append(query_server.site)
         for thread in threads:
             await thread.start(topics, regex, reason)
             started.append(thread)
@@ -666,10 +849,9 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
         )
         await stop.wait()
     finally:
-        announce("worker: stopping (committing and leaving the group)")
-        await asyncio.gather(*(thread.shutdown() for thread in started), return_exceptions=True)
-        if query_server is not None:
-            await query_server.stop()
+        permanent = leaves_for_good(settings.pod_annotations)
+        announce("worker: stopping (committing and leaving the group" + (" for good)" if permanent else ")"))
+        await asyncio.gather(*(thread.shutdown(permanent=permanent) for thread in started), return_exceptions=True)
     processed = sum(thread.records_processed for thread in threads)
     announce(f"worker: stopped after processing {processed} records")
     if fatal:

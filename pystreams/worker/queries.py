@@ -13,25 +13,23 @@ Clients route with ``pystreams.queries`` (``App.query``, ``pystreams query``).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, unquote, urlsplit
+
+from aiohttp import web
 
 from pystreams.topology.ir import StoreKind, TaskId
 from pystreams.topology.resolve import ResolvedTopology
 
+from .http import HttpSite
 from .packing import partition_for_key
 
 if TYPE_CHECKING:
     from .process import StreamThread
 
 log = logging.getLogger(__name__)
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 503: "Service Unavailable"}
-
 
 def queryable_stores(resolved: ResolvedTopology) -> dict[str, dict[str, Any]]:
     """Key-value stores with the topic and partition count that place their keys: a key
@@ -49,75 +47,77 @@ def queryable_stores(resolved: ResolvedTopology) -> dict[str, dict[str, Any]]:
 
 
 class QueryServer:
-    def __init__(self, resolved: ResolvedTopology, threads: Sequence[StreamThread], endpoint: str) -> None:
+    """The interactive-query routes of one worker and, with ``start``, a site serving them on
+    the user endpoint's port (``bind_host``: the address to listen on; by default loopback for
+    a loopback endpoint and every interface otherwise)."""
+
+    def __init__(self, resolved: ResolvedTopology, threads: Sequence[StreamThread], endpoint: str,
+                 *, bind_host: str | None = None) -> None:
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"user endpoint {endpoint!r} is not HOST:PORT")
         self.endpoint = endpoint
-        self._host, self._port = host, int(port)
+        self.port = int(port)
+        # Listen on every interface by default: the endpoint is what others use to reach us.
+        self.bind_host = bind_host or ("127.0.0.1" if host in ("127.0.0.1", "localhost") else "0.0.0.0")
         self._resolved = resolved
         self._threads = threads
         self._stores = queryable_stores(resolved)
-        self._server: asyncio.AbstractServer | None = None
+        self.site: HttpSite | None = None
+
+    def routes(self) -> list[web.RouteDef]:
+        """The query API, ending with a catch-all that answers 400 with the reason."""
+        return [
+            web.get("/v1/metadata", self._metadata),
+            # An empty key (b"") is an empty last segment.
+            web.get("/v1/stores/{store}/{key:[^/]*}", self._store_get),
+            web.route("*", "/{path:.*}", self._unknown),
+        ]
 
     async def start(self) -> None:
-        # Listen on every interface: the endpoint is what others use to reach this host.
-        bind = "127.0.0.1" if self._host in ("127.0.0.1", "localhost") else "0.0.0.0"
-        self._server = await asyncio.start_server(self._handle, bind, self._port)
+        site = HttpSite(self.bind_host, self.port, self.routes())
+        await site.start()
+        self.site = site
         log.info("serving interactive queries on %s", self.endpoint)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        site, self.site = self.site, None
+        if site is not None:
+            await site.stop()
 
     # -- HTTP -----------------------------------------------------------------------------------
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    @staticmethod
+    def _json(document: Any, status: int = 200) -> web.Response:
+        # JSON is UTF-8 by definition (RFC 8259): no charset parameter.
+        return web.Response(body=json.dumps(document).encode(), status=status, content_type="application/json")
+
+    @classmethod
+    def _error(cls, status: int, message: str, **extra: Any) -> web.Response:
+        return cls._json({"error": message, **extra}, status=status)
+
+    async def _metadata(self, request: web.Request) -> web.Response:
+        return self._json(self.metadata())
+
+    async def _store_get(self, request: web.Request) -> web.Response:
         try:
-            request_line = await asyncio.wait_for(reader.readline(), 10)
-            while (await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b"\n", b""):
-                pass  # headers: nothing here needs them
-            parts = request_line.decode("latin-1").split()
-            if len(parts) != 3 or parts[0] != "GET":
-                status, body, content_type = self._error(400, "only GET requests are served")
-            else:
-                status, body, content_type = await self._route(parts[1])
-        except (asyncio.TimeoutError, ConnectionError, UnicodeDecodeError):
-            writer.close()
-            return
+            key = bytes.fromhex(request.match_info["key"])
+        except ValueError:
+            return self._error(400, "the key must be the serialized key's bytes in hex")
+        stale = request.query.get("stale", "0") in ("1", "true")
+        try:
+            status, value, message, retry = await self._get(request.match_info["store"], key, stale)
         except Exception as error:  # a query must never take the worker down
             log.exception("interactive query failed")
-            status, body, content_type = self._error(500, f"internal error: {error!r}")
-        head = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        writer.write(head.encode("latin-1") + body)
-        try:
-            await writer.drain()
-        finally:
-            writer.close()
+            return self._error(500, f"internal error: {error!r}")
+        if status == 200:
+            return web.Response(body=value, content_type="application/octet-stream")
+        return self._error(status, message, **({"retry": True} if retry else {}))
 
-    @staticmethod
-    def _error(status: int, message: str, **extra: Any) -> tuple[int, bytes, str]:
-        return status, json.dumps({"error": message, **extra}).encode(), "application/json"
-
-    async def _route(self, target: str) -> tuple[int, bytes, str]:
-        url = urlsplit(target)
-        # Only the leading slash goes: an empty key (b"") is a trailing empty segment.
-        path = [unquote(p) for p in url.path.removeprefix("/").split("/")]
-        if path == ["v1", "metadata"]:
-            return 200, json.dumps(self.metadata()).encode(), "application/json"
-        if len(path) == 4 and path[:2] == ["v1", "stores"]:
-            stale = parse_qs(url.query).get("stale", ["0"])[0] in ("1", "true")
-            try:
-                key = bytes.fromhex(path[3])
-            except ValueError:
-                return self._error(400, "the key must be the serialized key's bytes in hex")
-            return await self._get(path[2], key, stale)
-        return self._error(400, f"unknown path {url.path!r}; see /v1/metadata and /v1/stores/STORE/KEYHEX")
+    async def _unknown(self, request: web.Request) -> web.Response:
+        if request.method != "GET":
+            return self._error(400, "only GET requests are served")
+        return self._error(400, f"unknown path {request.path!r}; see /v1/metadata and /v1/stores/STORE/KEYHEX")
 
     # -- answers --------------------------------------------------------------------------------
 
@@ -130,22 +130,21 @@ class QueryServer:
             "standby": assignment.standby_partitions_by_host if assignment is not None else {},
         }
 
-    async def _get(self, store: str, key: bytes, stale: bool) -> tuple[int, bytes, str]:
+    async def _get(self, store: str, key: bytes, stale: bool) -> tuple[int, bytes | None, str, bool]:
+        """(status, value, error message, retry) for one key."""
         if store not in self._resolved.topology.stores:
-            return self._error(400, f"no store named {store!r}")
+            return 400, None, f"no store named {store!r}", False
         if store not in self._stores:
-            return self._error(400, f"store {store!r} is not a key-value store; only those are queryable")
+            return 400, None, f"store {store!r} is not a key-value store; only those are queryable", False
         spec = self._resolved.topology.stores[store]
         task = TaskId(spec.subtopology, partition_for_key(key, self._stores[store]["partitions"]))
         for thread in self._threads:
             if task in thread.restoring:
-                return self._error(503, f"task {task} of store {store!r} is restoring here; not available yet",
-                                   retry=True)
+                return 503, None, f"task {task} of store {store!r} is restoring here; not available yet", True
         for thread in self._threads:
             found, value = await thread.read_store(task, store, key, include_standby=stale)
             if found:
                 if value is None:
-                    return self._error(404, f"no value for this key in store {store!r}")
-                return 200, value, "application/octet-stream"
-        return self._error(503, f"task {task} of store {store!r} is not hosted here (moving, or stale routing)",
-                           retry=True)
+                    return 404, None, f"no value for this key in store {store!r}", False
+                return 200, value, "", False
+        return 503, None, f"task {task} of store {store!r} is not hosted here (moving, or stale routing)", True
