@@ -120,10 +120,30 @@ class GroupRegistry:
                 yield group_id, group
 
 
+class Deferred:
+    """A handler's answer when the response comes later (a classic JoinGroup waits for the join
+    phase to end): the runtime keeps the caller waiting under the request's id."""
+
+    _instance: Deferred | None = None
+
+    def __new__(cls) -> Deferred:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "DEFERRED"
+
+
+DEFERRED = Deferred()
+
+
 @dataclass
 class _Journal:
     records: list[r.Record] = field(default_factory=list)
     undo: list[Callable[[], None]] = field(default_factory=list)
+    #: (request id, response): answers to requests that were deferred earlier.
+    completions: list[tuple[int, Any]] = field(default_factory=list)
 
 
 class ShardContext:
@@ -139,7 +159,7 @@ class ShardContext:
         self.topics: Mapping[str, TopicMetadata] = {}
         self.new_member_id = new_member_id
         self.group_configs: dict[str, dict[str, str]] = {}
-        #: Who sent the request being handled (client id and host), for member metadata.
+        #: Who sent the request being handled (client id, host, request id).
         self.request: Any = None
         self._sink = sink
         self._journal: _Journal | None = None
@@ -151,22 +171,23 @@ class ShardContext:
             raise RuntimeError("an event is already being handled")
         self._journal = _Journal()
 
-    def commit(self) -> list[r.Record]:
+    def commit(self) -> tuple[list[r.Record], list[tuple[int, Any]]]:
         journal = self._require()
         self._journal = None
-        return journal.records
+        return journal.records, journal.completions
 
-    def savepoint(self) -> tuple[int, int]:
+    def savepoint(self) -> tuple[int, int, int]:
         journal = self._require()
-        return len(journal.records), len(journal.undo)
+        return len(journal.records), len(journal.undo), len(journal.completions)
 
-    def rollback(self, savepoint: tuple[int, int] = (0, 0)) -> None:
+    def rollback(self, savepoint: tuple[int, int, int] = (0, 0, 0)) -> None:
         """Undo everything since ``savepoint`` (the start of the event by default), newest first."""
         journal = self._require()
-        records_at, undo_at = savepoint
+        records_at, undo_at, completions_at = savepoint
         while len(journal.undo) > undo_at:
             journal.undo.pop()()
         del journal.records[records_at:]
+        del journal.completions[completions_at:]
 
     def abort(self) -> None:
         """Roll the whole event back and end it."""
@@ -198,6 +219,10 @@ class ShardContext:
         if self.timers.deadline(timer) is not None:
             self._journal_timer(timer)
             self.timers.cancel(timer)
+
+    def complete(self, request_id: int, response: Any) -> None:
+        """Answer a request that was deferred earlier; sent once this event's records are durable."""
+        self._require().completions.append((request_id, response))
 
     def on_undo(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` if the event is rolled back (runtime state that is not a record)."""

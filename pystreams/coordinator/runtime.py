@@ -49,7 +49,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -66,7 +68,8 @@ from pystreams.coordinator.authorizer import PERMISSIONS, Authorizer
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.log import LogConfigurationError, LogFencedError, PartitionLog, RecordLog
 from pystreams.coordinator.metrics import CoordinatorMetrics, IdleTracker
-from pystreams.coordinator.shard import GroupCoordinatorShard, HandlerFailed, RequestContext
+from pystreams.coordinator.context import DEFERRED
+from pystreams.coordinator.shard import CoordinatorResult, GroupCoordinatorShard, HandlerFailed, RequestContext
 from pystreams.protocol import codec
 from pystreams.protocol import messages as m
 from pystreams.protocol.server import ANONYMOUS, current_session
@@ -188,6 +191,9 @@ class ShardRunner:
         self.idle = IdleTracker()
         self._handle: PartitionLog | None = None
         self._pending_topics: Topics | None = None
+        #: request id -> the caller waiting for an answer the shard deferred.
+        self._deferred: dict[int, asyncio.Future] = {}
+        self._request_ids = itertools.count(1)
         self._stopping = False
         self.task: asyncio.Task[None] | None = None
 
@@ -209,6 +215,7 @@ class ShardRunner:
         """
         self._check_accepting()
         future: asyncio.Future = asyncio.get_running_loop().create_future()
+        context = dataclasses.replace(context, request_id=next(self._request_ids))
         await self._queue.put(_Request(request, context, future))
         if self.state in (ShardState.FAILED, ShardState.CLOSED) and not future.done():
             future.set_exception(self._terminal_error())  # queued after the runner's last drain
@@ -275,6 +282,7 @@ class ShardRunner:
                 self.state = ShardState.CLOSED
             self.loaded.clear()
             self._drain_queue(self._terminal_error)
+            self._answer_deferred(self._terminal_error)
             await self._release_handle()
 
     def _fail(self, error: BaseException) -> None:
@@ -381,12 +389,13 @@ class ShardRunner:
             now = self._clock_ms()
             records: list[r.Record] = []
             answers: list[tuple[asyncio.Future, Any]] = []
+            completions: list[tuple[int, Any]] = []
             topics, self._pending_topics = self._pending_topics, None
             if topics is not None:
-                records += self._rolled_back_on_failure(shard.update_topics, topics, now)
+                self._collect(self._rolled_back_on_failure(shard.update_topics, topics, now), records, completions)
             deadline = shard.next_deadline()
             if deadline is not None and deadline <= now:
-                records += self._rolled_back_on_failure(shard.expire, now)
+                self._collect(self._rolled_back_on_failure(shard.expire, now), records, completions)
             for event in events:
                 if not isinstance(event, _Request):
                     continue
@@ -395,8 +404,15 @@ class ShardRunner:
                 except HandlerFailed as error:  # rolled back: only this request fails
                     answers.append((event.future, error))
                     continue
-                records += result.records
-                answers.append((event.future, result.response))
+                self._collect(result, records, completions)
+                if result.response is DEFERRED:
+                    self._deferred[event.context.request_id] = event.future
+                else:
+                    answers.append((event.future, result.response))
+            for request_id, response in completions:
+                future = self._deferred.pop(request_id, None)
+                if future is not None:
+                    answers.append((future, response))
             if records:
                 try:
                     await self._handle.append(records)
@@ -410,17 +426,29 @@ class ShardRunner:
                     self.state = ShardState.LOADING  # refuse new requests right away
                     self.loaded.clear()
                     self._answer([(f, Errors.CoordinatorNotAvailableError(f"shard {self.shard_id}: the log append failed")) for f, _ in answers])
+                    self._answer_deferred(lambda: Errors.CoordinatorNotAvailableError(f"shard {self.shard_id} is reloading"))
                     return _Outcome.RELOAD
                 self._count_rebalances(records)
             self._answer(answers)
 
-    def _rolled_back_on_failure(self, step: Callable[..., Any], *args: Any) -> list[r.Record]:
-        """The records of a topic update or timer run; none if it failed (it was rolled back)."""
+    @staticmethod
+    def _collect(result: CoordinatorResult | None, records: list[r.Record], completions: list[tuple[int, Any]]) -> None:
+        if result is not None:
+            records += result.records
+            completions += result.completions
+
+    def _rolled_back_on_failure(self, step: Callable[..., Any], *args: Any) -> CoordinatorResult | None:
+        """A topic update's or timer run's result; None if it failed (it was rolled back)."""
         try:
-            return step(*args).records
+            return step(*args)
         except HandlerFailed:
             log.error("shard %d: %s failed and was rolled back", self.shard_id, getattr(step, "__name__", step))
-            return []
+            return None
+
+    def _answer_deferred(self, error: Callable[[], BaseException]) -> None:
+        """The shard that deferred these answers is gone (reloaded, stopped): they will not come."""
+        deferred, self._deferred = self._deferred, {}
+        self._answer([(future, error()) for future in deferred.values()])
 
     @staticmethod
     def _answer(answers: Sequence[tuple[asyncio.Future, Any]]) -> None:

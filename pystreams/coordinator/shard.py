@@ -47,16 +47,21 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CoordinatorResult:
+    #: The answer, None (timers, topics), or DEFERRED: it comes later, in some event's completions.
     response: object | None
     records: list[r.Record] = field(default_factory=list)
+    #: (request id, response) of requests deferred earlier that this event answers.
+    completions: list[tuple[int, object]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class RequestContext:
-    """What the connection knows about the caller (Kafka's RequestContext)."""
+    """What the connection knows about the caller (Kafka's RequestContext). ``request_id`` names
+    the request if its answer is deferred (unique among the shard's requests)."""
 
     client_id: str = ""
     client_host: str = ""
+    request_id: int = 0
 
 
 class HandlerFailed(Errors.UnknownError):
@@ -152,7 +157,7 @@ class GroupCoordinatorShard:
                     self.ctx.rollback(savepoint)
                     self.handler_failures += 1
                     log.exception("timer %s failed; its changes were rolled back", timer)
-            return CoordinatorResult(None, self.ctx.commit())
+            return CoordinatorResult(None, *self.ctx.commit())
         except BaseException:
             self.ctx.abort()
             raise
@@ -180,7 +185,7 @@ class GroupCoordinatorShard:
         except BaseException:
             self.ctx.abort()
             raise
-        return CoordinatorResult(response, self.ctx.commit())
+        return CoordinatorResult(response, *self.ctx.commit())
 
     # --- records ------------------------------------------------------------------------------
 
