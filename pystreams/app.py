@@ -1088,8 +1088,8 @@ class App:
 
     def to_spark(self, spark, **options):
         """This app as Spark Structured Streaming queries on ``spark`` (for spark-submit users);
-        see ``pystreams.topology.spark.to_spark`` for the options."""
-        from pystreams.topology.spark import to_spark
+        see ``pystreams.spark.to_spark`` for the options."""
+        from pystreams.spark import to_spark
 
         return to_spark(self, spark, **options)
 

@@ -10,9 +10,9 @@ import pytest
 
 from pystreams import serdes
 from pystreams.app import App, Processor, PunctuationType, kv_store, punctuate, window_store
-from pystreams.topology.spark import SparkCompileError, compile_topology
-from pystreams.topology.spark.compiler import choose_source_format, source_options
-from pystreams.topology.spark.worker_semantics import (
+from pystreams.spark import SparkCompileError, compile_topology
+from pystreams.spark.compiler import choose_source_format, source_options
+from pystreams.spark.worker_semantics import (
     LEFT,
     RIGHT,
     JoinBuffers,
@@ -134,7 +134,7 @@ class FakeSpark:
 def test_the_builtin_connector_is_chosen_when_its_jar_is_on_the_classpath(caplog: pytest.LogCaptureFixture) -> None:
     pytest.importorskip("pyspark")
     with_jar, without_jar = FakeSpark(True), FakeSpark(False)
-    with caplog.at_level("INFO", logger="pystreams.topology.spark.compiler"):
+    with caplog.at_level("INFO", logger="pystreams.spark.compiler"):
         assert choose_source_format(with_jar) == "kafka"
         assert choose_source_format(without_jar) == "pystreams_kafka"
     assert with_jar.registered == []

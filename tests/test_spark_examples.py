@@ -21,7 +21,7 @@ from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
-from pystreams.topology.spark.parity import decoded, read_final_table, run_on_spark, run_on_workers
+from spark_parity import decoded, read_final_table, run_on_spark, run_on_workers
 
 from test_spark_wordcount import EXAMPLES, spark  # noqa: F401  (the shared Spark session fixture)
 
