@@ -50,16 +50,26 @@ from pystreams.topology.errors import (
     TopologyError,
 )
 from pystreams.topology.ir import (
+    NODE_TYPES,
     TABLE_KINDS,
+    BranchNode,
+    BranchOutputNode,
     JoinHow,
-    JoinKind,
     JoinSide,
-    JoinSpec,
+    MergeNode,
     Node,
     NodeKind,
+    ProcessorNode,
     PunctuationType,
+    RepartitionNode,
+    SinkNode,
+    SourceNode,
     Store,
     StoreKind,
+    StreamStreamJoinNode,
+    StreamTableJoinNode,
+    TableSourceNode,
+    ToStreamNode,
 )
 from pystreams.topology.naming import check_name, repartition_source_node
 from pystreams.topology.patterns import compile_pattern
@@ -380,9 +390,8 @@ class App:
             if name is None and len(topics) > 1:
                 raise InvalidNameError(f"a source of several topics {list(topics)} needs name=")
             node_name = name or topics[0]
-        node = Node(
+        node = SourceNode(
             name=node_name,
-            kind=NodeKind.SOURCE,
             key_serde=key or self.default_key_serde,
             value_serde=value or self.default_value_serde,
             topics=tuple(check_name("topic", t) for t in topics),
@@ -405,14 +414,13 @@ class App:
         """A table read from a topic: the latest value per key, kept in ``store``."""
         node_name = name or topic
         store_name = store or node_name
-        node = Node(
+        node = TableSourceNode(
             name=node_name,
-            kind=NodeKind.TABLE_SOURCE,
             key_serde=key or self.default_key_serde,
             value_serde=value or self.default_value_serde,
-            topics=(check_name("topic", topic),),
+            topic=check_name("topic", topic),
             timestamp_extractor=None if timestamp is None else _callable(timestamp, "timestamp extractor"),
-            stores=(store_name,),
+            store=store_name,
         )
         self._add_source(node)
         self._add_store(
@@ -508,9 +516,8 @@ class App:
             for label in labels:
                 check_name(f"branch {node_name!r} label", label)
             self._add(
-                Node(
+                BranchNode(
                     name=node_name,
-                    kind=NodeKind.BRANCH,
                     parents=(parent.name,),
                     fn=_callable(fn),
                     key_serde=parent.key_serde,
@@ -520,13 +527,12 @@ class App:
             )
             streams = {}
             for label in labels:
-                output = Node(
+                output = BranchOutputNode(
                     name=f"{node_name}-{label}",
-                    kind=NodeKind.BRANCH_OUTPUT,
                     parents=(node_name,),
                     key_serde=parent.key_serde,
                     value_serde=parent.value_serde,
-                    branches=(label,),
+                    label=label,
                 )
                 self._add(output)
                 streams[label] = Stream(self, output.name)
@@ -544,9 +550,8 @@ class App:
             raise TopologyError(f"merge {name!r}: a stream is given twice: {names}", nodes=names)
         node_name = self._fresh_name(name, f"{names[0]}-merge")
         self._add(
-            Node(
+            MergeNode(
                 name=node_name,
-                kind=NodeKind.MERGE,
                 parents=tuple(names),
                 key_serde=parents[0].key_serde,
                 value_serde=parents[0].value_serde,
@@ -565,14 +570,12 @@ class App:
         base = check_name("repartition", name or parent.name)
         node_name = repartition_source_node(base)
         self._add(
-            Node(
+            RepartitionNode(
                 name=node_name,
-                kind=NodeKind.REPARTITION,
                 parents=(parent.name,),
                 key_serde=parent.key_serde,
                 value_serde=parent.value_serde,
                 partitions=partitions,
-                internal=True,
             )
         )
         return Stream(self, node_name)
@@ -582,9 +585,8 @@ class App:
         parent = self._table(table, "to_stream")
         node_name = self._fresh_name(name, f"{parent.name}-stream")
         self._add(
-            Node(
+            ToStreamNode(
                 name=node_name,
-                kind=NodeKind.TO_STREAM,
                 parents=(parent.name,),
                 key_serde=parent.key_serde,
                 value_serde=parent.value_serde,
@@ -750,9 +752,8 @@ class App:
                         f"processor {node_name!r}: stores must be store declarations or names, got {entry!r}"
                     )
             self._add(
-                Node(
+                ProcessorNode(
                     name=node_name,
-                    kind=NodeKind.PROCESSOR,
                     parents=(parent.name,),
                     fn=processor_class,
                     key_serde=key or (self.default_key_serde if key_changing else parent.key_serde),
@@ -796,11 +797,10 @@ class App:
         check_name("topic", topic)
         node_name = self._fresh_name(name, f"{parent.name}-to-{topic}")
         self._add(
-            Node(
+            SinkNode(
                 name=node_name,
-                kind=NodeKind.SINK,
                 parents=(parent.name,),
-                topics=(topic,),
+                topic=topic,
                 key_serde=key or parent.key_serde,
                 value_serde=value or parent.value_serde,
             )
@@ -902,15 +902,16 @@ class App:
         def declare(fn: Callable) -> Stream:
             parent = self._stream(stream, str(kind))
             node_name = self._function_name(fn, name, parent, str(kind))
+            node_type = NODE_TYPES[kind]
+            options = {"key_changing": key_changing} if kind in (NodeKind.MAP, NodeKind.FLAT_MAP) else {}
             self._add(
-                Node(
+                node_type(  # type: ignore[call-arg]
                     name=node_name,
-                    kind=kind,
                     parents=(parent.name,),
                     fn=_callable(fn),
                     key_serde=parent.key_serde if inherit_key else key or self.default_key_serde,
                     value_serde=parent.value_serde if inherit_value else value or self.default_value_serde,
-                    key_changing=key_changing,
+                    **options,
                 )
             )
             return Stream(self, node_name)
@@ -952,16 +953,15 @@ class App:
             else StoreKind.WINDOW
         )
         self._add(
-            Node(
+            NODE_TYPES[kind](  # type: ignore[call-arg]
                 name=node_name,
-                kind=kind,
                 parents=(parent.name,),
                 fn=fn,
                 initial=initial,
                 merger=merger,
                 key_serde=serdes.WindowedKey(parent.key_serde) if window is not None else parent.key_serde,
                 value_serde=value_serde,
-                stores=(store_name,),
+                store=store_name,
                 window=window,
             )
         )
@@ -1004,15 +1004,15 @@ class App:
             )
         table_store = table.stores[0]
         self._add(
-            Node(
+            StreamTableJoinNode(
                 name=node_name,
-                kind=NodeKind.STREAM_TABLE_JOIN,
                 parents=(left.name,),
                 fn=fn,
-                stores=(table_store,),
                 key_serde=left.key_serde,
                 value_serde=value_serde,
-                join=JoinSpec(kind=JoinKind.STREAM_TABLE, how=how, table=table.name, table_store=table_store),
+                how=how,
+                table=table.name,
+                table_store=table_store,
             )
         )
         return Stream(self, node_name)
@@ -1039,24 +1039,18 @@ class App:
         for side, input_node in sides.items():
             other = JoinSide.RIGHT if side is JoinSide.LEFT else JoinSide.LEFT
             self._add(
-                Node(
+                StreamStreamJoinNode(
                     name=side_names[side],
-                    kind=NodeKind.STREAM_STREAM_JOIN,
                     parents=(input_node.name,),
                     fn=fn,
-                    stores=(store_names[side], store_names[other]),
                     key_serde=left.key_serde,
                     value_serde=value_serde,
+                    how=how,
+                    side=side,
+                    other=side_names[other],
                     window=window,
-                    join=JoinSpec(
-                        kind=JoinKind.STREAM_STREAM,
-                        how=how,
-                        side=side,
-                        other=side_names[other],
-                        window=window,
-                        this_store=store_names[side],
-                        other_store=store_names[other],
-                    ),
+                    this_store=store_names[side],
+                    other_store=store_names[other],
                 )
             )
         for side, input_node in sides.items():
@@ -1073,9 +1067,8 @@ class App:
                 )
             )
         self._add(
-            Node(
+            MergeNode(
                 name=node_name,
-                kind=NodeKind.MERGE,
                 parents=(side_names[JoinSide.LEFT], side_names[JoinSide.RIGHT]),
                 key_serde=left.key_serde,
                 value_serde=value_serde,

@@ -51,7 +51,6 @@ Remaining semantic differences (identical output needs inputs free of these case
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import logging
@@ -61,7 +60,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pystreams.topology.errors import TopologyError
-from pystreams.topology.ir import JoinSide, Node, NodeKind, PunctuationType, StoreKind, Topology
+from pystreams.topology.ir import (
+    JoinSide,
+    Node,
+    NodeKind,
+    PunctuationType,
+    StoreKind,
+    StreamStreamJoinNode,
+    StreamTableJoinNode,
+    Topology,
+)
+from pystreams.topology.kernels import initial_factory
 from pystreams.topology.windows import HoppingWindow, JoinWindow, SessionWindow, TumblingWindow, Windowed
 
 from .operators import (
@@ -426,8 +435,8 @@ def _stateful_steps_feeding(flow: Flow) -> list[str]:
 
 
 def _stream_table_join_plan(topology: Topology, node: Node, stream: Flow, flows: dict[str, Flow]) -> StreamTableJoinPlan:
-    join = node.join
-    assert join is not None and join.table is not None and join.table_store is not None and node.fn is not None
+    join = node
+    assert isinstance(join, StreamTableJoinNode)
     table_node = topology.nodes[join.table]
     if table_node.kind is not NodeKind.TABLE_SOURCE or table_node.internal:
         raise _unsupported(
@@ -441,7 +450,7 @@ def _stream_table_join_plan(topology: Topology, node: Node, stream: Flow, flows:
         stream=stream,
         table=flows[join.table],
         join_key=_shipped(node, store.key_serde),
-        fn=node.fn,
+        fn=join.fn,
         left_join=join.how.value == "left",
         out_key=_shipped(node, node.key_serde),
         out_value=_shipped(node, node.value_serde),
@@ -449,12 +458,15 @@ def _stream_table_join_plan(topology: Topology, node: Node, stream: Flow, flows:
 
 
 def _stream_stream_join_plan(topology: Topology, merge: Node, flows: dict[str, Flow]) -> StreamStreamJoinPlan:
-    sides = {topology.nodes[p].join.side: topology.nodes[p] for p in merge.parents}  # type: ignore[union-attr]
+    sides = {
+        side_node.side: side_node
+        for p in merge.parents
+        if isinstance(side_node := topology.nodes[p], StreamStreamJoinNode)
+    }
     if len(merge.parents) != 2 or set(sides) != {JoinSide.LEFT, JoinSide.RIGHT}:
         raise _unsupported(merge, "it merges stream-stream join sides with other streams")
     left, right = sides[JoinSide.LEFT], sides[JoinSide.RIGHT]
-    join = left.join
-    assert join is not None and join.window is not None and join.this_store and join.other_store and left.fn
+    join = left
     (left_parent,), (right_parent,) = left.parents, right.parents
     left_store, right_store = topology.stores[join.this_store], topology.stores[join.other_store]
     return StreamStreamJoinPlan(
@@ -523,8 +535,8 @@ def _in_dependency_order(topology: Topology) -> list[Node]:
         node = topology.nodes[name]
         for parent in node.parents:
             visit(parent)
-        if node.join is not None and node.join.table is not None:
-            visit(node.join.table)  # a stream-table join reads the table's flow
+        if isinstance(node, StreamTableJoinNode):
+            visit(node.table)  # a stream-table join reads the table's flow
         if node.is_source and node.internal:
             for topic in node.topics:
                 if topic in writers:
@@ -788,7 +800,8 @@ class _Builder:
 def _aggregator(plan: AggregatePlan) -> Callable[..., Iterator[Any]]:
     in_key, in_value = plan.input.key_serde, plan.input.value_serde
     out_key, accumulator = plan.out_key, plan.accumulator
-    fn, initial, is_reduce = plan.fn, plan.initial, plan.kind is NodeKind.REDUCE
+    fn, is_reduce = plan.fn, plan.kind is NodeKind.REDUCE
+    new_initial = initial_factory(plan.initial)
     same_key_bytes = in_key.name == out_key.name
     window = plan.window
 
@@ -815,8 +828,7 @@ def _aggregator(plan: AggregatePlan) -> Callable[..., Iterator[Any]]:
                     if is_reduce:
                         total = value
                     else:
-                        start = initial() if callable(initial) else copy.deepcopy(initial)
-                        total = fn(start, key, value)
+                        total = fn(new_initial(), key, value)
                     started = True
                 else:
                     total = fn(total, key, value)

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from pystreams.topology.ir import TaskId
+from pystreams.topology.kernels import initial_factory
 from pystreams.topology.windows import JoinWindow, SessionWindow, Windowed
 
 from .serdes import ShippedSerde
@@ -72,17 +73,8 @@ def session_aggregator(
     """``applyInPandasWithState`` update over one grouping key's sessions; the watermark
     (newest event time - grace) is the worker's close time, and sessions are forgotten after
     ``gap`` more, as the worker's session store retention (gap + grace) does."""
-    import copy
-
     gap = window.gap_ms
-    if is_reduce:
-        new_initial = None
-    elif callable(initial):
-        new_initial = initial
-    else:
-
-        def new_initial() -> Any:
-            return copy.deepcopy(initial)
+    new_initial = None if is_reduce else initial_factory(initial)
 
     def update(group_key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
         if state.hasTimedOut:

@@ -18,9 +18,8 @@ from typing import Any
 
 import msgspec
 
-from pystreams.topology.ir import next_punctuation_due
-from pystreams.worker.stores import TypedKeyValueStore
-from pystreams.topology.windows import merge_into_session
+from pystreams.topology.kernels import merge_into_session, next_punctuation_due
+from pystreams.topology.stores import TypedKeyValueStore
 
 # -- session windows ------------------------------------------------------------------------------
 
