@@ -146,7 +146,7 @@ class TopologyTestDriver:
         deserialization_errors: ErrorPolicy | str = ErrorPolicy.FAIL,
         processing_errors: ErrorPolicy | str = ErrorPolicy.FAIL,
         dead_letter_topic: str | None = None,
-        cache_limits: CacheLimits = CacheLimits(),
+        cache_limits: CacheLimits | None = None,
     ) -> None:
         topology: Topology = app if isinstance(app, Topology) else app.topology()
         self.topology = topology
@@ -174,7 +174,7 @@ class TopologyTestDriver:
                     state_dir=self._state_dir.name,
                     sender=self._sender,  # type: ignore[arg-type]
                     errors=self._errors,
-                    cache_limits=cache_limits,
+                    cache_limits=cache_limits or CacheLimits(),
                 )
                 self._tasks[task_id] = task
                 task.initialize()

@@ -32,6 +32,15 @@ _TIME_INDEX_END = b"\x03"
 _INDEX_PREFIX_BYTES = len(TIME_INDEX_SECTION) + TIMESTAMP_BYTES
 
 
+def min_live_time(observed_stream_time: int | None, retention_ms: int) -> int:
+    """Entries of a store with this retention whose time is below the result are expired:
+    Kafka Streams keeps ``retention`` behind the newest time the store has seen. (The Spark
+    runtime's stores apply the same rule.)"""
+    if observed_stream_time is None:
+        return MIN_TIMESTAMP
+    return observed_stream_time - retention_ms + 1
+
+
 class TimeIndexedStore(CachedStore[ChangeT]):
     _SECTION = PRIMARY_SECTION
     # Where the indexed timestamp sits in the composite key, counted from its end.
@@ -76,9 +85,7 @@ class TimeIndexedStore(CachedStore[ChangeT]):
     @property
     def min_live_time(self) -> int:
         """Entries with an indexed time below this are expired."""
-        if self.observed_stream_time is None:
-            return MIN_TIMESTAMP
-        return self.observed_stream_time - self.retention_ms + 1
+        return min_live_time(self.observed_stream_time, self.retention_ms)
 
     def _observe(self, time: int) -> bool:
         """Advance stream time; False when ``time`` is already expired."""
@@ -86,7 +93,7 @@ class TimeIndexedStore(CachedStore[ChangeT]):
         if observed is None or time > observed:
             self.observed_stream_time = time
             return True
-        return time >= observed - self.retention_ms + 1
+        return time >= min_live_time(observed, self.retention_ms)
 
     def _time_bytes(self, composite: bytes) -> bytes:
         end = len(composite) - self._TIME_FROM_END

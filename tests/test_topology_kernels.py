@@ -151,7 +151,11 @@ def test_a_join_result_has_the_later_timestamp_and_left_value_first() -> None:
 
 def test_a_branch_routes_by_label_drops_on_none_and_names_the_branches_on_a_bad_label() -> None:
     seen: list[tuple[str, Any]] = []
-    routes = {label: (lambda label: lambda k, v, t: seen.append((label, v)))(label) for label in ("big", "small")}
+
+    def route(label: str) -> Any:
+        return lambda key, value, timestamp: seen.append((label, value))
+
+    routes = {label: route(label) for label in ("big", "small")}
     branch = branch_kernel(lambda key, value: None if value == 0 else "big" if value > 9 else "small", routes)
     for value in (12, 3, 0):
         branch("k", value, 1)

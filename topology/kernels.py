@@ -448,6 +448,16 @@ class ProcessorInstance:
 
 
 @dataclass(slots=True)
+class NodeClock:
+    """A windowed node's stream time: the highest timestamp of the records that reached it.
+    A runtime that rebuilds nodes between batches keeps it across them; otherwise it starts
+    from the store's newest time (after a restart, a safe lower bound: it never makes an
+    on-time record look late)."""
+
+    observed: int | None = None
+
+
+@dataclass(slots=True)
 class NodeWiring:
     """Everything a kernel needs to build one node of one task."""
 
@@ -464,6 +474,14 @@ class NodeWiring:
     position: TaskPosition | None = None
     #: PROCESSOR nodes add their instance here.
     processors: list[ProcessorInstance] = field(default_factory=list)
+    #: Windowed nodes' stream times by node name (missing ones start from their store).
+    clocks: dict[str, NodeClock] = field(default_factory=dict)
+
+    def clock(self, store: WindowBytes | SessionBytes) -> NodeClock:
+        clock = self.clocks.get(self.node.name)
+        if clock is None:
+            clock = self.clocks[self.node.name] = NodeClock(store.observed_stream_time)
+        return clock
 
     def task(self) -> TaskPosition:
         if self.position is None:
@@ -518,8 +536,8 @@ def _aggregation(wiring: NodeWiring) -> Emit:
     if node.window is None:
         return _key_value_aggregation(node, store, key_serde)
     if isinstance(node.window, SessionWindow):
-        return _session_aggregation(node, node.window, store, key_serde, wiring.task())
-    return _windowed_aggregation(node, node.window, store, key_serde, wiring.task())
+        return _session_aggregation(node, node.window, store, key_serde, wiring.task(), wiring.clock(store))
+    return _windowed_aggregation(node, node.window, store, key_serde, wiring.task(), wiring.clock(store))
 
 
 def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serde: Any) -> Emit:
@@ -543,7 +561,7 @@ def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serd
 
 def _windowed_aggregation(
     node: AggregationNode, window: TumblingWindow | HoppingWindow, store: WindowBytes, key_serde: Any,
-    task: TaskPosition,
+    task: TaskPosition, clock: NodeClock,
 ) -> Emit:
     fn = node.fn
     first = Aggregator.of(node).first
@@ -551,15 +569,11 @@ def _windowed_aggregation(
     value_bytes = node.value_serde.serialize
     value_of = node.value_serde.deserialize
     grace = window.grace_ms
-    # Stream time as this node saw it; after a restart the newest stored window start is a
-    # safe lower bound (it never makes an on-time record look late).
-    observed: int | None = store.observed_stream_time
 
     def aggregate_windowed(key: Any, value: Any, timestamp: int) -> None:
-        nonlocal observed
         if skips_record(key, value):
             return
-        observed = advance_stream_time(observed, timestamp)
+        observed = clock.observed = advance_stream_time(clock.observed, timestamp)
         still_open, closed = open_windows(window, timestamp, close_time(observed, grace))
         for bounds in closed:
             task.late_records_dropped += 1
@@ -578,7 +592,8 @@ def _windowed_aggregation(
 
 
 def _session_aggregation(
-    node: AggregationNode, window: SessionWindow, store: SessionBytes, key_serde: Any, task: TaskPosition
+    node: AggregationNode, window: SessionWindow, store: SessionBytes, key_serde: Any, task: TaskPosition,
+    clock: NodeClock,
 ) -> Emit:
     fn = node.fn
     merger = node.merger
@@ -588,13 +603,11 @@ def _session_aggregation(
     value_bytes = node.value_serde.serialize
     value_of = node.value_serde.deserialize
     gap, grace = window.gap_ms, window.grace_ms
-    observed: int | None = store.observed_stream_time
 
     def aggregate_sessions(key: Any, value: Any, timestamp: int) -> None:
-        nonlocal observed
         if skips_record(key, value):
             return
-        observed = advance_stream_time(observed, timestamp)
+        observed = clock.observed = advance_stream_time(clock.observed, timestamp)
         stored_key = key_bytes(key)
         overlapping = list(store.find_sessions(stored_key, *session_lookup_bounds(timestamp, gap)))
         merged = merge_into_session(

@@ -1,33 +1,31 @@
 """Compile a pystreams topology into Spark Structured Streaming queries (one per sink).
 
-The compiled plan, per node kind:
+Spark runs the same kernels as the worker (``pystreams.topology.kernels``; see
+``operators``), in the worker's record order, and judges lateness by the same per-task stream
+time. The compiled plan, per node kind:
 
-* sources read Kafka (Spark's connector when present, else our Python data source);
-* stateless steps (map, filter, flat-map, select-key, branch, peek, ...) are fused into one
-  vectorized ``mapInArrow`` per chain: Arrow batches in, user functions over deserialized
-  records, Arrow batches out — never one Py4J call per row;
-* repartition topics disappear: Spark shuffles for the aggregation itself;
-* count/reduce/aggregate run the user's function per key with ``applyInPandasWithState``
-  (state = the accumulator in the store's serde) and emit the latest value of each key
-  updated in a micro-batch, like the worker runtime's cached table; tumbling and hopping
-  windows group by ``window()`` start with a watermark of ``grace`` and an event-time timeout
-  that forgets a window once the watermark passes its end plus grace;
-* session windows run the worker's own merge rule (``worker_semantics.add_to_sessions``) in
-  ``applyInPandasWithState`` keyed by the grouping key, with watermark = grace: Spark's
-  ``session_window`` only feeds built-in aggregates, so it cannot call the user's ``merge`` nor
-  emit the tombstones the worker writes for sessions merged away;
-* stream–table joins union both sides keyed by the join key into one
-  ``applyInPandasWithState`` whose state is the table's latest value; windowed stream–stream
-  joins do the same with both sides' records as state (watermark = before + after + grace, the
-  worker's join-store retention), so matches, their order and left/outer rows follow the
-  worker (Spark's native join cannot emit the worker's immediate unmatched left/outer rows);
-* low-level processors run in ``transformWithStateInPandas`` grouped by source partition (the
-  worker's task): each key-value store is a ``MapState``, stream time and punctuation due times
-  a ``ValueState``; stream-time punctuations fire after each record as on the worker;
-  wall-clock punctuations are processing-time timers;
+* sources read Kafka (Spark's connector when present, else our Python data source); each row
+  keeps its position (topic, partition, offset) for the stateful step after it;
+* stateless steps (map, filter, flat-map, select-key, branch, peek, ...) run their kernels,
+  fused into one vectorized ``mapInArrow`` per source: Arrow batches in, kernels over
+  deserialized records, Arrow batches out — never one Py4J call per row;
+* repartition topics disappear: Spark shuffles for the stateful step itself;
+* plain (unwindowed) count/reduce/aggregate and stream–table joins, which no stream time
+  affects, run their kernels per key in ``applyInPandasWithState`` (state: the key's
+  accumulator, or the table's value), emitting each changed key once per micro-batch like the
+  worker's cached table;
+* tumbling, hopping and session aggregations, windowed stream–stream joins and processors run
+  per *task* in ``transformWithStateInPandas``: grouped by the partition number a worker task
+  would read (for a repartitioned input, the partition Kafka's partitioner gives its key), with
+  the task's stores in ``MapState`` and its stream times in a ``ValueState``, so every window,
+  session, join buffer and punctuation follows the worker's per-task stream time record by
+  record (Spark's watermark, global and per micro-batch, is not used);
 * every sink writes through ``foreachBatch`` with a kafka-python producer (Python sinks do not
   support update mode), serializing with the sink's serdes, so outputs are byte-identical to
   the worker runtime's.
+
+Within a micro-batch every stateful step applies its rows in the worker's order: each input
+partition in offset order, partitions merged by timestamp (``operators.ORDER_COLUMNS``).
 
 What does not compile raises ``SparkCompileError`` naming the node and the reason, before Spark
 starts: two stateful steps on one sink's path (an aggregation of an aggregation, a join of an
@@ -36,15 +34,17 @@ join whose table is computed rather than read from a topic; a processor reading 
 topic or a stateful step's output (its task, hence its stores and stream time, would not be a
 source partition), using a window or session store, or reading another node's store.
 
-Remaining semantic differences (identical output needs inputs free of these cases):
+Where the runtimes still differ (``SparkPlan.warnings`` names the nodes concerned):
 
-* lateness: the worker closes windows and sessions on its task's stream time, record by
-  record; Spark on a global watermark fixed per micro-batch. Records late by less than a batch,
-  or late on one partition but not globally, may be kept by one runtime and dropped by the other;
-* order: within a micro-batch a group's rows apply in event-time order (stable; tables before
-  streams, left before right on equal timestamps); the worker applies one partition in offset
-  order and merges a task's partitions by timestamp per poll. Out-of-order table updates
-  (an update older than a stream record already joined) therefore give different joins;
+* a windowed step behind a repartition topic: on a worker, its task's stream time follows the
+  order in which the upstream tasks' records happen to arrive in the repartition topic, which no
+  other run reproduces; Spark merges them by timestamp per micro-batch. Records that are late
+  by that order alone may be kept by one runtime and dropped by the other;
+* several input partitions of one task (joins, pattern sources): a worker merges them by
+  timestamp within a poll, Spark within a micro-batch; ties go to the table (or left) side on
+  Spark and to the fetch order on a worker;
+* table updates are emitted once per micro-batch on Spark and once per commit on a worker
+  (folded per key), so intermediate values and output timestamps differ; final tables agree;
 * processors: one instance per task per micro-batch (state lives only in its stores); ``close()``
   is not called; wall-clock punctuations fire only when a micro-batch runs, and not at all in a
   backfill (``available_now``), which runs without no-data batches so that it ends.
@@ -55,41 +55,60 @@ import dataclasses
 import functools
 import logging
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pystreams.topology.errors import TopologyError
 from pystreams.topology.ir import (
+    AggregateNode,
+    AggregationNode,
+    BranchNode,
+    BranchOutputNode,
+    CountNode,
+    FilterNode,
+    FlatMapNode,
+    FlatMapValuesNode,
     JoinSide,
+    MapNode,
+    MapValuesNode,
+    MergeNode,
     Node,
-    NodeKind,
-    PunctuationType,
+    NodeBase,
+    PeekNode,
+    ProcessorNode,
+    ReduceNode,
+    SelectKeyNode,
+    SinkNode,
+    SourceNode,
+    Store,
     StoreKind,
     StreamStreamJoinNode,
     StreamTableJoinNode,
+    TableSourceNode,
+    ToStreamNode,
     Topology,
 )
-from pystreams.topology.kernels import initial_factory
-from pystreams.topology.windows import HoppingWindow, JoinWindow, SessionWindow, TumblingWindow, Windowed
 
 from .operators import (
+    LEFT_SIDE,
+    ORDERED_ROWS,
+    RIGHT_SIDE,
+    ROWS,
     STREAM_SIDE,
     TABLE_SIDE,
-    ProcessorSpec,
-    processor_operator,
-    session_aggregator,
-    stream_stream_joiner,
-    stream_table_joiner,
+    FlowRun,
+    KeyedStep,
+    ProcessorRun,
+    TaskStep,
+    keyed_update,
+    run_flow,
+    task_operator,
 )
 from .serdes import ShippedSerde, serde_recipe
 
 log = logging.getLogger(__name__)
 
-#: key, value (deserialized) and timestamp in epoch ms.
-Record = tuple[Any, Any, int]
-Step = Callable[[Iterable[Record]], Iterator[Record]]
-ROWS = "key binary, value binary, ts long"
 SINK_ROWS = "topic string, key binary, value binary, ts long"
 NO_DATA_BATCHES_CONF = "spark.sql.streaming.noDataMicroBatches.enabled"
 
@@ -98,7 +117,7 @@ class SparkCompileError(TopologyError):
     """A node that the Spark runtime cannot execute; the message says which and why."""
 
 
-def _unsupported(node: Node, reason: str) -> SparkCompileError:
+def _unsupported(node: NodeBase, reason: str) -> SparkCompileError:
     return SparkCompileError(f"node {node.name!r} ({node.kind}) cannot run on Spark: {reason}", nodes=[node.name])
 
 
@@ -113,17 +132,27 @@ class SourcePlan:
 
 @dataclass(frozen=True)
 class Flow:
-    """Records of ``base`` (bytes in ``base_key``/``base_value``) after ``steps``, which leave
-    objects that ``key_serde``/``value_serde`` serialize."""
+    """Records of ``base`` (bytes in ``base_key``/``base_value``) after the stateless
+    ``steps`` (nodes whose kernels run in ``mapInArrow``), serialized with
+    ``key_serde``/``value_serde``."""
 
-    base: Any  # SourcePlan | UnionPlan | AggregatePlan
+    base: SourcePlan | UnionPlan | KeyedPlan | TaskPlan
     base_key: ShippedSerde
     base_value: ShippedSerde
-    steps: tuple[Step, ...]
+    steps: tuple[NodeBase, ...]
     key_serde: ShippedSerde
     value_serde: ShippedSerde
-    #: True once the records went through a repartition topic (which Spark elides).
-    repartitioned: bool = False
+    #: Sources with a timestamp extractor: applied before the steps.
+    timestamp_extractor: Callable[[Any, Any, int], int] | None = None
+    #: The repartition topic the records went through last (Spark elides it).
+    repartition_topic: str | None = None
+
+    @property
+    def ordered(self) -> bool:
+        """Rows carry their source positions (``ORDERED_ROWS``): read from sources only."""
+        if isinstance(self.base, SourcePlan):
+            return True
+        return isinstance(self.base, UnionPlan) and all(flow.ordered for flow in self.base.inputs)
 
 
 @dataclass(frozen=True)
@@ -133,57 +162,25 @@ class UnionPlan:
 
 
 @dataclass(frozen=True)
-class AggregatePlan:
+class KeyedPlan:
+    """A step Spark runs per key; ``inputs``: (side, flow)."""
+
     node: str
-    input: Flow
-    kind: NodeKind
-    fn: Callable[[Any, Any, Any], Any]
-    initial: Any
-    out_key: ShippedSerde
-    accumulator: ShippedSerde
-    #: Tumbling, hopping or session windows; None for a plain per-key aggregation.
-    window: TumblingWindow | HoppingWindow | SessionWindow | None = None
-    #: Session windows: ``merger(key, older, newer)``.
-    merger: Callable[[Any, Any, Any], Any] | None = None
+    inputs: tuple[tuple[int, Flow], ...]
+    step: KeyedStep
 
 
 @dataclass(frozen=True)
-class StreamTableJoinPlan:
+class TaskPlan:
+    """A step Spark runs per task; ``inputs``: (side, flow)."""
+
     node: str
-    stream: Flow
-    table: Flow
-    #: Serializes both sides' keys into the bytes they are grouped (joined) on.
-    join_key: ShippedSerde
-    fn: Callable[[Any, Any, Any], Any]
-    left_join: bool
-    out_key: ShippedSerde
-    out_value: ShippedSerde
-
-
-@dataclass(frozen=True)
-class StreamStreamJoinPlan:
-    node: str
-    left: Flow
-    right: Flow
-    join_key: ShippedSerde
-    left_value: ShippedSerde
-    right_value: ShippedSerde
-    fn: Callable[[Any, Any, Any], Any]
-    window: JoinWindow
-    how: str
-    out_key: ShippedSerde
-    out_value: ShippedSerde
-
-
-@dataclass(frozen=True)
-class ProcessorPlan:
-    node: str
-    source: SourcePlan
-    spec: ProcessorSpec
+    inputs: tuple[tuple[int, Flow], ...]
+    step: TaskStep
 
     @property
     def processing_time_timers(self) -> bool:
-        return bool(self.spec.wall_clock_punctuations)
+        return bool(self.step.wall_clock_punctuations)
 
 
 @dataclass(frozen=True)
@@ -199,101 +196,26 @@ class SparkPlan:
     source_topics: tuple[str, ...]
     sinks: tuple[SinkPlan, ...]
     stateful_nodes: tuple[str, ...] = field(default=())
+    #: Where this app's results on Spark may differ from a worker's, and why.
+    warnings: tuple[str, ...] = field(default=())
 
-
-# -- steps: small generators over records, fused at run time --------------------------------------
-
-
-def _map_step(fn: Callable) -> Step:
-    def step(records: Iterable[Record]) -> Iterator[Record]:
-        for key, value, ts in records:
-            new_key, new_value = fn(key, value)
-            yield new_key, new_value, ts
-
-    return step
-
-
-def _map_values_step(fn: Callable) -> Step:
-    def step(records: Iterable[Record]) -> Iterator[Record]:
-        for key, value, ts in records:
-            yield key, fn(key, value), ts
-
-    return step
-
-
-def _flat_map_step(fn: Callable) -> Step:
-    def step(records: Iterable[Record]) -> Iterator[Record]:
-        for key, value, ts in records:
-            for new_key, new_value in fn(key, value):
-                yield new_key, new_value, ts
-
-    return step
-
-
-def _flat_map_values_step(fn: Callable) -> Step:
-    def step(records: Iterable[Record]) -> Iterator[Record]:
-        for key, value, ts in records:
-            for new_value in fn(key, value):
-                yield key, new_value, ts
-
-    return step
-
-
-def _filter_step(predicate: Callable[[Any, Any], bool]) -> Step:
-    def step(records: Iterable[Record]) -> Iterator[Record]:
-        return (record for record in records if predicate(record[0], record[1]))
-
-    return step
-
-
-def _peek_step(fn: Callable) -> Step:
-    def step(records: Iterable[Record]) -> Iterator[Record]:
-        for record in records:
-            fn(record[0], record[1])
-            yield record
-
-    return step
-
-
-def _select_key_step(fn: Callable) -> Step:
-    def step(records: Iterable[Record]) -> Iterator[Record]:
-        for key, value, ts in records:
-            yield fn(key, value), value, ts
-
-    return step
-
-
-def _branch_step(fn: Callable, label: str) -> Step:
-    def step(records: Iterable[Record]) -> Iterator[Record]:
-        return (record for record in records if fn(record[0], record[1]) == label)
-
-    return step
-
-
-def _timestamp_step(extractor: Callable[[Any, Any, int], int]) -> Step:
-    def step(records: Iterable[Record]) -> Iterator[Record]:
-        for key, value, ts in records:
-            yield key, value, extractor(key, value, ts)
-
-    return step
+    @property
+    def repartition_topics_of_tasks(self) -> tuple[str, ...]:
+        """Repartition topics whose partition count the task steps need."""
+        topics = []
+        for sink in self.sinks:
+            for plan in _stateful_plans(sink.input):
+                if isinstance(plan, TaskPlan):
+                    topics.extend(flow.repartition_topic for _, flow in plan.inputs if flow.repartition_topic)
+        return tuple(dict.fromkeys(topics))
 
 
 # -- compile: topology -> plan ----------------------------------------------------------------------
 
-_STATELESS_STEPS: dict[NodeKind, Callable[[Callable], Step]] = {
-    NodeKind.MAP: _map_step,
-    NodeKind.MAP_VALUES: _map_values_step,
-    NodeKind.FLAT_MAP: _flat_map_step,
-    NodeKind.FLAT_MAP_VALUES: _flat_map_values_step,
-    NodeKind.FILTER: _filter_step,
-    NodeKind.PEEK: _peek_step,
-    NodeKind.SELECT_KEY: _select_key_step,
-}
-_PASS_THROUGH = frozenset({NodeKind.BRANCH, NodeKind.TO_STREAM})
-_AGGREGATIONS = frozenset({NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE})
 
-
-def _shipped(node: Node, serde: Any) -> ShippedSerde:
+def _shipped(node: NodeBase, serde: Any) -> ShippedSerde:
+    if isinstance(serde, ShippedSerde):
+        return serde
     if serde_recipe(serde) is None:
         import pickle
 
@@ -304,227 +226,307 @@ def _shipped(node: Node, serde: Any) -> ShippedSerde:
     return ShippedSerde(serde)
 
 
+def _shipped_node(node: Node) -> Node:
+    """The node with serdes that survive pickling, for the kernels on Spark's workers."""
+    return dataclasses.replace(node, key_serde=_shipped(node, node.key_serde), value_serde=_shipped(node, node.value_serde))
+
+
+def _shipped_store(node: NodeBase, store: Store) -> Store:
+    return dataclasses.replace(store, key_serde=_shipped(node, store.key_serde), value_serde=_shipped(node, store.value_serde))
+
+
+class _Compilation:
+    """Walks the topology parents first, building each node's flow or plan; one method per
+    node kind, chosen through ``_PLANNERS``."""
+
+    def __init__(self, topology: Topology, topics_matching: Callable[[str], list[str]] | None) -> None:
+        self.topology = topology
+        self.topics_matching = topics_matching
+        self.flows: dict[str, Flow] = {}
+        self.sinks: list[SinkPlan] = []
+        self.source_topics: list[str] = []
+        self.stateful: list[str] = []
+        self.repartition_flows: dict[str, Flow] = {}
+        self.warnings: list[str] = []
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def parent_flow(self, node: Node) -> Flow:
+        (parent,) = node.parents
+        if parent not in self.flows:
+            raise _unsupported(node, f"it reads {parent!r} ({self.topology.nodes[parent].kind}), which only feeds its join")
+        return self.flows[parent]
+
+    def then(self, node: Node, flow: Flow, steps: tuple[NodeBase, ...] = ()) -> Flow:
+        """``flow`` continued by ``steps``, serialized with ``node``'s serdes. After a merge the
+        steps run on each of the merge's inputs (they are per record: the same outcome), so
+        every ``mapInArrow`` starts at a source and numbers its rows in order."""
+        return _with_serdes(flow, _shipped(node, node.key_serde), _shipped(node, node.value_serde), steps)
+
+    def set_flow(self, node: Node, flow: Flow) -> None:
+        self.flows[node.name] = flow
+
+    # -- one method per kind ----------------------------------------------------------------
+
+    def source(self, node: Node) -> None:
+        assert isinstance(node, SourceNode | TableSourceNode)
+        if node.internal:
+            topic = node.topics[0]
+            if topic not in self.repartition_flows:
+                raise _unsupported(node, f"no repartition sink writes {node.topics}")
+            # Spark shuffles by key itself: the repartition topic is only a change of serdes.
+            self.set_flow(node, dataclasses.replace(self.then(node, self.repartition_flows[topic]), repartition_topic=topic))
+            return
+        topics = list(node.topics)
+        if node.pattern is not None:
+            if self.topics_matching is None:
+                raise _unsupported(node, f"pattern source {node.pattern!r} needs the cluster's topic list")
+            topics = self.topics_matching(node.pattern)
+            if not topics:
+                raise _unsupported(node, f"no topic matches the pattern {node.pattern!r}")
+        self.source_topics.extend(t for t in topics if t not in self.source_topics)
+        key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        base = SourcePlan(node.name, tuple(topics))
+        self.set_flow(node, Flow(base, key, value, (), key, value, timestamp_extractor=node.timestamp_extractor))
+
+    def stateless(self, node: Node) -> None:
+        self.set_flow(node, self.then(node, self.parent_flow(node), (_shipped_node(node),)))
+
+    def pass_through(self, node: Node) -> None:
+        self.set_flow(node, self.then(node, self.parent_flow(node)))
+
+    def branch_output(self, node: Node) -> None:
+        assert isinstance(node, BranchOutputNode)
+        (branch_name,) = node.parents
+        branch = self.topology.nodes[branch_name]
+        self.set_flow(node, self.then(node, self.flows[branch_name], (_shipped_node(branch), _shipped_node(node))))
+
+    def merge(self, node: Node) -> None:
+        if any(isinstance(self.topology.nodes[p], StreamStreamJoinNode) for p in node.parents):
+            self.stream_stream_join(node)
+            return
+        key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        inputs = tuple(_with_serdes(self.flows[p], key, value) for p in node.parents)
+        self.set_flow(node, Flow(UnionPlan(node.name, inputs), key, value, (), key, value))
+
+    def aggregation(self, node: Node) -> None:
+        assert isinstance(node, AggregationNode)
+        flow = self.parent_flow(node)
+        store = _shipped_store(node, self.topology.stores[node.store])
+        shipped = _shipped_node(node)
+        assert isinstance(shipped, AggregationNode)
+        out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        inputs = {0: (shipped, flow.key_serde, flow.value_serde)}
+        if node.window is None:
+            step = KeyedStep(self.topology.app_id, node.subtopology, store, inputs, shipped, out_key, out_value)
+            plan: KeyedPlan | TaskPlan = KeyedPlan(node.name, ((0, flow),), step)
+        else:
+            self.warn_if_repartitioned(node, flow)
+            task_step = TaskStep(self.topology.app_id, node.subtopology, inputs, (store,), out_key, out_value,
+                                 table=shipped)
+            plan = TaskPlan(node.name, ((0, flow),), task_step)
+        self.stateful.append(node.name)
+        self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
+
+    def stream_table_join(self, node: Node) -> None:
+        assert isinstance(node, StreamTableJoinNode)
+        table_node = self.topology.nodes[node.table]
+        if not isinstance(table_node, TableSourceNode):
+            raise _unsupported(
+                node,
+                f"it joins table {node.table!r} ({table_node.kind}); on Spark the table side must be read from a topic "
+                "(a computed table would be a second stateful step in one query)",
+            )
+        store = _shipped_store(node, self.topology.stores[node.table_store])
+        key = store.key_serde
+        stream_flow = self.parent_flow(node)
+        stream = _with_serdes(stream_flow, key, stream_flow.value_serde)
+        table = _with_serdes(self.flows[node.table], key, store.value_serde)
+        out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        inputs = {
+            TABLE_SIDE: (_shipped_node(table_node), key, store.value_serde),
+            STREAM_SIDE: (_shipped_node(node), key, stream.value_serde),
+        }
+        step = KeyedStep(self.topology.app_id, node.subtopology, store, inputs, None, out_key, out_value)
+        plan = KeyedPlan(node.name, ((TABLE_SIDE, table), (STREAM_SIDE, stream)), step)
+        self.stateful.append(node.name)
+        self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
+
+    def stream_stream_side(self, node: Node) -> None:
+        # Compiled at the MERGE node that carries the join's name (both sides are needed).
+        for child in node.children:
+            if not isinstance(self.topology.nodes[child], MergeNode):
+                raise _unsupported(node, f"one side of a stream-stream join feeds {child!r}, not the join's merge")
+
+    def stream_stream_join(self, merge: Node) -> None:
+        topology = self.topology
+        sides = {
+            side_node.side: side_node
+            for p in merge.parents
+            if isinstance(side_node := topology.nodes[p], StreamStreamJoinNode)
+        }
+        if len(merge.parents) != 2 or set(sides) != {JoinSide.LEFT, JoinSide.RIGHT}:
+            raise _unsupported(merge, "it merges stream-stream join sides with other streams")
+        left, right = sides[JoinSide.LEFT], sides[JoinSide.RIGHT]
+        flows = {LEFT_SIDE: self.parent_flow(left), RIGHT_SIDE: self.parent_flow(right)}
+        for flow in flows.values():
+            self.warn_if_repartitioned(merge, flow)
+        stores = tuple(_shipped_store(left, topology.stores[name]) for name in (left.this_store, left.other_store))
+        inputs = {
+            LEFT_SIDE: (_shipped_node(left), flows[LEFT_SIDE].key_serde, flows[LEFT_SIDE].value_serde),
+            RIGHT_SIDE: (_shipped_node(right), flows[RIGHT_SIDE].key_serde, flows[RIGHT_SIDE].value_serde),
+        }
+        out_key, out_value = _shipped(merge, merge.key_serde), _shipped(merge, merge.value_serde)
+        step = TaskStep(topology.app_id, left.subtopology, inputs, stores, out_key, out_value)
+        plan = TaskPlan(merge.name, tuple(flows.items()), step)
+        self.stateful.append(merge.name)
+        self.set_flow(merge, Flow(plan, out_key, out_value, (), out_key, out_value))
+
+    def processor(self, node: Node) -> None:
+        assert isinstance(node, ProcessorNode)
+        flow = self.parent_flow(node)
+        if not isinstance(flow.base, SourcePlan) or flow.repartition_topic is not None:
+            raise _unsupported(
+                node,
+                "its input is not read straight from a source topic; Spark keeps a processor's stores per source "
+                "partition (the worker's task), which a repartition or a stateful step upstream would change",
+            )
+        stores = []
+        for name in node.stores:
+            store = self.topology.stores[name]
+            if store.owner != node.name:
+                raise _unsupported(node, f"it reads store {name!r} of node {store.owner!r}; Spark state is private to one operator")
+            if store.kind is not StoreKind.KEY_VALUE:
+                raise _unsupported(node, f"its store {name!r} is a {store.kind} store; only key-value stores map onto Spark state")
+            stores.append(_shipped_store(node, store))
+        # The processor's task sees every source record (each moves stream time), so its input
+        # is the raw source; the stateless steps before it run inside the task.
+        raw = Flow(flow.base, flow.base_key, flow.base_value, (), flow.base_key, flow.base_value)
+        run = ProcessorRun(flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, ())
+        out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        step = TaskStep(self.topology.app_id, node.subtopology, {0: (_shipped_node(node), flow.key_serde, flow.value_serde)},
+                        tuple(stores), out_key, out_value, processor=run)
+        plan = TaskPlan(node.name, ((0, raw),), step)
+        self.stateful.append(node.name)
+        self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
+
+    def sink(self, node: Node) -> None:
+        assert isinstance(node, SinkNode)
+        flow = self.then(node, self.parent_flow(node))
+        if node.internal:
+            self.repartition_flows[node.topic] = flow
+        else:
+            self.sinks.append(SinkPlan(node.name, node.topic, flow))
+
+    def warn_if_repartitioned(self, node: Node, flow: Flow) -> None:
+        if flow.repartition_topic is not None:
+            self.warnings.append(
+                f"node {node.name!r}: its input goes through repartition topic {flow.repartition_topic!r}; where several "
+                "upstream tasks write it, a worker judges lateness by the order their records happen to arrive there, "
+                "Spark merges them by timestamp (records late only by that order may be kept on one runtime and "
+                "dropped on the other)"
+            )
+
+    # -- the whole topology ------------------------------------------------------------------
+
+    def run(self) -> SparkPlan:
+        for node in _in_dependency_order(self.topology):
+            planner = _PLANNERS.get(type(node))
+            if planner is None:
+                raise _unsupported(node, "this node kind is unknown to the Spark compiler")
+            planner(self, node)
+        for sink in self.sinks:
+            stateful_steps = _stateful_steps_feeding(sink.input)
+            if len(stateful_steps) > 1:
+                node = self.topology.nodes[stateful_steps[1]]
+                raise _unsupported(
+                    node,
+                    f"it consumes the output of stateful step {stateful_steps[0]!r} on the way to sink {sink.node!r}; "
+                    "Spark runs one arbitrary-state step per query",
+                )
+        if not self.sinks:
+            raise SparkCompileError(f"topology {self.topology.app_id!r} writes no topic: nothing for a Spark query to do")
+        topics = tuple(self.source_topics)
+        sinks = tuple(_with_topic_index(sink, topics) for sink in self.sinks)
+        for warning in dict.fromkeys(self.warnings):
+            log.warning("Spark: %s", warning)
+        return SparkPlan(self.topology, topics, sinks, tuple(self.stateful), tuple(dict.fromkeys(self.warnings)))
+
+
+_PLANNERS: Mapping[type[NodeBase], Callable[[_Compilation, Node], None]] = {
+    SourceNode: _Compilation.source,
+    TableSourceNode: _Compilation.source,
+    MapNode: _Compilation.stateless,
+    MapValuesNode: _Compilation.stateless,
+    FlatMapNode: _Compilation.stateless,
+    FlatMapValuesNode: _Compilation.stateless,
+    FilterNode: _Compilation.stateless,
+    PeekNode: _Compilation.stateless,
+    SelectKeyNode: _Compilation.stateless,
+    BranchNode: _Compilation.pass_through,  # each output adds the branch's routing
+    BranchOutputNode: _Compilation.branch_output,
+    ToStreamNode: _Compilation.pass_through,
+    MergeNode: _Compilation.merge,
+    CountNode: _Compilation.aggregation,
+    AggregateNode: _Compilation.aggregation,
+    ReduceNode: _Compilation.aggregation,
+    StreamTableJoinNode: _Compilation.stream_table_join,
+    StreamStreamJoinNode: _Compilation.stream_stream_side,
+    ProcessorNode: _Compilation.processor,
+    SinkNode: _Compilation.sink,
+}
+
+
 def compile_topology(topology: Topology, *, topics_matching: Callable[[str], list[str]] | None = None) -> SparkPlan:
     """Check every node and build the plan. ``topics_matching(pattern)`` expands pattern
     sources (the cluster's topics that fully match); without it, pattern sources fail."""
-    flows: dict[str, Flow] = {}
-    sinks: list[SinkPlan] = []
-    source_topics: list[str] = []
-    stateful: list[str] = []
-    repartition_flows: dict[str, Flow] = {}
+    return _Compilation(topology, topics_matching).run()
 
-    def parent_flow(node: Node) -> Flow:
-        (parent,) = node.parents
-        if parent not in flows:
-            raise _unsupported(node, f"it reads {parent!r} ({topology.nodes[parent].kind}), which only feeds its join")
-        return flows[parent]
 
-    def then(node: Node, flow: Flow, step: Step | None) -> Flow:
-        steps = flow.steps + ((step,) if step is not None else ())
-        return Flow(
-            flow.base, flow.base_key, flow.base_value, steps,
-            _shipped(node, node.key_serde), _shipped(node, node.value_serde), flow.repartitioned,
-        )
+def _with_serdes(flow: Flow, key: ShippedSerde, value: ShippedSerde, steps: tuple[NodeBase, ...] = ()) -> Flow:
+    """``flow`` continued by ``steps`` and serialized with ``key``/``value``; over a union,
+    each of its inputs is."""
+    if isinstance(flow.base, UnionPlan):
+        union = UnionPlan(flow.base.node, tuple(_with_serdes(f, key, value, steps) for f in flow.base.inputs))
+        return Flow(union, key, value, (), key, value)
+    return dataclasses.replace(flow, steps=flow.steps + steps, key_serde=key, value_serde=value)
 
-    for node in _in_dependency_order(topology):
-        kind = node.kind
-        if kind in (NodeKind.SOURCE, NodeKind.TABLE_SOURCE) and node.internal:
-            flow = next((repartition_flows[t] for t in node.topics if t in repartition_flows), None)
-            if flow is None:
-                raise _unsupported(node, f"no repartition sink writes {node.topics}")
-            # Spark shuffles by key itself: the repartition topic is only a change of serdes.
-            flows[node.name] = dataclasses.replace(then(node, flow, None), repartitioned=True)
-        elif kind in (NodeKind.SOURCE, NodeKind.TABLE_SOURCE):
-            topics = list(node.topics)
-            if node.pattern is not None:
-                if topics_matching is None:
-                    raise _unsupported(node, f"pattern source {node.pattern!r} needs the cluster's topic list")
-                topics = topics_matching(node.pattern)
-                if not topics:
-                    raise _unsupported(node, f"no topic matches the pattern {node.pattern!r}")
-            source_topics.extend(t for t in topics if t not in source_topics)
-            key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
-            steps = (_timestamp_step(node.timestamp_extractor),) if node.timestamp_extractor else ()
-            flows[node.name] = Flow(SourcePlan(node.name, tuple(topics)), key, value, steps, key, value)
-        elif kind in _STATELESS_STEPS:
-            assert node.fn is not None
-            flows[node.name] = then(node, parent_flow(node), _STATELESS_STEPS[kind](node.fn))
-        elif kind in _PASS_THROUGH:
-            flows[node.name] = then(node, parent_flow(node), None)
-        elif kind is NodeKind.BRANCH_OUTPUT:
-            (branch_name,) = node.parents
-            branch = topology.nodes[branch_name]
-            assert branch.fn is not None
-            flows[node.name] = then(node, flows[branch_name], _branch_step(branch.fn, node.branches[0]))
-        elif kind is NodeKind.MERGE:
-            if any(topology.nodes[p].kind is NodeKind.STREAM_STREAM_JOIN for p in node.parents):
-                plan = _stream_stream_join_plan(topology, node, flows)
-                stateful.append(node.name)
-                out_key, out_value = plan.out_key, plan.out_value
-                flows[node.name] = Flow(plan, out_key, out_value, (), out_key, out_value)
-                continue
-            key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
-            union = UnionPlan(node.name, tuple(flows[p] for p in node.parents))
-            flows[node.name] = Flow(union, key, value, (), key, value)
-        elif kind in _AGGREGATIONS:
-            if node.window is not None and not isinstance(node.window, TumblingWindow | HoppingWindow | SessionWindow):
-                raise _unsupported(node, f"windowed aggregations over {type(node.window).__name__} have no Spark plan")
-            if isinstance(node.window, SessionWindow) and node.merger is None:
-                raise _unsupported(node, "a session-windowed aggregation needs a merge function")
-            assert node.fn is not None
-            flow = parent_flow(node)
-            out_key, accumulator = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
-            plan = AggregatePlan(
-                node.name, flow, kind, node.fn, node.initial, out_key, accumulator, node.window, node.merger
-            )
-            stateful.append(node.name)
-            flows[node.name] = Flow(plan, out_key, accumulator, (), out_key, accumulator)
-        elif kind is NodeKind.SINK:
-            flow = then(node, parent_flow(node), None)
-            if node.internal:
-                repartition_flows[node.topics[0]] = flow
-            else:
-                sinks.append(SinkPlan(node.name, node.topics[0], flow))
-        elif kind is NodeKind.PROCESSOR:
-            plan = _processor_plan(topology, node, parent_flow(node))
-            stateful.append(node.name)
-            out_key, out_value = plan.spec.out_key, plan.spec.out_value
-            flows[node.name] = Flow(plan, out_key, out_value, (), out_key, out_value)
-        elif kind is NodeKind.STREAM_STREAM_JOIN:
-            # Compiled at the MERGE node that carries the join's name (both sides are needed).
-            for child in node.children:
-                if topology.nodes[child].kind is not NodeKind.MERGE:
-                    raise _unsupported(node, f"one side of a stream-stream join feeds {child!r}, not the join's merge")
-        elif kind is NodeKind.STREAM_TABLE_JOIN:
-            plan = _stream_table_join_plan(topology, node, parent_flow(node), flows)
-            stateful.append(node.name)
-            out_key, out_value = plan.out_key, plan.out_value
-            flows[node.name] = Flow(plan, out_key, out_value, (), out_key, out_value)
-        else:
-            raise _unsupported(node, "this node kind is unknown to the Spark compiler")
-    for sink in sinks:
-        stateful_steps = _stateful_steps_feeding(sink.input)
-        if len(stateful_steps) > 1:
-            node = topology.nodes[stateful_steps[1]]
-            raise _unsupported(
-                node,
-                f"it consumes the output of stateful step {stateful_steps[0]!r} on the way to sink {sink.node!r}; "
-                "Spark runs one arbitrary-state step per query",
-            )
-    if not sinks:
-        raise SparkCompileError(f"topology {topology.app_id!r} writes no topic: nothing for a Spark query to do")
-    return SparkPlan(topology, tuple(source_topics), tuple(sinks), tuple(stateful))
+
+def _with_topic_index(sink: SinkPlan, topics: tuple[str, ...]) -> SinkPlan:
+    """Processor steps need the ``source`` column's topics; known once every source is."""
+
+    def fix(flow: Flow) -> Flow:
+        base = flow.base
+        if isinstance(base, UnionPlan):
+            return dataclasses.replace(flow, base=dataclasses.replace(base, inputs=tuple(fix(f) for f in base.inputs)))
+        if isinstance(base, TaskPlan) and base.step.processor is not None:
+            run = dataclasses.replace(base.step.processor, topics=topics)
+            step = dataclasses.replace(base.step, processor=run)
+            return dataclasses.replace(flow, base=dataclasses.replace(base, step=step))
+        return flow
+
+    return dataclasses.replace(sink, input=fix(sink.input))
+
+
+def _stateful_plans(flow: Flow) -> Iterator[KeyedPlan | TaskPlan]:
+    base = flow.base
+    if isinstance(base, UnionPlan):
+        for flow_in in base.inputs:
+            yield from _stateful_plans(flow_in)
+    elif isinstance(base, KeyedPlan | TaskPlan):
+        for _, flow_in in base.inputs:
+            yield from _stateful_plans(flow_in)
+        yield base
 
 
 def _stateful_steps_feeding(flow: Flow) -> list[str]:
     """Stateful nodes (aggregations, joins, processors) upstream of ``flow``, upstream first."""
-    base = flow.base
-    if isinstance(base, AggregatePlan):
-        inputs: tuple[Flow, ...] = (base.input,)
-    elif isinstance(base, StreamTableJoinPlan):
-        inputs = (base.stream, base.table)
-    elif isinstance(base, StreamStreamJoinPlan):
-        inputs = (base.left, base.right)
-    elif isinstance(base, UnionPlan):
-        return [name for flow_in in base.inputs for name in _stateful_steps_feeding(flow_in)]
-    elif isinstance(base, ProcessorPlan):
-        return [base.node]  # its input is a source (checked when planned)
-    else:
-        return []
-    return [*(name for flow_in in inputs for name in _stateful_steps_feeding(flow_in)), base.node]
-
-
-def _stream_table_join_plan(topology: Topology, node: Node, stream: Flow, flows: dict[str, Flow]) -> StreamTableJoinPlan:
-    join = node
-    assert isinstance(join, StreamTableJoinNode)
-    table_node = topology.nodes[join.table]
-    if table_node.kind is not NodeKind.TABLE_SOURCE or table_node.internal:
-        raise _unsupported(
-            node,
-            f"it joins table {join.table!r} ({table_node.kind}); on Spark the table side must be read from a topic "
-            "(a computed table would be a second stateful step in one query)",
-        )
-    store = topology.stores[join.table_store]
-    return StreamTableJoinPlan(
-        node=node.name,
-        stream=stream,
-        table=flows[join.table],
-        join_key=_shipped(node, store.key_serde),
-        fn=join.fn,
-        left_join=join.how.value == "left",
-        out_key=_shipped(node, node.key_serde),
-        out_value=_shipped(node, node.value_serde),
-    )
-
-
-def _stream_stream_join_plan(topology: Topology, merge: Node, flows: dict[str, Flow]) -> StreamStreamJoinPlan:
-    sides = {
-        side_node.side: side_node
-        for p in merge.parents
-        if isinstance(side_node := topology.nodes[p], StreamStreamJoinNode)
-    }
-    if len(merge.parents) != 2 or set(sides) != {JoinSide.LEFT, JoinSide.RIGHT}:
-        raise _unsupported(merge, "it merges stream-stream join sides with other streams")
-    left, right = sides[JoinSide.LEFT], sides[JoinSide.RIGHT]
-    join = left
-    (left_parent,), (right_parent,) = left.parents, right.parents
-    left_store, right_store = topology.stores[join.this_store], topology.stores[join.other_store]
-    return StreamStreamJoinPlan(
-        node=merge.name,
-        left=flows[left_parent],
-        right=flows[right_parent],
-        join_key=_shipped(left, left_store.key_serde),
-        left_value=_shipped(left, left_store.value_serde),
-        right_value=_shipped(right, right_store.value_serde),
-        fn=left.fn,
-        window=join.window,
-        how=join.how.value,
-        out_key=_shipped(merge, merge.key_serde),
-        out_value=_shipped(merge, merge.value_serde),
-    )
-
-
-def _processor_plan(topology: Topology, node: Node, flow: Flow) -> ProcessorPlan:
-    if not isinstance(flow.base, SourcePlan) or flow.repartitioned:
-        raise _unsupported(
-            node,
-            "its input is not read straight from a source topic; Spark keeps a processor's stores per source "
-            "partition (the worker's task), which a repartition or a stateful step upstream would change",
-        )
-    stores = []
-    for name in node.stores:
-        store = topology.stores[name]
-        if store.owner != node.name:
-            raise _unsupported(node, f"it reads store {name!r} of node {store.owner!r}; Spark state is private to one operator")
-        if store.kind is not StoreKind.KEY_VALUE:
-            raise _unsupported(node, f"its store {name!r} is a {store.kind} store; only key-value stores map onto Spark state")
-        stores.append((name, _shipped(node, store.key_serde), _shipped(node, store.value_serde)))
-    assert isinstance(node.fn, type)
-    extractor = topology.nodes[flow.base.node].timestamp_extractor
-    by_type = {
-        kind: tuple((p.method, p.interval_ms) for p in node.punctuations if p.type is kind) for kind in PunctuationType
-    }
-    spec = ProcessorSpec(
-        node=node.name,
-        app_id=topology.app_id,
-        subtopology=node.subtopology,
-        processor_class=node.fn,
-        stores=tuple(stores),
-        stream_punctuations=by_type[PunctuationType.STREAM_TIME],
-        wall_clock_punctuations=by_type[PunctuationType.WALL_CLOCK_TIME],
-        base_key=flow.base_key,
-        base_value=flow.base_value,
-        timestamp_extractor=extractor,
-        steps=flow.steps[1:] if extractor is not None else flow.steps,  # the first step extracts it
-        out_key=_shipped(node, node.key_serde),
-        out_value=_shipped(node, node.value_serde),
-    )
-    return ProcessorPlan(node.name, flow.base, spec)
+    return [plan.node for plan in _stateful_plans(flow)]
 
 
 def _in_dependency_order(topology: Topology) -> list[Node]:
     """Parents first; a repartition source after the sink writing its topic."""
-    writers = {n.topics[0]: n.name for n in topology.nodes.values() if n.kind is NodeKind.SINK and n.internal}
+    writers = {n.topics[0]: n.name for n in topology.nodes.values() if isinstance(n, SinkNode) and n.internal}
     ordered: list[Node] = []
     seen: set[str] = set()
 
@@ -586,271 +588,111 @@ def _ship_app_modules(spark: Any, topology: Topology) -> None:
         spark.sparkContext.addPyFile(str(shipped))
 
 
-def _arrow_rows_schema() -> Any:
-    import pyarrow as pa
-
-    return pa.schema([("key", pa.binary()), ("value", pa.binary()), ("ts", pa.int64())])
-
-
-def _run_flow(
-    batches: Iterator[Any],
-    base_key: ShippedSerde,
-    base_value: ShippedSerde,
-    steps: tuple[Step, ...],
-    key_serde: ShippedSerde,
-    value_serde: ShippedSerde,
-) -> Iterator[Any]:
-    import pyarrow as pa
-
-    schema = _arrow_rows_schema()
-    for batch in batches:
-        keys = batch.column(0).to_pylist()
-        values = batch.column(1).to_pylist()
-        stamps = batch.column(2).to_pylist()
-        records: Iterable[Record] = zip(
-            map(base_key.deserialize, keys), map(base_value.deserialize, values), stamps, strict=True
-        )
-        for step in steps:
-            records = step(records)
-        out_keys, out_values, out_stamps = [], [], []
-        for key, value, ts in records:
-            out_keys.append(key_serde.serialize(key))
-            out_values.append(value_serde.serialize(value))
-            out_stamps.append(ts)
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(out_keys, pa.binary()), pa.array(out_values, pa.binary()), pa.array(out_stamps, pa.int64())],
-            schema=schema,
-        )
-
-
 class _Builder:
-    def __init__(self, spark: Any, bootstrap_servers: str, source_format: str, *, backfill: bool = False) -> None:
+    """Builds one query's DataFrames from its plan. ``partition_counts`` sizes the repartition
+    topics that task steps group by."""
+
+    def __init__(
+        self,
+        spark: Any,
+        bootstrap_servers: str,
+        source_format: str,
+        plan: SparkPlan,
+        partition_counts: Mapping[str, int],
+        *,
+        backfill: bool = False,
+    ) -> None:
         self.spark = spark
         self.bootstrap_servers = bootstrap_servers
         self.source_format = source_format
+        self.sources = {topic: index for index, topic in enumerate(plan.source_topics)}
+        self.partition_counts = partition_counts
         self.backfill = backfill
         self._built: dict[int, Any] = {}
 
-    def source(self, plan: SourcePlan, *, with_position: bool = False) -> Any:
-        """``key, value, ts`` rows of the plan's topics (``with_position``: also ``topic,
-        partition, offset``)."""
+    def source(self, plan: SourcePlan) -> Any:
+        """``key, value, ts, topic, partition, offset`` rows of the plan's topics."""
         from pyspark.sql import functions as F
 
-        options = source_options(self.source_format, self.bootstrap_servers, plan.topics)
-        raw = self.spark.readStream.format(self.source_format).options(**options).load()
-        ts = F.unix_millis("timestamp") if self.source_format == "kafka" else F.col("timestamp")
-        position = ("topic", F.col("partition").cast("int").alias("partition"), "offset") if with_position else ()
-        return raw.select("key", "value", ts.alias("ts"), *position)
-
-    def base(self, plan: Any) -> Any:
-        # One DataFrame per plan object, so a source feeding two branches is read once per batch.
         if id(plan) not in self._built:
-            if isinstance(plan, SourcePlan):
-                self._built[id(plan)] = self.source(plan)
-            elif isinstance(plan, UnionPlan):
-                frames = [self.rows(flow, flow.key_serde, flow.value_serde) for flow in plan.inputs]
-                union = frames[0]
-                for frame in frames[1:]:
-                    union = union.unionByName(frame)
-                self._built[id(plan)] = union
-            elif isinstance(plan, AggregatePlan):
-                self._built[id(plan)] = self.aggregate(plan)
-            elif isinstance(plan, StreamTableJoinPlan):
-                self._built[id(plan)] = self.stream_table_join(plan)
-            elif isinstance(plan, StreamStreamJoinPlan):
-                self._built[id(plan)] = self.stream_stream_join(plan)
-            else:
-                self._built[id(plan)] = self.processor(plan)
+            options = source_options(self.source_format, self.bootstrap_servers, plan.topics)
+            raw = self.spark.readStream.format(self.source_format).options(**options).load()
+            ts = F.unix_millis("timestamp") if self.source_format == "kafka" else F.col("timestamp")
+            self._built[id(plan)] = raw.select(
+                "key", "value", ts.alias("ts"), "topic", F.col("partition").cast("int").alias("partition"), "offset"
+            )
         return self._built[id(plan)]
 
-    def _sides(self, *sides: tuple[Flow, ShippedSerde, ShippedSerde, int]) -> Any:
-        """Both inputs of a join as one stream of ``key, value, ts, side`` rows."""
+    def rows(self, flow: Flow, *, task_partitions: int | None = None, lane: int = 0) -> Any:
+        """The flow's rows: ``ORDERED_ROWS`` if it is read from sources, else ``ROWS``."""
+        base = flow.base
+        if isinstance(base, UnionPlan):
+            ordered = flow.ordered
+            frames = [self.rows(f, task_partitions=task_partitions, lane=lane + index) for index, f in enumerate(base.inputs)]
+            if not ordered:
+                frames = [frame.select("key", "value", "ts") for frame in frames]
+            union = frames[0]
+            for frame in frames[1:]:
+                union = union.unionByName(frame)
+            return union
+        run = FlowRun(
+            flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, flow.key_serde, flow.value_serde,
+            from_source=isinstance(base, SourcePlan), sources=self.sources, task_partitions=task_partitions, lane=lane,
+        )
+        if isinstance(base, SourcePlan):
+            return self.source(base).mapInArrow(functools.partial(run_flow, run=run), ORDERED_ROWS)
+        stateful = self.stateful(base)
+        if not flow.steps and flow.base_key.name == flow.key_serde.name and flow.base_value.name == flow.value_serde.name:
+            return stateful
+        return stateful.mapInArrow(functools.partial(run_flow, run=run), ROWS)
+
+    def stateful(self, plan: KeyedPlan | TaskPlan) -> Any:
+        if id(plan) not in self._built:
+            self._built[id(plan)] = self.keyed(plan) if isinstance(plan, KeyedPlan) else self.task(plan)
+        return self._built[id(plan)]
+
+    def _inputs(self, inputs: tuple[tuple[int, Flow], ...], *, by_task: bool) -> Any:
         from pyspark.sql import functions as F
 
-        frames = [self.rows(flow, key, value).withColumn("side", F.lit(side)) for flow, key, value, side in sides]
-        return frames[0].unionByName(frames[1])
+        frames = []
+        for side, flow in inputs:
+            task_partitions = None
+            if by_task and flow.repartition_topic is not None:
+                task_partitions = self.partition_counts[flow.repartition_topic]
+            frames.append(self.rows(flow, task_partitions=task_partitions).withColumn("side", F.lit(side)))
+        rows = frames[0]
+        for frame in frames[1:]:
+            rows = rows.unionByName(frame)
+        return rows
 
-    def stream_table_join(self, plan: StreamTableJoinPlan) -> Any:
+    def keyed(self, plan: KeyedPlan) -> Any:
         from pyspark.sql.streaming.state import GroupStateTimeout
 
-        table_value = plan.table.value_serde
-        rows = self._sides(
-            (plan.stream, plan.join_key, plan.stream.value_serde, STREAM_SIDE),
-            (plan.table, plan.join_key, table_value, TABLE_SIDE),
-        )
-        # No row for a null key, in a table or a join; a null table value is a delete.
-        rows = rows.where(f"key IS NOT NULL AND (value IS NOT NULL OR side = {TABLE_SIDE})")
-        update = stream_table_joiner(
-            join_key=plan.join_key,
-            stream_value=plan.stream.value_serde,
-            table_value=table_value,
-            out_key=plan.out_key,
-            out_value=plan.out_value,
-            fn=plan.fn,
-            left_join=plan.left_join,
-        )
+        # No row for a null key, in a table or an aggregation (the kernels skip them too).
+        rows = self._inputs(plan.inputs, by_task=False).where("key IS NOT NULL")
         return rows.groupBy("key").applyInPandasWithState(
-            update, ROWS, "table_value binary", "update", GroupStateTimeout.NoTimeout
+            keyed_update(plan.step), ROWS, "value binary", "update", GroupStateTimeout.NoTimeout
         )
 
-    def stream_stream_join(self, plan: StreamStreamJoinPlan) -> Any:
-        from pyspark.sql import functions as F
-        from pyspark.sql.streaming.state import GroupStateTimeout
-
-        from .worker_semantics import LEFT, RIGHT
-
-        rows = self._sides(
-            (plan.left, plan.join_key, plan.left_value, LEFT), (plan.right, plan.join_key, plan.right_value, RIGHT)
-        )
-        window = plan.window
-        retention_ms = window.before_ms + window.after_ms + window.grace_ms
-        # Watermark delay = the join stores' retention: records older than that can no longer
-        # join on the worker either.
-        rows = (
-            rows.where("key IS NOT NULL AND value IS NOT NULL")
-            .withColumn("event_time", F.timestamp_millis("ts"))
-            .withWatermark("event_time", f"{retention_ms} milliseconds")
-        )
-        update = stream_stream_joiner(
-            join_key=plan.join_key,
-            left_value=plan.left_value,
-            right_value=plan.right_value,
-            out_key=plan.out_key,
-            out_value=plan.out_value,
-            fn=plan.fn,
-            window=window,
-            how=plan.how,
-        )
-        return rows.groupBy("key").applyInPandasWithState(
-            update, ROWS, "buffered binary", "update", GroupStateTimeout.EventTimeTimeout
-        )
-
-    def processor(self, plan: ProcessorPlan) -> Any:
-        rows = self.source(plan.source, with_position=True)
+    def task(self, plan: TaskPlan) -> Any:
+        rows = self._inputs(plan.inputs, by_task=True)
+        if plan.step.processor is None:
+            rows = rows.where("key IS NOT NULL")  # windows and joins skip null keys
         # The same time mode either way, so streaming runs and backfills share a checkpoint.
         time_mode = "ProcessingTime" if plan.processing_time_timers else "None"
-        spec = dataclasses.replace(plan.spec, wall_clock_timers=not self.backfill)
-        return rows.groupBy("partition").transformWithStateInPandas(
-            processor_operator(spec), ROWS, "Update", time_mode
-        )
-
-    def rows(self, flow: Flow, key_serde: ShippedSerde, value_serde: ShippedSerde) -> Any:
-        """The flow as ``key, value, ts`` rows serialized with the given serdes."""
-        base = self.base(flow.base)
-        unchanged = flow.base_key.name == key_serde.name and flow.base_value.name == value_serde.name
-        if not flow.steps and unchanged:
-            return base
-        base_key, base_value, steps = flow.base_key, flow.base_value, flow.steps
-
-        def run(batches: Iterator[Any]) -> Iterator[Any]:
-            return _run_flow(batches, base_key, base_value, steps, key_serde, value_serde)
-
-        return base.mapInArrow(run, ROWS)
-
-    def aggregate(self, plan: AggregatePlan) -> Any:
-        from pyspark.sql.streaming.state import GroupStateTimeout
-
-        rows = self.rows(plan.input, plan.input.key_serde, plan.input.value_serde)
-        update = _aggregator(plan)
-        # Kafka Streams skips null keys and null values in aggregations.
-        rows = rows.where("key IS NOT NULL AND value IS NOT NULL")
-        window = plan.window
-        if window is None:
-            return rows.groupBy("key").applyInPandasWithState(
-                update, ROWS, "accumulator binary", "update", GroupStateTimeout.NoTimeout
-            )
-        from pyspark.sql import functions as F
-
-        if isinstance(window, SessionWindow):
-            assert plan.merger is not None
-            sessions = session_aggregator(
-                in_key=plan.input.key_serde,
-                in_value=plan.input.value_serde,
-                out_key=plan.out_key,
-                accumulator=plan.accumulator,
-                fn=plan.fn,
-                initial=plan.initial,
-                is_reduce=plan.kind is NodeKind.REDUCE,
-                merger=plan.merger,
-                window=window,
-            )
-            rows = rows.withColumn("event_time", F.timestamp_millis("ts")).withWatermark(
-                "event_time", f"{window.grace_ms} milliseconds"
-            )
-            return rows.groupBy("key").applyInPandasWithState(
-                sessions, ROWS, "sessions binary", "update", GroupStateTimeout.EventTimeTimeout
-            )
-
-        # Watermark = grace: Spark drops rows older than (newest event time - grace) and times
-        # out (forgets) a window's state once the watermark passes its end plus grace.
-        windows = F.window("event_time", f"{window.size_ms} milliseconds", f"{window.advance_ms} milliseconds")
-        rows = (
-            rows.withColumn("event_time", F.timestamp_millis("ts"))
-            .withWatermark("event_time", f"{window.grace_ms} milliseconds")
-            .withColumn("window_start", F.unix_millis(windows.getField("start")))
-        )
-        if isinstance(window, HoppingWindow):
-            # Kafka Streams has no windows starting before the epoch.
-            rows = rows.where("window_start >= 0")
-        return rows.groupBy("key", "window_start").applyInPandasWithState(
-            update, ROWS, "accumulator binary", "update", GroupStateTimeout.EventTimeTimeout
-        )
+        step = dataclasses.replace(plan.step, wall_clock_timers=not self.backfill)
+        return rows.groupBy("task").transformWithStateInPandas(task_operator(step), ROWS, "Update", time_mode)
 
 
-def _aggregator(plan: AggregatePlan) -> Callable[..., Iterator[Any]]:
-    in_key, in_value = plan.input.key_serde, plan.input.value_serde
-    out_key, accumulator = plan.out_key, plan.accumulator
-    fn, is_reduce = plan.fn, plan.kind is NodeKind.REDUCE
-    new_initial = initial_factory(plan.initial)
-    same_key_bytes = in_key.name == out_key.name
-    window = plan.window
+def cluster_partition_counts(bootstrap_servers: str, topology: Topology) -> dict[str, int]:
+    """Partition counts of the cluster's topics and of the app's internal topics (as a worker
+    would create them), which task steps behind a repartition group by."""
+    from pystreams.cluster import ClusterMetadata
+    from pystreams.topology.resolve import resolve
 
-    def update(group_key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
-        import pandas as pd
-
-        if state.hasTimedOut:
-            state.remove()  # the window closed: its final value was emitted already
-            return
-        key_bytes = group_key[0]
-        key = in_key.deserialize(key_bytes)
-        if state.exists:
-            total, started = accumulator.deserialize(state.get[0]), True
-        else:
-            total, started = None, False
-        last_ts = -1
-        for frame in frames:
-            # Within a micro-batch, apply records in event-time order (stable for ties).
-            if len(frame) > 1 and not frame["ts"].is_monotonic_increasing:
-                frame = frame.sort_values("ts", kind="stable")
-            for value_bytes, ts in zip(frame["value"], frame["ts"], strict=True):
-                value = in_value.deserialize(value_bytes)
-                if not started:
-                    if is_reduce:
-                        total = value
-                    else:
-                        total = fn(new_initial(), key, value)
-                    started = True
-                else:
-                    total = fn(total, key, value)
-                last_ts = max(last_ts, int(ts))
-        encoded = accumulator.serialize(total)
-        state.update((encoded,))
-        if window is None:
-            out_key_bytes = key_bytes if same_key_bytes else out_key.serialize(key)
-        else:
-            start = int(group_key[1])
-            out_key_bytes = out_key.serialize(Windowed(key, start, start + window.size_ms))
-            closes_at = start + window.size_ms + window.grace_ms
-            state.setTimeoutTimestamp(max(closes_at, state.getCurrentWatermarkMs() + 1))
-        yield pd.DataFrame(
-            {
-                "key": [out_key_bytes],
-                "value": [encoded],
-                "ts": [last_ts],
-            }
-        )
-
-    return update
+    with ClusterMetadata(bootstrap_servers) as cluster:
+        counts = {name: meta.num_partitions for name, meta in cluster.fetch_topics().items()}
+    return dict(resolve(topology, counts).partitions)
 
 
 # -- the query ------------------------------------------------------------------------------------
@@ -1003,13 +845,14 @@ def to_spark(
     plan = compile_topology(topology, topics_matching=cluster_pattern_matcher(bootstrap_servers))
     _ship_app_modules(spark, topology)
     source_format = source_format or choose_source_format(spark)
+    counts = cluster_partition_counts(bootstrap_servers, topology) if plan.repartition_topics_of_tasks else {}
 
     def writers(backfill: bool) -> dict[str, Any]:
         built = {}
         for sink in plan.sinks:
             # A fresh builder per query: queries must not share DataFrames of stateful steps.
-            builder = _Builder(spark, bootstrap_servers, source_format, backfill=backfill)
-            rows = builder.rows(sink.input, sink.input.key_serde, sink.input.value_serde)
+            builder = _Builder(spark, bootstrap_servers, source_format, plan, counts, backfill=backfill)
+            rows = builder.rows(sink.input)
             built[sink.node] = (
                 rows.select(F.lit(sink.topic).alias("topic"), "key", "value", "ts")
                 .writeStream.queryName(f"pystreams-{topology.app_id}-{sink.node}")

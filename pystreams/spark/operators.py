@@ -1,249 +1,542 @@
-"""The functions Spark's stateful operators run for session windows, joins and processors.
+"""What Spark's operators run: the node kernels (``pystreams.topology.kernels``) in Spark's
+calling conventions.
 
-Each wraps a rule of ``worker_semantics`` in the calling convention of a Spark operator
-(``applyInPandasWithState``'s ``update(key, frames, state)`` or a ``StatefulProcessor`` for
-``transformWithStateInPandas``), keeps the state in the operator's state store, and returns
-``key, value, ts`` rows serialized with the node's serdes (``value`` None: a tombstone).
+* ``run_flow`` — inside ``mapInArrow``: a chain of stateless kernels over the records of one
+  source partition (or of a stateful step's output), serialized back to rows. Rows read from
+  a source carry their *position* (see ``ORDER_COLUMNS``) so that stateful steps can replay
+  them in the worker's order.
+* ``keyed_update`` — inside ``applyInPandasWithState``, grouped by key: the nodes whose state
+  is one value per key and which no stream time affects (a plain aggregation, a stream–table
+  join), over a one-key store in the group's state.
+* ``TaskRunner`` / ``task_operator`` — inside ``transformWithStateInPandas``, grouped by task
+  (the partition number a worker task reads): windowed and session aggregations, windowed
+  stream–stream joins and processors, whose outcome depends on stream time. The task's
+  stores live in Spark state (``pystreams.spark.state``) and its stream times in a value
+  state, so lateness is judged per task, record by record, exactly as on a worker — not by
+  Spark's watermark, which is global and moves per micro-batch.
+
+``TaskRunner`` and the functions under ``keyed_*`` and ``run_flow`` need no Spark: the tests
+drive them with dict-backed state to check them against the test driver.
 """
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
-from pystreams.topology.ir import TaskId
-from pystreams.topology.kernels import initial_factory
-from pystreams.topology.windows import JoinWindow, SessionWindow, Windowed
+from pystreams.topology.ir import (
+    AggregationNode,
+    BranchNode,
+    BranchOutputNode,
+    NodeBase,
+    PunctuationType,
+    Store,
+    StoreKind,
+    TaskId,
+)
+from pystreams.topology.kernels import (
+    NODE_KERNELS,
+    Emit,
+    NodeClock,
+    NodeWiring,
+    ProcessorInstance,
+    ScheduledPunctuation,
+    TaskPosition,
+    advance_stream_time,
+    drop,
+    fixed_window_key,
+)
+from pystreams.topology.stores import typed
+from pystreams.topology.windows import SessionWindow, Windowed
+from pystreams.worker.packing import partition_for_key
 
 from .serdes import ShippedSerde
-from .worker_semantics import (
-    JoinBuffers,
-    JoinRule,
-    KeyValueBackend,
-    ProcessorTask,
-    PunctuationClock,
-    ReplayedProcessorContext,
-    SessionChanges,
-    add_to_sessions,
-    cached_key_value_store,
-    decode_sessions,
-    encode_sessions,
-    expire_sessions,
+from .state import (
+    GroupKeyStore,
+    MapBackend,
+    SparkKeyValueStore,
+    SparkSessionStore,
+    SparkWindowStore,
+    TaskState,
+    needs_sweep,
 )
 
-#: Join inputs carry which side a row is from; the table sorts before the stream on equal
-#: timestamps so an update applies before a lookup of the same instant.
+#: key, value (deserialized) and timestamp in epoch ms.
+Record = tuple[Any, Any, int]
+ROWS = "key binary, value binary, ts long"
+#: Rows of a flow read from a source: the record's position, so stateful steps can replay a
+#: micro-batch in the worker's order, and the task (partition number) it belongs to.
+ORDERED_ROWS = ROWS + ", arrival long, side int, source int, partition int, offset long, seq long, task int"
+#: The order a stateful step applies its rows in, within a micro-batch: each input partition
+#: in offset order (``seq``: the records one source record became, in the order emitted),
+#: partitions merged by ``arrival`` — the highest source timestamp of the partition so far in
+#: the batch — which is the order a worker's task merges its partitions by timestamp within a
+#: poll; ties go to the lower side (a table before the stream it feeds; a join's left side).
+ORDER_COLUMNS = ("arrival", "side", "source", "partition", "offset", "seq")
+#: Join inputs say which side a row is from.
 TABLE_SIDE, STREAM_SIDE = 0, 1
+LEFT_SIDE, RIGHT_SIDE = 0, 1
+#: ``seq`` of the rows of a union's n-th input starts at ``n << LANE_SHIFT``, so rows that one
+#: source record became on two paths into a merge keep the merge's input order.
+LANE_SHIFT = 40
 
 
-def _rows_frame(keys: list[Any], values: list[Any], stamps: list[int]) -> Any:
-    import pandas as pd
+def chain(steps: Iterable[NodeBase], forward: Emit) -> Emit:
+    """The stateless kernels of ``steps`` (in order), ending in ``forward``."""
+    emit = forward
+    steps = list(steps)
+    for index in range(len(steps) - 1, -1, -1):
+        node = steps[index]
+        if isinstance(node, BranchOutputNode):
+            continue  # the branch before it routes
+        routes: dict[str, Emit] = {}
+        if isinstance(node, BranchNode):
+            following = steps[index + 1] if index + 1 < len(steps) else None
+            assert isinstance(following, BranchOutputNode), f"branch {node.name!r} must be followed by one output"
+            routes = {label: (emit if label == following.label else drop) for label in node.branches}
+        emit = NODE_KERNELS[type(node)](NodeWiring(node=node, forward=emit, routes=routes))
+    return emit
 
-    return pd.DataFrame({"key": keys, "value": values, "ts": stamps})
+
+# ============================================================================ stateless flows
 
 
-def _in_order(frames: Iterator[Any], by: list[str]) -> Any:
-    """All rows of a group in this batch, stably sorted (rows of one group may arrive in
-    several frames, and a shuffle does not keep their order)."""
+@dataclass(frozen=True)
+class FlowRun:
+    """How ``run_flow`` turns input rows into output rows."""
+
+    base_key: ShippedSerde
+    base_value: ShippedSerde
+    timestamp_extractor: Callable[[Any, Any, int], int] | None
+    steps: tuple[NodeBase, ...]
+    key_serde: ShippedSerde
+    value_serde: ShippedSerde
+    #: Source rows (key, value, ts, topic, partition, offset) in; ``ORDERED_ROWS`` out. Else
+    #: ``ROWS`` in and out.
+    from_source: bool = True
+    #: Source topic -> its index (the ``source`` column).
+    sources: Mapping[str, int] | None = None
+    #: The task of a row: its key's partition among this many (a repartition topic's), or,
+    #: when None, the source partition it was read from.
+    task_partitions: int | None = None
+    lane: int = 0
+
+
+def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
+    """``mapInArrow``: the records of one Spark partition (one Kafka partition's slice of the
+    batch, in offset order) through the stateless kernels."""
+    import pyarrow as pa
+
+    base_key, base_value, extractor = run.base_key.deserialize, run.base_value.deserialize, run.timestamp_extractor
+    key_bytes, value_bytes = run.key_serde.serialize, run.value_serde.serialize
+    if not run.steps and extractor is None:
+        # Rows only gain their positions (a processor's input): the bytes pass as they are.
+        if run.base_key.name == run.key_serde.name:
+            base_key = key_bytes = _same
+        if run.base_value.name == run.value_serde.name:
+            base_value = value_bytes = _same
+    out_keys: list[bytes | None] = []
+    out_values: list[bytes | None] = []
+    out_stamps: list[int] = []
+
+    def collect(key: Any, value: Any, timestamp: int) -> None:
+        out_keys.append(key_bytes(key))
+        out_values.append(value_bytes(value))
+        out_stamps.append(timestamp)
+
+    emit = chain(run.steps, collect)
+    if not run.from_source:
+        schema = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("ts", pa.int64())])
+        for batch in batches:
+            out_keys.clear()
+            out_values.clear()
+            out_stamps.clear()
+            columns = batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist()
+            for key, value, timestamp in zip(*columns, strict=True):
+                emit(base_key(key), base_value(value), timestamp)
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(out_keys, pa.binary()), pa.array(out_values, pa.binary()), pa.array(out_stamps, pa.int64())],
+                schema=schema,
+            )
+        return
+
+    sources = run.sources or {}
+    task_partitions = run.task_partitions
+    arrival: int | None = None
+    seq = run.lane << LANE_SHIFT
+    for batch in batches:
+        out_keys.clear()
+        out_values.clear()
+        out_stamps.clear()
+        arrivals: list[int] = []
+        origins: list[tuple[int, int, int]] = []  # source, partition, offset
+        seqs: list[int] = []
+        keys, values, stamps, topics, partitions, offsets = (batch.column(i).to_pylist() for i in range(6))
+        for key, value, raw_ts, topic, partition, offset in zip(keys, values, stamps, topics, partitions, offsets,
+                                                                 strict=True):
+            arrival = advance_stream_time(arrival, raw_ts)
+            record_key, record_value = base_key(key), base_value(value)
+            timestamp = raw_ts if extractor is None else extractor(record_key, record_value, raw_ts)
+            before = len(out_keys)
+            emit(record_key, record_value, timestamp)
+            emitted = len(out_keys) - before
+            if emitted:
+                arrivals.extend([arrival] * emitted)
+                origins.extend([(sources[topic], partition, offset)] * emitted)
+                seqs.extend(range(seq, seq + emitted))
+                seq += emitted
+        if task_partitions is None:
+            tasks = [partition for _, partition, _ in origins]
+        else:
+            tasks = [0 if key is None else partition_for_key(key, task_partitions) for key in out_keys]
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array(out_keys, pa.binary()),
+                pa.array(out_values, pa.binary()),
+                pa.array(out_stamps, pa.int64()),
+                pa.array(arrivals, pa.int64()),
+                pa.array([0] * len(out_keys), pa.int32()),
+                pa.array([origin[0] for origin in origins], pa.int32()),
+                pa.array([origin[1] for origin in origins], pa.int32()),
+                pa.array([origin[2] for origin in origins], pa.int64()),
+                pa.array(seqs, pa.int64()),
+                pa.array(tasks, pa.int32()),
+            ],
+            schema=ORDERED_SCHEMA,
+        )
+
+
+def _same(data: Any) -> Any:
+    return data
+
+
+def _ordered_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("key", pa.binary()), ("value", pa.binary()), ("ts", pa.int64()), ("arrival", pa.int64()),
+            ("side", pa.int32()), ("source", pa.int32()), ("partition", pa.int32()), ("offset", pa.int64()),
+            ("seq", pa.int64()), ("task", pa.int32()),
+        ]
+    )
+
+
+ORDERED_SCHEMA = _ordered_schema()
+
+
+def in_worker_order(frames: Iterable[Any]) -> Any:
+    """All rows of a group in this micro-batch (they may come in several frames, in any order
+    after a shuffle) sorted by ``ORDER_COLUMNS``."""
+    import numpy as np
     import pandas as pd
 
     frames = list(frames)
     frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-    return frame.sort_values(by, kind="stable")
+    if len(frame) < 2:
+        return frame
+    order = np.lexsort([frame[column].to_numpy() for column in reversed(ORDER_COLUMNS)])
+    if (order[1:] > order[:-1]).all():
+        return frame
+    return frame.iloc[order].reset_index(drop=True)
 
 
-# -- session windows ------------------------------------------------------------------------------
+def _rows_frame(rows: list[tuple[bytes | None, bytes | None, int]]) -> Any:
+    import pandas as pd
+
+    return pd.DataFrame({"key": [r[0] for r in rows], "value": [r[1] for r in rows], "ts": [r[2] for r in rows]})
 
 
-def session_aggregator(
-    *,
-    in_key: ShippedSerde,
-    in_value: ShippedSerde,
-    out_key: ShippedSerde,
-    accumulator: ShippedSerde,
-    fn: Callable[[Any, Any, Any], Any],
-    initial: Any,
-    is_reduce: bool,
-    merger: Callable[[Any, Any, Any], Any],
-    window: SessionWindow,
-) -> Callable[..., Iterator[Any]]:
-    """``applyInPandasWithState`` update over one grouping key's sessions; the watermark
-    (newest event time - grace) is the worker's close time, and sessions are forgotten after
-    ``gap`` more, as the worker's session store retention (gap + grace) does."""
-    gap = window.gap_ms
-    new_initial = None if is_reduce else initial_factory(initial)
-
-    def update(group_key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
-        if state.hasTimedOut:
-            state.remove()  # every session is past retention; their final values were emitted
-            return
-        key_bytes = group_key[0]
-        key = in_key.deserialize(key_bytes)
-        stored = decode_sessions(state.get[0]) if state.exists else {}
-        sessions = {bounds: accumulator.deserialize(value) for bounds, value in stored.items()}
-        watermark = state.getCurrentWatermarkMs()
-        expire_sessions(sessions, watermark - gap + 1)
-        changes = SessionChanges()
-        last_ts = -1
-        frame = _in_order(frames, ["ts"])
-        for value_bytes, ts in zip(frame["value"], frame["ts"], strict=True):
-            ts = int(ts)
-            added = add_to_sessions(
-                sessions, changes, key, in_value.deserialize(value_bytes), ts,
-                gap_ms=gap, close_time=watermark, aggregate=fn, merge=merger, new_initial=new_initial,
-            )
-            if added:
-                last_ts = max(last_ts, ts)
-        encoded = {bounds: accumulator.serialize(total) for bounds, total in sessions.items()}
-        if encoded:
-            state.update((encode_sessions(encoded),))
-            newest_end = max(end for _, end in encoded)
-            state.setTimeoutTimestamp(max(newest_end + gap, watermark + 1))
-        elif state.exists:
-            state.remove()
-        keys, values, stamps = [], [], []
-        for start, end in sorted(changes.removed):
-            keys.append(out_key.serialize(Windowed(key, start, end)))
-            values.append(None)
-            stamps.append(last_ts)
-        for (start, end), total in sorted(changes.written.items()):
-            keys.append(out_key.serialize(Windowed(key, start, end)))
-            values.append(encoded[(start, end)])
-            stamps.append(last_ts)
-        if keys:
-            yield _rows_frame(keys, values, stamps)
-
-    return update
-
-
-# -- stream–table joins ---------------------------------------------------------------------------
-
-
-def stream_table_joiner(
-    *,
-    join_key: ShippedSerde,
-    stream_value: ShippedSerde,
-    table_value: ShippedSerde,
-    out_key: ShippedSerde,
-    out_value: ShippedSerde,
-    fn: Callable[[Any, Any, Any], Any],
-    left_join: bool,
-) -> Callable[..., Iterator[Any]]:
-    """``applyInPandasWithState`` update over one join key: state = the table's latest value
-    bytes; rows of both sides apply in event-time order (table first on ties)."""
-    same_key_bytes = join_key.name == out_key.name
-
-    def update(group_key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
-        key_bytes = group_key[0]
-        key = join_key.deserialize(key_bytes)
-        out_key_bytes = key_bytes if same_key_bytes else out_key.serialize(key)
-        table_bytes = state.get[0] if state.exists else None
-        table_object: Any = None if table_bytes is None else table_value.deserialize(table_bytes)
-        changed = False
-        values, stamps = [], []
-        frame = _in_order(frames, ["ts", "side"])
-        for value_bytes, ts, side in zip(frame["value"], frame["ts"], frame["side"], strict=True):
-            if side == TABLE_SIDE:
-                table_bytes, changed = value_bytes, True
-                table_object = None if table_bytes is None else table_value.deserialize(table_bytes)
-            elif value_bytes is not None and (table_bytes is not None or left_join):
-                values.append(out_value.serialize(fn(key, stream_value.deserialize(value_bytes), table_object)))
-                stamps.append(int(ts))
-        if changed:
-            if table_bytes is None:
-                if state.exists:
-                    state.remove()
-            else:
-                state.update((table_bytes,))
-        if values:
-            yield _rows_frame([out_key_bytes] * len(values), values, stamps)
-
-    return update
-
-
-# -- windowed stream–stream joins -----------------------------------------------------------------
-
-
-def stream_stream_joiner(
-    *,
-    join_key: ShippedSerde,
-    left_value: ShippedSerde,
-    right_value: ShippedSerde,
-    out_key: ShippedSerde,
-    out_value: ShippedSerde,
-    fn: Callable[[Any, Any, Any], Any],
-    window: JoinWindow,
-    how: str,
-) -> Callable[..., Iterator[Any]]:
-    """``applyInPandasWithState`` update over one join key: state = both sides' records
-    within the join stores' retention (before + after + grace, the watermark's delay)."""
-    rule = JoinRule(window.before_ms, window.after_ms, how)
-    same_key_bytes = join_key.name == out_key.name
-
-    def update(group_key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
-        if state.hasTimedOut:
-            state.remove()  # every buffered record is past retention
-            return
-        key_bytes = group_key[0]
-        key = join_key.deserialize(key_bytes)
-        out_key_bytes = key_bytes if same_key_bytes else out_key.serialize(key)
-        buffers = JoinBuffers.decode(state.get[0]) if state.exists else JoinBuffers()
-        watermark = state.getCurrentWatermarkMs()
-        min_live_time = watermark + 1
-        buffers.expire(min_live_time)
-        values, stamps = [], []
-        frame = _in_order(frames, ["ts", "side"])
-        for value_bytes, ts, side in zip(frame["value"], frame["ts"], frame["side"], strict=True):
-            for left_bytes, right_bytes, result_ts in rule.join(buffers, int(side), int(ts), value_bytes, min_live_time) or ():
-                left = None if left_bytes is None else left_value.deserialize(left_bytes)
-                right = None if right_bytes is None else right_value.deserialize(right_bytes)
-                values.append(out_value.serialize(fn(key, left, right)))
-                stamps.append(result_ts)
-        newest = buffers.newest
-        if newest is None:
-            if state.exists:
-                state.remove()
-        else:
-            state.update((buffers.encode(),))
-            state.setTimeoutTimestamp(max(newest, watermark + 1))
-        if values:
-            yield _rows_frame([out_key_bytes] * len(values), values, stamps)
-
-    return update
-
-
-# -- low-level processors -------------------------------------------------------------------------
+# ============================================================================ per-key steps
 
 
 @dataclass(frozen=True)
-class ProcessorSpec:
-    """What a Spark task needs to run one PROCESSOR node (plain, picklable data)."""
+class KeyedStep:
+    """A node Spark runs per key: its kernel (and, for a stream–table join, the table's) over
+    a store that holds the group's one value. ``inputs``: per side, the node its rows feed and
+    their serdes."""
 
-    node: str
     app_id: str
     subtopology: int
-    processor_class: type
-    #: (name, key serde, value serde) of each key-value store the processor owns.
-    stores: tuple[tuple[str, ShippedSerde, ShippedSerde], ...]
-    stream_punctuations: tuple[tuple[str, int], ...]
-    wall_clock_punctuations: tuple[tuple[str, int], ...]
-    #: How source rows become the processor's input records: deserialize, extract the
-    #: timestamp (it moves stream time even for records the steps drop), stateless steps.
+    store: Store
+    inputs: Mapping[int, tuple[NodeBase, ShippedSerde, ShippedSerde]]
+    #: Aggregations: the table node whose store is the output (else the forwards are).
+    table: AggregationNode | None
+    out_key: ShippedSerde
+    out_value: ShippedSerde
+
+
+def keyed_batch(
+    step: KeyedStep, key_bytes: bytes, frame: Any, stored: bytes | None
+) -> tuple[GroupKeyStore, list[tuple[bytes | None, bytes | None, int]]]:
+    """One group's rows of one micro-batch (in worker order) through the kernels; the group's
+    store after them, and the rows to emit."""
+    store = GroupKeyStore(stored)
+    out: list[tuple[bytes | None, bytes | None, int]] = []
+    key_out, value_out = step.out_key.serialize, step.out_value.serialize
+
+    def collect(key: Any, value: Any, timestamp: int) -> None:
+        out.append((key_out(key), value_out(value), timestamp))
+
+    position = TaskPosition(step.app_id, TaskId(step.subtopology, -1))
+    emits = {}
+    for side, (node, key_serde, value_serde) in step.inputs.items():
+        wiring = NodeWiring(node=node, forward=collect, stores={step.store.name: store},
+                            specs={step.store.name: step.store}, position=position)
+        emits[side] = (NODE_KERNELS[type(node)](wiring), key_serde.deserialize(key_bytes), value_serde.deserialize)
+    last_ts = -1
+    sides = frame["side"] if "side" in frame else [0] * len(frame)
+    for value_bytes, timestamp, side in zip(frame["value"], frame["ts"], sides, strict=True):
+        emit, key, value_of = emits[int(side)]
+        timestamp = int(timestamp)
+        emit(key, value_of(value_bytes), timestamp)
+        last_ts = max(last_ts, timestamp)
+    if step.table is not None and store.changed:
+        key_of_table = step.inputs[0][1].deserialize(key_bytes)
+        out.append((step.out_key.serialize(key_of_table), store.value, last_ts))
+    return store, out
+
+
+def keyed_update(step: KeyedStep) -> Callable[..., Iterator[Any]]:
+    """``applyInPandasWithState``'s update function (state: the store's one value)."""
+
+    def update(group_key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
+        stored = state.get[0] if state.exists else None
+        store, out = keyed_batch(step, group_key[0], in_worker_order(frames), stored)
+        if store.changed:
+            if store.value is None:
+                if state.exists:
+                    state.remove()
+            else:
+                state.update((store.value,))
+        if out:
+            yield _rows_frame(out)
+
+    return update
+
+
+# ============================================================================ per-task steps
+
+
+@dataclass(frozen=True)
+class ProcessorRun:
+    """How a processor task turns raw source rows into the processor's input: deserialize,
+    extract the timestamp (it moves stream time even for records the steps drop), run the
+    stateless steps."""
+
     base_key: ShippedSerde
     base_value: ShippedSerde
     timestamp_extractor: Callable[[Any, Any, int], int] | None
-    steps: tuple[Callable, ...]
+    steps: tuple[NodeBase, ...]
+    #: The ``source`` column's topics, by index.
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TaskStep:
+    """A node (or a join's two side nodes) Spark runs per task, with the task's stores."""
+
+    app_id: str
+    subtopology: int
+    #: side -> (node its rows feed, key serde, value serde of the rows).
+    inputs: Mapping[int, tuple[NodeBase, ShippedSerde, ShippedSerde]]
+    stores: tuple[Store, ...]
     out_key: ShippedSerde
     out_value: ShippedSerde
-    #: False in backfills: an available-now query runs while timers are pending, so with
-    #: wall-clock timers it would never end (their punctuations do not run in a backfill).
+    #: Windowed aggregations: the table node whose store's changes are the output.
+    table: AggregationNode | None = None
+    #: Processors: how raw source rows reach it (then ``inputs`` has one entry, the processor).
+    processor: ProcessorRun | None = None
+    #: False in backfills: wall-clock punctuations neither run nor get scheduled.
     wall_clock_timers: bool = True
 
+    @property
+    def wall_clock_punctuations(self) -> tuple[tuple[str, int], ...]:
+        node = self.inputs[0][0]
+        return tuple((p.method, p.interval_ms) for p in node.punctuations if p.type is PunctuationType.WALL_CLOCK_TIME)
 
-class _MapStateBackend(KeyValueBackend):
+
+class _OpenTask:
+    """One task of a ``TaskStep`` opened over its state for one micro-batch (or timer)."""
+
+    def __init__(self, step: TaskStep, partition: int, backends: Mapping[str, MapBackend], state: TaskState) -> None:
+        self.step = step
+        self.state = state
+        self.position = position = TaskPosition(step.app_id, TaskId(step.subtopology, partition))
+        position.stream_time = state.stream_time
+        self.stores: dict[str, Any] = {}
+        for spec in step.stores:
+            backend = backends[spec.name]
+            if spec.kind is StoreKind.KEY_VALUE:
+                self.stores[spec.name] = SparkKeyValueStore(spec.name, backend)
+                continue
+            retention = spec.retention_ms or (spec.window.retention_ms if spec.window is not None else 0)
+            store_type = SparkWindowStore if spec.kind is StoreKind.WINDOW else SparkSessionStore
+            self.stores[spec.name] = store_type(spec.name, backend, retention, state.store_times.get(spec.name))
+        specs = {spec.name: spec for spec in step.stores}
+        typed_stores = {name: typed(store, specs[name]) for name, store in self.stores.items()}
+        self.clocks = {name: NodeClock(observed) for name, observed in state.node_clocks.items()}
+        self.out: list[tuple[bytes | None, bytes | None, int]] = []
+        key_out, value_out = step.out_key.serialize, step.out_value.serialize
+        out = self.out
+
+        def collect(key: Any, value: Any, timestamp: int) -> None:
+            out.append((key_out(key), value_out(value), timestamp))
+
+        self.processors: list[ProcessorInstance] = []
+        self.emits: dict[int, tuple[Emit, Callable[[Any], Any], Callable[[Any], Any]]] = {}
+        for side, (node, key_serde, value_serde) in step.inputs.items():
+            wiring = NodeWiring(node=node, forward=collect, stores=self.stores, specs=specs,
+                                typed_stores=typed_stores, position=position, processors=self.processors,
+                                clocks=self.clocks)
+            self.emits[side] = (NODE_KERNELS[type(node)](wiring), key_serde.deserialize, value_serde.deserialize)
+        self.punctuations: list[ScheduledPunctuation] = [p for proc in self.processors for p in proc.punctuations]
+        for scheduled in self.punctuations:
+            scheduled.next_due = state.due.get(scheduled.punctuation.method)
+        for processor in self.processors:
+            processor.init()
+
+    def process(self, frame: Any) -> None:
+        """Rows in worker order: for a processor raw source rows, else a node's input rows."""
+        if self.step.processor is not None:
+            self._process_source_rows(frame)
+            return
+        emits = self.emits
+        for key_bytes, value_bytes, timestamp, side in zip(frame["key"], frame["value"], frame["ts"], frame["side"],
+                                                           strict=True):
+            emit, key_of, value_of = emits[int(side)]
+            emit(key_of(key_bytes), value_of(value_bytes), int(timestamp))
+
+    def _process_source_rows(self, frame: Any) -> None:
+        run = self.step.processor
+        assert run is not None
+        position = self.position
+        emit = chain(run.steps, self.emits[0][0])
+        base_key, base_value, extractor = run.base_key.deserialize, run.base_value.deserialize, run.timestamp_extractor
+        stream_punctuations = [p for p in self.punctuations if p.punctuation.type is PunctuationType.STREAM_TIME]
+        topics = run.topics
+        for key_bytes, value_bytes, raw_ts, source, partition, offset in zip(
+            frame["key"], frame["value"], frame["ts"], frame["source"], frame["partition"], frame["offset"], strict=True
+        ):
+            key, value = base_key(key_bytes), base_value(value_bytes)
+            timestamp = int(raw_ts) if extractor is None else extractor(key, value, int(raw_ts))
+            position.topic, position.partition, position.offset = topics[int(source)], int(partition), int(offset)
+            position.stream_time = advance_stream_time(position.stream_time, timestamp)
+            emit(key, value, timestamp)
+            now = position.stream_time
+            for scheduled in stream_punctuations:
+                if scheduled.due(now):
+                    scheduled.fire(now)
+
+    def fire_wall_clock(self, now_ms: int) -> list[int]:
+        """Run the wall-clock punctuations due at ``now_ms``; returns when they are due next."""
+        fired = []
+        for scheduled in self.punctuations:
+            if scheduled.punctuation.type is PunctuationType.WALL_CLOCK_TIME and scheduled.due(now_ms):
+                scheduled.fire(now_ms)
+                assert scheduled.next_due is not None
+                fired.append(scheduled.next_due)
+        return fired
+
+    def schedule_wall_clock(self, now_ms: int) -> list[int]:
+        """As the worker: a wall-clock punctuation's first check only schedules it; returns
+        the due times newly scheduled (for timers)."""
+        scheduled_now = []
+        for scheduled in self.punctuations:
+            if scheduled.punctuation.type is PunctuationType.WALL_CLOCK_TIME and scheduled.next_due is None:
+                scheduled.wall_clock_due(now_ms)
+                assert scheduled.next_due is not None
+                scheduled_now.append(scheduled.next_due)
+        return scheduled_now
+
+    def forget_wall_clock(self) -> None:
+        """Backfills: unschedule wall-clock punctuations, so a later streaming run schedules
+        them again."""
+        for scheduled in self.punctuations:
+            if scheduled.punctuation.type is PunctuationType.WALL_CLOCK_TIME:
+                scheduled.next_due = None
+
+    def finish(self) -> tuple[TaskState, list[tuple[bytes | None, bytes | None, int]]]:
+        """Flush the stores (a table's changes become output rows) and the state to keep."""
+        step, out = self.step, self.out
+        table = step.table
+        for name, store in self.stores.items():
+            changes = store.flush()
+            if table is not None and name == table.store:
+                out.extend(self._table_rows(table, changes))
+        state = TaskState(
+            stream_time=self.position.stream_time,
+            node_clocks={name: clock.observed for name, clock in self.clocks.items()},
+            store_times={name: store.observed_stream_time for name, store in self.stores.items()
+                         if not isinstance(store, SparkKeyValueStore)},
+            swept_to=dict(self.state.swept_to),
+            due={scheduled.punctuation.method: scheduled.next_due for scheduled in self.punctuations},
+        )
+        for name, store in self.stores.items():
+            if isinstance(store, SparkKeyValueStore) or store.observed_stream_time is None:
+                continue
+            if needs_sweep(store, state.swept_to.get(name)):
+                store.expire_untouched()
+                state.swept_to[name] = store.min_live_time
+        return state, out
+
+    def _table_rows(self, table: AggregationNode, changes: list[Any]) -> Iterator[tuple[bytes | None, bytes | None, int]]:
+        """A windowed table's flushed changes as its records: ``Windowed`` keys, stored value
+        bytes (None: a session merged away), stamped with the node's stream time."""
+        key_of = self.step.inputs[0][1].deserialize
+        out_key = self.step.out_key.serialize
+        clock = self.clocks.get(table.name)
+        timestamp = clock.observed if clock is not None and clock.observed is not None else -1
+        window = table.window
+        for change in changes:
+            if isinstance(window, SessionWindow):
+                key, start, end, value = change
+                yield out_key(Windowed(key_of(key), start, end)), value, timestamp
+            else:
+                key, start, value = change
+                yield out_key(fixed_window_key(window, key_of(key), start)), value, timestamp  # type: ignore[arg-type]
+
+
+class TaskRunner:
+    """Runs a ``TaskStep`` for one task over plain state: ``backends`` hold its stores,
+    ``state`` the rest. Spark's operator (``task_operator``) and the tests call it alike."""
+
+    def __init__(self, step: TaskStep) -> None:
+        self.step = step
+
+    def process(
+        self, partition: int, frame: Any, backends: Mapping[str, MapBackend], state: TaskState | None,
+        now_ms: int,
+    ) -> tuple[TaskState, list[tuple[bytes | None, bytes | None, int]], list[int]]:
+        """One micro-batch of the task's rows, in worker order. Returns the state to keep, the
+        rows to emit and the wall-clock due times newly scheduled."""
+        task = _OpenTask(self.step, partition, backends, state or TaskState())
+        task.process(frame)
+        scheduled = self._wall_clock(task, now_ms)
+        new_state, out = task.finish()
+        return new_state, out, scheduled
+
+    def on_timer(
+        self, partition: int, backends: Mapping[str, MapBackend], state: TaskState | None, now_ms: int
+    ) -> tuple[TaskState, list[tuple[bytes | None, bytes | None, int]], list[int]]:
+        """A processing-time timer: run the wall-clock punctuations due now."""
+        task = _OpenTask(self.step, partition, backends, state or TaskState())
+        fired = task.fire_wall_clock(now_ms) if self.step.wall_clock_timers else []
+        new_state, out = task.finish()
+        return new_state, out, fired
+
+    def _wall_clock(self, task: _OpenTask, now_ms: int) -> list[int]:
+        if not self.step.wall_clock_punctuations:
+            return []
+        if not self.step.wall_clock_timers:
+            task.forget_wall_clock()
+            return []
+        return task.schedule_wall_clock(now_ms)
+
+
+class _MapStateBackend:
+    """A store's ``MapState`` (key binary -> value binary) as a ``MapBackend``."""
+
     def __init__(self, map_state: Any) -> None:
         self.map_state = map_state
 
@@ -263,121 +556,66 @@ class _MapStateBackend(KeyValueBackend):
         return ((key[0], value[0]) for key, value in self.map_state.iterator())
 
 
-def _encode_clock(due: dict[str, int | None]) -> bytes:
-    return msgspec.msgpack.encode(due)
+def task_operator(step: TaskStep) -> Any:
+    """A ``StatefulProcessor`` for ``transformWithStateInPandas`` grouped by ``task``: each
+    store is a ``MapState`` of key bytes -> bytes, the ``TaskState`` one ``ValueState``;
+    wall-clock punctuations are processing-time timers.
 
-
-def _decode_clock(data: bytes) -> dict[str, int | None]:
-    return msgspec.msgpack.decode(data, type=dict[str, int | None])
-
-
-def processor_operator(spec: ProcessorSpec) -> Any:
-    """A ``StatefulProcessor`` for ``transformWithStateInPandas`` grouped by source partition
-    (the worker's task): each store is a ``MapState`` of key bytes -> value bytes; stream
-    time and punctuation due times live in a ``ValueState``; wall-clock punctuations are
-    processing-time timers.
-
-    The spec travels pickled and is unpickled on first use: Spark also runs ``init`` in a
+    The step travels pickled and is unpickled on first use: Spark also runs ``init`` in a
     driver-side Python process (to learn the state schemas) that cannot import the app's module."""
     import pickle
 
     from pyspark import cloudpickle
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    pickled_spec = cloudpickle.dumps(spec)
-    store_names = tuple(name for name, _, _ in spec.stores)
+    from .state import decode_task_state, encode_task_state
 
-    class ProcessorOperator(StatefulProcessor):
+    pickled_step = cloudpickle.dumps(step)
+    store_names = tuple(spec.name for spec in step.stores)
+    backfill = not step.wall_clock_timers
+    has_wall_clock = bool(step.wall_clock_punctuations)
+
+    class TaskOperator(StatefulProcessor):
         def init(self, handle: Any) -> None:
             self.handle = handle
-            self.store_states = {
-                name: handle.getMapState(f"store{index}", "key binary", "value binary")
+            self.backends = {
+                name: _MapStateBackend(handle.getMapState(f"store{index}", "key binary", "value binary"))
                 for index, name in enumerate(store_names)
             }
-            self.task_state = handle.getValueState("task", "stream_time long, due binary")
-            self._spec: ProcessorSpec | None = None
+            self.task_state = handle.getValueState("task", "state binary")
+            self._runner: TaskRunner | None = None
 
         @property
-        def spec(self) -> ProcessorSpec:
-            if self._spec is None:
-                self._spec = pickle.loads(pickled_spec)
-            return self._spec
+        def runner(self) -> TaskRunner:
+            if self._runner is None:
+                self._runner = TaskRunner(pickle.loads(pickled_step))
+            return self._runner
 
-        def _task(self, partition: int) -> tuple[ProcessorTask, dict[str, Any]]:
-            spec = self.spec
-            stores = {
-                name: cached_key_value_store(name, _MapStateBackend(self.store_states[name]), key_serde, value_serde)
-                for name, key_serde, value_serde in spec.stores
-            }
-            stream_time, due = None, {}
-            if self.task_state.exists():
-                stream_time, due_bytes = self.task_state.get()
-                due = _decode_clock(due_bytes)
-            context = ReplayedProcessorContext(spec.app_id, TaskId(spec.subtopology, partition), stores)
-            task = ProcessorTask(spec.processor_class, context, spec.stream_punctuations, PunctuationClock(due), stream_time)
-            return task, stores
+        def _state(self) -> TaskState | None:
+            return decode_task_state(self.task_state.get()[0]) if self.task_state.exists() else None
 
-        def _finish(self, task: ProcessorTask, stores: dict[str, Any], now_ms: int) -> Iterator[Any]:
-            spec = self.spec
-            for store in stores.values():
-                store.raw.flush()
-            if spec.wall_clock_punctuations and not spec.wall_clock_timers:
+        def _finish(self, state: TaskState, out: list[Any], timers: list[int]) -> Iterator[Any]:
+            if has_wall_clock and backfill:
                 for timer in list(self.handle.listTimers()):  # left by a streaming run
                     self.handle.deleteTimer(timer)
-                for method, _ in spec.wall_clock_punctuations:
-                    # Unscheduled, so that a later streaming run schedules them again.
-                    task.clock.next_due.pop(method, None)
-            elif spec.wall_clock_punctuations:
-                for method, interval_ms in spec.wall_clock_punctuations:
-                    # As the worker: the first wall-clock check only schedules the punctuation.
-                    if task.clock.next_due.get(method) is None:
-                        task.clock.next_due[method] = now_ms + interval_ms
-                        self.handle.registerTimer(now_ms + interval_ms)
-            self.task_state.update((task.stream_time, _encode_clock(task.clock.next_due)))
-            forwarded = task.context.forwarded
-            if forwarded:
-                yield _rows_frame(
-                    [spec.out_key.serialize(k) for k, _, _ in forwarded],
-                    [spec.out_value.serialize(v) for _, v, _ in forwarded],
-                    [ts for _, _, ts in forwarded],
-                )
+            for due in timers:
+                self.handle.registerTimer(due)
+            self.task_state.update((encode_task_state(state),))
+            if out:
+                yield _rows_frame(out)
 
         def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-            spec = self.spec
-            partition = int(key[0])
-            task, stores = self._task(partition)
-            frame = _in_order(rows, ["topic", "offset"])
-            # Several topics in one task: merged by timestamp, each in offset order, as the
-            # worker merges the partitions of one task.
-            per_topic = [group for _, group in frame.groupby("topic", sort=True)] if frame["topic"].nunique() > 1 else [frame]
-            records = heapq.merge(
-                *(
-                    zip(group["ts"], group["topic"], group["offset"], group["key"], group["value"], strict=True)
-                    for group in per_topic
-                ),
-                key=lambda row: row[0],
-            )
-            extractor = spec.timestamp_extractor
-            for raw_ts, topic, offset, key_bytes, value_bytes in records:
-                record_key, record_value = spec.base_key.deserialize(key_bytes), spec.base_value.deserialize(value_bytes)
-                ts = int(raw_ts) if extractor is None else extractor(record_key, record_value, int(raw_ts))
-                stepped: Any = [(record_key, record_value, ts)]
-                for step in spec.steps:
-                    stepped = step(stepped)
-                task.process_source_record(stepped, ts, topic, partition, int(offset))
-            yield from self._finish(task, stores, timerValues.getCurrentProcessingTimeInMs())
+            now_ms = timerValues.getCurrentProcessingTimeInMs()
+            state, out, timers = self.runner.process(int(key[0]), in_worker_order(rows), self.backends,
+                                                     self._state(), now_ms)
+            yield from self._finish(state, out, timers)
 
         def handleExpiredTimer(self, key: tuple[Any, ...], timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
-            spec = self.spec
-            task, stores = self._task(int(key[0]))
             now_ms = timerValues.getCurrentProcessingTimeInMs()
-            for method, interval_ms in spec.wall_clock_punctuations:
-                if spec.wall_clock_timers and task.clock.due(method, now_ms):
-                    task.fire(method, now_ms, interval_ms)
-                    self.handle.registerTimer(task.clock.next_due[method])
-            yield from self._finish(task, stores, now_ms)
+            state, out, timers = self.runner.on_timer(int(key[0]), self.backends, self._state(), now_ms)
+            yield from self._finish(state, out, timers)
 
         def close(self) -> None:
             pass
 
-    return ProcessorOperator()
+    return TaskOperator()
