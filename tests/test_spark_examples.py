@@ -22,7 +22,7 @@ from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
 from spark_parity import decoded, read_final_table, run_on_spark, run_on_workers
 
-from test_spark_wordcount import EXAMPLES, spark  # noqa: F401  (the shared Spark session fixture)
+from test_spark_wordcount import EXAMPLES
 
 pytestmark = pytest.mark.integration
 

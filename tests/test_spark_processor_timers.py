@@ -17,7 +17,7 @@ from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
 from spark_parity import decoded, read_final_table
 
-from test_spark_wordcount import WAIT_S, spark  # noqa: F401  (the shared Spark session fixture)
+from test_spark_wordcount import WAIT_S
 
 pytestmark = pytest.mark.integration
 

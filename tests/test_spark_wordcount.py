@@ -41,16 +41,6 @@ def expected_counts(lines: Iterable[str]) -> dict[str, int]:
     return dict(collections.Counter(word for line in lines for word in line.lower().split()))
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    from pystreams.spark.session import local_session
-
-    session = local_session("local[2]", "pystreams-tests")
-    yield session
-    session.stop()
-
-
 @pytest.fixture
 def broker() -> Iterator[str]:
     with EmbeddedBroker() as embedded:
