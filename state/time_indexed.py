@@ -41,7 +41,29 @@ def min_live_time(observed_stream_time: int | None, retention_ms: int) -> int:
     return observed_stream_time - retention_ms + 1
 
 
-class TimeIndexedStore(CachedStore[ChangeT]):
+class Retention:
+    """Kafka Streams' retention for window and session stores: the store tracks the newest
+    time it has seen (``observed_stream_time``) and entries older than ``retention_ms``
+    behind it are expired. Shared by the RocksDB stores and the Spark runtime's."""
+
+    retention_ms: int
+    observed_stream_time: int | None
+
+    @property
+    def min_live_time(self) -> int:
+        """Entries with an indexed time below this are expired."""
+        return min_live_time(self.observed_stream_time, self.retention_ms)
+
+    def _observe(self, time: int) -> bool:
+        """Advance stream time; False when ``time`` is already expired."""
+        observed = self.observed_stream_time
+        if observed is None or time > observed:
+            self.observed_stream_time = time
+            return True
+        return time >= min_live_time(observed, self.retention_ms)
+
+
+class TimeIndexedStore(CachedStore[ChangeT], Retention):
     _SECTION = PRIMARY_SECTION
     # Where the indexed timestamp sits in the composite key, counted from its end.
     _TIME_FROM_END = TIMESTAMP_BYTES
@@ -81,19 +103,6 @@ class TimeIndexedStore(CachedStore[ChangeT]):
         if last is None:
             return None
         return decode_timestamp(last[1:_INDEX_PREFIX_BYTES])
-
-    @property
-    def min_live_time(self) -> int:
-        """Entries with an indexed time below this are expired."""
-        return min_live_time(self.observed_stream_time, self.retention_ms)
-
-    def _observe(self, time: int) -> bool:
-        """Advance stream time; False when ``time`` is already expired."""
-        observed = self.observed_stream_time
-        if observed is None or time > observed:
-            self.observed_stream_time = time
-            return True
-        return time >= min_live_time(observed, self.retention_ms)
 
     def _time_bytes(self, composite: bytes) -> bytes:
         end = len(composite) - self._TIME_FROM_END

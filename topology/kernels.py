@@ -540,12 +540,16 @@ def _aggregation(wiring: NodeWiring) -> Emit:
     return _windowed_aggregation(node, node.window, store, key_serde, wiring.task(), wiring.clock(store))
 
 
+def _aggregation_functions(
+    node: AggregationNode, key_serde: Any
+) -> tuple[Callable[..., Any], Callable[[Any, Any], Any], Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """``fn``, the first-record rule, and the codecs an aggregation kernel binds locally."""
+    return (node.fn, Aggregator.of(node).first, key_serde.serialize, node.value_serde.serialize,
+            node.value_serde.deserialize)
+
+
 def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serde: Any) -> Emit:
-    fn = node.fn
-    first = Aggregator.of(node).first
-    key_bytes = key_serde.serialize
-    value_bytes = node.value_serde.serialize
-    value_of = node.value_serde.deserialize
+    fn, first, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
     get = store.get
     put = store.put
 
@@ -563,11 +567,7 @@ def _windowed_aggregation(
     node: AggregationNode, window: TumblingWindow | HoppingWindow, store: WindowBytes, key_serde: Any,
     task: TaskPosition, clock: NodeClock,
 ) -> Emit:
-    fn = node.fn
-    first = Aggregator.of(node).first
-    key_bytes = key_serde.serialize
-    value_bytes = node.value_serde.serialize
-    value_of = node.value_serde.deserialize
+    fn, first, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
     grace = window.grace_ms
 
     def aggregate_windowed(key: Any, value: Any, timestamp: int) -> None:
@@ -595,13 +595,10 @@ def _session_aggregation(
     node: AggregationNode, window: SessionWindow, store: SessionBytes, key_serde: Any, task: TaskPosition,
     clock: NodeClock,
 ) -> Emit:
-    fn = node.fn
+    fn, _, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
     merger = node.merger
     assert merger is not None, f"session aggregation {node.name!r} has no merger"
     new_initial = Aggregator.of(node).new_initial
-    key_bytes = key_serde.serialize
-    value_bytes = node.value_serde.serialize
-    value_of = node.value_serde.deserialize
     gap, grace = window.gap_ms, window.grace_ms
 
     def aggregate_sessions(key: Any, value: Any, timestamp: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import msgspec
 
 from pystreams.state.session_store import Session
-from pystreams.state.time_indexed import min_live_time
+from pystreams.state.time_indexed import Retention
 
 
 class MapBackend(Protocol):
@@ -97,27 +97,79 @@ class SparkKeyValueStore:
         return changes
 
 
-class _TimedStore:
-    """What window and session stores share: the newest time seen (``observed_stream_time``,
-    kept by the caller across batches) and expiry ``retention_ms`` behind it."""
+class _TimedStore(Retention):
+    """What window and session stores share: every entry of a key in one backend value
+    (decoded once per batch), the newest time seen (``observed_stream_time``, kept by the
+    caller across batches) and expiry ``retention_ms`` behind it. An entry is identified by
+    ``Slot`` (a window start or join time; a session's (start, end)); ``_time_of`` gives the
+    time retention applies to."""
 
     def __init__(self, name: str, backend: MapBackend, retention_ms: int, observed_stream_time: int | None) -> None:
         self.name = name
         self.retention_ms = retention_ms
         self.observed_stream_time = observed_stream_time
         self._backend = backend
+        self._keys: dict[bytes, dict[Any, bytes]] = {}
+        self._changes: dict[tuple[bytes, Any], bytes | None] = {}
 
-    @property
-    def min_live_time(self) -> int:
-        return min_live_time(self.observed_stream_time, self.retention_ms)
+    @staticmethod
+    def _time_of(slot: Any) -> int:
+        raise NotImplementedError
 
-    def _observe(self, time: int) -> bool:
-        """Advance the store's time; False when ``time`` is already expired (as RocksDB's)."""
-        observed = self.observed_stream_time
-        if observed is None or time > observed:
-            self.observed_stream_time = time
-            return True
-        return time >= min_live_time(observed, self.retention_ms)
+    @staticmethod
+    def _encode_entries(entries: dict[Any, bytes]) -> bytes:
+        raise NotImplementedError
+
+    @staticmethod
+    def _decode_entries(data: bytes) -> dict[Any, bytes]:
+        raise NotImplementedError
+
+    def _entries(self, key: bytes) -> dict[Any, bytes]:
+        entries = self._keys.get(key)
+        if entries is None:
+            stored = self._backend.get(key)
+            entries = self._keys[key] = self._decode_entries(stored) if stored is not None else {}
+        return entries
+
+    def _write(self, key: bytes, slot: Any, value: bytes | None) -> bool:
+        if not self._observe(self._time_of(slot)):
+            return False
+        entries = self._entries(key)
+        if value is None:
+            entries.pop(slot, None)
+        else:
+            entries[slot] = value
+        self._changes.pop((key, slot), None)
+        self._changes[(key, slot)] = value
+        return True
+
+    def _live(self, entries: dict[Any, bytes]) -> dict[Any, bytes]:
+        live = self.min_live_time
+        return {slot: value for slot, value in entries.items() if self._time_of(slot) >= live}
+
+    def _flush(self) -> list[tuple[bytes, Any, bytes | None]]:
+        """Write the touched keys back (without expired entries); the changes, oldest write
+        first."""
+        changes = [(key, slot, value) for (key, slot), value in self._changes.items()]
+        for key in {key for key, _ in self._changes}:
+            self._put_entries(key, self._live(self._keys[key]))
+        self._changes.clear()
+        return changes
+
+    def _put_entries(self, key: bytes, entries: dict[Any, bytes]) -> None:
+        if entries:
+            self._backend.put(key, self._encode_entries(entries))
+        else:
+            self._backend.delete(key)
+
+    def expire_untouched(self) -> None:
+        """Drop expired entries of every key (reads already hide them; this frees the space)."""
+        for key, stored in list(self._backend.items()):
+            entries = self._decode_entries(stored)
+            live = self._live(entries)
+            if len(live) < len(entries):
+                self._put_entries(key, live)
+        self._keys.clear()
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -126,20 +178,19 @@ _decode_sessions = msgspec.msgpack.Decoder(list[tuple[int, int, bytes]]).decode
 
 
 class SparkWindowStore(_TimedStore):
-    """Values per (key, time) — an aggregation's window start, or a join record's timestamp —
-    with every time of a key in one backend value."""
+    """Values per (key, time) — an aggregation's window start, or a join record's timestamp."""
 
-    def __init__(self, name: str, backend: MapBackend, retention_ms: int, observed_stream_time: int | None) -> None:
-        super().__init__(name, backend, retention_ms, observed_stream_time)
-        self._keys: dict[bytes, dict[int, bytes]] = {}
-        self._changes: dict[tuple[bytes, int], bytes | None] = {}
+    @staticmethod
+    def _time_of(slot: int) -> int:
+        return slot
 
-    def _entries(self, key: bytes) -> dict[int, bytes]:
-        entries = self._keys.get(key)
-        if entries is None:
-            stored = self._backend.get(key)
-            entries = self._keys[key] = dict(_decode_windows(stored)) if stored is not None else {}
-        return entries
+    @staticmethod
+    def _encode_entries(entries: dict[int, bytes]) -> bytes:
+        return _encode(sorted(entries.items()))
+
+    @staticmethod
+    def _decode_entries(data: bytes) -> dict[int, bytes]:
+        return dict(_decode_windows(data))
 
     def get(self, key: bytes, window_start: int) -> bytes | None:
         if window_start < self.min_live_time:
@@ -147,16 +198,9 @@ class SparkWindowStore(_TimedStore):
         return self._entries(key).get(window_start)
 
     def put(self, key: bytes, window_start: int, value: bytes | None) -> bool:
-        if not self._observe(window_start):
-            return False
-        entries = self._entries(key)
-        if value is None:
-            entries.pop(window_start, None)
-        else:
-            entries[window_start] = value
-        self._changes.pop((key, window_start), None)
-        self._changes[(key, window_start)] = value
-        return True
+        """Store one window's value (None deletes); False, dropping the write, when it is
+        already past retention."""
+        return self._write(key, window_start, value)
 
     def fetch(self, key: bytes, time_from: int, time_to: int) -> Iterator[tuple[int, bytes]]:
         """(time, value) of ``key`` for times in ``[time_from, time_to]``, oldest first."""
@@ -165,104 +209,47 @@ class SparkWindowStore(_TimedStore):
         return iter([(time, entries[time]) for time in sorted(entries) if time_from <= time <= time_to])
 
     def flush(self) -> list[tuple[bytes, int, bytes | None]]:
-        """Write the touched keys back (without expired entries); returns the changes as
-        ``(key, time, value or None)``, oldest write first."""
-        changes = [(key, time, value) for (key, time), value in self._changes.items()]
-        live = self.min_live_time
-        for key in {key for key, _ in self._changes}:
-            kept = sorted((time, value) for time, value in self._keys[key].items() if time >= live)
-            if kept:
-                self._backend.put(key, _encode(kept))
-            else:
-                self._backend.delete(key)
-        self._changes.clear()
-        return changes
-
-    def expire_untouched(self) -> None:
-        """Drop expired entries of every key (reads already hide them; this frees the space)."""
-        live = self.min_live_time
-        for key, stored in list(self._backend.items()):
-            entries = _decode_windows(stored)
-            kept = [(time, value) for time, value in entries if time >= live]
-            if not kept:
-                self._backend.delete(key)
-            elif len(kept) < len(entries):
-                self._backend.put(key, _encode(kept))
-        self._keys.clear()
+        """The changes as ``(key, time, value or None)``, oldest write first."""
+        return self._flush()
 
 
 class SparkSessionStore(_TimedStore):
-    """Values per (key, session start, session end), retention on the end; every session of a
-    key in one backend value."""
+    """Values per (key, session start, session end), retention on the end."""
 
-    def __init__(self, name: str, backend: MapBackend, retention_ms: int, observed_stream_time: int | None) -> None:
-        super().__init__(name, backend, retention_ms, observed_stream_time)
-        self._keys: dict[bytes, dict[tuple[int, int], bytes]] = {}
-        self._changes: dict[tuple[bytes, int, int], bytes | None] = {}
+    @staticmethod
+    def _time_of(slot: tuple[int, int]) -> int:
+        return slot[1]
 
-    def _sessions(self, key: bytes) -> dict[tuple[int, int], bytes]:
-        sessions = self._keys.get(key)
-        if sessions is None:
-            stored = self._backend.get(key)
-            sessions = self._keys[key] = (
-                {(start, end): value for start, end, value in _decode_sessions(stored)} if stored is not None else {}
-            )
-        return sessions
+    @staticmethod
+    def _encode_entries(entries: dict[tuple[int, int], bytes]) -> bytes:
+        return _encode(sorted((start, end, value) for (start, end), value in entries.items()))
+
+    @staticmethod
+    def _decode_entries(data: bytes) -> dict[tuple[int, int], bytes]:
+        return {(start, end): value for start, end, value in _decode_sessions(data)}
 
     def find_sessions(self, key: bytes, earliest_session_end: int, latest_session_start: int) -> list[Session]:
         """Sessions of ``key`` ending at or after ``earliest_session_end`` and starting at or
         before ``latest_session_start``, ordered by end, then start (as RocksDB's)."""
         earliest = max(earliest_session_end, self.min_live_time)
+        sessions = self._entries(key)
         bounds = sorted(
-            ((start, end) for start, end in self._sessions(key) if end >= earliest and start <= latest_session_start),
+            ((start, end) for start, end in sessions if end >= earliest and start <= latest_session_start),
             key=lambda session: (session[1], session[0]),
         )
-        sessions = self._sessions(key)
         return [Session(key, start, end, sessions[(start, end)]) for start, end in bounds]
 
     def put(self, key: bytes, start: int, end: int, value: bytes | None) -> bool:
         if start > end:
             raise ValueError(f"session start {start} is after its end {end}")
-        if not self._observe(end):
-            return False
-        sessions = self._sessions(key)
-        if value is None:
-            sessions.pop((start, end), None)
-        else:
-            sessions[(start, end)] = value
-        self._changes.pop((key, start, end), None)
-        self._changes[(key, start, end)] = value
-        return True
+        return self._write(key, (start, end), value)
 
     def remove(self, key: bytes, start: int, end: int) -> bool:
         return self.put(key, start, end, None)
 
     def flush(self) -> list[tuple[bytes, int, int, bytes | None]]:
-        """Write the touched keys back; returns the changes as ``(key, start, end, value or
-        None)``, oldest write first."""
-        changes = [(key, start, end, value) for (key, start, end), value in self._changes.items()]
-        live = self.min_live_time
-        for key in {key for key, _, _ in self._changes}:
-            kept = sorted(
-                (start, end, value) for (start, end), value in self._keys[key].items() if end >= live
-            )
-            if kept:
-                self._backend.put(key, _encode(kept))
-            else:
-                self._backend.delete(key)
-        self._changes.clear()
-        return changes
-
-    def expire_untouched(self) -> None:
-        live = self.min_live_time
-        for key, stored in list(self._backend.items()):
-            sessions = _decode_sessions(stored)
-            kept = [session for session in sessions if session[1] >= live]
-            if not kept:
-                self._backend.delete(key)
-            elif len(kept) < len(sessions):
-                self._backend.put(key, _encode(kept))
-        self._keys.clear()
+        """The changes as ``(key, start, end, value or None)``, oldest write first."""
+        return [(key, start, end, value) for key, (start, end), value in self._flush()]
 
 
 class GroupKeyStore:
@@ -307,7 +294,7 @@ def decode_task_state(data: bytes) -> TaskState:
     return _decode_task_state(data)
 
 
-def needs_sweep(store: _TimedStore, swept_to: int | None) -> bool:
+def needs_sweep(store: Retention, swept_to: int | None) -> bool:
     """Whether expired entries of keys no batch touches should be dropped now: once the
     retention horizon moved a full retention past the last sweep, so sweeps stay rare."""
     live = store.min_live_time
