@@ -17,7 +17,16 @@ import pandas as pd
 import pyarrow as pa
 
 from pystreams.spark.compiler import Flow, KeyedPlan, SourcePlan, SparkPlan, TaskPlan, UnionPlan
-from pystreams.spark.operators import FlowRun, TaskRunner, in_worker_order, keyed_update, run_flow
+from pystreams.spark.operators import (
+    KEYED_COLUMNS,
+    ORDERED_SCHEMA,
+    FlowRun,
+    TaskRunner,
+    in_worker_order,
+    keyed_update,
+    run_flow,
+    side_offset,
+)
 from pystreams.spark.state import TaskState
 
 Row = tuple[bytes | None, bytes | None, int]
@@ -138,7 +147,7 @@ class _Batch:
                     }
                 )
                 batches.extend(run_flow(iter([source_batch]), run))
-            return _frame(batches)
+            return _frame(batches) if batches else ORDERED_SCHEMA.empty_table().to_pandas()
         stateful = self.stateful(base)
         if not flow.steps and flow.base_key.name == flow.key_serde.name and flow.base_value.name == flow.value_serde.name:
             return stateful
@@ -150,18 +159,18 @@ class _Batch:
             self._stateful[id(plan)] = self.keyed(plan) if isinstance(plan, KeyedPlan) else self.task(plan)
         return self._stateful[id(plan)]
 
-    def _inputs(self, plan: KeyedPlan | TaskPlan, *, by_task: bool) -> pd.DataFrame:
+    def _inputs(self, plan: KeyedPlan | TaskPlan, columns: tuple[str, ...], *, by_task: bool) -> pd.DataFrame:
         frames = []
         for side, flow in plan.inputs:
             partitions = None
             if by_task and flow.repartition_topic is not None:
                 partitions = self.emulator.partition_counts[flow.repartition_topic]
             frame = self.rows(flow, task_partitions=partitions)
-            frames.append(frame.assign(side=side))
+            frames.append(frame.assign(origin=frame["origin"] + side_offset(side))[list(columns)])
         return pd.concat(frames, ignore_index=True)
 
     def keyed(self, plan: KeyedPlan) -> pd.DataFrame:
-        rows = self._inputs(plan, by_task=False)
+        rows = self._inputs(plan, KEYED_COLUMNS, by_task=False)
         rows = rows[rows["key"].notna()]
         update = keyed_update(plan.step)
         out = []
@@ -172,10 +181,10 @@ class _Batch:
         return _frame_of_frames(out)
 
     def task(self, plan: TaskPlan) -> pd.DataFrame:
-        rows = self._inputs(plan, by_task=True)
+        runner = TaskRunner(plan.step)
+        rows = self._inputs(plan, runner.columns, by_task=True)
         if plan.step.processor is None:
             rows = rows[rows["key"].notna()]
-        runner = TaskRunner(plan.step)
         out = []
         for task, group in rows.groupby("task", sort=True):
             backends = {
@@ -183,7 +192,7 @@ class _Batch:
                 for spec in plan.step.stores
             }
             state = self.emulator._task_states.get((plan.node, int(task)))
-            new_state, rows_out, _ = runner.process(int(task), in_worker_order([group]), backends, state,
+            new_state, rows_out, _ = runner.process(int(task), in_worker_order([group], runner.columns), backends, state,
                                                     self.emulator.now_ms)
             self.emulator._task_states[(plan.node, int(task))] = new_state
             out.extend(rows_out)

@@ -91,18 +91,22 @@ from pystreams.topology.ir import (
 )
 
 from .operators import (
+    KEYED_COLUMNS,
     LEFT_SIDE,
     ORDERED_ROWS,
+    PROCESSOR_COLUMNS,
     RIGHT_SIDE,
     ROWS,
     STREAM_SIDE,
     TABLE_SIDE,
+    TASK_COLUMNS,
     FlowRun,
     KeyedStep,
     ProcessorRun,
     TaskStep,
     keyed_update,
     run_flow,
+    side_offset,
     task_operator,
 )
 from .serdes import ShippedSerde, serde_recipe
@@ -651,7 +655,8 @@ class _Builder:
             self._built[id(plan)] = self.keyed(plan) if isinstance(plan, KeyedPlan) else self.task(plan)
         return self._built[id(plan)]
 
-    def _inputs(self, inputs: tuple[tuple[int, Flow], ...], *, by_task: bool) -> Any:
+    def _inputs(self, inputs: tuple[tuple[int, Flow], ...], columns: tuple[str, ...], *, by_task: bool) -> Any:
+        """The inputs' rows as one frame of ``columns``, each row's ``origin`` saying its side."""
         from pyspark.sql import functions as F
 
         frames = []
@@ -659,7 +664,8 @@ class _Builder:
             task_partitions = None
             if by_task and flow.repartition_topic is not None:
                 task_partitions = self.partition_counts[flow.repartition_topic]
-            frames.append(self.rows(flow, task_partitions=task_partitions).withColumn("side", F.lit(side)))
+            rows = self.rows(flow, task_partitions=task_partitions)
+            frames.append(rows.withColumn("origin", F.col("origin") + F.lit(side_offset(side))).select(*columns))
         rows = frames[0]
         for frame in frames[1:]:
             rows = rows.unionByName(frame)
@@ -669,13 +675,14 @@ class _Builder:
         from pyspark.sql.streaming.state import GroupStateTimeout
 
         # No row for a null key, in a table or an aggregation (the kernels skip them too).
-        rows = self._inputs(plan.inputs, by_task=False).where("key IS NOT NULL")
+        rows = self._inputs(plan.inputs, KEYED_COLUMNS, by_task=False).where("key IS NOT NULL")
         return rows.groupBy("key").applyInPandasWithState(
             keyed_update(plan.step), ROWS, "value binary", "update", GroupStateTimeout.NoTimeout
         )
 
     def task(self, plan: TaskPlan) -> Any:
-        rows = self._inputs(plan.inputs, by_task=True)
+        columns = PROCESSOR_COLUMNS if plan.step.processor is not None else TASK_COLUMNS
+        rows = self._inputs(plan.inputs, columns, by_task=True)
         if plan.step.processor is None:
             rows = rows.where("key IS NOT NULL")  # windows and joins skip null keys
         # The same time mode either way, so streaming runs and backfills share a checkpoint.

@@ -66,19 +66,34 @@ Record = tuple[Any, Any, int]
 ROWS = "key binary, value binary, ts long"
 #: Rows of a flow read from a source: the record's position, so stateful steps can replay a
 #: micro-batch in the worker's order, and the task (partition number) it belongs to.
-ORDERED_ROWS = ROWS + ", arrival long, side int, source int, partition int, offset long, seq long, task int"
-#: The order a stateful step applies its rows in, within a micro-batch: each input partition
-#: in offset order (``seq``: the records one source record became, in the order emitted),
-#: partitions merged by ``arrival`` — the highest source timestamp of the partition so far in
-#: the batch — which is the order a worker's task merges its partitions by timestamp within a
-#: poll; ties go to the lower side (a table before the stream it feeds; a join's left side).
-ORDER_COLUMNS = ("arrival", "side", "source", "partition", "offset", "seq")
+ORDERED_ROWS = ROWS + ", arrival long, origin long, seq long, offset long, task int"
+#: The order a stateful step applies its rows in, within a micro-batch — the order a worker's
+#: task processes them: each input partition in offset order, partitions merged by timestamp
+#: within a poll. ``arrival``: the highest source timestamp of the row's partition so far in
+#: the batch (what merging by timestamp amounts to); ``origin``: its input (``side``: a table
+#: before the stream it feeds, a join's left before its right, on equal arrival), source topic
+#: and partition; ``seq``: the source record's index in the batch, then the merge input it
+#: took (``lane``), then its place among the records that source record became.
+ORDER_COLUMNS = ("arrival", "origin", "seq")
 #: Join inputs say which side a row is from.
 TABLE_SIDE, STREAM_SIDE = 0, 1
 LEFT_SIDE, RIGHT_SIDE = 0, 1
-#: ``seq`` of the rows of a union's n-th input starts at ``n << LANE_SHIFT``, so rows that one
-#: source record became on two paths into a merge keep the merge's input order.
-LANE_SHIFT = 40
+_SIDE_SHIFT, _SOURCE_SHIFT, _PARTITION_MASK = 40, 16, 0xFFFF
+_RECORD_SHIFT, _LANE_SHIFT, _MAX_OUTPUT_INDEX = 24, 20, (1 << 20) - 1
+
+
+def origin_of(source: int, partition: int, side: int = 0) -> int:
+    return side << _SIDE_SHIFT | source << _SOURCE_SHIFT | partition
+
+
+def side_offset(side: int) -> int:
+    """What a side adds to ``origin``."""
+    return side << _SIDE_SHIFT
+
+
+def origin_parts(origin: int) -> tuple[int, int, int]:
+    """(side, source, partition) of an ``origin``."""
+    return origin >> _SIDE_SHIFT, (origin >> _SOURCE_SHIFT) & ((1 << (_SIDE_SHIFT - _SOURCE_SHIFT)) - 1), origin & _PARTITION_MASK
 
 
 def chain(steps: Iterable[NodeBase], forward: Emit) -> Emit:
@@ -160,47 +175,74 @@ def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
             )
         return
 
+    import numpy as np
+
+    # Where each output row came from: its source record's index in the Arrow batch, and its
+    # place among the rows that record became.
+    out_index: list[int] = []
+    out_place: list[int] = []
+    at = [0, 0]
+
+    def collect_at(key: Any, value: Any, timestamp: int) -> None:
+        out_keys.append(key_bytes(key))
+        out_values.append(value_bytes(value))
+        out_stamps.append(timestamp)
+        out_index.append(at[0])
+        out_place.append(at[1])
+        at[1] += 1
+
+    emit = chain(run.steps, collect_at)
     sources = run.sources or {}
     task_partitions = run.task_partitions
-    arrival: int | None = None
-    seq = run.lane << LANE_SHIFT
+    arrival: Any = None  # the running maximum carries over from one Arrow batch to the next
+    first_record = 0  # index of the batch's first record in this Spark partition
+    lane = run.lane << _LANE_SHIFT
     for batch in batches:
         out_keys.clear()
         out_values.clear()
         out_stamps.clear()
-        arrivals: list[int] = []
-        origins: list[tuple[int, int, int]] = []  # source, partition, offset
-        seqs: list[int] = []
-        keys, values, stamps, topics, partitions, offsets = (batch.column(i).to_pylist() for i in range(6))
-        for key, value, raw_ts, topic, partition, offset in zip(keys, values, stamps, topics, partitions, offsets,
-                                                                 strict=True):
-            arrival = advance_stream_time(arrival, raw_ts)
+        out_index.clear()
+        out_place.clear()
+        keys, values, stamps = (batch.column(i).to_pylist() for i in range(3))
+        for index, (key, value, raw_ts) in enumerate(zip(keys, values, stamps, strict=True)):
+            at[0], at[1] = index, 0
             record_key, record_value = base_key(key), base_value(value)
-            timestamp = raw_ts if extractor is None else extractor(record_key, record_value, raw_ts)
-            before = len(out_keys)
-            emit(record_key, record_value, timestamp)
-            emitted = len(out_keys) - before
-            if emitted:
-                arrivals.extend([arrival] * emitted)
-                origins.extend([(sources[topic], partition, offset)] * emitted)
-                seqs.extend(range(seq, seq + emitted))
-                seq += emitted
-        if task_partitions is None:
-            tasks = [partition for _, partition, _ in origins]
+            emit(record_key, record_value, raw_ts if extractor is None else extractor(record_key, record_value, raw_ts))
+        index_array = np.asarray(out_index, dtype=np.int64)
+        taken = pa.array(index_array)
+        if len(stamps):
+            running = np.maximum.accumulate(batch.column(2).to_numpy())
+            if arrival is not None:
+                running = np.maximum(running, arrival)
+            arrival = running[-1]
+            arrivals = running[index_array]
         else:
-            tasks = [0 if key is None else partition_for_key(key, task_partitions) for key in out_keys]
+            arrivals = np.zeros(0, dtype=np.int64)
+        partitions = batch.column(4).take(taken)
+        topics = batch.column(3)
+        if len(stamps) and len(topics.unique()) == 1:  # one Kafka partition per Spark partition
+            sources_of_rows: Any = sources[topics[0].as_py()]
+        else:
+            sources_of_rows = np.array([sources[topic] for topic in topics.take(taken).to_pylist()], dtype=np.int64)
+        origins = sources_of_rows << _SOURCE_SHIFT | partitions.to_numpy().astype(np.int64)
+        places = np.minimum(np.asarray(out_place, dtype=np.int64), _MAX_OUTPUT_INDEX)
+        seqs = (index_array + first_record) << _RECORD_SHIFT | lane | places
+        first_record += len(stamps)
+        if task_partitions is None:
+            tasks = partitions
+        else:
+            tasks = pa.array([0 if key is None else partition_for_key(key, task_partitions) for key in out_keys],
+                             pa.int32())
         yield pa.RecordBatch.from_arrays(
             [
                 pa.array(out_keys, pa.binary()),
                 pa.array(out_values, pa.binary()),
                 pa.array(out_stamps, pa.int64()),
                 pa.array(arrivals, pa.int64()),
-                pa.array([0] * len(out_keys), pa.int32()),
-                pa.array([origin[0] for origin in origins], pa.int32()),
-                pa.array([origin[1] for origin in origins], pa.int32()),
-                pa.array([origin[2] for origin in origins], pa.int64()),
+                pa.array(np.asarray(origins, dtype=np.int64)),
                 pa.array(seqs, pa.int64()),
-                pa.array(tasks, pa.int32()),
+                batch.column(5).take(taken),
+                tasks,
             ],
             schema=ORDERED_SCHEMA,
         )
@@ -216,8 +258,7 @@ def _ordered_schema() -> Any:
     return pa.schema(
         [
             ("key", pa.binary()), ("value", pa.binary()), ("ts", pa.int64()), ("arrival", pa.int64()),
-            ("side", pa.int32()), ("source", pa.int32()), ("partition", pa.int32()), ("offset", pa.int64()),
-            ("seq", pa.int64()), ("task", pa.int32()),
+            ("origin", pa.int64()), ("seq", pa.int64()), ("offset", pa.int64()), ("task", pa.int32()),
         ]
     )
 
@@ -225,20 +266,29 @@ def _ordered_schema() -> Any:
 ORDERED_SCHEMA = _ordered_schema()
 
 
-def in_worker_order(frames: Iterable[Any]) -> Any:
-    """All rows of a group in this micro-batch (they may come in several frames, in any order
-    after a shuffle) sorted by ``ORDER_COLUMNS``."""
+def in_worker_order(frames: Iterable[Any], columns: Iterable[str]) -> dict[str, Any]:
+    """``columns`` of the rows of one group in this micro-batch (they may come in several
+    frames, in any order after a shuffle), sorted by ``ORDER_COLUMNS``."""
     import numpy as np
     import pandas as pd
 
     frames = list(frames)
     frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-    if len(frame) < 2:
-        return frame
-    order = np.lexsort([frame[column].to_numpy() for column in reversed(ORDER_COLUMNS)])
-    if (order[1:] > order[:-1]).all():
-        return frame
-    return frame.iloc[order].reset_index(drop=True)
+    # One object array for the whole group: a pandas column costs tens of µs the first time it
+    # is read, and a micro-batch has a group per key.
+    rows = frame.to_numpy()
+    at = {name: index for index, name in enumerate(frame.columns)}
+    if len(rows) > 1:
+        order = np.lexsort([rows[:, at[column]] for column in reversed(ORDER_COLUMNS)])
+        if not (order[1:] > order[:-1]).all():
+            rows = rows[order]
+    return {name: rows[:, at[name]] for name in columns}
+
+
+#: The columns each kind of step is given (``in_worker_order`` reads them).
+KEYED_COLUMNS = ("key", "value", "ts", "arrival", "origin", "seq")
+TASK_COLUMNS = (*KEYED_COLUMNS, "task")
+PROCESSOR_COLUMNS = (*TASK_COLUMNS, "offset")
 
 
 def _rows_frame(rows: list[tuple[bytes | None, bytes | None, int]]) -> Any:
@@ -285,9 +335,8 @@ def keyed_batch(
                             specs={step.store.name: step.store}, position=position)
         emits[side] = (NODE_KERNELS[type(node)](wiring), key_serde.deserialize(key_bytes), value_serde.deserialize)
     last_ts = -1
-    sides = frame["side"] if "side" in frame else [0] * len(frame)
-    for value_bytes, timestamp, side in zip(frame["value"], frame["ts"], sides, strict=True):
-        emit, key, value_of = emits[int(side)]
+    for value_bytes, timestamp, origin in zip(frame["value"], frame["ts"], frame["origin"], strict=True):
+        emit, key, value_of = emits[int(origin) >> _SIDE_SHIFT]
         timestamp = int(timestamp)
         emit(key, value_of(value_bytes), timestamp)
         last_ts = max(last_ts, timestamp)
@@ -302,7 +351,7 @@ def keyed_update(step: KeyedStep) -> Callable[..., Iterator[Any]]:
 
     def update(group_key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
         stored = state.get[0] if state.exists else None
-        store, out = keyed_batch(step, group_key[0], in_worker_order(frames), stored)
+        store, out = keyed_batch(step, group_key[0], in_worker_order(frames, KEYED_COLUMNS), stored)
         if store.changed:
             if store.value is None:
                 if state.exists:
@@ -402,9 +451,9 @@ class _OpenTask:
             self._process_source_rows(frame)
             return
         emits = self.emits
-        for key_bytes, value_bytes, timestamp, side in zip(frame["key"], frame["value"], frame["ts"], frame["side"],
-                                                           strict=True):
-            emit, key_of, value_of = emits[int(side)]
+        for key_bytes, value_bytes, timestamp, origin in zip(frame["key"], frame["value"], frame["ts"], frame["origin"],
+                                                             strict=True):
+            emit, key_of, value_of = emits[int(origin) >> _SIDE_SHIFT]
             emit(key_of(key_bytes), value_of(value_bytes), int(timestamp))
 
     def _process_source_rows(self, frame: Any) -> None:
@@ -415,12 +464,13 @@ class _OpenTask:
         base_key, base_value, extractor = run.base_key.deserialize, run.base_value.deserialize, run.timestamp_extractor
         stream_punctuations = [p for p in self.punctuations if p.punctuation.type is PunctuationType.STREAM_TIME]
         topics = run.topics
-        for key_bytes, value_bytes, raw_ts, source, partition, offset in zip(
-            frame["key"], frame["value"], frame["ts"], frame["source"], frame["partition"], frame["offset"], strict=True
+        for key_bytes, value_bytes, raw_ts, origin, offset in zip(
+            frame["key"], frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True
         ):
             key, value = base_key(key_bytes), base_value(value_bytes)
             timestamp = int(raw_ts) if extractor is None else extractor(key, value, int(raw_ts))
-            position.topic, position.partition, position.offset = topics[int(source)], int(partition), int(offset)
+            _, source, partition = origin_parts(int(origin))
+            position.topic, position.partition, position.offset = topics[source], partition, int(offset)
             position.stream_time = advance_stream_time(position.stream_time, timestamp)
             emit(key, value, timestamp)
             now = position.stream_time
@@ -503,6 +553,8 @@ class TaskRunner:
 
     def __init__(self, step: TaskStep) -> None:
         self.step = step
+        #: What ``process`` reads of its rows (``in_worker_order``).
+        self.columns = PROCESSOR_COLUMNS if step.processor is not None else TASK_COLUMNS
 
     def process(
         self, partition: int, frame: Any, backends: Mapping[str, MapBackend], state: TaskState | None,
@@ -606,8 +658,8 @@ def task_operator(step: TaskStep) -> Any:
 
         def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
             now_ms = timerValues.getCurrentProcessingTimeInMs()
-            state, out, timers = self.runner.process(int(key[0]), in_worker_order(rows), self.backends,
-                                                     self._state(), now_ms)
+            state, out, timers = self.runner.process(int(key[0]), in_worker_order(rows, self.runner.columns),
+                                                     self.backends, self._state(), now_ms)
             yield from self._finish(state, out, timers)
 
         def handleExpiredTimer(self, key: tuple[Any, ...], timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
