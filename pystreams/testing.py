@@ -321,10 +321,10 @@ class TopologyTestDriver:
             node = self.topology.nodes[node_name]
             if topic in topics and not node.internal:
                 return node
-        raise ValueError(
-            f"topic {topic!r} is not an input topic of app {self.topology.app_id!r} "
-            f"(inputs: {sorted(t for n, ts in self.resolved.source_topics.items() for t in ts if t not in self._repartition_topics)})"
+        inputs = sorted(
+            t for topics in self.resolved.source_topics.values() for t in topics if t not in self._repartition_topics
         )
+        raise ValueError(f"topic {topic!r} is not an input topic of app {self.topology.app_id!r} (inputs: {inputs})")
 
     def _sink_serdes(self, topic: str) -> tuple[Serde, Serde]:
         if topic == self._errors.dead_letter_topic:
@@ -345,7 +345,12 @@ class TopologyTestDriver:
         return partition_for_key(key, count)
 
     def _written(
-        self, topic: str, key: bytes | None, value: bytes | None, timestamp: int | None, headers: tuple[tuple[str, bytes], ...]
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        timestamp: int | None,
+        headers: tuple[tuple[str, bytes], ...],
     ) -> None:
         count = self._partition_counts.get(topic, 1)
         record = _Written(topic, self._partition_for(key, count), key, value,

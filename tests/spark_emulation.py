@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from pystreams.spark.compiler import Flow, KeyedPlan, SourcePlan, SparkPlan, TaskPlan, UnionPlan
+from pystreams.spark.compiler import Flow, KeyedPlan, SourcePlan, SparkPlan, TaskPlan, UnionPlan, _same_serdes
 from pystreams.spark.operators import (
     KEYED_COLUMNS,
     ORDERED_SCHEMA,
@@ -114,7 +114,9 @@ class SparkEmulator:
 
 
 class _Batch:
-    def __init__(self, emulator: SparkEmulator, slices: Mapping[tuple[str, int], list[tuple[InputRecord, int]]]) -> None:
+    def __init__(
+        self, emulator: SparkEmulator, slices: Mapping[tuple[str, int], list[tuple[InputRecord, int]]]
+    ) -> None:
         self.emulator = emulator
         self.slices = slices
         self._stateful: dict[int, pd.DataFrame] = {}
@@ -149,7 +151,7 @@ class _Batch:
                 batches.extend(run_flow(iter([source_batch]), run))
             return _frame(batches) if batches else ORDERED_SCHEMA.empty_table().to_pandas()
         stateful = self.stateful(base)
-        if not flow.steps and flow.base_key.name == flow.key_serde.name and flow.base_value.name == flow.value_serde.name:
+        if not flow.steps and _same_serdes(flow):
             return stateful
         plain = pa.RecordBatch.from_pandas(stateful[["key", "value", "ts"]], preserve_index=False)
         return _frame(list(run_flow(iter([plain]), run)))
@@ -192,8 +194,8 @@ class _Batch:
                 for spec in plan.step.stores
             }
             state = self.emulator._task_states.get((plan.node, int(task)))
-            new_state, rows_out, _ = runner.process(int(task), in_worker_order([group], runner.columns), backends, state,
-                                                    self.emulator.now_ms)
+            rows_in = in_worker_order([group], runner.columns)
+            new_state, rows_out, _ = runner.process(int(task), rows_in, backends, state, self.emulator.now_ms)
             self.emulator._task_states[(plan.node, int(task))] = new_state
             out.extend(rows_out)
         return pd.DataFrame({"key": [r[0] for r in out], "value": [r[1] for r in out], "ts": [r[2] for r in out]})

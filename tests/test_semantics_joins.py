@@ -24,7 +24,9 @@ def stream_table_app(how: str) -> App:
 
 @pytest.mark.parametrize(("how", "expected"), [
     ("inner", [("c1", "o1 for Ada", 10), ("c1", "o3 for Eve", 30)]),
-    ("left", [("c1", "o1 for Ada", 10), ("c2", "o2 for None", 20), ("c1", "o3 for Eve", 30), ("c1", "o4 for None", 50)]),
+    ("left", [
+        ("c1", "o1 for Ada", 10), ("c2", "o2 for None", 20), ("c1", "o3 for Eve", 30), ("c1", "o4 for None", 50),
+    ]),
 ])
 def test_a_stream_table_join_looks_up_the_latest_table_value(how: str, expected: list[Any]) -> None:
     with TopologyTestDriver(stream_table_app(how)) as driver:

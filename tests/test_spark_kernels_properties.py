@@ -201,7 +201,8 @@ def make_input(case: Case, raw: list[tuple[int, str, int, int, int, bool]]) -> l
         assert key_bytes is not None
         partition = partition_for_key(key_bytes, count) if topic in case.keyed else partition_draw % count
         seconds = max(0, seconds + step)
-        batches[-1].append(InputRecord(topic, partition, key_bytes, value_serde.serialize(value), BASE_MS + seconds * S))
+        record = InputRecord(topic, partition, key_bytes, value_serde.serialize(value), BASE_MS + seconds * S)
+        batches[-1].append(record)
         if cut:
             batches.append([])
     return [batch for batch in batches if batch]

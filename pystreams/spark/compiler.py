@@ -232,11 +232,13 @@ def _shipped(node: NodeBase, serde: Any) -> ShippedSerde:
 
 def _shipped_node(node: Node) -> Node:
     """The node with serdes that survive pickling, for the kernels on Spark's workers."""
-    return dataclasses.replace(node, key_serde=_shipped(node, node.key_serde), value_serde=_shipped(node, node.value_serde))
+    key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+    return dataclasses.replace(node, key_serde=key, value_serde=value)
 
 
 def _shipped_store(node: NodeBase, store: Store) -> Store:
-    return dataclasses.replace(store, key_serde=_shipped(node, store.key_serde), value_serde=_shipped(node, store.value_serde))
+    key, value = _shipped(node, store.key_serde), _shipped(node, store.value_serde)
+    return dataclasses.replace(store, key_serde=key, value_serde=value)
 
 
 class _Compilation:
@@ -258,7 +260,8 @@ class _Compilation:
     def parent_flow(self, node: Node) -> Flow:
         (parent,) = node.parents
         if parent not in self.flows:
-            raise _unsupported(node, f"it reads {parent!r} ({self.topology.nodes[parent].kind}), which only feeds its join")
+            kind = self.topology.nodes[parent].kind
+            raise _unsupported(node, f"it reads {parent!r} ({kind}), which only feeds its join")
         return self.flows[parent]
 
     def then(self, node: Node, flow: Flow, steps: tuple[NodeBase, ...] = ()) -> Flow:
@@ -279,7 +282,8 @@ class _Compilation:
             if topic not in self.repartition_flows:
                 raise _unsupported(node, f"no repartition sink writes {node.topics}")
             # Spark shuffles by key itself: the repartition topic is only a change of serdes.
-            self.set_flow(node, dataclasses.replace(self.then(node, self.repartition_flows[topic]), repartition_topic=topic))
+            flow = self.then(node, self.repartition_flows[topic])
+            self.set_flow(node, dataclasses.replace(flow, repartition_topic=topic))
             return
         topics = list(node.topics)
         if node.pattern is not None:
@@ -399,17 +403,23 @@ class _Compilation:
         for name in node.stores:
             store = self.topology.stores[name]
             if store.owner != node.name:
-                raise _unsupported(node, f"it reads store {name!r} of node {store.owner!r}; Spark state is private to one operator")
+                raise _unsupported(
+                    node, f"it reads store {name!r} of node {store.owner!r}; Spark state is private to one operator"
+                )
             if store.kind is not StoreKind.KEY_VALUE:
-                raise _unsupported(node, f"its store {name!r} is a {store.kind} store; only key-value stores map onto Spark state")
+                raise _unsupported(
+                    node, f"its store {name!r} is a {store.kind} store; only key-value stores map onto Spark state"
+                )
             stores.append(_shipped_store(node, store))
         # The processor's task sees every source record (each moves stream time), so its input
         # is the raw source; the stateless steps before it run inside the task.
         raw = Flow(flow.base, flow.base_key, flow.base_value, (), flow.base_key, flow.base_value)
         run = ProcessorRun(flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, ())
         out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
-        step = TaskStep(self.topology.app_id, node.subtopology, {0: (_shipped_node(node), flow.key_serde, flow.value_serde)},
-                        tuple(stores), out_key, out_value, processor=run)
+        inputs = {0: (_shipped_node(node), flow.key_serde, flow.value_serde)}
+        step = TaskStep(
+            self.topology.app_id, node.subtopology, inputs, tuple(stores), out_key, out_value, processor=run
+        )
         plan = TaskPlan(node.name, ((0, raw),), step)
         self.stateful.append(node.name)
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
@@ -425,10 +435,10 @@ class _Compilation:
     def warn_if_repartitioned(self, node: Node, flow: Flow) -> None:
         if flow.repartition_topic is not None:
             self.warnings.append(
-                f"node {node.name!r}: its input goes through repartition topic {flow.repartition_topic!r}; where several "
-                "upstream tasks write it, a worker judges lateness by the order their records happen to arrive there, "
-                "Spark merges them by timestamp (records late only by that order may be kept on one runtime and "
-                "dropped on the other)"
+                f"node {node.name!r}: its input goes through repartition topic {flow.repartition_topic!r}; where "
+                "several upstream tasks write it, a worker judges lateness by the order their records happen to "
+                "arrive there, Spark merges them by timestamp (records late only by that order may be kept on one "
+                "runtime and dropped on the other)"
             )
 
     # -- the whole topology ------------------------------------------------------------------
@@ -449,7 +459,8 @@ class _Compilation:
                     "Spark runs one arbitrary-state step per query",
                 )
         if not self.sinks:
-            raise SparkCompileError(f"topology {self.topology.app_id!r} writes no topic: nothing for a Spark query to do")
+            app_id = self.topology.app_id
+            raise SparkCompileError(f"topology {app_id!r} writes no topic: nothing for a Spark query to do")
         topics = tuple(self.source_topics)
         sinks = tuple(_with_topic_index(sink, topics) for sink in self.sinks)
         for warning in dict.fromkeys(self.warnings):
@@ -494,6 +505,11 @@ def _with_serdes(flow: Flow, key: ShippedSerde, value: ShippedSerde, steps: tupl
         union = UnionPlan(flow.base.node, tuple(_with_serdes(f, key, value, steps) for f in flow.base.inputs))
         return Flow(union, key, value, (), key, value)
     return dataclasses.replace(flow, steps=flow.steps + steps, key_serde=key, value_serde=value)
+
+
+def _same_serdes(flow: Flow) -> bool:
+    """The flow's rows leave as they came: no step, no change of serdes."""
+    return flow.base_key.name == flow.key_serde.name and flow.base_value.name == flow.value_serde.name
 
 
 def _with_topic_index(sink: SinkPlan, topics: tuple[str, ...]) -> SinkPlan:
@@ -632,7 +648,9 @@ class _Builder:
         base = flow.base
         if isinstance(base, UnionPlan):
             ordered = flow.ordered
-            frames = [self.rows(f, task_partitions=task_partitions, lane=lane + index) for index, f in enumerate(base.inputs)]
+            frames = [
+                self.rows(f, task_partitions=task_partitions, lane=lane + index) for index, f in enumerate(base.inputs)
+            ]
             if not ordered:
                 frames = [frame.select("key", "value", "ts") for frame in frames]
             union = frames[0]
@@ -646,7 +664,7 @@ class _Builder:
         if isinstance(base, SourcePlan):
             return self.source(base).mapInArrow(functools.partial(run_flow, run=run), ORDERED_ROWS)
         stateful = self.stateful(base)
-        if not flow.steps and flow.base_key.name == flow.key_serde.name and flow.base_value.name == flow.value_serde.name:
+        if not flow.steps and _same_serdes(flow):
             return stateful
         return stateful.mapInArrow(functools.partial(run_flow, run=run), ROWS)
 

@@ -61,8 +61,8 @@ from .state import (
     needs_sweep,
 )
 
-#: key, value (deserialized) and timestamp in epoch ms.
-Record = tuple[Any, Any, int]
+#: A row a step emits: key bytes, value bytes (None: a tombstone), timestamp.
+OutputRow = tuple[bytes | None, bytes | None, int]
 ROWS = "key binary, value binary, ts long"
 #: Rows of a flow read from a source: the record's position, so stateful steps can replay a
 #: micro-batch in the worker's order, and the task (partition number) it belongs to.
@@ -78,12 +78,11 @@ ORDER_COLUMNS = ("arrival", "origin", "seq")
 #: Join inputs say which side a row is from.
 TABLE_SIDE, STREAM_SIDE = 0, 1
 LEFT_SIDE, RIGHT_SIDE = 0, 1
-_SIDE_SHIFT, _SOURCE_SHIFT, _PARTITION_MASK = 40, 16, 0xFFFF
+# The bit layout of ``origin`` (side, 24 bits of source topic index, 16 of partition) and of
+# ``seq`` (record index, 4 bits of merge input, 20 of place: a record that becomes more than a
+# million rows keeps the order of the first million).
+_SIDE_SHIFT, _SOURCE_SHIFT, _SOURCE_MASK, _PARTITION_MASK = 40, 16, (1 << 24) - 1, (1 << 16) - 1
 _RECORD_SHIFT, _LANE_SHIFT, _MAX_OUTPUT_INDEX = 24, 20, (1 << 20) - 1
-
-
-def origin_of(source: int, partition: int, side: int = 0) -> int:
-    return side << _SIDE_SHIFT | source << _SOURCE_SHIFT | partition
 
 
 def side_offset(side: int) -> int:
@@ -93,7 +92,7 @@ def side_offset(side: int) -> int:
 
 def origin_parts(origin: int) -> tuple[int, int, int]:
     """(side, source, partition) of an ``origin``."""
-    return origin >> _SIDE_SHIFT, (origin >> _SOURCE_SHIFT) & ((1 << (_SIDE_SHIFT - _SOURCE_SHIFT)) - 1), origin & _PARTITION_MASK
+    return origin >> _SIDE_SHIFT, (origin >> _SOURCE_SHIFT) & _SOURCE_MASK, origin & _PARTITION_MASK
 
 
 def chain(steps: Iterable[NodeBase], forward: Emit) -> Emit:
@@ -176,6 +175,7 @@ def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
         return
 
     import numpy as np
+    import pyarrow.compute as pc
 
     # Where each output row came from: its source record's index in the Arrow batch, and its
     # place among the rows that record became.
@@ -219,6 +219,8 @@ def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
         else:
             arrivals = np.zeros(0, dtype=np.int64)
         partitions = batch.column(4).take(taken)
+        if len(stamps) and pc.max(batch.column(4)).as_py() > _PARTITION_MASK:
+            raise ValueError(f"partition numbers above {_PARTITION_MASK} do not fit the Spark runtime's row positions")
         topics = batch.column(3)
         if len(stamps) and len(topics.unique()) == 1:  # one Kafka partition per Spark partition
             sources_of_rows: Any = sources[topics[0].as_py()]
@@ -291,7 +293,7 @@ TASK_COLUMNS = (*KEYED_COLUMNS, "task")
 PROCESSOR_COLUMNS = (*TASK_COLUMNS, "offset")
 
 
-def _rows_frame(rows: list[tuple[bytes | None, bytes | None, int]]) -> Any:
+def _rows_frame(rows: list[OutputRow]) -> Any:
     import pandas as pd
 
     return pd.DataFrame({"key": [r[0] for r in rows], "value": [r[1] for r in rows], "ts": [r[2] for r in rows]})
@@ -318,11 +320,11 @@ class KeyedStep:
 
 def keyed_batch(
     step: KeyedStep, key_bytes: bytes, frame: Any, stored: bytes | None
-) -> tuple[GroupKeyStore, list[tuple[bytes | None, bytes | None, int]]]:
+) -> tuple[GroupKeyStore, list[OutputRow]]:
     """One group's rows of one micro-batch (in worker order) through the kernels; the group's
     store after them, and the rows to emit."""
     store = GroupKeyStore(stored)
-    out: list[tuple[bytes | None, bytes | None, int]] = []
+    out: list[OutputRow] = []
     key_out, value_out = step.out_key.serialize, step.out_value.serialize
 
     def collect(key: Any, value: Any, timestamp: int) -> None:
@@ -425,7 +427,7 @@ class _OpenTask:
         specs = {spec.name: spec for spec in step.stores}
         typed_stores = {name: typed(store, specs[name]) for name, store in self.stores.items()}
         self.clocks = {name: NodeClock(observed) for name, observed in state.node_clocks.items()}
-        self.out: list[tuple[bytes | None, bytes | None, int]] = []
+        self.out: list[OutputRow] = []
         key_out, value_out = step.out_key.serialize, step.out_value.serialize
         out = self.out
 
@@ -506,7 +508,7 @@ class _OpenTask:
             if scheduled.punctuation.type is PunctuationType.WALL_CLOCK_TIME:
                 scheduled.next_due = None
 
-    def finish(self) -> tuple[TaskState, list[tuple[bytes | None, bytes | None, int]]]:
+    def finish(self) -> tuple[TaskState, list[OutputRow]]:
         """Flush the stores (a table's changes become output rows) and the state to keep."""
         step, out = self.step, self.out
         table = step.table
@@ -530,7 +532,7 @@ class _OpenTask:
                 state.swept_to[name] = store.min_live_time
         return state, out
 
-    def _table_rows(self, table: AggregationNode, changes: list[Any]) -> Iterator[tuple[bytes | None, bytes | None, int]]:
+    def _table_rows(self, table: AggregationNode, changes: list[Any]) -> Iterator[OutputRow]:
         """A windowed table's flushed changes as its records: ``Windowed`` keys, stored value
         bytes (None: a session merged away), stamped with the node's stream time."""
         key_of = self.step.inputs[0][1].deserialize
@@ -559,7 +561,7 @@ class TaskRunner:
     def process(
         self, partition: int, frame: Any, backends: Mapping[str, MapBackend], state: TaskState | None,
         now_ms: int,
-    ) -> tuple[TaskState, list[tuple[bytes | None, bytes | None, int]], list[int]]:
+    ) -> tuple[TaskState, list[OutputRow], list[int]]:
         """One micro-batch of the task's rows, in worker order. Returns the state to keep, the
         rows to emit and the wall-clock due times newly scheduled."""
         task = _OpenTask(self.step, partition, backends, state or TaskState())
@@ -570,7 +572,7 @@ class TaskRunner:
 
     def on_timer(
         self, partition: int, backends: Mapping[str, MapBackend], state: TaskState | None, now_ms: int
-    ) -> tuple[TaskState, list[tuple[bytes | None, bytes | None, int]], list[int]]:
+    ) -> tuple[TaskState, list[OutputRow], list[int]]:
         """A processing-time timer: run the wall-clock punctuations due now."""
         task = _OpenTask(self.step, partition, backends, state or TaskState())
         fired = task.fire_wall_clock(now_ms) if self.step.wall_clock_timers else []
