@@ -226,7 +226,9 @@ class TopologyTestDriver:
         partition: int | None = None,
     ) -> None:
         """Pipe one record of *bytes* into ``topic`` and process it to the end (then commit).
-        ``TestInputTopic.pipe_input`` serializes for you."""
+        ``TestInputTopic.pipe_input`` serializes for you. ``headers`` reach the task as a
+        worker's consumer hands them over (a dead letter carries its own headers: why it
+        failed; pystreams' sinks write none)."""
         self._check_open()
         self._source_node(topic)  # raises, naming the inputs, for any other topic
         count = self._partition_counts[topic]

@@ -18,7 +18,7 @@ from typing import TypeVar
 from rocksdict import WriteBatch
 
 from .cache import CacheLimits
-from .changelog import ChangelogRecord, ChangelogSink, TopicPartition
+from .changelog import ChangelogRecord, ChangelogSink, TopicPartition, changelog_topic_config
 from .keys import MAX_TIMESTAMP, MIN_TIMESTAMP, TIMESTAMP_BYTES, decode_timestamp, encode_timestamp
 from .rocksdb import RocksDatabase, new_batch
 from .store import CachedStore, Forward, overlay
@@ -103,6 +103,10 @@ class TimeIndexedStore(CachedStore[ChangeT], Retention):
         if last is None:
             return None
         return decode_timestamp(last[1:_INDEX_PREFIX_BYTES])
+
+    @property
+    def changelog_config(self) -> dict[str, str]:
+        return changelog_topic_config(self.retention_ms)
 
     def _time_bytes(self, composite: bytes) -> bytes:
         end = len(composite) - self._TIME_FROM_END

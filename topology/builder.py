@@ -144,10 +144,10 @@ def _check_references(declared: dict[str, Node], stores: dict[str, Store]) -> No
                 f"join {node.name!r} reads table {node.table!r}, which is not declared",
                 nodes=[node.name, node.table],
             )
-        for store in node.stores:
-            if store not in stores:
+        for store_name in node.stores:
+            if store_name not in stores:
                 raise StoreError(
-                    f"{node.kind} node {node.name!r} uses store {store!r}, which no node declares", nodes=[node.name]
+                    f"{node.kind} node {node.name!r} uses store {store_name!r}, which no node declares", nodes=[node.name]
                 )
         seen.add(node.name)
     for store in stores.values():
@@ -285,8 +285,8 @@ def _split(nodes: dict[str, Node]) -> dict[str, int]:
 def _place_stores(app_id: str, nodes: dict[str, Node], stores: dict[str, Store]) -> dict[str, Store]:
     users: dict[str, list[str]] = {name: [] for name in stores}
     for node in nodes.values():
-        for store in node.stores:
-            users[store].append(node.name)
+        for store_name in node.stores:
+            users[store_name].append(node.name)
     placed = {}
     for name in sorted(stores):
         store = stores[name]

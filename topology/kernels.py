@@ -26,7 +26,7 @@ import copy
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 
@@ -220,7 +220,8 @@ def open_windows(
     """The windows a record at ``timestamp`` falls in, split into (still open, closed): a
     window ``[start, end)`` is closed once ``end <= close_time`` (Kafka Streams: end + grace
     <= stream time). Oldest first."""
-    still_open, closed = [], []
+    still_open: list[TimeWindow] = []
+    closed: list[TimeWindow] = []
     for bounds in window.windows_for(timestamp):
         (closed if bounds.end_ms <= closed_before else still_open).append(bounds)
     return still_open, closed
@@ -669,8 +670,9 @@ def _stream_stream_join(wiring: NodeWiring) -> Emit:
     this_store: WindowBytes = wiring.stores[node.this_store]
     other_store: WindowBytes = wiring.stores[node.other_store]
     this_spec = wiring.specs[node.this_store]
-    key_bytes = this_spec.key_serde.serialize
-    this_value_bytes = this_spec.value_serde.serialize
+    # Keys are never None here (skips_record), so their bytes are not either.
+    key_bytes = cast(Callable[[Any], bytes], this_spec.key_serde.serialize)
+    this_value_bytes = cast(Callable[[Any], bytes], this_spec.value_serde.serialize)
     other_value_of = wiring.specs[node.other_store].value_serde.deserialize
     side, window = node.side, node.window
     unmatched = emits_unmatched(node.how, side)

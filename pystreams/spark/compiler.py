@@ -206,7 +206,7 @@ class SparkPlan:
     @property
     def repartition_topics_of_tasks(self) -> tuple[str, ...]:
         """Repartition topics whose partition count the task steps need."""
-        topics = []
+        topics: list[str] = []
         for sink in self.sinks:
             for plan in _stateful_plans(sink.input):
                 if isinstance(plan, TaskPlan):

@@ -141,8 +141,11 @@ def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
     batch, in offset order) through the stateless kernels."""
     import pyarrow as pa
 
-    base_key, base_value, extractor = run.base_key.deserialize, run.base_value.deserialize, run.timestamp_extractor
-    key_bytes, value_bytes = run.key_serde.serialize, run.value_serde.serialize
+    extractor = run.timestamp_extractor
+    base_key: Callable[[Any], Any] = run.base_key.deserialize
+    base_value: Callable[[Any], Any] = run.base_value.deserialize
+    key_bytes: Callable[[Any], Any] = run.key_serde.serialize
+    value_bytes: Callable[[Any], Any] = run.value_serde.serialize
     if not run.steps and extractor is None:
         # Rows only gain their positions (a processor's input): the bytes pass as they are.
         if run.base_key.name == run.key_serde.name:
@@ -493,7 +496,7 @@ class _OpenTask:
     def schedule_wall_clock(self, now_ms: int) -> list[int]:
         """As the worker: a wall-clock punctuation's first check only schedules it; returns
         the due times newly scheduled (for timers)."""
-        scheduled_now = []
+        scheduled_now: list[int] = []
         for scheduled in self.punctuations:
             if scheduled.punctuation.type is PunctuationType.WALL_CLOCK_TIME and scheduled.next_due is None:
                 scheduled.wall_clock_due(now_ms)

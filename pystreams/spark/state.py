@@ -84,7 +84,7 @@ class SparkKeyValueStore:
 
     def flush(self) -> list[tuple[bytes, bytes | None]]:
         """Write the changes to the backend; returns them, oldest write first."""
-        changes = []
+        changes: list[tuple[bytes, bytes | None]] = []
         for key in self._dirty:
             value = self._cache[key]
             if value is _DELETED:

@@ -186,6 +186,7 @@ def build_task_graph(
     sender = ctx.sender
     repartition_topics = frozenset(topology.repartition_topics)
     send = sender.send
+    forward_send: Callable[[str, bytes | None, bytes | None, int | None], None]
     if repartition_topics:
         # Table forwarders may write several topics through one send; route per topic.
         repartition_sinks = {topic: sender.repartition_sink(topic) for topic in repartition_topics}
