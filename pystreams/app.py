@@ -39,7 +39,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pystreams import serdes
 from pystreams.serdes import Serde
@@ -50,18 +50,27 @@ from pystreams.topology.errors import (
     TopologyError,
 )
 from pystreams.topology.ir import (
-    NODE_TYPES,
     TABLE_KINDS,
+    AggregateNode,
     BranchNode,
     BranchOutputNode,
+    CountNode,
+    FilterNode,
+    FlatMapNode,
+    FlatMapValuesNode,
     JoinHow,
     JoinSide,
+    MapNode,
+    MapValuesNode,
     MergeNode,
     Node,
     NodeKind,
+    PeekNode,
     ProcessorNode,
     PunctuationType,
+    ReduceNode,
     RepartitionNode,
+    SelectKeyNode,
     SinkNode,
     SourceNode,
     Store,
@@ -110,6 +119,7 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+StatelessNode: TypeAlias = MapNode | MapValuesNode | FlatMapNode | FlatMapValuesNode | FilterNode | PeekNode | SelectKeyNode
 TimestampExtractor = Callable[[Any, Any, int], int]
 
 
@@ -447,7 +457,7 @@ class App:
     ) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> (key, value)``. Pass ``key_changing=False`` if keys never change."""
         return self._stateless(
-            NodeKind.MAP,
+            MapNode,
             stream,
             name,
             key=key,
@@ -460,7 +470,7 @@ class App:
         self, stream: Stream, *, value: Serde | None = None, name: str | None = None
     ) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> value``; keys stay, so no repartition follows."""
-        return self._stateless(NodeKind.MAP_VALUES, stream, name, value=value, inherit_key=True)
+        return self._stateless(MapValuesNode, stream, name, value=value, inherit_key=True)
 
     def flat_map(
         self,
@@ -473,7 +483,7 @@ class App:
     ) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> iterable of (key, value)`` (a generator is fine)."""
         return self._stateless(
-            NodeKind.FLAT_MAP,
+            FlatMapNode,
             stream,
             name,
             key=key,
@@ -486,21 +496,21 @@ class App:
         self, stream: Stream, *, value: Serde | None = None, name: str | None = None
     ) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> iterable of value``; keys stay."""
-        return self._stateless(NodeKind.FLAT_MAP_VALUES, stream, name, value=value, inherit_key=True)
+        return self._stateless(FlatMapValuesNode, stream, name, value=value, inherit_key=True)
 
     def filter(self, stream: Stream, *, name: str | None = None) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> bool``: keep records for which it is true."""
-        return self._stateless(NodeKind.FILTER, stream, name, inherit_key=True, inherit_value=True)
+        return self._stateless(FilterNode, stream, name, inherit_key=True, inherit_value=True)
 
     def peek(self, stream: Stream, *, name: str | None = None) -> Callable[[Callable], Stream]:
         """``fn(key, value)`` for its side effect; records pass unchanged."""
-        return self._stateless(NodeKind.PEEK, stream, name, inherit_key=True, inherit_value=True)
+        return self._stateless(PeekNode, stream, name, inherit_key=True, inherit_value=True)
 
     def group_by(
         self, stream: Stream, *, key: Serde | None = None, name: str | None = None
     ) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> new key``: re-key for a following aggregation (which repartitions)."""
-        return self._stateless(NodeKind.SELECT_KEY, stream, name, key=key, inherit_value=True, key_changing=True)
+        return self._stateless(SelectKeyNode, stream, name, key=key, inherit_value=True, key_changing=True)
 
     def branch(
         self, stream: Stream, *, branches: Sequence[str], name: str | None = None
@@ -608,7 +618,7 @@ class App:
         parent = self._stream(stream, "count")
         node_name = self._fresh_name(name or store, f"{parent.name}-count")
         return self._aggregation(
-            NodeKind.COUNT,
+            CountNode,
             parent,
             node_name,
             store,
@@ -639,7 +649,7 @@ class App:
             value_serde = value or serdes.for_value(initial) or self.default_value_serde
             merger = None if merge is None else _callable(merge, "merger")
             return self._aggregation(
-                NodeKind.AGGREGATE,
+                AggregateNode,
                 parent,
                 node_name,
                 store,
@@ -667,7 +677,7 @@ class App:
             node_name = self._function_name(fn, name, parent, "reduce")
             fn = _callable(fn)
             return self._aggregation(
-                NodeKind.REDUCE,
+                ReduceNode,
                 parent,
                 node_name,
                 store,
@@ -889,7 +899,7 @@ class App:
 
     def _stateless(
         self,
-        kind: NodeKind,
+        node_type: type[StatelessNode],
         stream: Stream,
         name: str | None,
         *,
@@ -900,12 +910,13 @@ class App:
         key_changing: bool = False,
     ) -> Callable[[Callable], Stream]:
         def declare(fn: Callable) -> Stream:
-            parent = self._stream(stream, str(kind))
-            node_name = self._function_name(fn, name, parent, str(kind))
-            node_type = NODE_TYPES[kind]
-            options = {"key_changing": key_changing} if kind in (NodeKind.MAP, NodeKind.FLAT_MAP) else {}
+            kind = str(node_type.kind)
+            parent = self._stream(stream, kind)
+            node_name = self._function_name(fn, name, parent, kind)
+            # Only maps and flat-maps may say whether they change keys; the others never do.
+            options = {"key_changing": key_changing} if node_type in (MapNode, FlatMapNode) else {}
             self._add(
-                node_type(  # type: ignore[call-arg]
+                node_type(
                     name=node_name,
                     parents=(parent.name,),
                     fn=_callable(fn),
@@ -920,7 +931,7 @@ class App:
 
     def _aggregation(
         self,
-        kind: NodeKind,
+        node_type: type[CountNode] | type[AggregateNode] | type[ReduceNode],
         parent: Node,
         node_name: str,
         store: str | None,
@@ -931,6 +942,7 @@ class App:
         merger: Callable | None,
         value_serde: Serde,
     ) -> Table:
+        kind = node_type.kind
         if window is not None and not isinstance(window, TumblingWindow | HoppingWindow | SessionWindow):
             raise TypeError(
                 f"{kind} {node_name!r}: window must be a Tumbling, Hopping or Session window, got {window!r}"
@@ -953,7 +965,7 @@ class App:
             else StoreKind.WINDOW
         )
         self._add(
-            NODE_TYPES[kind](  # type: ignore[call-arg]
+            node_type(
                 name=node_name,
                 parents=(parent.name,),
                 fn=fn,

@@ -105,7 +105,9 @@ class _DriverSender:
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None:
         self._driver._written(topic, key, value, timestamp_ms, ())
 
-    def send_with_headers(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+    def send_with_headers(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> None:
         self._driver._written(topic, key, value, None, tuple(headers))
 
     def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> _Delivered:
@@ -172,7 +174,7 @@ class TopologyTestDriver:
                     self.resolved,
                     task_id,
                     state_dir=self._state_dir.name,
-                    sender=self._sender,  # type: ignore[arg-type]
+                    sender=self._sender,
                     errors=self._errors,
                     cache_limits=cache_limits or CacheLimits(),
                 )
@@ -424,11 +426,8 @@ class TestInputTopic:
 
     def pipe_inputs(self, records: Iterable[tuple[Any, Any] | tuple[Any, Any, int]]) -> None:
         """Pipe ``(key, value)`` or ``(key, value, timestamp)`` records in order."""
-        for record in records:
-            if len(record) == 3:
-                self.pipe_input(record[0], record[1], timestamp=record[2])  # type: ignore[misc]
-            else:
-                self.pipe_input(record[0], record[1])
+        for key, value, *timestamp in records:
+            self.pipe_input(key, value, timestamp=timestamp[0] if timestamp else None)
 
     def pipe_values(self, values: Iterable[Any]) -> None:
         """Pipe records with a null key."""

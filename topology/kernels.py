@@ -505,7 +505,9 @@ def _stateless(kernel: Callable[[Any, Emit], Emit]) -> Kernel:
 
 
 def _branch(wiring: NodeWiring) -> Emit:
-    return branch_kernel(wiring.node.fn, wiring.routes)  # type: ignore[arg-type]
+    node = wiring.node
+    assert isinstance(node, BranchNode)
+    return branch_kernel(node.fn, wiring.routes)
 
 
 # ============================================================================ table kernels

@@ -47,7 +47,7 @@ from pystreams.topology.kernels import (
     fixed_window_key,
 )
 from pystreams.topology.stores import typed
-from pystreams.topology.windows import SessionWindow, Windowed
+from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed
 from pystreams.worker.packing import partition_for_key
 
 from .serdes import ShippedSerde
@@ -548,8 +548,9 @@ class _OpenTask:
                 key, start, end, value = change
                 yield out_key(Windowed(key_of(key), start, end)), value, timestamp
             else:
+                assert isinstance(window, TumblingWindow | HoppingWindow)
                 key, start, value = change
-                yield out_key(fixed_window_key(window, key_of(key), start)), value, timestamp  # type: ignore[arg-type]
+                yield out_key(fixed_window_key(window, key_of(key), start)), value, timestamp
 
 
 class TaskRunner:

@@ -44,10 +44,10 @@ from pystreams.topology.kernels import (
 )
 from pystreams.topology.resolve import ResolvedTopology
 from pystreams.topology.stores import TypedStore, typed
-from pystreams.topology.windows import SessionWindow, Windowed
+from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed
 
 if TYPE_CHECKING:
-    from .kafka_io import RecordSender
+    from .kafka_io import Sender
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class TaskContext(TaskPosition):
     """Mutable per-task state the compiled nodes share: the record being processed (as
     ``TaskPosition``), the sender, and what to do with a failed forward of a flushed table."""
 
-    def __init__(self, app_id: str, task_id: TaskId, sender: RecordSender) -> None:
+    def __init__(self, app_id: str, task_id: TaskId, sender: Sender) -> None:
         super().__init__(app_id, task_id)
         self.sender = sender
         self.timestamp: int = 0
@@ -320,14 +320,15 @@ def _table_forwarder(
             return Windowed(key_of(change.key), change.start, change.end)
 
     else:
+        assert isinstance(window, TumblingWindow | HoppingWindow)
         fixed_window = window
-        size = fixed_window.size_ms  # type: ignore[union-attr]
+        size = fixed_window.size_ms
 
         def raw_key(change: WindowChange) -> bytes:  # type: ignore[misc]
             return change.key + _WINDOW_BOUNDS(change.window_start, change.window_start + size)
 
         def key_object(change: WindowChange) -> Any:  # type: ignore[misc]
-            return fixed_window_key(fixed_window, key_of(change.key), change.window_start)  # type: ignore[arg-type]
+            return fixed_window_key(fixed_window, key_of(change.key), change.window_start)
 
     if all_raw:
         # table.to(topic): the store already holds the sink's bytes; skip deserialize/serialize.

@@ -13,7 +13,7 @@ from pystreams.topology.kernels import ScheduledPunctuation
 from pystreams.topology.resolve import ResolvedTopology
 
 from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError
-from .kafka_io import ChangelogRestorer, ProducerChangelogSink, RecordSender
+from .kafka_io import ChangelogRestorer, ProducerChangelogSink, Sender
 from .packing import UnpackedRecord, packed_version, unpack
 from .processing import NodeFailure, TaskContext, TaskGraph, build_task_graph
 
@@ -34,7 +34,7 @@ class StreamTask:
         task_id: TaskId,
         *,
         state_dir: str | os.PathLike[str],
-        sender: RecordSender,
+        sender: Sender,
         errors: ErrorHandling,
         cache_limits: CacheLimits,
         checkpoint_min_records: int = 0,
