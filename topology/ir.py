@@ -71,7 +71,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 from uuid import UUID
 
 from pystreams.serdes import Serde
@@ -444,7 +444,7 @@ class ProcessorNode(NodeBase):
 
 
 #: One step of the graph: a tagged union, the tag being each type's ``kind``.
-Node = (
+Node: TypeAlias = (
     SourceNode
     | TableSourceNode
     | SinkNode
@@ -467,15 +467,6 @@ Node = (
     | StreamStreamJoinNode
     | ProcessorNode
 )
-#: Every node type by its kind.
-NODE_TYPES: Mapping[NodeKind, type[NodeBase]] = {
-    node_type.kind: node_type
-    for node_type in (
-        SourceNode, TableSourceNode, SinkNode, MapNode, MapValuesNode, FlatMapNode, FlatMapValuesNode, FilterNode,
-        PeekNode, SelectKeyNode, BranchNode, BranchOutputNode, MergeNode, ToStreamNode, RepartitionNode, CountNode,
-        AggregateNode, ReduceNode, StreamTableJoinNode, StreamStreamJoinNode, ProcessorNode,
-    )
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
