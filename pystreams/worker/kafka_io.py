@@ -85,6 +85,18 @@ class RecordSender:
         self._send = producer.send
         self.repartition_buffers = RepartitionBuffers(repartition_partitions or {})
 
+    def replace_producer(self, producer: KafkaProducer) -> None:
+        """Send through ``producer`` from now on (exactly-once replaces a fenced one); what
+        was pending on the old one is forgotten (its transaction is gone)."""
+        self.producer = producer
+        self._send = producer.send
+        self.discard()
+
+    def discard(self) -> None:
+        """Forget unsent repartition buffers and unchecked sends (an aborted transaction)."""
+        self._pending = []
+        self.repartition_buffers.clear()
+
     def repartition_sink(self, topic: str) -> RepartitionSink:
         return self.repartition_buffers.sink(topic)
 
@@ -167,24 +179,30 @@ class ProducerChangelogSink:
 
 
 class ChangelogRestorer:
-    """Reads changelog partitions for restore with its own manual-assignment consumer."""
+    """Reads changelog partitions for restore with its own manual-assignment consumer.
 
-    def __init__(self, consumer: KafkaConsumer, *, fetch_timeout_s: float = 30.0) -> None:
+    Under exactly-once the reading consumer is ``read_committed`` with the transaction filter,
+    and ``end_consumer`` (``read_uncommitted``) finds the ends: the embedded broker answers a
+    ``read_committed`` ListOffsets with 0 while any transaction is open on the partition."""
+
+    def __init__(self, consumer: Any, *, fetch_timeout_s: float = 30.0, end_consumer: Any = None) -> None:
         self._consumer = consumer
+        self._end_consumer = consumer if end_consumer is None else end_consumer
         self._fetch_timeout_s = fetch_timeout_s
 
     def true_end_offset(self, changelog: TopicPartition) -> int:
         """One past the last record of the partition, checked by fetching the last batch."""
         tp = KafkaTopicPartition(*changelog)
-        self._consumer.assign([tp])
-        reported = self._consumer.end_offsets([tp])[tp]
+        consumer = self._end_consumer
+        consumer.assign([tp])
+        reported = consumer.end_offsets([tp])[tp]
         if reported <= 0:
             return 0
-        self._consumer.seek(tp, reported - 1)
+        consumer.seek(tp, reported - 1)
         deadline = time.monotonic() + self._fetch_timeout_s
         while time.monotonic() < deadline:
-            batch = self._consumer.poll(timeout_ms=200).get(tp)
-            position = self._consumer.position(tp)
+            batch = consumer.poll(timeout_ms=200).get(tp)
+            position = consumer.position(tp)
             # A fetch returns whole batches: after one, the position is past the last record.
             # (Without records — the end is a compacted gap or a marker — the position still
             # moves past what was fetched.)
@@ -204,13 +222,15 @@ class ChangelogRestorer:
         else:
             self._consumer.seek(tp, start_offset)
         deadline = time.monotonic() + self._fetch_timeout_s
-        while self._consumer.position(tp) < end_offset:
+        held = getattr(self._consumer, "held", None)  # records waiting for their transaction's marker
+        while self._consumer.position(tp) < end_offset or (held is not None and held(tp)):
             records = self._consumer.poll(timeout_ms=200).get(tp)
             if not records:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"restoring {changelog.topic}-{changelog.partition}: stuck at offset "
                         f"{self._consumer.position(tp)} before the end {end_offset}"
+                        + (f" ({held(tp)} records of a transaction not resolved yet)" if held is not None and held(tp) else "")
                     )
                 continue
             deadline = time.monotonic() + self._fetch_timeout_s
@@ -218,3 +238,5 @@ class ChangelogRestorer:
 
     def close(self) -> None:
         self._consumer.close()
+        if self._end_consumer is not self._consumer:
+            self._end_consumer.close()

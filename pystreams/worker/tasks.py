@@ -67,6 +67,9 @@ class StreamTask:
         self.next_offsets: dict[TopicPartition, int] = {}
         self.records_processed = 0
         self.records_failed = 0
+        #: Processed or punctuated since its last commit: under exactly-once, an aborted
+        #: transaction leaves such a task with state no commit covers (it is rebuilt).
+        self.dirty = False
         punctuations = self.graph.punctuations
         self._stream_punctuations = [p for p in punctuations if p.punctuation.type is PunctuationType.STREAM_TIME]
         self._wall_punctuations = [p for p in punctuations if p.punctuation.type is PunctuationType.WALL_CLOCK_TIME]
@@ -100,6 +103,7 @@ class StreamTask:
     def process(self, records: Sequence[Any]) -> None:
         """Run consumer records (of this task's input partitions, in the order to process
         them) through the graph."""
+        self.dirty = True
         ctx = self.ctx
         sources = self.graph.sources
         punctuate_stream_time = self._punctuate_stream_time if self._stream_punctuations else None
@@ -196,6 +200,7 @@ class StreamTask:
                 self._fire(scheduled, now_ms)
 
     def _fire(self, scheduled: Any, now: int) -> None:
+        self.dirty = True
         scheduled.next_due = next_punctuation_due(scheduled.next_due, now, scheduled.punctuation.interval_ms)
         saved = self.ctx.topic, self.ctx.partition, self.ctx.offset
         self.ctx.topic = self.ctx.partition = self.ctx.offset = None
@@ -250,6 +255,13 @@ class StreamTask:
     def checkpoint(self) -> None:
         """After the producer flushed: record the changelog offsets the stores reflect."""
         self.state.checkpoint(self.changelog_sink.take_written_offsets())
+        self.dirty = False
+
+    def committed(self) -> None:
+        """After a transaction with this task's writes committed (exactly-once): advance the
+        stores' changelog positions; no checkpoint file (see ``TaskState.invalidate_checkpoint``)."""
+        self.state.record_written(self.changelog_sink.take_written_offsets())
+        self.dirty = False
 
     def close_processors(self) -> None:
         if not self._initialized:
