@@ -705,6 +705,22 @@ class TaskEngine:
         records), counted when a flush checks them."""
         return self._sender.records_sent if self._sender is not None else 0
 
+    @property
+    def transactions_committed(self) -> int:
+        """Exactly-once: transactions this engine's producers committed."""
+        return self._commits.transactions_committed
+
+    @property
+    def transactions_aborted(self) -> int:
+        return self._commits.transactions_aborted
+
+    @property
+    def aborted_records_dropped(self) -> int:
+        """Exactly-once: records of aborted transactions the fetch-side filter dropped (since
+        each partition was last sought): what the embedded broker hands read_committed readers."""
+        consumers = [self._consumer, getattr(self._standby_updater, "_consumer", None), getattr(self._restorer, "_consumer", None)]
+        return sum(getattr(c, "aborted_records", 0) for c in consumers if c is not None)
+
     def input_lags(self) -> dict[TaskId, int]:
         """Records each active task is behind the end of its input partitions: the high
         watermark of the input consumer's last fetch minus the next offset to process.
