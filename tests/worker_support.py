@@ -20,13 +20,18 @@ class Cluster:
     ``log="kafka"`` the coordinator keeps its records on the broker, so it can be killed and
     started again (``kill_coordinator``, ``start_coordinator``) without losing a group."""
 
-    def __init__(self, tmp_path: Path, *, log: str = "memory") -> None:
-        self.broker = EmbeddedBroker(port=None)
-        self.broker.start()
+    def __init__(self, tmp_path: Path, *, log: str = "memory", bootstrap: str | None = None) -> None:
+        # ``bootstrap``: an existing Kafka cluster (Apache Kafka in Docker) instead of a fresh
+        # embedded broker; the test then owns nothing of it but its own topics.
+        self.broker: EmbeddedBroker | None = None
+        if bootstrap is None:
+            self.broker = EmbeddedBroker(port=None)
+            self.broker.start()
+            bootstrap = self.broker.bootstrap_servers
         self.port = free_port()
         self.log_kind = log
         self._log = (tmp_path / "coordinator.log").open("ab")
-        self.bootstrap = self.broker.bootstrap_servers
+        self.bootstrap = bootstrap
         self.coordinator_address = f"127.0.0.1:{self.port}"
         self.coordinator: subprocess.Popen[bytes] | None = None
         try:
@@ -38,7 +43,7 @@ class Cluster:
     def start_coordinator(self) -> None:
         self.coordinator = subprocess.Popen(
             [sys.executable, "-m", "pystreams", "coordinator", "--log", self.log_kind,
-             "--bootstrap-servers", self.broker.bootstrap_servers, "--listen", f"127.0.0.1:{self.port}",
+             "--bootstrap-servers", self.bootstrap, "--listen", f"127.0.0.1:{self.port}",
              "--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500"],
             stdout=self._log, stderr=subprocess.STDOUT,
         )
@@ -58,7 +63,8 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 self.coordinator.kill()
         self._log.close()
-        self.broker.stop()
+        if self.broker is not None:
+            self.broker.stop()
 
 
 def listening(port: int) -> bool:
