@@ -20,7 +20,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kafka import KafkaConsumer
@@ -296,5 +295,39 @@ def test_a_zombie_resumed_after_its_tasks_moved_cannot_make_its_writes_visible(c
     assert zombie.poll() is None, "the zombie should recover and stay in the group, not die"
 
 
-def _unused(_: Any) -> None:  # keep imports honest for type checkers
-    pass
+
+def test_standbys_and_interactive_queries_keep_working_under_exactly_once(cluster: Cluster, app: WordCountApp, workers: Workers) -> None:
+    """A standby replica applies only committed changelog records; when its active is killed it
+    takes over (restoring little), and queries answer the exact counts from whoever hosts them."""
+    from pystreams.app import load_app
+    from pystreams.broker import free_port
+
+    expected = dict(count_words(CORPUS))
+    endpoints = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    for endpoint in endpoints:
+        workers.start(*EXACTLY_ONCE, "--num-standby-replicas", "1", "--user-endpoint", endpoint)
+    reader = CountSequences(cluster.bootstrap, app.sink)
+    try:
+        wait_for(lambda: all("started tasks" in workers.log(i) for i in range(2)), 60, "both workers to start tasks")
+        wait_for(lambda: all("replicas" in workers.log(i) for i in range(2)), 60, "standby replicas on both workers")
+        half = len(CORPUS) // 2
+        produce_lines(cluster.bootstrap, app.source, CORPUS[:half])
+        first_half = dict(count_words(CORPUS[:half]))
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and reader.latest != first_half:
+            reader.read_more(0.5)
+        assert reader.latest == first_half
+        query_app = load_app(str(app.path))
+        sample = sorted(first_half)[:5]
+        assert {w: query_app.query("counts", w, endpoints=endpoints) for w in sample} == {w: first_half[w] for w in sample}
+        kill(workers.processes[0])
+        produce_lines(cluster.bootstrap, app.source, CORPUS[half:])
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and reader.latest != expected:
+            reader.read_more(0.5)
+        assert reader.latest == expected, f"counts differ (got, expected): {_diff(reader.latest, expected)}\n" + workers.log_tails()
+        assert not reader.not_increasing()
+        assert {w: query_app.query("counts", w, endpoints=endpoints[1:], timeout_s=30) for w in sample} == {w: expected[w] for w in sample}
+    finally:
+        reader.close()
+    assert "Traceback" not in workers.log(1), workers.log_tails(60)
