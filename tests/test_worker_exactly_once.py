@@ -15,7 +15,6 @@ import random
 import signal
 import struct
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaTopicPartition
-from worker_support import Cluster, Workers, wait_for
+from worker_support import Cluster, Trickle, Workers, wait_for
 
 from pystreams.commands.dev import count_words, ensure_input_topics, produce_lines
 from pystreams.worker.committed_consumer import CommittedConsumer
@@ -113,32 +112,6 @@ class CountSequences:
         self._consumer.close()
 
 
-class Feed:
-    """Sends the corpus a few lines at a time from a thread, so input flows throughout."""
-
-    def __init__(self, bootstrap: str, topic: str, lines: list[str], per_batch: int = 25, pause_s: float = 0.1) -> None:
-        self._bootstrap, self._topic, self._lines = bootstrap, topic, lines
-        self._per_batch, self._pause_s = per_batch, pause_s
-        self.sent = 0
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while self.sent < len(self._lines):
-            batch = self._lines[self.sent:self.sent + self._per_batch]
-            produce_lines(self._bootstrap, self._topic, batch)
-            self.sent += len(batch)
-            time.sleep(self._pause_s)
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def join(self) -> None:
-        self._thread.join(180)
-        assert self.sent == len(self._lines)
-
-
 @pytest.fixture(params=["embedded", pytest.param("docker", marks=pytest.mark.docker)])
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
     """A coordinator keeping its records in Kafka (it is killed and restarted) on a fresh
@@ -170,6 +143,13 @@ def workers(cluster: Cluster, app: WordCountApp, tmp_path: Path) -> Iterator[Wor
         fleet.stop_all()
 
 
+def read_until(reader: CountSequences, expected: dict[str, int], timeout_s: float = 90.0) -> dict[str, int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and reader.latest != expected:
+        reader.read_more(0.5)
+    return reader.latest
+
+
 def live(workers: Workers) -> list[int]:
     return [i for i, p in enumerate(workers.processes) if p.poll() is None]
 
@@ -192,7 +172,7 @@ def chaos(cluster: Cluster, app: WordCountApp, workers: Workers, guarantee: tupl
         workers.start(*guarantee)
     reader = CountSequences(cluster.bootstrap, app.sink)
     wait_for(lambda: sum("started tasks" in workers.log(i) for i in range(3)) >= 2, 60, "the workers to start tasks")
-    feed = Feed(cluster.bootstrap, app.source, CORPUS)
+    feed = Trickle(cluster.bootstrap, CORPUS, topic=app.source, per_batch=25)
     wait_for(lambda: bool(reader.read_more(0.3)), 60, "the first counts")
     for round_number in range(kills):
         time.sleep(2.5)
@@ -268,7 +248,7 @@ def test_a_zombie_resumed_after_its_tasks_moved_cannot_make_its_writes_visible(c
     reader = CountSequences(cluster.bootstrap, app.sink)
     try:
         wait_for(lambda: all("started tasks" in workers.log(i) for i in range(2)), 60, "both workers to start tasks")
-        feed = Feed(cluster.bootstrap, app.source, CORPUS, per_batch=10)
+        feed = Trickle(cluster.bootstrap, CORPUS, topic=app.source, per_batch=10)
         wait_for(lambda: bool(reader.read_more(0.3)), 60, "the first counts")
         time.sleep(1.0)  # the zombie has processed input into its open transaction
         zombie.send_signal(signal.SIGSTOP)
@@ -282,10 +262,7 @@ def test_a_zombie_resumed_after_its_tasks_moved_cannot_make_its_writes_visible(c
         wait_for(lambda: "asking the group what this member owns now" in workers.log(0)[zombie_log_at_pause:]
                  or "lost tasks" in workers.log(0)[zombie_log_at_pause:], 60, "the zombie to find out")
         feed.join()
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and reader.latest != expected:
-            reader.read_more(0.5)
-        counts = reader.latest
+        counts = read_until(reader, expected)
         assert counts == expected, f"counts differ (got, expected): {_diff(counts, expected)}\n" + workers.log_tails()
         assert not reader.not_increasing(), f"counts repeated or went back: {reader.not_increasing()}"
     finally:
@@ -313,19 +290,13 @@ def test_standbys_and_interactive_queries_keep_working_under_exactly_once(cluste
         half = len(CORPUS) // 2
         produce_lines(cluster.bootstrap, app.source, CORPUS[:half])
         first_half = dict(count_words(CORPUS[:half]))
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and reader.latest != first_half:
-            reader.read_more(0.5)
-        assert reader.latest == first_half
+        assert read_until(reader, first_half) == first_half
         query_app = load_app(str(app.path))
         sample = sorted(first_half)[:5]
         assert {w: query_app.query("counts", w, endpoints=endpoints) for w in sample} == {w: first_half[w] for w in sample}
         kill(workers.processes[0])
         produce_lines(cluster.bootstrap, app.source, CORPUS[half:])
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and reader.latest != expected:
-            reader.read_more(0.5)
-        assert reader.latest == expected, f"counts differ (got, expected): {_diff(reader.latest, expected)}\n" + workers.log_tails()
+        assert read_until(reader, expected) == expected, f"counts differ (got, expected): {_diff(reader.latest, expected)}\n" + workers.log_tails()
         assert not reader.not_increasing()
         assert {w: query_app.query("counts", w, endpoints=endpoints[1:], timeout_s=30) for w in sample} == {w: expected[w] for w in sample}
     finally:

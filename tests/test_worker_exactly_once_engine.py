@@ -93,6 +93,15 @@ def count_sequences(records: Iterable[Any]) -> dict[str, list[int]]:
     return sequences
 
 
+def fresh_wordcount(bootstrap: str, label: str) -> tuple[App, str, str]:
+    """A word count app on topics of its own: (app, source topic, sink topic)."""
+    run = uuid.uuid4().hex[:8]
+    source, sink = f"eos-lines-{run}", f"eos-counts-{run}"
+    with ClusterMetadata(bootstrap) as cluster:
+        cluster.ensure_topics([TopicSpec(source, 2), TopicSpec(sink, 2)])
+    return wordcount(f"eos-{label}-{run}", source, sink), source, sink
+
+
 def engine_for(app: App, bootstrap: str, state_dir: Path, name: str) -> TaskEngine:
     resolved = resolve_against_cluster(app.topology(), bootstrap)
     engine = TaskEngine(resolved, EngineConfig(
@@ -106,11 +115,7 @@ def engine_for(app: App, bootstrap: str, state_dir: Path, name: str) -> TaskEngi
 
 def test_a_takeover_fences_the_crashed_owner_and_every_count_is_exact(any_kafka: KafkaUnderTest, tmp_path: Path) -> None:
     bootstrap = any_kafka.bootstrap_servers
-    run = uuid.uuid4().hex[:8]
-    source, sink = f"eos-lines-{run}", f"eos-counts-{run}"
-    with ClusterMetadata(bootstrap) as cluster:
-        cluster.ensure_topics([TopicSpec(source, 2), TopicSpec(sink, 2)])
-    app = wordcount(f"eos-engine-{run}", source, sink)
+    app, source, sink = fresh_wordcount(bootstrap, "engine")
     half = len(LINES) // 2
     words_in_first_half = sum(expected(LINES[:half]).values())
 
@@ -149,11 +154,7 @@ def test_a_takeover_fences_the_crashed_owner_and_every_count_is_exact(any_kafka:
 
 def test_positions_commit_with_the_outputs_and_a_restart_resumes_from_them(any_kafka: KafkaUnderTest, tmp_path: Path) -> None:
     bootstrap = any_kafka.bootstrap_servers
-    run = uuid.uuid4().hex[:8]
-    source, sink = f"eos-lines-{run}", f"eos-counts-{run}"
-    with ClusterMetadata(bootstrap) as cluster:
-        cluster.ensure_topics([TopicSpec(source, 2), TopicSpec(sink, 2)])
-    app = wordcount(f"eos-resume-{run}", source, sink)
+    app, source, _ = fresh_wordcount(bootstrap, "resume")
     produce(bootstrap, source, LINES[:50])
     engine = engine_for(app, bootstrap, tmp_path / "state", "a")
     try:

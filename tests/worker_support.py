@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -128,3 +129,28 @@ def fleet_of(workers: Workers) -> Iterator[Workers]:
         yield workers
     finally:
         workers.stop_all()
+
+
+class Trickle:
+    """Feeds lines to ``topic`` a few at a time from a thread, so input flows throughout."""
+
+    def __init__(self, bootstrap: str, lines: list[str], *, topic: str = "text-lines", per_batch: int = 20, pause_s: float = 0.1) -> None:
+        from pystreams.commands.dev import produce_lines
+
+        self._produce = produce_lines
+        self._bootstrap, self._topic, self._lines = bootstrap, topic, lines
+        self._per_batch, self._pause_s = per_batch, pause_s
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self.sent < len(self._lines):
+            batch = self._lines[self.sent:self.sent + self._per_batch]
+            self._produce(self._bootstrap, self._topic, batch)
+            self.sent += len(batch)
+            time.sleep(self._pause_s)
+
+    def join(self) -> None:
+        self._thread.join(180)
+        assert self.sent == len(self._lines)

@@ -243,24 +243,29 @@ class ExactlyOnceCommits:
         of them. ``background`` makes no difference: an exactly-once commit always waits."""
         assert self._transactional is not None
         self._transactional.ensure_open()
-        for task in tasks:
-            task.flush()
         offsets: dict[TopicPartition, int] = {}
         written: dict[TaskId, dict[TopicPartition, int]] = {}
-        for task in tasks:
-            current = dict(task.next_offsets)
-            offsets.update(current)
-            if task.id in releasing:
-                kind = PositionKind.RELEASE
-            elif task.id in self._claims:
-                kind = PositionKind.CLAIM
-            elif self._written.get(task.id) != current:
-                kind = PositionKind.COMMIT
-            else:
-                continue
-            key, value = encode_position(task.id, kind, self.transactional_id, current)
-            sender.send_to_partition(self.positions_topic, positions_partition(task.id), key, value)
-            written[task.id] = current
+        try:
+            for task in tasks:
+                task.flush()
+            for task in tasks:
+                current = dict(task.next_offsets)
+                offsets.update(current)
+                if task.id in releasing:
+                    kind = PositionKind.RELEASE
+                elif task.id in self._claims:
+                    kind = PositionKind.CLAIM
+                elif self._written.get(task.id) != current:
+                    kind = PositionKind.COMMIT
+                else:
+                    continue
+                key, value = encode_position(task.id, kind, self.transactional_id, current)
+                sender.send_to_partition(self.positions_topic, positions_partition(task.id), key, value)
+                written[task.id] = current
+        except Exception:
+            # Part of the commit's writes are in the transaction: none of them may become visible.
+            self.abort(sender)
+            raise
         outcome = self._transactional.commit(flush=sender.flush, confirm=lambda: self._confirm(offsets))
         if outcome is CommitOutcome.COMMITTED:
             for task in tasks:

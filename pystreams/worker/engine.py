@@ -647,7 +647,12 @@ class TaskEngine:
         started = time.perf_counter()
         if self.guarantee.exactly_once:
             tasks = list(self._tasks.values())
-        outcome = self._commits.commit(self._sender, tasks, releasing=releasing, background=background)
+        try:
+            outcome = self._commits.commit(self._sender, tasks, releasing=releasing, background=background)
+        except Exception:
+            if self.guarantee.exactly_once:  # the transaction was aborted: rebuild what wrote into it
+                self._schedule_revive([t for t in self._tasks.values() if t.dirty and t.id not in releasing])
+            raise
         self._last_commit = time.monotonic()
         if outcome is CommitOutcome.COMMITTED:
             if len(tasks) == len(self._tasks):
