@@ -27,7 +27,7 @@ from pystreams.worker.positions import (
 )
 from pystreams.worker.transaction import (
     CommitOutcome,
-    ErrorKind,
+    TransactionErrorKind,
     MembershipLost,
     Recovery,
     Transaction,
@@ -124,10 +124,20 @@ def test_fatal_errors_stop_the_thread() -> None:
     assert t.state is S.FAILED
 
 
+def test_a_send_refused_after_fencing_is_a_fencing_error() -> None:
+    # What kafka-python raises from send() once its producer was fenced: the cause is an argument.
+    refused = kafka_errors.KafkaError("Cannot perform send because at least one previous transactional or "
+                                      "idempotent request has failed with errors.", kafka_errors.ProducerFencedError())
+    assert classify(refused) is TransactionErrorKind.FENCED
+    wrapped = RuntimeError("node failed")
+    wrapped.__cause__ = refused
+    assert classify(wrapped) is TransactionErrorKind.FENCED
+
+
 def test_error_classification() -> None:
-    assert classify(MembershipLost("unknown member")) is ErrorKind.FENCED
-    assert classify(kafka_errors.KafkaTimeoutError()) is ErrorKind.ABORTABLE
-    assert classify(kafka_errors.ClusterAuthorizationFailedError()) is ErrorKind.FATAL
+    assert classify(MembershipLost("unknown member")) is TransactionErrorKind.FENCED
+    assert classify(kafka_errors.KafkaTimeoutError()) is TransactionErrorKind.ABORTABLE
+    assert classify(kafka_errors.ClusterAuthorizationFailedError()) is TransactionErrorKind.FATAL
 
 
 # -- the producer wrapper, scripted -------------------------------------------------------------
@@ -197,6 +207,15 @@ def test_a_fenced_commit_replaces_the_producer_which_initializes_again() -> None
     assert len(replaced) == 1 and log[-1] == "close"
     producer.ensure_open()
     assert log[-2:] == ["init", "begin"]
+
+
+def test_a_failure_reported_mid_transaction_aborts_or_replaces_as_the_machine_says() -> None:
+    producer, log, replaced = scripted()
+    producer.ensure_open()
+    assert producer.fail(kafka_errors.KafkaTimeoutError()) is CommitOutcome.ABORTED
+    assert log[-2:] == ["abort", "begin"] and not replaced
+    assert producer.fail(kafka_errors.KafkaError("refused", kafka_errors.ProducerFencedError())) is CommitOutcome.MIGRATED
+    assert len(replaced) == 1
 
 
 def test_a_failed_flush_aborts_and_the_next_transaction_is_open() -> None:

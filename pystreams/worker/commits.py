@@ -25,6 +25,7 @@ from pystreams.state import TopicPartition
 from pystreams.topology.ir import TaskId
 
 from .committed_consumer import CommittedConsumer
+from .errors import RecordProcessingError
 from .position_reader import PositionReader
 from .positions import Lost, PositionKind, encode_position, positions_partition
 from .transaction import CommitOutcome, MembershipLost
@@ -117,6 +118,12 @@ class AtLeastOnceCommits:
     def abort(self, sender: RecordSender) -> CommitOutcome:
         """Nothing to take back: what was written stays written (at-least-once)."""
         return CommitOutcome.ABORTED
+
+    def release(self, sender: RecordSender, task_ids: Collection[TaskId]) -> CommitOutcome:
+        return CommitOutcome.ABORTED
+
+    def forget(self, task_ids: Collection[TaskId]) -> None:
+        pass
 
     # -- counters ---------------------------------------------------------------------------------
 
@@ -262,10 +269,15 @@ class ExactlyOnceCommits:
                 key, value = encode_position(task.id, kind, self.transactional_id, current)
                 sender.send_to_partition(self.positions_topic, positions_partition(task.id), key, value)
                 written[task.id] = current
-        except Exception:
+        except RecordProcessingError:
+            # A store flush forwarded into a failing node: the app's error, the caller's to report.
             # Part of the commit's writes are in the transaction: none of them may become visible.
             self.abort(sender)
             raise
+        except Exception as error:
+            outcome = self._transactional.fail(error)  # a client error: abort, or fenced
+            sender.discard()
+            return outcome
         outcome = self._transactional.commit(flush=sender.flush, confirm=lambda: self._confirm(offsets))
         if outcome is CommitOutcome.COMMITTED:
             for task in tasks:
@@ -297,6 +309,26 @@ class ExactlyOnceCommits:
         if self._coordinator_warned:
             log.info("%s: the coordinator takes offsets again", self.transactional_id)
         self._coordinator_warned = False
+
+    def release(self, sender: RecordSender, task_ids: Collection[TaskId]) -> CommitOutcome:
+        """After the revocation's commit aborted: release the tasks at their last committed
+        positions (what they wrote since is gone), so that their next owner need not fence this
+        thread, which keeps its other tasks."""
+        assert self._transactional is not None
+        known = [t for t in task_ids if t in self._written]
+        if not known:
+            return CommitOutcome.ABORTED
+        self._transactional.ensure_open()
+        for task_id in known:
+            key, value = encode_position(task_id, PositionKind.RELEASE, self.transactional_id, self._written[task_id])
+            sender.send_to_partition(self.positions_topic, positions_partition(task_id), key, value)
+        outcome = self._transactional.commit(flush=sender.flush, confirm=lambda: None)
+        if outcome is CommitOutcome.COMMITTED:
+            for task_id in known:
+                self._written.pop(task_id, None)
+        else:
+            sender.discard()
+        return outcome
 
     def abort(self, sender: RecordSender) -> CommitOutcome:
         assert self._transactional is not None

@@ -60,7 +60,8 @@ from .positions import positions_partition_count, positions_topic
 from .standby import StandbyTask, StandbyUpdater, stateful_tasks
 from .stores import TypedStore
 from .tasks import StreamTask
-from .transaction import CommitOutcome
+from .transaction import CommitOutcome, TransactionError, classify
+from .transaction import TransactionErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +256,7 @@ class TaskEngine:
             self._producer, {topic: self.resolved.partitions[topic] for topic in self._repartition_topics}
         )
         self._consumer = self._new_consumer("")
-        end_consumer = self._new_consumer("restore-ends", filtered=False, committed_only=False) if self.guarantee.exactly_once else None
+        end_consumer = self._new_consumer("restore-ends", committed_only=False) if self.guarantee.exactly_once else None
         self._restorer = ChangelogRestorer(self._new_consumer("restore"), end_consumer=end_consumer)
         self._standby_updater = StandbyUpdater(self._new_consumer("standby"))
 
@@ -328,8 +329,13 @@ class TaskEngine:
         If any task fails to start, none of them does (what was restored is kept)."""
         assert self._restorer is not None and self._sender is not None, "start() the engine first"
         self._commits.ensure_open()
+        wanted = sorted(set(task_ids) - self._tasks.keys())
+        if wanted and self.guarantee.exactly_once and self._tasks:
+            # This thread's transaction must not stay open through a restore, which may take long:
+            # it would hold back every read_committed reader of what the running tasks wrote.
+            self._commit_all()
         new_tasks: list[StreamTask] = []
-        for task_id in sorted(set(task_ids) - self._tasks.keys()):
+        for task_id in wanted:
             # Promotion: the replica's checkpoint is where the active's restore starts.
             self._close_standby(task_id)
             try:
@@ -457,6 +463,13 @@ class TaskEngine:
             return {}
         offsets = {p: o for task in tasks for p, o in task.next_offsets.items()}
         outcome = self._commit(tasks, releasing={t.id for t in tasks})
+        if outcome is CommitOutcome.ABORTED:
+            assert self._sender is not None
+            try:
+                self._commits.release(self._sender, [t.id for t in tasks])
+            except Exception:
+                log.warning("releasing tasks %s after their aborted commit failed; their next owner fences this thread",
+                            ", ".join(str(t.id) for t in tasks), exc_info=True)
         for task in tasks:
             if task.id not in self._tasks:
                 continue  # dropped by the commit's failure
@@ -501,8 +514,7 @@ class TaskEngine:
             task.close_dirty()
             self._forget(task)
             dropped.append(task_id)
-        if isinstance(self._commits, ExactlyOnceCommits):
-            self._commits.forget(dropped)
+        self._commits.forget(dropped)
         self._assign_inputs()
 
     def _forget(self, task: StreamTask) -> None:
@@ -575,10 +587,29 @@ class TaskEngine:
             self._punctuate_wall_clock()
             self._send_repartition_buffers()
             return 0
-        self._commits.ensure_open()
+        try:
+            self._commits.ensure_open()
+        except TransactionError:
+            raise  # fatal: authorization, configuration
+        except Exception as error:
+            self._migrated(f"its transaction could not be opened ({error!r})")
         if following:
             counters.standby_records += updater.poll(0)
         fetched = self._consumer.poll(timeout_ms=timeout, max_records=self._batch_size.limit)
+        try:
+            return self._process(fetched)
+        except TaskMigratedError:
+            raise
+        except Exception as error:
+            if self.guarantee.exactly_once and classify(error) is TransactionErrorKind.FENCED:
+                # kafka-python refuses sends once the producer is fenced: the tasks are someone else's.
+                assert self._sender is not None
+                self._commits.abort(self._sender)
+                self._migrated(f"its producer was fenced ({error!r})")
+            raise
+
+    def _process(self, fetched: Mapping[Any, list[Any]]) -> int:
+        counters = self.counters
         started = time.perf_counter()
         count = 0
         kafka_records = 0  # what max_records counts: a packed repartition record is one

@@ -178,6 +178,12 @@ class ProducerChangelogSink:
         self._last_send.clear()
 
 
+def _held(consumer: Any, tp: KafkaTopicPartition) -> int:
+    """Records a filtered consumer fetched that wait for their transaction's marker."""
+    held = getattr(consumer, "held", None)
+    return held(tp) if held is not None else 0
+
+
 class ChangelogRestorer:
     """Reads changelog partitions for restore with its own manual-assignment consumer.
 
@@ -210,31 +216,54 @@ class ChangelogRestorer:
                 return max(reported, position)
         raise TimeoutError(f"could not fetch the end of changelog {changelog.topic}-{changelog.partition}")
 
+    #: Exactly-once: a read_committed restore that makes no progress this long goes on through
+    #: the end consumer (read_uncommitted) behind the transaction filter, which waits for the same
+    #: markers. The embedded broker was seen holding its last stable offset back for tens of
+    #: seconds after the transactions below it had ended.
+    STALL_FALLBACK_S = 5.0
+
     def read(
         self, changelog: TopicPartition, start_offset: int | None, end_offset: int
     ) -> Iterator[Sequence[ChangelogRecord]]:
         """Batches of changelog records from ``start_offset`` (None: the beginning) up to
         ``end_offset`` exclusive."""
         tp = KafkaTopicPartition(*changelog)
-        self._consumer.assign([tp])
-        if start_offset is None:
-            self._consumer.seek_to_beginning(tp)
-        else:
-            self._consumer.seek(tp, start_offset)
+        consumer = self._consumer
+        self._start(consumer, tp, start_offset)
         deadline = time.monotonic() + self._fetch_timeout_s
-        held = getattr(self._consumer, "held", None)  # records waiting for their transaction's marker
-        while self._consumer.position(tp) < end_offset or (held is not None and held(tp)):
-            records = self._consumer.poll(timeout_ms=200).get(tp)
+        stalled_since = time.monotonic()
+        next_offset = start_offset
+        while consumer.position(tp) < end_offset or _held(consumer, tp):
+            records = consumer.poll(timeout_ms=200).get(tp)
             if not records:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if (now - stalled_since > self.STALL_FALLBACK_S and consumer is not self._end_consumer
+                        and hasattr(self._end_consumer, "held")):
+                    log.warning("restoring %s-%d: read_committed makes no progress at offset %d (end %d); reading on "
+                                "read_uncommitted behind the transaction filter", changelog.topic, changelog.partition,
+                                consumer.position(tp), end_offset)
+                    consumer = self._end_consumer
+                    self._start(consumer, tp, next_offset)
+                    stalled_since = now
+                if now > deadline:
                     raise TimeoutError(
                         f"restoring {changelog.topic}-{changelog.partition}: stuck at offset "
-                        f"{self._consumer.position(tp)} before the end {end_offset}"
-                        + (f" ({held(tp)} records of a transaction not resolved yet)" if held is not None and held(tp) else "")
+                        f"{consumer.position(tp)} before the end {end_offset}"
+                        + (f" ({_held(consumer, tp)} records of a transaction not resolved yet)" if _held(consumer, tp) else "")
                     )
                 continue
             deadline = time.monotonic() + self._fetch_timeout_s
+            stalled_since = time.monotonic()
+            next_offset = records[-1].offset + 1
             yield [ChangelogRecord(r.offset, r.key, r.value) for r in records if r.offset < end_offset]
+
+    @staticmethod
+    def _start(consumer: Any, tp: KafkaTopicPartition, offset: int | None) -> None:
+        consumer.assign([tp])
+        if offset is None:
+            consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, offset)
 
     def close(self) -> None:
         self._consumer.close()

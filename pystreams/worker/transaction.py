@@ -47,7 +47,7 @@ class CommitOutcome(Enum):
     MIGRATED = "migrated"
 
 
-class ErrorKind(Enum):
+class TransactionErrorKind(Enum):
     #: Someone else owns our transactional id or our tasks now.
     FENCED = "fenced"
     #: The transaction cannot commit, but the producer can abort it and go on.
@@ -85,19 +85,28 @@ _FATAL = (
 )
 
 
-def classify(error: BaseException) -> ErrorKind:
-    """What an error raised inside a transaction means (its cause chain is looked at too:
-    kafka-python and our sender wrap the broker's error)."""
+def classify(error: BaseException) -> TransactionErrorKind:
+    """What an error raised inside a transaction means. The errors it wraps are looked at too:
+    its cause chain (our sender and the processing-error policy wrap the client's error) and
+    exceptions among its arguments (kafka-python's "Cannot perform send because at least one
+    previous transactional or idempotent request has failed" carries the fencing error there)."""
     seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
+    pending: list[BaseException] = [error]
+    kinds: set[TransactionErrorKind] = set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
         seen.add(id(current))
         if isinstance(current, _FENCING):
-            return ErrorKind.FENCED
-        if isinstance(current, _FATAL):
-            return ErrorKind.FATAL
-        current = current.__cause__ or current.__context__
-    return ErrorKind.ABORTABLE
+            kinds.add(TransactionErrorKind.FENCED)
+        elif isinstance(current, _FATAL):
+            kinds.add(TransactionErrorKind.FATAL)
+        pending.extend(e for e in (current.__cause__, current.__context__, *current.args) if isinstance(e, BaseException))
+    for kind in (TransactionErrorKind.FENCED, TransactionErrorKind.FATAL):
+        if kind in kinds:
+            return kind
+    return TransactionErrorKind.ABORTABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +177,14 @@ class Transaction:
     def failed(self, error: BaseException) -> Plan:
         """``error`` was raised by a step; raises TransactionError when it is fatal."""
         kind = classify(error)
-        if kind is ErrorKind.FATAL:
+        if kind is TransactionErrorKind.FATAL:
             self.state = TransactionState.FAILED
             raise TransactionError(f"transaction failed for good: {error!r}") from error
-        if kind is ErrorKind.FENCED or self.state in (TransactionState.ABORTING, TransactionState.UNINITIALIZED):
+        if kind is TransactionErrorKind.FENCED or self.state in (TransactionState.ABORTING, TransactionState.UNINITIALIZED):
             # A failed abort or init leaves the producer in an unknown state: replace it. Its
             # transaction, if any, is aborted by the new producer's initialization.
-            outcome = CommitOutcome.MIGRATED if kind is ErrorKind.FENCED else self._failed_abort_outcome()
-            if kind is ErrorKind.FENCED:
+            outcome = CommitOutcome.MIGRATED if kind is TransactionErrorKind.FENCED else self._failed_abort_outcome()
+            if kind is TransactionErrorKind.FENCED:
                 self.fenced_count += 1
             self.state = TransactionState.FENCED
             return Plan(Recovery.REPLACE_PRODUCER, outcome)

@@ -80,6 +80,12 @@ class TransactionalProducer:
         self._begin_next()
         return outcome
 
+    def fail(self, error: BaseException) -> CommitOutcome:
+        """``error`` broke the open transaction (a send refused, a flush failed): abort it, or
+        replace the producer if it was fenced; the outcome says what the tasks must do."""
+        log.warning("transaction of %s failed (%r)", self.transactional_id, error)
+        return self._run(self.transaction.failed(error))
+
     def abort(self) -> CommitOutcome:
         """Give the open transaction up (its writes never become visible)."""
         if not self.transaction.open:
