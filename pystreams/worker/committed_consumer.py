@@ -155,6 +155,9 @@ class CommittedConsumer:
     def end_offsets(self, partitions: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
         return self._consumer.end_offsets(partitions)
 
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return self._consumer.partitions_for_topic(topic)
+
     def close(self) -> None:
         self._consumer.close()
 
