@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pystreams import serdes
+from pystreams.guarantee import ProcessingGuarantee
 from pystreams.serdes import Serde
 from pystreams.topology.errors import (
     InvalidNameError,
@@ -325,8 +326,17 @@ class App:
     ``name`` is the application id: it prefixes internal topics and names the consumer group.
     """
 
-    def __init__(self, name: str, *, key_serde: Serde | None = None, value_serde: Serde | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        key_serde: Serde | None = None,
+        value_serde: Serde | None = None,
+        processing_guarantee: str = "at_least_once",
+    ) -> None:
         self.app_id = check_name("app", name)
+        #: The workers' default ``processing.guarantee`` (``--processing-guarantee`` overrides it).
+        self.processing_guarantee = ProcessingGuarantee.parse(str(processing_guarantee))
         self.default_key_serde = key_serde or serdes.Text()
         self.default_value_serde = value_serde or serdes.Json()
         self._nodes: dict[str, Node] = {}

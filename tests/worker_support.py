@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -20,13 +21,18 @@ class Cluster:
     ``log="kafka"`` the coordinator keeps its records on the broker, so it can be killed and
     started again (``kill_coordinator``, ``start_coordinator``) without losing a group."""
 
-    def __init__(self, tmp_path: Path, *, log: str = "memory") -> None:
-        self.broker = EmbeddedBroker(port=None)
-        self.broker.start()
+    def __init__(self, tmp_path: Path, *, log: str = "memory", bootstrap: str | None = None) -> None:
+        # ``bootstrap``: an existing Kafka cluster (Apache Kafka in Docker) instead of a fresh
+        # embedded broker; the test then owns nothing of it but its own topics.
+        self.broker: EmbeddedBroker | None = None
+        if bootstrap is None:
+            self.broker = EmbeddedBroker(port=None)
+            self.broker.start()
+            bootstrap = self.broker.bootstrap_servers
         self.port = free_port()
         self.log_kind = log
         self._log = (tmp_path / "coordinator.log").open("ab")
-        self.bootstrap = self.broker.bootstrap_servers
+        self.bootstrap = bootstrap
         self.coordinator_address = f"127.0.0.1:{self.port}"
         self.coordinator: subprocess.Popen[bytes] | None = None
         try:
@@ -38,7 +44,7 @@ class Cluster:
     def start_coordinator(self) -> None:
         self.coordinator = subprocess.Popen(
             [sys.executable, "-m", "pystreams", "coordinator", "--log", self.log_kind,
-             "--bootstrap-servers", self.broker.bootstrap_servers, "--listen", f"127.0.0.1:{self.port}",
+             "--bootstrap-servers", self.bootstrap, "--listen", f"127.0.0.1:{self.port}",
              "--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500"],
             stdout=self._log, stderr=subprocess.STDOUT,
         )
@@ -58,7 +64,8 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 self.coordinator.kill()
         self._log.close()
-        self.broker.stop()
+        if self.broker is not None:
+            self.broker.stop()
 
 
 def listening(port: int) -> bool:
@@ -122,3 +129,28 @@ def fleet_of(workers: Workers) -> Iterator[Workers]:
         yield workers
     finally:
         workers.stop_all()
+
+
+class Trickle:
+    """Feeds lines to ``topic`` a few at a time from a thread, so input flows throughout."""
+
+    def __init__(self, bootstrap: str, lines: list[str], *, topic: str = "text-lines", per_batch: int = 20, pause_s: float = 0.1) -> None:
+        from pystreams.commands.dev import produce_lines
+
+        self._produce = produce_lines
+        self._bootstrap, self._topic, self._lines = bootstrap, topic, lines
+        self._per_batch, self._pause_s = per_batch, pause_s
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self.sent < len(self._lines):
+            batch = self._lines[self.sent:self.sent + self._per_batch]
+            self._produce(self._bootstrap, self._topic, batch)
+            self.sent += len(batch)
+            time.sleep(self._pause_s)
+
+    def join(self) -> None:
+        self._thread.join(180)
+        assert self.sent == len(self._lines)

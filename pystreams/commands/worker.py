@@ -15,6 +15,7 @@ import signal
 import sys
 
 from pystreams.commands import options
+from pystreams.guarantee import ProcessingGuarantee
 from pystreams.worker.process import DEFAULT_COMMIT_INTERVAL_MS
 
 HELP = "run an app's stream tasks as a member of its group (KIP-848, client-side task assignment)"
@@ -36,8 +37,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=options.positive_int, default=env("PYSTREAMS_THREADS", "1"),
                         help="stream threads, one group member each (env PYSTREAMS_THREADS; default 1)")
     parser.add_argument("--commit-interval-ms", type=options.positive_int,
-                        default=env("PYSTREAMS_COMMIT_INTERVAL_MS", str(DEFAULT_COMMIT_INTERVAL_MS)),
-                        help=f"commit.interval.ms (env PYSTREAMS_COMMIT_INTERVAL_MS; default {DEFAULT_COMMIT_INTERVAL_MS})")
+                        default=env("PYSTREAMS_COMMIT_INTERVAL_MS") or None,
+                        help=f"commit.interval.ms (env PYSTREAMS_COMMIT_INTERVAL_MS; default {DEFAULT_COMMIT_INTERVAL_MS}, "
+                             f"{ProcessingGuarantee.EXACTLY_ONCE_V2.default_commit_interval_ms} under exactly_once_v2)")
+    parser.add_argument("--processing-guarantee", type=_guarantee, default=env("PYSTREAMS_PROCESSING_GUARANTEE") or None,
+                        metavar="{at_least_once,exactly_once_v2}",
+                        help="processing.guarantee: exactly_once_v2 commits outputs, state changes and input positions "
+                             "in one Kafka transaction (env PYSTREAMS_PROCESSING_GUARANTEE; default: the app's "
+                             "processing_guarantee, at_least_once unless it says otherwise)")
     parser.add_argument("--user-endpoint", default=env("PYSTREAMS_USER_ENDPOINT", ""),
                         help="HOST:PORT advertised for interactive queries (env PYSTREAMS_USER_ENDPOINT)")
     parser.add_argument("--num-standby-replicas", type=options.non_negative_int, default=env("PYSTREAMS_NUM_STANDBY_REPLICAS", "0"),
@@ -71,6 +78,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "at once (env PYSTREAMS_POD_ANNOTATIONS)")
     parser.add_argument("--log-level", default=env("PYSTREAMS_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(env PYSTREAMS_LOG_LEVEL)")
+
+
+def _guarantee(text: str) -> ProcessingGuarantee:
+    try:
+        return ProcessingGuarantee.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _client_tags_from_env(text: str) -> dict[str, str]:
@@ -114,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
             instance_id=args.instance_id,
             state_dir=args.state_dir,
             threads=int(args.threads),
-            commit_interval_ms=int(args.commit_interval_ms),
+            commit_interval_ms=None if args.commit_interval_ms is None else int(args.commit_interval_ms),
+            processing_guarantee=None if args.processing_guarantee is None else _guarantee(str(args.processing_guarantee)),
             user_endpoint=args.user_endpoint,
             ha=HaConfig(
                 num_standby_replicas=int(args.num_standby_replicas),

@@ -19,6 +19,18 @@ Design — **one asyncio loop, one engine thread per stream thread.**
   with its member id and epoch (OffsetCommit v9, by topic name). STALE_MEMBER_EPOCH → wait for
   the next heartbeat (which brings the new epoch) and commit again. The loop is never blocked
   by the engine, so these hops cannot deadlock.
+* Which callbacks the engine gets depends on ``processing.guarantee`` (the engine's commit
+  strategy does the rest): at-least-once gets a background committer for periodic commits and
+  a blocking one for revocations; exactly-once gets the *membership gate* — the offsets go to
+  the coordinator synchronously inside each commit, before the Kafka transaction commits, and a
+  refusal (fenced or unknown member) aborts it. A coordinator that does not answer within
+  ``_GATE_TIMEOUT_S`` does not stop commits (the positions in the transaction keep them exact):
+  the offsets follow in the background until it answers again.
+* Exactly-once gives each stream thread a transactional producer whose ``transactional.id`` is
+  stable across restarts (:func:`transactional_id_for`): the static instance id, else a process
+  id persisted in the state directory. When the engine reports the thread's tasks migrated
+  (fenced), the thread drops them, waits for a heartbeat to hear what it owns now, and starts
+  those tasks again.
 
 Tasks start only when *all* their input partitions are owned (co-partitioning: the assignor
 hands them out together; during an incremental hand-off they may arrive in several events),
@@ -64,13 +76,17 @@ from pystreams.client.member import (
     PartitionsLost,
     RevokePartitions,
 )
-from pystreams.cluster import ClusterMetadata, TopicSpec
+from pystreams.cluster import ClusterMetadata
+from pystreams.guarantee import ProcessingGuarantee
 from pystreams.state import TopicPartition
 from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology
 
-from .engine import EngineConfig, TaskEngine, resolve_against_cluster
+from .commits import TaskMigratedError
+from .engine import EngineConfig, TaskEngine, internal_topic_specs, resolve_against_cluster
+from .identity import ProcessIdentity, transactional_id_for
 from .progress import LagSnapshot, ReplicaProgressLog, RestoreTracker
+from .transaction import MembershipLost
 from .warmup import WarmUpTracker
 
 if TYPE_CHECKING:  # aiohttp and prometheus_client load only for a worker that serves HTTP
@@ -80,13 +96,20 @@ if TYPE_CHECKING:  # aiohttp and prometheus_client load only for a worker that s
 log = logging.getLogger(__name__)
 
 #: Kafka Streams commits every 30 s; this project's demos and tests want results sooner, and
-#: a short interval also bounds what a crash makes the next owner reprocess.
-DEFAULT_COMMIT_INTERVAL_MS = 1000
+#: a short interval also bounds what a crash makes the next owner reprocess. Under exactly-once
+#: the default is 100 ms (``ProcessingGuarantee.default_commit_interval_ms``).
+DEFAULT_COMMIT_INTERVAL_MS = ProcessingGuarantee.AT_LEAST_ONCE.default_commit_interval_ms
 #: How long a commit or offset fetch (made from the engine thread) may wait for the loop.
 _OFFSETS_CALL_TIMEOUT_S = 30.0
 #: A static member refused this long is more likely a duplicate instance id than a crash-restart.
 _UNRELEASED_ALARM_S = 120.0
 _STALE_EPOCH_RETRIES = 5
+#: Exactly-once: how long a commit waits for the coordinator's word before going on without it.
+_GATE_TIMEOUT_S = 5.0
+#: How long a task that failed to start waits before the next try.
+_START_RETRY_S = 1.0
+#: OffsetCommit errors that mean the member no longer owns what it commits.
+_MEMBERSHIP_ERRORS = frozenset({22, 25, 82, 110})  # ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, FENCED_MEMBER_EPOCH
 #: How soon a task whose state a sibling thread's replica still locks is started again.
 _LOCKED_TASK_RETRY_S = 0.2
 #: How long a worker that asked the application to shut down waits to hear the answer.
@@ -106,6 +129,10 @@ class CommitFailed(RuntimeError):
     """The coordinator refused a commit (fenced, unknown member, ...)."""
 
 
+class CoordinatorAway(CommitFailed):
+    """Exactly-once: the coordinator did not answer the membership gate in time."""
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     app: str  # path/to/app.py or module[:attribute]
@@ -114,7 +141,10 @@ class WorkerSettings:
     instance_id: str | None = None
     state_dir: str | None = None
     threads: int = 1
-    commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
+    #: None: the guarantee's default (1 s at-least-once, 100 ms exactly-once).
+    commit_interval_ms: int | None = None
+    #: None: the app's ``processing_guarantee`` (at-least-once unless it says otherwise).
+    processing_guarantee: ProcessingGuarantee | None = None
     user_endpoint: str = ""
     rebalance_timeout_ms: int = 60_000
     #: Standby replicas, warm-ups and placement (Kafka Streams' config names, dots as _).
@@ -141,7 +171,7 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ValueError("threads must be at least 1")
-        if self.commit_interval_ms < 1:
+        if self.commit_interval_ms is not None and self.commit_interval_ms < 1:
             raise ValueError("commit interval must be positive")
         if self.instance_id == "":
             raise ValueError("instance id, when given, must be non-empty")
@@ -200,6 +230,7 @@ class StreamThread:
         on_fatal: Callable[[str], None],
         on_shutdown_requested: Callable[[], None] = lambda: None,
         metrics: WorkerMetrics | None = None,
+        transactional_identity: uuid.UUID | None = None,
     ) -> None:
         self.index = index
         self.resolved = resolved
@@ -218,6 +249,14 @@ class StreamThread:
         self._rebalance_duration = metrics.rebalance_duration.labels(self.name) if metrics is not None else None
         self._rebalance_started: float | None = None
         self._stopping = False
+        guarantee = settings.processing_guarantee or ProcessingGuarantee.AT_LEAST_ONCE
+        self.exactly_once = guarantee.exactly_once
+        instance_id = settings.instance_id
+        if instance_id is not None and settings.threads > 1:
+            instance_id = f"{instance_id}-{index}"
+        self.transactional_id = transactional_id_for(
+            app_id, instance_id=settings.instance_id, process_id=transactional_identity or process_id, thread_index=index,
+        ) if self.exactly_once else None
         self.engine = TaskEngine(
             resolved,
             EngineConfig(
@@ -226,13 +265,15 @@ class StreamThread:
                 # thread of this process finds its state (the task lock keeps it exclusive).
                 state_dir=state_dir,
                 client_id=f"{app_id}-{process_id.hex[:8]}-{self.name}",
-                commit_interval_ms=settings.commit_interval_ms,
+                commit_interval_ms=settings.commit_interval_ms or guarantee.default_commit_interval_ms,
                 create_internal_topics=False,  # the process created them before joining
                 client_config=settings.broker_security.kafka_python_config(),
+                processing_guarantee=guarantee,
+                transactional_id=self.transactional_id,
             ),
             committed_offsets=self._read_committed_blocking,
-            commit_offsets=self._commit_blocking,
-            commit_offsets_in_background=self._commit_in_background,
+            commit_offsets=self._confirm_membership if self.exactly_once else self._commit_blocking,
+            commit_offsets_in_background=None if self.exactly_once else self._commit_in_background,
             on_restore_progress=self.restores,
             on_commit=commit_latency.observe if commit_latency is not None else None,
         )
@@ -249,9 +290,6 @@ class StreamThread:
         self.assignment: StreamsAssignmentMetadata | None = None
         #: Tasks being restored right now (queries answer "not available yet" for them).
         self.restoring: frozenset[TaskId] = frozenset()
-        instance_id = settings.instance_id
-        if instance_id is not None and settings.threads > 1:
-            instance_id = f"{instance_id}-{index}"
         self.driver = MemberDriver(
             MemberConfig(
                 group_id=app_id,
@@ -279,6 +317,9 @@ class StreamThread:
         self._next_background_commit: dict[TopicPartition, int] = {}
         self._background_lock = threading.Lock()
         self._background_failures = 0
+        #: Exactly-once: the coordinator missed a gate; offsets go in the background until it answers.
+        self._gate_bypassed = False
+        self._migration_recovery: asyncio.Task[None] | None = None
         self._start_retry: asyncio.Task[None] | None = None
         self._rebalance_watch: asyncio.Task[None] | None = None
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
@@ -409,16 +450,18 @@ class StreamThread:
                 try:
                     await self._call_engine(lambda: self.engine.revoke_tasks(stopping))
                     log.info("%s: revoked tasks %s (committed)", self.name, ", ".join(map(str, stopping)))
+                except TaskMigratedError as error:
+                    self._tasks_migrated(error)
                 except Exception:
                     log.exception("%s: committing revoked tasks failed; dropping them", self.name)
-                    await self._call_engine(lambda: self.engine.lose_tasks(stopping))
+                    await self._lose(stopping)
                 self._running = self._running - set(stopping)
         elif isinstance(event, PartitionsLost):
             lost = await self._named(event.partitions)
             self._owned = self._owned - lost
             dropping = self._tasks_touching(lost)
             if dropping:
-                await self._call_engine(lambda: self.engine.lose_tasks(dropping))
+                await self._lose(dropping)
                 self._running = self._running - set(dropping)
                 log.warning("%s: lost tasks %s (error %d)", self.name, ", ".join(map(str, dropping)), event.error_code)
         elif isinstance(event, InstanceIdUnreleased):
@@ -427,6 +470,27 @@ class StreamThread:
             self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
         elif isinstance(event, LeftGroup):
             log.info("%s: left the group (epoch %s)", self.name, event.member_epoch_sent)
+
+    async def _lose(self, tasks: list[TaskId]) -> None:
+        try:
+            await self._call_engine(lambda: self.engine.lose_tasks(tasks))
+        except TaskMigratedError as error:
+            self._tasks_migrated(error)
+
+    def _tasks_migrated(self, error: TaskMigratedError) -> None:
+        """Exactly-once, on the loop: the engine dropped every task uncommitted because another
+        owner took over. Ask the coordinator what this member owns now, then start that."""
+        log.warning("%s: %s; asking the group what this member owns now", self.name, error)
+        self._running = frozenset()
+        if self._migration_recovery is None or self._migration_recovery.done():
+            self._migration_recovery = asyncio.get_running_loop().create_task(self._recover_from_migration())
+
+    async def _recover_from_migration(self) -> None:
+        with contextlib.suppress(Exception):
+            # A fenced member hears so here (and its events drop what it owned) before anything starts.
+            await self.driver.next_heartbeat()
+        async with self._membership_lock:
+            await self._start_owned_tasks()
 
     def _log_unreleased_instance_id(self, event: InstanceIdUnreleased) -> None:
         now = time.monotonic()
@@ -455,6 +519,16 @@ class StreamThread:
         self.restoring = self.restoring | set(ready)
         try:
             restored = await self._call_engine(lambda: self.engine.add_tasks(ready))
+        except TaskMigratedError as error:
+            self._tasks_migrated(error)
+            return
+        except Exception:
+            if self._stopping:
+                raise
+            log.exception("%s: starting tasks %s failed; trying again in %.0f s", self.name, ", ".join(map(str, ready)), _START_RETRY_S)
+            if self._start_retry is None or self._start_retry.done():
+                self._start_retry = asyncio.get_running_loop().create_task(self._retry_start_owned_tasks(_START_RETRY_S))
+            return
         finally:
             self.restoring = self.restoring - set(ready)
         started = sorted(restored)
@@ -471,8 +545,8 @@ class StreamThread:
         candidates = {task for p in owned if (task := self._task_of_partition.get(p)) is not None} - self._running
         return sorted(t for t in candidates if all(TopicPartition(*p) in owned for p in self.resolved.input_partitions(t)))
 
-    async def _retry_start_owned_tasks(self) -> None:
-        await asyncio.sleep(_LOCKED_TASK_RETRY_S)
+    async def _retry_start_owned_tasks(self, delay_s: float = _LOCKED_TASK_RETRY_S) -> None:
+        await asyncio.sleep(delay_s)
         async with self._membership_lock:
             self._start_retry = None
             try:
@@ -597,6 +671,7 @@ class StreamThread:
                 if self._background_failures:
                     log.info("%s: offsets committed again after %d failed attempt(s)", self.name, self._background_failures)
                 self._background_failures = 0
+                self._gate_bypassed = False
             except Exception as error:
                 # The offsets stay uncommitted for now: the next periodic commit carries newer ones.
                 self._background_failures += 1
@@ -607,12 +682,44 @@ class StreamThread:
                     return
                 offsets, self._next_background_commit = self._next_background_commit, {}
 
+    def _confirm_membership(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Exactly-once's gate, inside each commit before the transaction commits: the offsets
+        go to the coordinator with the member epoch and wait for its answer. MembershipLost
+        when it refuses the member; CoordinatorAway when it does not answer in time (then the
+        following commits do not wait for it: their offsets go in the background until one
+        gets through)."""
+        with self._background_lock:
+            bypassed = self._gate_bypassed
+            if not bypassed:
+                self._next_background_commit.clear()  # these offsets supersede them
+            in_flight = self._background_commit
+        if bypassed:
+            self._commit_in_background(offsets)
+            raise CoordinatorAway("the coordinator is away; offsets follow in the background")
+        if in_flight is not None:
+            with contextlib.suppress(Exception):
+                in_flight.result(_GATE_TIMEOUT_S)
+        future = asyncio.run_coroutine_threadsafe(self._commit(offsets), self._loop)
+        try:
+            future.result(_GATE_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            self._gate_bypassed = True
+            raise CoordinatorAway(f"no answer from the coordinator within {_GATE_TIMEOUT_S:g} s") from None
+        except MembershipLost:
+            raise
+        except CommitFailed:
+            self._gate_bypassed = True
+            raise
+
     async def _commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         keyed = {(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
         for _ in range(_STALE_EPOCH_RETRIES):
             result = await self.driver.commit_offsets(keyed)
             if result.ok:
                 return
+            if _MEMBERSHIP_ERRORS & set(result.failed.values()):
+                raise MembershipLost(f"the coordinator refused the member's offsets: {result.failed}")
             if not result.stale_member_epoch:
                 raise CommitFailed(f"commit refused: {result.failed}")
             await self.driver.next_heartbeat()  # brings the current epoch; then commit again
@@ -645,7 +752,10 @@ class StreamThread:
         try:
             while not self._stop.is_set():
                 self._run_commands()
-                self.records_processed += self.engine.poll()
+                try:
+                    self.records_processed += self.engine.poll()
+                except TaskMigratedError as error:
+                    self._tasks_migrated_threadsafe(error)
                 now = time.monotonic()
                 if now >= next_lag_check:
                     next_lag_check = now + interval_ms / 1000
@@ -656,6 +766,8 @@ class StreamThread:
                         log.exception("%s: checking lags failed", self.name)
                 try:
                     self.engine.maybe_commit()
+                except TaskMigratedError as error:
+                    self._tasks_migrated_threadsafe(error)
                 except Exception:
                     # Flushing the outputs failed; the offsets stay uncommitted (at-least-once).
                     log.exception("%s: periodic commit failed", self.name)
@@ -692,6 +804,10 @@ class StreamThread:
                 return
             if future.set_running_or_notify_cancel():
                 future.set_exception(RuntimeError(f"{self.name}: the engine thread stopped"))
+
+    def _tasks_migrated_threadsafe(self, error: TaskMigratedError) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed already
+            self._loop.call_soon_threadsafe(self._tasks_migrated, error)
 
     def _on_fatal_threadsafe(self, message: str) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed already
@@ -753,6 +869,11 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
 
     app = load_app(settings.app)
     topology = app.topology()
+    guarantee = settings.processing_guarantee or app.processing_guarantee
+    settings = dataclasses.replace(
+        settings, processing_guarantee=guarantee,
+        commit_interval_ms=settings.commit_interval_ms or guarantee.default_commit_interval_ms,
+    )
     state_dir = Path(settings.state_dir) if settings.state_dir else default_state_dir(topology.app_id, settings.instance_id)
     threads: list[StreamThread] = []
     started: list[StreamThread] = []
@@ -792,7 +913,8 @@ async def _run_threads(
     broker_config = settings.broker_security.kafka_python_config()
     resolved = await loop.run_in_executor(None, resolve_against_cluster, topology, settings.bootstrap_servers, broker_config)
     # Internal topics exist before anyone subscribes, so the first assignment includes them.
-    specs = [TopicSpec(t.name, t.partitions, configs=dict(t.config)) for t in resolved.topics_to_create()]
+    guarantee = settings.processing_guarantee or ProcessingGuarantee.AT_LEAST_ONCE
+    specs = internal_topic_specs(resolved, guarantee)
 
     def prepare_cluster() -> None:
         with ClusterMetadata(settings.bootstrap_servers, **broker_config) as cluster:
@@ -803,6 +925,8 @@ async def _run_threads(
     await loop.run_in_executor(None, topic_names.refresh)
 
     process_id = uuid.uuid4()
+    # Exactly-once: the transactional ids outlive the process (see identity.py).
+    identity = ProcessIdentity(state_dir, topology.app_id) if guarantee.exactly_once else None
     fatal: list[str] = []
 
     def on_fatal(message: str) -> None:
@@ -827,7 +951,7 @@ async def _run_threads(
         StreamThread(
             index, resolved, settings, process_id=process_id, state_dir=state_dir,
             topic_names=topic_names, loop=loop, on_fatal=on_fatal, on_shutdown_requested=on_shutdown_requested,
-            metrics=metrics,
+            metrics=metrics, transactional_identity=identity.process_id if identity is not None else None,
         )
         for index in range(settings.threads)
     )
@@ -845,13 +969,16 @@ async def _run_threads(
             started.append(thread)
         announce(
             f"worker: app {topology.app_id!r}, {len(resolved.tasks)} tasks, {settings.threads} stream thread(s), "
-            f"process {process_id}, group {topology.app_id!r} at {settings.coordinator}"
+            f"process {process_id}, group {topology.app_id!r} at {settings.coordinator}, {guarantee.value} "
+            f"(commit every {settings.commit_interval_ms} ms)"
         )
         await stop.wait()
     finally:
         permanent = leaves_for_good(settings.pod_annotations)
         announce("worker: stopping (committing and leaving the group" + (" for good)" if permanent else ")"))
         await asyncio.gather(*(thread.shutdown(permanent=permanent) for thread in started), return_exceptions=True)
+        if identity is not None:
+            identity.close()
     processed = sum(thread.records_processed for thread in threads)
     announce(f"worker: stopped after processing {processed} records")
     if fatal:
