@@ -62,6 +62,22 @@ from pystreams.assignors.api import (
     PartitionAssignorError,
     TopicMetadata,
 )
+from pystreams.client.events import (
+    IN_GROUP as _IN_GROUP,
+    AssignmentAbandoned,
+    AssignmentInstalled,
+    CoordinatorUnavailable,
+    InstanceIdUnreleased,
+    LeftGroup,
+    MemberEvent,
+    MemberFailed,
+    MemberFatalError,
+    MemberState,
+    PartitionsAssigned,
+    PartitionsLost,
+    RevokePartitions,
+    error_name,
+)
 from pystreams.partitions import NO_PARTITIONS, PartitionSet
 from pystreams.protocol.sentinels import COORDINATOR_MOVED, JOIN_EPOCH, LEAVE_EPOCH, LEAVE_STATIC_EPOCH, RETRIABLE
 
@@ -106,29 +122,6 @@ _COORDINATOR_ERRORS = COORDINATOR_MOVED
 _RETRIABLE_HEARTBEAT_ERRORS = RETRIABLE | frozenset({_STALE_MEMBER_EPOCH})
 
 
-def error_name(code: int) -> str:
-    error = Errors.for_code(code)
-    return getattr(error, "message", None) or error.__name__
-
-
-class MemberState(enum.Enum):
-    UNSUBSCRIBED = "unsubscribed"  # not in the group; no heartbeats
-    JOINING = "joining"  # epoch-0 heartbeat due or in flight
-    STABLE = "stable"  # in the group, nothing to revoke or acknowledge
-    RECONCILING = "reconciling"  # revocation handed to the caller, revocation_done() awaited
-    ACKNOWLEDGING = "acknowledging"  # revocation done; its ack heartbeat not answered yet
-    FENCED = "fenced"  # everything lost; the epoch-0 rejoin heartbeat is due
-    PREPARE_LEAVING = "prepare_leaving"  # leave() called: revoking everything first
-    LEAVING = "leaving"  # the -1/-2 heartbeat is due or in flight
-    FATAL = "fatal"  # unrecoverable (see GroupMember.fatal_error); no more requests
-
-
-# The states in which the member is part of the group and keeps its session alive.
-_IN_GROUP = frozenset(
-    {MemberState.STABLE, MemberState.RECONCILING, MemberState.ACKNOWLEDGING}
-)
-
-
 @dataclass(frozen=True)
 class MemberConfig:
     group_id: str
@@ -163,87 +156,6 @@ class MemberConfig:
         names = [assignor.name for assignor in self.client_assignors]
         if len(set(names)) != len(names):
             raise ValueError(f"client assignor names must be unique: {names}")
-
-
-# ----------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True)
-class RevokePartitions:
-    """Stop, commit, call on_partitions_revoked, then ``revocation_done(now, revocation_id)``."""
-
-    partitions: PartitionSet
-    revocation_id: int
-
-
-@dataclass(frozen=True)
-class PartitionsAssigned:
-    partitions: PartitionSet
-    member_epoch: int
-
-
-@dataclass(frozen=True)
-class PartitionsLost:
-    partitions: PartitionSet
-    #: FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID, REQUEST_TIMED_OUT (session or revocation guard),
-    #: or the fatal error.
-    error_code: int
-
-
-@dataclass(frozen=True)
-class MemberFailed:
-    error_code: int
-    message: str
-
-
-@dataclass(frozen=True)
-class LeftGroup:
-    member_epoch_sent: int | None  # -1 / -2, or None when there was no group to leave
-
-
-@dataclass(frozen=True)
-class CoordinatorUnavailable:
-    error_code: int
-
-
-@dataclass(frozen=True)
-class InstanceIdUnreleased:
-    """A static member's join met UNRELEASED_INSTANCE_ID: its previous incarnation (a crashed
-    process) still holds the instance id until its session expires; the join is retried after
-    ``retry_in_ms``. ``attempt`` counts the refusals in a row."""
-
-    instance_id: str
-    attempt: int
-    retry_in_ms: int
-
-
-@dataclass(frozen=True)
-class AssignmentInstalled:
-    group_epoch: int
-
-
-@dataclass(frozen=True)
-class AssignmentAbandoned:
-    api: str  # "prepare" | "install" | "assign"
-    error_code: int
-    message: str
-
-
-MemberEvent = (
-    RevokePartitions
-    | PartitionsAssigned
-    | PartitionsLost
-    | MemberFailed
-    | LeftGroup
-    | CoordinatorUnavailable
-    | InstanceIdUnreleased
-    | AssignmentInstalled
-    | AssignmentAbandoned
-)
-
-
-class MemberFatalError(Exception):
-    """Raised by API calls on a member that has failed; carries the same message as the event."""
 
 
 # ----------------------------------------------------------------------------- internals
@@ -516,6 +428,10 @@ class GroupMember:
         if computation_request is not None:
             requests.append(computation_request)
         return requests
+
+    def request_timeout_ms(self, request: Request, default_ms: int) -> int:
+        """How long the driver may wait for ``request``: every KIP-848 request is short."""
+        return default_ms
 
     def next_deadline(self) -> int | None:
         """When to call poll() next (a time in the past or now means: at once), or None."""
