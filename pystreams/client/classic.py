@@ -72,6 +72,7 @@ from pystreams.client.classic_leader import (
     to_ids,
     to_names,
 )
+from pystreams.client.common import Revocations, Subscription as _Subscription, parse_subscription
 from pystreams.client.events import (
     CoordinatorUnavailable,
     LeftGroup,
@@ -81,7 +82,6 @@ from pystreams.client.events import (
     MemberState,
     PartitionsAssigned,
     PartitionsLost,
-    RevokePartitions,
     error_name,
 )
 from pystreams.client.topics import TopicResolver
@@ -224,12 +224,6 @@ class ClassicState(enum.Enum):
     FATAL = "fatal"
 
 
-@dataclass(frozen=True)
-class _Subscription:
-    topics: tuple[str, ...]  # sorted; empty for a regex subscription
-    regex: str  # "" for a topic-name subscription
-
-
 @dataclass
 class _InFlight:
     request: Request
@@ -277,8 +271,7 @@ class ClassicGroupMember:
         self._fatal_error: str | None = None
 
         self._owned: PartitionSet = NO_PARTITIONS
-        self._revocations: dict[int, PartitionSet] = {}
-        self._next_revocation_id = 1
+        self._revocations = Revocations()
         #: Assigned by the last SyncGroup but held back until this member's revocations are done.
         self._pending_assigned: PartitionSet = NO_PARTITIONS
 
@@ -358,7 +351,7 @@ class ClassicGroupMember:
 
     @property
     def revoking_partitions(self) -> PartitionSet:
-        return NO_PARTITIONS.union(*self._revocations.values())
+        return self._revocations.partitions
 
     @property
     def pending_partitions(self) -> PartitionSet:
@@ -392,22 +385,11 @@ class ClassicGroupMember:
         self._raise_if_failed()
         if self._closed:
             raise RuntimeError("the member is closed")
-        if (topics is None) == (regex is None):
-            raise ValueError("subscribe to either topics or regex, exactly one of them")
         if self._state is ClassicState.LEAVING:
             raise RuntimeError("the member is leaving the group; subscribe once it has left")
-        if topics is not None:
-            if isinstance(topics, str):
-                raise TypeError("topics must be an iterable of names, not a string")
-            names = tuple(sorted(set(topics)))
-            if not names or not all(names):
-                raise ValueError("topics must be non-empty names; use leave() to unsubscribe")
-            subscription = _Subscription(names, "")
-        else:
-            if not regex:
-                raise ValueError("regex must be non-empty")
-            _compile(regex)  # a bad pattern fails here, with its reason
-            subscription = _Subscription((), regex)
+        subscription = parse_subscription(topics, regex)
+        if subscription.regex:
+            _compile(subscription.regex)  # matched here, not by the coordinator: a bad pattern fails now
         changed = subscription != self._subscription
         self._subscription = subscription
         if changed or self._state is ClassicState.UNJOINED:
@@ -444,13 +426,7 @@ class ClassicGroupMember:
     def revocation_done(self, now_ms: int, revocation_id: int | None = None) -> None:
         """The caller committed and stopped processing a :class:`RevokePartitions`."""
         self._advance(now_ms)
-        if revocation_id is None:
-            if not self._revocations:
-                return
-            self._revocations.clear()
-        elif self._revocations.pop(revocation_id, None) is None:
-            return
-        if self._revocations:
+        if not self._revocations.close(revocation_id):
             return
         if self._state is ClassicState.LEAVING:
             self._after_leave_revocations()
@@ -942,11 +918,8 @@ class ClassicGroupMember:
         self._after_leave_revocations()
 
     def _start_revocation(self, partitions: PartitionSet) -> None:
-        revocation_id = self._next_revocation_id
-        self._next_revocation_id += 1
-        self._revocations[revocation_id] = partitions
         self._owned = self._owned - partitions
-        self._events.append(RevokePartitions(partitions, revocation_id))
+        self._events.append(self._revocations.open(partitions))
 
     # ------------------------------------------------------------------ guards
 

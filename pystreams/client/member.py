@@ -62,6 +62,7 @@ from pystreams.assignors.api import (
     PartitionAssignorError,
     TopicMetadata,
 )
+from pystreams.client.common import Revocations, Subscription, parse_subscription
 from pystreams.client.events import (
     IN_GROUP as _IN_GROUP,
     AssignmentAbandoned,
@@ -75,7 +76,7 @@ from pystreams.client.events import (
     MemberState,
     PartitionsAssigned,
     PartitionsLost,
-    RevokePartitions,
+    RevokePartitions,  # noqa: F401  (re-exported: callers import the events from here too)
     error_name,
 )
 from pystreams.partitions import NO_PARTITIONS, PartitionSet
@@ -162,12 +163,6 @@ class MemberConfig:
 
 
 @dataclass(frozen=True)
-class _Subscription:
-    topics: tuple[str, ...]  # sorted; empty for a regex subscription
-    regex: str  # "" for a topic-name subscription
-
-
-@dataclass(frozen=True)
 class _SentFields:
     """What the coordinator has been told, for "only changed fields"."""
 
@@ -243,7 +238,7 @@ class GroupMember:
         self._member_id = ""
         self._member_epoch = JOIN_EPOCH
         self._heartbeat_interval_ms = 5_000  # until the coordinator says otherwise
-        self._subscription: _Subscription | None = None
+        self._subscription: Subscription | None = None
         self._regex_ever_sent = False
         self._closed = False
         self._fatal_error: str | None = None
@@ -251,8 +246,7 @@ class GroupMember:
         self._leave_epoch = LEAVE_EPOCH
 
         self._owned: PartitionSet = NO_PARTITIONS
-        self._revocations: dict[int, PartitionSet] = {}
-        self._next_revocation_id = 1
+        self._revocations = Revocations()
         self._target: _Target | None = None
         self._on_assignment_epoch: int | None = None
 
@@ -297,7 +291,7 @@ class GroupMember:
     @property
     def revoking_partitions(self) -> PartitionSet:
         """Handed to the caller for revocation; still reported to the coordinator as owned."""
-        return NO_PARTITIONS.union(*self._revocations.values())
+        return self._revocations.partitions
 
     @property
     def pending_partitions(self) -> PartitionSet:
@@ -335,21 +329,9 @@ class GroupMember:
         self._raise_if_failed()
         if self._closed:
             raise RuntimeError("the member is closed")
-        if (topics is None) == (regex is None):
-            raise ValueError("subscribe to either topics or regex, exactly one of them")
         if self._state in (MemberState.PREPARE_LEAVING, MemberState.LEAVING):
             raise RuntimeError("the member is leaving the group; subscribe once it has left")
-        if topics is not None:
-            if isinstance(topics, str):
-                raise TypeError("topics must be an iterable of names, not a string")
-            names = tuple(sorted(set(topics)))
-            if not names or not all(names):
-                raise ValueError("topics must be non-empty names; use leave() to unsubscribe")
-            subscription = _Subscription(topics=names, regex="")
-        else:
-            if not regex:
-                raise ValueError("regex must be non-empty")
-            subscription = _Subscription(topics=(), regex=regex)
+        subscription = parse_subscription(topics, regex)
         changed = subscription != self._subscription
         self._subscription = subscription
         if self._state is MemberState.UNSUBSCRIBED:
@@ -371,13 +353,7 @@ class GroupMember:
         Without it, every outstanding revocation is considered done.
         """
         self._advance(now_ms)
-        if revocation_id is None:
-            if not self._revocations:
-                return
-            self._revocations.clear()
-        elif self._revocations.pop(revocation_id, None) is None:
-            return
-        if self._revocations:
+        if not self._revocations.close(revocation_id):
             return
         if self._state is MemberState.PREPARE_LEAVING:
             self._maybe_leave()
@@ -699,13 +675,10 @@ class GroupMember:
             self._events.append(PartitionsAssigned(newly_assigned, self._member_epoch))
 
     def _start_revocation(self, partitions: PartitionSet) -> None:
-        revocation_id = self._next_revocation_id
-        self._next_revocation_id += 1
-        self._revocations[revocation_id] = partitions
         self._owned = self._owned - partitions
         if self._state in _IN_GROUP:
             self._state = MemberState.RECONCILING
-        self._events.append(RevokePartitions(partitions, revocation_id))
+        self._events.append(self._revocations.open(partitions))
 
     def _lose_everything(self, error_code: int) -> None:
         """Fenced / unknown / expired: give up every partition and rejoin with epoch 0."""
