@@ -79,12 +79,15 @@ class Workers:
         self.bootstrap, self.coordinator, self.tmp_path, self.app = bootstrap, coordinator, tmp_path, app
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *extra_args: str) -> subprocess.Popen[bytes]:
+    def start(self, *extra_args: str, state_of: int | None = None) -> subprocess.Popen[bytes]:
+        """Start a worker (logging to ``worker-<index>.log``); ``state_of`` reuses the state
+        directory of an earlier worker, as a restarted one would."""
         index = len(self.processes)
         log = (self.tmp_path / f"worker-{index}.log").open("wb")
+        state = index if state_of is None else state_of
         process = subprocess.Popen(
             [sys.executable, "-m", "pystreams", "worker", str(self.app), "--bootstrap-servers", self.bootstrap,
-             "--coordinator", self.coordinator, "--state-dir", str(self.tmp_path / f"state-{index}"),
+             "--coordinator", self.coordinator, "--state-dir", str(self.tmp_path / f"state-{state}"),
              "--commit-interval-ms", str(COMMIT_INTERVAL_MS), *extra_args],
             stdout=log, stderr=subprocess.STDOUT,
         )

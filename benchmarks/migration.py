@@ -1,0 +1,197 @@
+"""Online migration of a Streams fleet: a rolling upgrade of N classic workers to the consumer
+(KIP-848) protocol, next to a stop-the-world restart of the same fleet.
+
+Real processes (the embedded broker, a coordinator process, ``pystreams worker`` processes with
+static instance ids and their own state directories) running ``tests/apps/ha_keys.py``: every
+task first fills its store, then a ticker sends each partition a command every 50 ms and the
+app writes, per command, which task processed it and when. From that:
+
+* ``rolling``: each worker in turn is stopped (SIGTERM) and restarted with
+  ``--group-protocol consumer``; reported are the total time (first stop to the last restarted
+  worker running its tasks again), the longest processing pause of the tasks of the workers
+  that were *not* being restarted (the point of an online, cooperative migration: they never
+  stop), and the longest pause of the restarted workers' own tasks;
+* ``stop_the_world``: every worker is stopped, then all are started with
+  ``--group-protocol consumer``; every task pauses for the whole restart.
+
+    python benchmarks/migration.py [--workers 3] [--partitions 6] [--keys-per-task 20000]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KafkaTopicPartition
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))  # the worker-process harness the tests use
+
+from worker_support import Cluster, Workers, wait_for  # noqa: E402
+
+from pystreams.cluster import ClusterMetadata, TopicSpec  # noqa: E402
+
+APP_PATH = ROOT / "tests" / "apps" / "ha_keys.py"
+INPUT, PROGRESS = "ha-keys-in", "ha-keys-progress"
+CLASSIC = ("--group-protocol", "classic", "--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500")
+CONSUMER = ("--group-protocol", "consumer")
+TICK_VERSION = 2
+STARTED = re.compile(r"started tasks (.+) \(restored")
+REVOKED = re.compile(r"revoked tasks (.+) \(committed\)")
+
+
+class Ticker:
+    """One command per partition every 50 ms, so every task shows when it processes."""
+
+    def __init__(self, bootstrap: str, partitions: int) -> None:
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        self._partitions = partitions
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            for partition in range(self._partitions):
+                self._producer.send(INPUT, key=b"tick", value=f"{partition * 1_000_000} 1 {TICK_VERSION}".encode(),
+                                    partition=partition)
+
+    def __enter__(self) -> Ticker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._producer.flush()
+        self._producer.close()
+
+
+def processing_times(bootstrap: str) -> dict[str, list[int]]:
+    """Task -> the wall-clock times (ms) it processed ticks, read to the end of the progress topic."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
+    try:
+        consumer.assign([KafkaTopicPartition(PROGRESS, p) for p in sorted(consumer.partitions_for_topic(PROGRESS) or ())])
+        times: dict[str, list[int]] = {}
+        idle = 0
+        while idle < 3:
+            batch = consumer.poll(500)
+            idle = 0 if batch else idle + 1
+            for records in batch.values():
+                for record in records:
+                    task, _count, version, processed_at = record.value.decode().split(",")
+                    if int(version) == TICK_VERSION:
+                        times.setdefault(task, []).append(int(processed_at))
+        return {task: sorted(values) for task, values in times.items()}
+    finally:
+        consumer.close()
+
+
+def longest_pause_ms(times: list[int], since_ms: int, until_ms: int) -> int:
+    """The longest gap between consecutive processing times that overlaps [since, until]."""
+    longest = 0
+    for before, after in zip(times, times[1:]):
+        if after >= since_ms and before <= until_ms:
+            longest = max(longest, after - before)
+    after_window = [t for t in times if t >= since_ms]
+    if not after_window:  # never processed again
+        return until_ms - max([t for t in times if t < since_ms], default=since_ms)
+    return longest
+
+
+def tasks_in(log: str, pattern: re.Pattern[str]) -> set[str]:
+    return {task for match in pattern.finditer(log) for task in match.group(1).split(", ")}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def measure(mode: str, workers_n: int, partitions: int, keys_per_task: int, workdir: Path | None) -> dict:
+    with tempfile.TemporaryDirectory(prefix="pystreams-migration-") as tmp:
+        logs = Path(tmp) if workdir is None else workdir / mode
+        logs.mkdir(parents=True, exist_ok=True)
+        cluster = Cluster(logs)
+        workers = Workers(cluster.bootstrap, cluster.coordinator_address, logs, APP_PATH)
+        try:
+            with ClusterMetadata(cluster.bootstrap) as metadata:
+                metadata.ensure_topics([TopicSpec(INPUT, partitions), TopicSpec(PROGRESS, 1)])
+            current = {}
+            for slot in range(workers_n):
+                current[slot] = len(workers.processes)
+                workers.start(*CLASSIC, "--instance-id", f"w{slot}")
+            wait_for(lambda: len(set().union(*(tasks_in(workers.log(i), STARTED) for i in current.values()))) == partitions,
+                     120, "the classic fleet to run every task\n" + workers.log_tails())
+            producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, linger_ms=20)
+            for partition in range(partitions):
+                for first in range(0, keys_per_task, 1_000):
+                    producer.send(INPUT, key=b"fill", value=f"{partition * 1_000_000 + first} 1000 1".encode(), partition=partition)
+            producer.flush()
+            producer.close()
+            steps = []
+            with Ticker(cluster.bootstrap, partitions):
+                time.sleep(3)
+                started_ms = now_ms()
+                if mode == "rolling":
+                    for slot in range(workers_n):
+                        step_from = now_ms()
+                        process = workers.processes[current[slot]]
+                        process.send_signal(signal.SIGTERM)
+                        process.wait(60)
+                        moved = tasks_in(workers.log(current[slot]).split("worker: stopping", 1)[-1], REVOKED)
+                        current[slot] = len(workers.processes)
+                        workers.start(*CONSUMER, "--instance-id", f"w{slot}", state_of=slot)
+                        wait_for(lambda s=slot: STARTED.search(workers.log(current[s])), 120,
+                                 f"w{slot} to run its tasks again\n" + workers.log_tails())
+                        steps.append((step_from, now_ms(), moved))
+                else:
+                    for slot in range(workers_n):
+                        workers.processes[current[slot]].send_signal(signal.SIGTERM)
+                    for slot in range(workers_n):
+                        workers.processes[current[slot]].wait(60)
+                    for slot in range(workers_n):
+                        current[slot] = len(workers.processes)
+                        workers.start(*CONSUMER, "--instance-id", f"w{slot}", state_of=slot)
+                    wait_for(lambda: len(set().union(*(tasks_in(workers.log(i), STARTED) for i in current.values()))) == partitions,
+                             120, "the restarted fleet to run every task\n" + workers.log_tails())
+                    steps.append((started_ms, now_ms(), {f"0_{p}" for p in range(partitions)}))
+                finished_ms = now_ms()
+                time.sleep(2)
+            times = processing_times(cluster.bootstrap)
+            still = [longest_pause_ms(times.get(task, []), a, b) for a, b, moved in steps
+                     for task in times if task not in moved]
+            moving = [longest_pause_ms(times.get(task, []), a, b) for a, b, moved in steps for task in moved]
+            return {
+                "mode": mode,
+                "total_s": round((finished_ms - started_ms) / 1000, 2),
+                "longest_pause_of_tasks_that_did_not_move_ms": max(still, default=None),
+                "longest_pause_of_moved_tasks_ms": max(moving, default=None),
+                "steps": len(steps),
+            }
+        finally:
+            workers.stop_all()
+            cluster.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=6)
+    parser.add_argument("--keys-per-task", type=int, default=20_000, help="state each task restores when it moves")
+    parser.add_argument("--workdir", type=Path, help="keep logs and state here instead of a temporary directory")
+    args = parser.parse_args(argv)
+    runs = [measure(mode, args.workers, args.partitions, args.keys_per_task, args.workdir)
+            for mode in ("rolling", "stop_the_world")]
+    json.dump({"benchmark": "migration", "workers": args.workers, "partitions": args.partitions,
+               "keys_per_task": args.keys_per_task, "runs": runs}, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
