@@ -64,7 +64,7 @@ def run_task_engine(bootstrap: str, state_dir: Path, expected_records: int) -> f
 
 
 def run_spark(spark: object, bootstrap: str, checkpoint: Path) -> float:
-    from pystreams.topology.spark import to_spark
+    from pystreams.spark import to_spark
 
     job = to_spark(load_app(str(WORDCOUNT)), spark, bootstrap_servers=bootstrap, checkpoint=str(checkpoint))
     started = time.perf_counter()
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2)
     args = parser.parse_args()
 
-    from pystreams.topology.spark.session import timed_local_session
+    from pystreams.spark.session import timed_local_session
 
     lines = make_lines(args.lines)
     words = sum(len(line.split()) for line in lines)

@@ -39,7 +39,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pystreams import serdes
 from pystreams.serdes import Serde
@@ -51,15 +51,34 @@ from pystreams.topology.errors import (
 )
 from pystreams.topology.ir import (
     TABLE_KINDS,
+    AggregateNode,
+    BranchNode,
+    BranchOutputNode,
+    CountNode,
+    FilterNode,
+    FlatMapNode,
+    FlatMapValuesNode,
     JoinHow,
-    JoinKind,
     JoinSide,
-    JoinSpec,
+    MapNode,
+    MapValuesNode,
+    MergeNode,
     Node,
     NodeKind,
+    PeekNode,
+    ProcessorNode,
     PunctuationType,
+    ReduceNode,
+    RepartitionNode,
+    SelectKeyNode,
+    SinkNode,
+    SourceNode,
     Store,
     StoreKind,
+    StreamStreamJoinNode,
+    StreamTableJoinNode,
+    TableSourceNode,
+    ToStreamNode,
 )
 from pystreams.topology.naming import check_name, repartition_source_node
 from pystreams.topology.patterns import compile_pattern
@@ -100,6 +119,7 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+StatelessNode: TypeAlias = MapNode | MapValuesNode | FlatMapNode | FlatMapValuesNode | FilterNode | PeekNode | SelectKeyNode
 TimestampExtractor = Callable[[Any, Any, int], int]
 
 
@@ -380,9 +400,8 @@ class App:
             if name is None and len(topics) > 1:
                 raise InvalidNameError(f"a source of several topics {list(topics)} needs name=")
             node_name = name or topics[0]
-        node = Node(
+        node = SourceNode(
             name=node_name,
-            kind=NodeKind.SOURCE,
             key_serde=key or self.default_key_serde,
             value_serde=value or self.default_value_serde,
             topics=tuple(check_name("topic", t) for t in topics),
@@ -405,14 +424,13 @@ class App:
         """A table read from a topic: the latest value per key, kept in ``store``."""
         node_name = name or topic
         store_name = store or node_name
-        node = Node(
+        node = TableSourceNode(
             name=node_name,
-            kind=NodeKind.TABLE_SOURCE,
             key_serde=key or self.default_key_serde,
             value_serde=value or self.default_value_serde,
-            topics=(check_name("topic", topic),),
+            topic=check_name("topic", topic),
             timestamp_extractor=None if timestamp is None else _callable(timestamp, "timestamp extractor"),
-            stores=(store_name,),
+            store=store_name,
         )
         self._add_source(node)
         self._add_store(
@@ -439,7 +457,7 @@ class App:
     ) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> (key, value)``. Pass ``key_changing=False`` if keys never change."""
         return self._stateless(
-            NodeKind.MAP,
+            MapNode,
             stream,
             name,
             key=key,
@@ -452,7 +470,7 @@ class App:
         self, stream: Stream, *, value: Serde | None = None, name: str | None = None
     ) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> value``; keys stay, so no repartition follows."""
-        return self._stateless(NodeKind.MAP_VALUES, stream, name, value=value, inherit_key=True)
+        return self._stateless(MapValuesNode, stream, name, value=value, inherit_key=True)
 
     def flat_map(
         self,
@@ -465,7 +483,7 @@ class App:
     ) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> iterable of (key, value)`` (a generator is fine)."""
         return self._stateless(
-            NodeKind.FLAT_MAP,
+            FlatMapNode,
             stream,
             name,
             key=key,
@@ -478,21 +496,21 @@ class App:
         self, stream: Stream, *, value: Serde | None = None, name: str | None = None
     ) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> iterable of value``; keys stay."""
-        return self._stateless(NodeKind.FLAT_MAP_VALUES, stream, name, value=value, inherit_key=True)
+        return self._stateless(FlatMapValuesNode, stream, name, value=value, inherit_key=True)
 
     def filter(self, stream: Stream, *, name: str | None = None) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> bool``: keep records for which it is true."""
-        return self._stateless(NodeKind.FILTER, stream, name, inherit_key=True, inherit_value=True)
+        return self._stateless(FilterNode, stream, name, inherit_key=True, inherit_value=True)
 
     def peek(self, stream: Stream, *, name: str | None = None) -> Callable[[Callable], Stream]:
         """``fn(key, value)`` for its side effect; records pass unchanged."""
-        return self._stateless(NodeKind.PEEK, stream, name, inherit_key=True, inherit_value=True)
+        return self._stateless(PeekNode, stream, name, inherit_key=True, inherit_value=True)
 
     def group_by(
         self, stream: Stream, *, key: Serde | None = None, name: str | None = None
     ) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> new key``: re-key for a following aggregation (which repartitions)."""
-        return self._stateless(NodeKind.SELECT_KEY, stream, name, key=key, inherit_value=True, key_changing=True)
+        return self._stateless(SelectKeyNode, stream, name, key=key, inherit_value=True, key_changing=True)
 
     def branch(
         self, stream: Stream, *, branches: Sequence[str], name: str | None = None
@@ -508,9 +526,8 @@ class App:
             for label in labels:
                 check_name(f"branch {node_name!r} label", label)
             self._add(
-                Node(
+                BranchNode(
                     name=node_name,
-                    kind=NodeKind.BRANCH,
                     parents=(parent.name,),
                     fn=_callable(fn),
                     key_serde=parent.key_serde,
@@ -520,13 +537,12 @@ class App:
             )
             streams = {}
             for label in labels:
-                output = Node(
+                output = BranchOutputNode(
                     name=f"{node_name}-{label}",
-                    kind=NodeKind.BRANCH_OUTPUT,
                     parents=(node_name,),
                     key_serde=parent.key_serde,
                     value_serde=parent.value_serde,
-                    branches=(label,),
+                    label=label,
                 )
                 self._add(output)
                 streams[label] = Stream(self, output.name)
@@ -544,9 +560,8 @@ class App:
             raise TopologyError(f"merge {name!r}: a stream is given twice: {names}", nodes=names)
         node_name = self._fresh_name(name, f"{names[0]}-merge")
         self._add(
-            Node(
+            MergeNode(
                 name=node_name,
-                kind=NodeKind.MERGE,
                 parents=tuple(names),
                 key_serde=parents[0].key_serde,
                 value_serde=parents[0].value_serde,
@@ -565,14 +580,12 @@ class App:
         base = check_name("repartition", name or parent.name)
         node_name = repartition_source_node(base)
         self._add(
-            Node(
+            RepartitionNode(
                 name=node_name,
-                kind=NodeKind.REPARTITION,
                 parents=(parent.name,),
                 key_serde=parent.key_serde,
                 value_serde=parent.value_serde,
                 partitions=partitions,
-                internal=True,
             )
         )
         return Stream(self, node_name)
@@ -582,9 +595,8 @@ class App:
         parent = self._table(table, "to_stream")
         node_name = self._fresh_name(name, f"{parent.name}-stream")
         self._add(
-            Node(
+            ToStreamNode(
                 name=node_name,
-                kind=NodeKind.TO_STREAM,
                 parents=(parent.name,),
                 key_serde=parent.key_serde,
                 value_serde=parent.value_serde,
@@ -606,7 +618,7 @@ class App:
         parent = self._stream(stream, "count")
         node_name = self._fresh_name(name or store, f"{parent.name}-count")
         return self._aggregation(
-            NodeKind.COUNT,
+            CountNode,
             parent,
             node_name,
             store,
@@ -637,7 +649,7 @@ class App:
             value_serde = value or serdes.for_value(initial) or self.default_value_serde
             merger = None if merge is None else _callable(merge, "merger")
             return self._aggregation(
-                NodeKind.AGGREGATE,
+                AggregateNode,
                 parent,
                 node_name,
                 store,
@@ -665,7 +677,7 @@ class App:
             node_name = self._function_name(fn, name, parent, "reduce")
             fn = _callable(fn)
             return self._aggregation(
-                NodeKind.REDUCE,
+                ReduceNode,
                 parent,
                 node_name,
                 store,
@@ -750,9 +762,8 @@ class App:
                         f"processor {node_name!r}: stores must be store declarations or names, got {entry!r}"
                     )
             self._add(
-                Node(
+                ProcessorNode(
                     name=node_name,
-                    kind=NodeKind.PROCESSOR,
                     parents=(parent.name,),
                     fn=processor_class,
                     key_serde=key or (self.default_key_serde if key_changing else parent.key_serde),
@@ -796,11 +807,10 @@ class App:
         check_name("topic", topic)
         node_name = self._fresh_name(name, f"{parent.name}-to-{topic}")
         self._add(
-            Node(
+            SinkNode(
                 name=node_name,
-                kind=NodeKind.SINK,
                 parents=(parent.name,),
-                topics=(topic,),
+                topic=topic,
                 key_serde=key or parent.key_serde,
                 value_serde=value or parent.value_serde,
             )
@@ -889,7 +899,7 @@ class App:
 
     def _stateless(
         self,
-        kind: NodeKind,
+        node_type: type[StatelessNode],
         stream: Stream,
         name: str | None,
         *,
@@ -900,17 +910,19 @@ class App:
         key_changing: bool = False,
     ) -> Callable[[Callable], Stream]:
         def declare(fn: Callable) -> Stream:
-            parent = self._stream(stream, str(kind))
-            node_name = self._function_name(fn, name, parent, str(kind))
+            kind = str(node_type.kind)
+            parent = self._stream(stream, kind)
+            node_name = self._function_name(fn, name, parent, kind)
+            # Only maps and flat-maps may say whether they change keys; the others never do.
+            options = {"key_changing": key_changing} if node_type in (MapNode, FlatMapNode) else {}
             self._add(
-                Node(
+                node_type(
                     name=node_name,
-                    kind=kind,
                     parents=(parent.name,),
                     fn=_callable(fn),
                     key_serde=parent.key_serde if inherit_key else key or self.default_key_serde,
                     value_serde=parent.value_serde if inherit_value else value or self.default_value_serde,
-                    key_changing=key_changing,
+                    **options,
                 )
             )
             return Stream(self, node_name)
@@ -919,7 +931,7 @@ class App:
 
     def _aggregation(
         self,
-        kind: NodeKind,
+        node_type: type[CountNode] | type[AggregateNode] | type[ReduceNode],
         parent: Node,
         node_name: str,
         store: str | None,
@@ -930,6 +942,7 @@ class App:
         merger: Callable | None,
         value_serde: Serde,
     ) -> Table:
+        kind = node_type.kind
         if window is not None and not isinstance(window, TumblingWindow | HoppingWindow | SessionWindow):
             raise TypeError(
                 f"{kind} {node_name!r}: window must be a Tumbling, Hopping or Session window, got {window!r}"
@@ -952,16 +965,15 @@ class App:
             else StoreKind.WINDOW
         )
         self._add(
-            Node(
+            node_type(
                 name=node_name,
-                kind=kind,
                 parents=(parent.name,),
                 fn=fn,
                 initial=initial,
                 merger=merger,
                 key_serde=serdes.WindowedKey(parent.key_serde) if window is not None else parent.key_serde,
                 value_serde=value_serde,
-                stores=(store_name,),
+                store=store_name,
                 window=window,
             )
         )
@@ -1004,15 +1016,15 @@ class App:
             )
         table_store = table.stores[0]
         self._add(
-            Node(
+            StreamTableJoinNode(
                 name=node_name,
-                kind=NodeKind.STREAM_TABLE_JOIN,
                 parents=(left.name,),
                 fn=fn,
-                stores=(table_store,),
                 key_serde=left.key_serde,
                 value_serde=value_serde,
-                join=JoinSpec(kind=JoinKind.STREAM_TABLE, how=how, table=table.name, table_store=table_store),
+                how=how,
+                table=table.name,
+                table_store=table_store,
             )
         )
         return Stream(self, node_name)
@@ -1039,24 +1051,18 @@ class App:
         for side, input_node in sides.items():
             other = JoinSide.RIGHT if side is JoinSide.LEFT else JoinSide.LEFT
             self._add(
-                Node(
+                StreamStreamJoinNode(
                     name=side_names[side],
-                    kind=NodeKind.STREAM_STREAM_JOIN,
                     parents=(input_node.name,),
                     fn=fn,
-                    stores=(store_names[side], store_names[other]),
                     key_serde=left.key_serde,
                     value_serde=value_serde,
+                    how=how,
+                    side=side,
+                    other=side_names[other],
                     window=window,
-                    join=JoinSpec(
-                        kind=JoinKind.STREAM_STREAM,
-                        how=how,
-                        side=side,
-                        other=side_names[other],
-                        window=window,
-                        this_store=store_names[side],
-                        other_store=store_names[other],
-                    ),
+                    this_store=store_names[side],
+                    other_store=store_names[other],
                 )
             )
         for side, input_node in sides.items():
@@ -1073,9 +1079,8 @@ class App:
                 )
             )
         self._add(
-            Node(
+            MergeNode(
                 name=node_name,
-                kind=NodeKind.MERGE,
                 parents=(side_names[JoinSide.LEFT], side_names[JoinSide.RIGHT]),
                 key_serde=left.key_serde,
                 value_serde=value_serde,
@@ -1088,8 +1093,8 @@ class App:
 
     def to_spark(self, spark, **options):
         """This app as Spark Structured Streaming queries on ``spark`` (for spark-submit users);
-        see ``pystreams.topology.spark.to_spark`` for the options."""
-        from pystreams.topology.spark import to_spark
+        see ``pystreams.spark.to_spark`` for the options."""
+        from pystreams.spark import to_spark
 
         return to_spark(self, spark, **options)
 

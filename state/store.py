@@ -26,7 +26,6 @@ class CachedStore(Generic[ChangeT]):
     # time index in the same database under another section byte.
     _SECTION = b""
     _GROUP_SUFFIX_BYTES = 0
-    retention_ms: int | None = None  # window and session stores only
 
     def __init__(
         self,
@@ -165,8 +164,9 @@ class CachedStore(Generic[ChangeT]):
 
     @property
     def changelog_config(self) -> dict[str, str]:
-        """Configs to create this store's changelog topic with."""
-        return changelog_topic_config(self.retention_ms)
+        """Configs to create this store's changelog topic with (window and session stores
+        add their retention)."""
+        return changelog_topic_config(None)
 
     def flush_to_disk(self) -> None:
         """Persist RocksDB memtables (needed before a checkpoint: the WAL is off)."""

@@ -18,7 +18,7 @@ from typing import TypeVar
 from rocksdict import WriteBatch
 
 from .cache import CacheLimits
-from .changelog import ChangelogRecord, ChangelogSink, TopicPartition
+from .changelog import ChangelogRecord, ChangelogSink, TopicPartition, changelog_topic_config
 from .keys import MAX_TIMESTAMP, MIN_TIMESTAMP, TIMESTAMP_BYTES, decode_timestamp, encode_timestamp
 from .rocksdb import RocksDatabase, new_batch
 from .store import CachedStore, Forward, overlay
@@ -32,7 +32,38 @@ _TIME_INDEX_END = b"\x03"
 _INDEX_PREFIX_BYTES = len(TIME_INDEX_SECTION) + TIMESTAMP_BYTES
 
 
-class TimeIndexedStore(CachedStore[ChangeT]):
+def min_live_time(observed_stream_time: int | None, retention_ms: int) -> int:
+    """Entries of a store with this retention whose time is below the result are expired:
+    Kafka Streams keeps ``retention`` behind the newest time the store has seen. (The Spark
+    runtime's stores apply the same rule.)"""
+    if observed_stream_time is None:
+        return MIN_TIMESTAMP
+    return observed_stream_time - retention_ms + 1
+
+
+class Retention:
+    """Kafka Streams' retention for window and session stores: the store tracks the newest
+    time it has seen (``observed_stream_time``) and entries older than ``retention_ms``
+    behind it are expired. Shared by the RocksDB stores and the Spark runtime's."""
+
+    retention_ms: int
+    observed_stream_time: int | None
+
+    @property
+    def min_live_time(self) -> int:
+        """Entries with an indexed time below this are expired."""
+        return min_live_time(self.observed_stream_time, self.retention_ms)
+
+    def _observe(self, time: int) -> bool:
+        """Advance stream time; False when ``time`` is already expired."""
+        observed = self.observed_stream_time
+        if observed is None or time > observed:
+            self.observed_stream_time = time
+            return True
+        return time >= min_live_time(observed, self.retention_ms)
+
+
+class TimeIndexedStore(CachedStore[ChangeT], Retention):
     _SECTION = PRIMARY_SECTION
     # Where the indexed timestamp sits in the composite key, counted from its end.
     _TIME_FROM_END = TIMESTAMP_BYTES
@@ -74,19 +105,8 @@ class TimeIndexedStore(CachedStore[ChangeT]):
         return decode_timestamp(last[1:_INDEX_PREFIX_BYTES])
 
     @property
-    def min_live_time(self) -> int:
-        """Entries with an indexed time below this are expired."""
-        if self.observed_stream_time is None:
-            return MIN_TIMESTAMP
-        return self.observed_stream_time - self.retention_ms + 1
-
-    def _observe(self, time: int) -> bool:
-        """Advance stream time; False when ``time`` is already expired."""
-        observed = self.observed_stream_time
-        if observed is None or time > observed:
-            self.observed_stream_time = time
-            return True
-        return time >= observed - self.retention_ms + 1
+    def changelog_config(self) -> dict[str, str]:
+        return changelog_topic_config(self.retention_ms)
 
     def _time_bytes(self, composite: bytes) -> bytes:
         end = len(composite) - self._TIME_FROM_END

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -236,3 +237,17 @@ def unique_topic(request: pytest.FixtureRequest) -> Callable[[str], str]:
         return f"{test_name}.{label}.{next(_topic_counter)}-{uuid.uuid4().hex[:8]}"
 
     return make
+
+
+# -- Spark --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local Spark session (≈ 5 s to start) shared by every Spark test module."""
+    pytest.importorskip("pyspark")
+    from pystreams.spark.session import local_session
+
+    session = local_session("local[2]", "pystreams-tests")
+    yield session
+    session.stop()

@@ -1,12 +1,13 @@
 """Drives a GroupCoordinatorShard the way the KIP's case studies talk about it."""
 from __future__ import annotations
 
+import itertools
 import uuid
 
 from pystreams.assignors.api import GroupAssignment, MemberAssignment, TopicMetadata
 from pystreams.coordinator import records as r
 from pystreams.coordinator.config import CoordinatorConfig
-from pystreams.coordinator.shard import GroupCoordinatorShard
+from pystreams.coordinator.shard import GroupCoordinatorShard, RequestContext
 from pystreams.partitions import PartitionSet
 from pystreams.protocol import messages as m
 
@@ -63,6 +64,10 @@ class Harness:
         self.last_records: list[r.Record] = []
         self.now = 0
         self.ids = iter(f"member-{i}" for i in range(1_000_000))
+        #: Deferred answers (classic JoinGroup/SyncGroup long polls) by request id, as they come.
+        self.answers: dict[int, object] = {}
+        self._request_ids = itertools.count(1)
+        self.last_request_id = 0
 
     def _new_id(self) -> str:
         return next(self.ids)
@@ -70,13 +75,18 @@ class Harness:
     def _collect(self, result):
         self.log.extend(result.records)
         self.last_records = list(result.records)
+        for request_id, response in result.completions:
+            assert request_id not in self.answers, f"request {request_id} answered twice"
+            self.answers[request_id] = response
         return result.response
 
     def topics(self, **counts: int) -> None:
         self._collect(self.shard.update_topics(topics(**counts), self.now))
 
-    def send(self, request):
-        return self._collect(self.shard.handle(request, self.now))
+    def send(self, request, client_id: str = ""):
+        self.last_request_id = next(self._request_ids)
+        context = RequestContext(client_id=client_id, client_host="", request_id=self.last_request_id)
+        return self._collect(self.shard.handle(request, self.now, context))
 
     def heartbeat(self, member_id: str, epoch: int, owned_spec: str | None = None, **fields):
         return self.send(
@@ -152,7 +162,7 @@ class RoundRobinAssignor:
 def assert_records(actual: list[r.Record], expected: list[r.Record]) -> None:
     """The exact records a step wrote, in order, as Kafka's coordinator tests pin them."""
     assert actual == expected, "records differ:\n" + "\n".join(
-        f"  {'=' if a == e else '!'} {a!r}\n    expected {e!r}" for a, e in zip(actual, expected)
+        f"  {'=' if a == e else '!'} {a!r}\n    expected {e!r}" for a, e in zip(actual, expected, strict=False)
     ) + (f"\n  extra: {actual[len(expected):]!r}" if len(actual) > len(expected) else "") + (
         f"\n  missing: {expected[len(actual):]!r}" if len(expected) > len(actual) else ""
     )

@@ -13,7 +13,7 @@ from pystreams.topology.errors import (
     StoreError,
     TopologyError,
 )
-from pystreams.topology.ir import JoinHow, JoinSide, NodeKind, StoreKind
+from pystreams.topology.ir import JoinHow, JoinSide, NodeKind, StoreKind, StreamStreamJoinNode, StreamTableJoinNode
 
 from pystreams import serdes
 from pystreams.app import (
@@ -224,7 +224,8 @@ def test_stream_table_join_spec(app):
 
     node = enriched.node
     assert node.kind is NodeKind.STREAM_TABLE_JOIN and node.parents == ("orders",)
-    assert node.join.table == "customers" and node.join.table_store == "customers" and node.join.how is JoinHow.LEFT
+    assert isinstance(node, StreamTableJoinNode)
+    assert node.table == "customers" and node.table_store == "customers" and node.how is JoinHow.LEFT
     assert node.stores == ("customers",)
     with pytest.raises(TopologyError, match="inner or left"):
         app.join(orders, customers, how="outer", name="j2")(lambda k, l, r: l)
@@ -242,9 +243,10 @@ def test_stream_stream_join_has_a_node_and_a_store_per_side(app):
     assert paid.name == "orders-join"  # a lambda: named after its left input
     left, right = app._nodes["orders-join-left"], app._nodes["orders-join-right"]
     assert paid.node.kind is NodeKind.MERGE and paid.node.parents == (left.name, right.name)
-    assert left.join.side is JoinSide.LEFT and left.join.other == right.name
-    assert (left.join.this_store, left.join.other_store) == ("orders-join-left-store", "orders-join-right-store")
-    assert right.parents == ("payments",) and right.join.this_store == "orders-join-right-store"
+    assert isinstance(left, StreamStreamJoinNode) and isinstance(right, StreamStreamJoinNode)
+    assert left.side is JoinSide.LEFT and left.other == right.name
+    assert (left.this_store, left.other_store) == ("orders-join-left-store", "orders-join-right-store")
+    assert right.parents == ("payments",) and right.this_store == "orders-join-right-store"
     store = app._stores["orders-join-left-store"]
     assert store.retain_duplicates and store.retention_ms == 600_000 and store.owner == left.name
     with pytest.raises(TopologyError, match="needs window=JoinWindow"):

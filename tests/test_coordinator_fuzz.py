@@ -150,11 +150,14 @@ def _value(draw, field, version: int, depth: int):
             return None
         if choice == "empty":
             return []
-        count = draw(st.integers(1, 3)) if choice == "some" or depth > 0 else draw(st.integers(50, 300))
         element = field.array_of
-        if field.is_struct_array():
-            return [_struct(draw, element, version, depth + 1) for _ in range(count)]
-        return [_value(draw, element, version, depth + 1) for _ in range(count)]
+        draw_one = (lambda: _struct(draw, element, version, depth + 1)) if field.is_struct_array() else (lambda: _value(draw, element, version, depth + 1))
+        if choice == "some" or depth > 0:
+            return [draw_one() for _ in range(draw(st.integers(1, 3)))]
+        # Many entries: a few drawn ones, repeated (drawing hundreds each time makes Hypothesis
+        # spend minutes generating; the coordinator sees the same sizes and duplicates).
+        drawn = [draw_one() for _ in range(draw(st.integers(1, 3)))]
+        return drawn * (draw(st.integers(50, 300)) // len(drawn))
     if field.is_struct():
         return None if draw(st.booleans()) and depth else _struct(draw, field, version, depth + 1)
     if kind in _INT_BOUNDS:

@@ -4,7 +4,7 @@ import uuid
 import kafka.errors as Errors
 from coordinator_support import FAST, GROUP, TOPIC_IDS, Harness
 
-from pystreams.coordinator.config import HEARTBEAT_INTERVAL, SESSION_TIMEOUT
+from pystreams.coordinator.config import HEARTBEAT_INTERVAL, MIGRATION_POLICY, SESSION_TIMEOUT
 from pystreams.protocol import messages as m
 
 Commit, Fetch = m.OffsetCommitRequest, m.OffsetFetchRequest
@@ -152,7 +152,15 @@ def _describe(h, group):
 def test_dynamic_group_configs_within_bounds():
     h = Harness()
     _member(h)
-    assert _describe(h, GROUP) == {SESSION_TIMEOUT: (str(FAST.session_timeout_ms), True), HEARTBEAT_INTERVAL: (str(FAST.heartbeat_interval_ms), True)}
+    assert _describe(h, GROUP) == {
+        SESSION_TIMEOUT: (str(FAST.session_timeout_ms), True),
+        HEARTBEAT_INTERVAL: (str(FAST.heartbeat_interval_ms), True),
+        MIGRATION_POLICY: ("bidirectional", True),
+    }
+    assert _alter(h, GROUP, (MIGRATION_POLICY, 0, "Upgrade")) == (0, None)
+    assert _describe(h, GROUP)[MIGRATION_POLICY] == ("upgrade", False)
+    code, message = _alter(h, GROUP, (MIGRATION_POLICY, 0, "sideways"))
+    assert code == Errors.InvalidConfigurationError.errno and "bidirectional" in message
     assert _alter(h, GROUP, (HEARTBEAT_INTERVAL, 0, "250"), (SESSION_TIMEOUT, 0, "2000")) == (0, None)
     assert _describe(h, GROUP)[HEARTBEAT_INTERVAL] == ("250", False)
     assert h.heartbeat("A", 1).heartbeat_interval_ms == 250

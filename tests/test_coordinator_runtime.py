@@ -32,6 +32,7 @@ from pystreams.coordinator.runtime import (
 )
 from pystreams.coordinator.shard import GroupCoordinatorShard
 from pystreams.protocol import messages as m
+from pystreams.protocol.consumer_protocol import Subscription, encode_subscription
 
 GUARD_S = 10.0
 
@@ -554,13 +555,30 @@ async def test_metrics_are_served_in_prometheus_text_format() -> None:
 
 
 @async_test
-async def test_apis_the_coordinator_does_not_serve_yet_get_an_error_response() -> None:
-    async with coordinator_on(MemoryLog(1)) as coordinator:
+async def test_a_classic_join_waits_for_the_join_phase_and_is_answered_after_its_record() -> None:
+    """JoinGroup is a long poll: the runtime keeps the caller waiting under its request id and
+    answers when a later event (the initial rebalance delay) completes the join phase."""
+    config = msgspec.structs.replace(FAST, initial_rebalance_delay_ms=200)
+    log = MemoryLog(1)
+    async with coordinator_on(log, config=config) as coordinator:
         await coordinator.wait_until_loaded()
-        response = await call(coordinator, m.JoinGroupRequest(
-            group_id="classic", session_timeout_ms=10_000, rebalance_timeout_ms=10_000, member_id="",
-            protocol_type="consumer", protocols=[]))
-        assert response.error_code == Errors.UnsupportedVersionError.errno
+        subscription = encode_subscription(Subscription(("foo",)))
+
+        def join_request(member_id: str):
+            return m.JoinGroupRequest(group_id="classic", session_timeout_ms=10_000, rebalance_timeout_ms=10_000, member_id=member_id,
+                                      group_instance_id=None, protocol_type="consumer", reason=None,
+                                      protocols=[m.JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=subscription)])
+
+        first = await call(coordinator, join_request(""))
+        assert first.error_code == Errors.MemberIdRequiredError.errno and first.member_id
+        started = asyncio.get_running_loop().time()
+        answer = await call(coordinator, join_request(first.member_id))
+        waited = asyncio.get_running_loop().time() - started
+        assert answer.error_code == 0 and answer.generation_id == 1 and answer.leader == first.member_id
+        assert [member.member_id for member in answer.members] == [first.member_id]
+        assert waited >= 0.15  # held for the initial rebalance delay, not answered at once
+        stored = [record for record in log.records(0) if isinstance(record, r.ClassicGroupMetadata)]
+        assert stored and stored[-1].value.generation == 0  # the group exists; its generation 1 is not stored before the leader syncs
 
 
 @async_test
@@ -625,6 +643,15 @@ def test_every_coordinator_option_can_come_from_the_environment(monkeypatch: pyt
     # The command line wins over the environment.
     override = command.settings_from_args(parser.parse_args(["--shards", "2", "--log", "memory"]))
     assert (override.shards, override.log) == (2, "memory")
+    # Classic groups and the migration between group types.
+    assert (settings.config.migration_policy, settings.config.initial_rebalance_delay_ms) == ("bidirectional", 3000)
+    classic = command.settings_from_args(parser.parse_args([
+        "--migration-policy", "UPGRADE", "--group-initial-rebalance-delay-ms", "0", "--group-min-session-timeout-ms", "1000",
+        "--group-max-size", "50"]))
+    assert (classic.config.migration_policy, classic.config.initial_rebalance_delay_ms) == ("upgrade", 0)
+    assert (classic.config.classic_min_session_timeout_ms, classic.config.classic_max_group_size) == (1000, 50)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--migration-policy", "sideways"])
 
 
 def test_the_kafka_log_needs_bootstrap_servers(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,6 @@
-"""The Spark compiler without Spark: constructs it rejects (naming the node and the reason),
-the Kafka source choice and the options each source gets, and the worker rules the stateful
-operators replay (``worker_semantics``), checked against the worker's behaviour on small cases."""
+"""The Spark compiler without Spark: constructs it rejects (naming the node and the reason), the
+plan each kind of step gets (per key, or per task where stream time matters), the warnings, the
+Kafka source choice and the options each source gets, and the task stores Spark state holds."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -9,43 +9,16 @@ from typing import Any
 import pytest
 
 from pystreams import serdes
-from pystreams.app import App, Processor, PunctuationType, kv_store, punctuate, window_store
-from pystreams.topology.spark import SparkCompileError, compile_topology
-from pystreams.topology.spark.compiler import choose_source_format, source_options
-from pystreams.topology.spark.worker_semantics import (
-    LEFT,
-    RIGHT,
-    JoinBuffers,
-    JoinRule,
-    KeyValueBackend,
-    ProcessorTask,
-    PunctuationClock,
-    ReplayedProcessorContext,
-    SessionChanges,
-    add_to_sessions,
-    cached_key_value_store,
-    decode_sessions,
-    encode_sessions,
+from pystreams.app import App, Processor, TumblingWindow, kv_store, window_store
+from pystreams.spark import SparkCompileError, compile_topology
+from pystreams.spark.compiler import KeyedPlan, TaskPlan, UnionPlan, choose_source_format, source_options
+from pystreams.spark.state import (
+    SparkSessionStore,
+    SparkWindowStore,
+    TaskState,
+    decode_task_state,
+    encode_task_state,
 )
-
-class DictBackend(KeyValueBackend):
-    """A processor store backend in a dict (Spark keeps it in a MapState)."""
-
-    def __init__(self, data: dict[bytes, bytes] | None = None) -> None:
-        self.data = {} if data is None else data
-
-    def get(self, key: bytes) -> bytes | None:
-        return self.data.get(key)
-
-    def put(self, key: bytes, value: bytes) -> None:
-        self.data[key] = value
-
-    def delete(self, key: bytes) -> None:
-        self.data.pop(key, None)
-
-    def items(self) -> Iterable[tuple[bytes, bytes]]:
-        return list(self.data.items())
-
 
 # -- constructs that cannot compile ---------------------------------------------------------------
 
@@ -134,7 +107,7 @@ class FakeSpark:
 def test_the_builtin_connector_is_chosen_when_its_jar_is_on_the_classpath(caplog: pytest.LogCaptureFixture) -> None:
     pytest.importorskip("pyspark")
     with_jar, without_jar = FakeSpark(True), FakeSpark(False)
-    with caplog.at_level("INFO", logger="pystreams.topology.spark.compiler"):
+    with caplog.at_level("INFO", logger="pystreams.spark.compiler"):
         assert choose_source_format(with_jar) == "kafka"
         assert choose_source_format(without_jar) == "pystreams_kafka"
     assert with_jar.registered == []
@@ -151,97 +124,85 @@ def test_each_source_gets_the_options_it_reads() -> None:
     assert source_options("pystreams_kafka", "host:9092", ("a", "b")) == {"bootstrap.servers": "host:9092", "topics": "a,b"}
 
 
-# -- session windows: the worker's merge rule -----------------------------------------------------
+# -- the plan: per key where no stream time matters, per task where it does ------------------------
 
 
-def _pages(total: list[str], key: str, url: str) -> list[str]:
-    return [*total, url]
+def _windowed_app(rekeyed: bool) -> App:
+    app = App("windowed")
+    clicks = app.topic("clicks", value=serdes.Text())
+    counted = clicks.group_by(lambda key, page: page, name="by_page") if rekeyed else clicks
+    app.count(counted, store="per-minute", window=TumblingWindow(size=60_000, grace=10_000)).to("counts")
+    app.count(counted, store="totals").to("totals")
+    return app
 
 
-def _merge(key: str, older: list[str], newer: list[str]) -> list[str]:
-    return [*older, "|", *newer]
+def test_windowed_steps_run_per_task_and_plain_aggregations_per_key() -> None:
+    plan = compile_topology(_windowed_app(rekeyed=False).topology())
+    bases = {sink.topic: sink.input.base for sink in plan.sinks}
+    assert isinstance(bases["counts"], TaskPlan) and isinstance(bases["totals"], KeyedPlan)
+    assert plan.warnings == () and plan.repartition_topics_of_tasks == ()
 
 
-def test_a_record_bridging_two_sessions_merges_them_with_the_users_merge() -> None:
-    sessions: dict[tuple[int, int], Any] = {}
-    changes = SessionChanges()
-    rule = dict(gap_ms=10, close_time=0, aggregate=_pages, merge=_merge, new_initial=list)
-    for url, ts in (("a", 100), ("b", 115), ("c", 108)):
-        assert add_to_sessions(sessions, changes, "u", url, ts, **rule)
-    # As the worker: merged from a fresh initial, oldest-ending session first, then the record.
-    assert sessions == {(100, 115): ["|", "a", "|", "b", "c"]}
-    assert changes.removed == {(100, 100), (115, 115)} and set(changes.written) == {(100, 115)}
-    assert not add_to_sessions(sessions, changes, "u", "late", 50, **{**rule, "close_time": 90})
-    assert decode_sessions(encode_sessions({(1, 2): b"x", (5, 9): b"y"})) == {(1, 2): b"x", (5, 9): b"y"}
+def test_a_windowed_step_behind_a_repartition_warns_naming_the_node_and_topic(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="pystreams.spark.compiler"):
+        plan = compile_topology(_windowed_app(rekeyed=True).topology())
+    (warning,) = plan.warnings
+    assert "node 'per-minute'" in warning and "'windowed-by_page-repartition'" in warning
+    assert warning in caplog.text
+    assert plan.repartition_topics_of_tasks == ("windowed-by_page-repartition",)
 
 
-# -- stream-stream joins: the worker's window rule ------------------------------------------------
+def test_steps_after_a_merge_run_on_each_of_its_inputs() -> None:
+    app = App("merged")
+    a = app.topic("a", value=serdes.Text())
+    b = app.topic("b", value=serdes.Text())
+    a.merge(b, name="both").map_values(lambda key, value: value.upper(), value=serdes.Text(), name="loud").to("out")
+    (sink,) = compile_topology(app.topology()).sinks
+    assert isinstance(sink.input.base, UnionPlan)
+    assert [[step.name for step in flow.steps] for flow in sink.input.base.inputs] == [["loud"], ["loud"]]
 
 
-def test_join_rule_matches_within_the_window_in_time_order() -> None:
-    rule = JoinRule(before_ms=0, after_ms=10, how="inner")
-    buffers = JoinBuffers()
-    assert rule.join(buffers, LEFT, 100, b"order", min_live_time=0) == []
-    assert rule.join(buffers, RIGHT, 95, b"early", min_live_time=0) == []  # before the order
-    assert rule.join(buffers, RIGHT, 110, b"pay", min_live_time=0) == [(b"order", b"pay", 110)]
-    assert rule.join(buffers, RIGHT, 111, b"too-late", min_live_time=0) == []
-    assert rule.join(buffers, LEFT, 50, b"old", min_live_time=60) is None  # past retention
-    again = JoinBuffers.decode(buffers.encode())
-    assert again.sides == buffers.sides
-    buffers.expire(100)
-    assert buffers.sides[RIGHT] == [(110, b"pay"), (111, b"too-late")]
+# -- task stores in Spark state --------------------------------------------------------------------
 
 
-def test_left_join_emits_unmatched_left_records_at_once() -> None:
-    rule = JoinRule(before_ms=5, after_ms=5, how="left")
-    buffers = JoinBuffers()
-    assert rule.join(buffers, LEFT, 100, b"l", 0) == [(b"l", None, 100)]
-    assert rule.join(buffers, RIGHT, 300, b"r", 0) == []  # the right side of a left join waits
-    assert JoinRule(5, 5, "outer").join(JoinBuffers(), RIGHT, 1, b"r", 0) == [(None, b"r", 1)]
+class Backend(dict):
+    def put(self, key: bytes, value: bytes) -> None:
+        self[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.pop(key, None)
 
 
-# -- processors: stores over a backend, stream-time punctuations -----------------------------------
+def test_a_window_store_in_spark_state_expires_as_rocksdb_does_and_folds_changes() -> None:
+    backend = Backend()
+    store = SparkWindowStore("w", backend, retention_ms=100, observed_stream_time=None)
+    assert store.put(b"k", 1000, b"a") and store.put(b"k", 1050, b"b") and store.put(b"k", 1000, b"c")
+    assert store.get(b"k", 1000) == b"c" and list(store.fetch(b"k", 0, 2000)) == [(1000, b"c"), (1050, b"b")]
+    assert not store.put(b"k", 950, b"late")  # 1050 - 100 + 1 = 951 is the oldest time kept
+    assert store.flush() == [(b"k", 1050, b"b"), (b"k", 1000, b"c")]  # one change per window, last write last
+    again = SparkWindowStore("w", backend, retention_ms=100, observed_stream_time=store.observed_stream_time)
+    assert list(again.fetch(b"k", 0, 2000)) == [(1000, b"c"), (1050, b"b")]
+    assert again.put(b"j", 1200, b"x")  # moves the store's time: 1000 and 1050 expire
+    assert again.get(b"k", 1000) is None and list(again.fetch(b"k", 0, 2000)) == []
+    again.flush()
+    again.expire_untouched()
+    assert set(backend) == {b"j"}
 
 
-class Counting(Processor):
-    def init(self, context: Any) -> None:
-        super().init(context)
-        self.counts = context.store("counts")
-
-    def process(self, key: Any, value: Any) -> None:
-        count = (self.counts.get(key) or 0) + 1
-        self.counts.put(key, count)
-        self.context.forward(key, count)
-
-    @punctuate(every=timedelta(milliseconds=100), on=PunctuationType.STREAM_TIME)
-    def reset(self, now: int) -> None:
-        for key, _ in list(self.counts.items()):
-            self.counts.delete(key)
-        self.context.forward("reset", now)
+def test_a_session_store_in_spark_state_finds_sessions_by_end_then_start() -> None:
+    store = SparkSessionStore("s", Backend(), retention_ms=100, observed_stream_time=None)
+    for start, end, value in ((10, 20, b"a"), (0, 30, b"b"), (25, 25, b"c")):
+        assert store.put(b"k", start, end, value)
+    found = store.find_sessions(b"k", 15, 26)
+    assert [(s.start, s.end, s.value) for s in found] == [(10, 20, b"a"), (25, 25, b"c"), (0, 30, b"b")]
+    assert store.remove(b"k", 10, 20)
+    assert store.flush()[-1] == (b"k", 10, 20, None)
+    short = SparkSessionStore("s", Backend(), retention_ms=10, observed_stream_time=30)
+    assert not short.put(b"k", 0, 5, b"old")  # ends before 30 - 10 + 1: expired, as in RocksDB
+    assert short.put(b"k", 21, 21, b"kept") and short.find_sessions(b"k", 0, 100)[0].value == b"kept"
 
 
-def test_a_processor_task_runs_records_and_stream_time_punctuations_like_the_worker() -> None:
-    backend = DictBackend()
-    results = []
-    clock = PunctuationClock({})
-    stream_time = None
-    # Two "micro-batches": the store and the clock carry over, the instance does not.
-    for batch in ([("a", 1000), ("a", 1050), ("b", 1099)], [("a", 1100), ("a", 1101)]):
-        store = cached_key_value_store("counts", backend, serdes.Text(), serdes.Int())
-        context = ReplayedProcessorContext("app", "0_0", {"counts": store})
-        task = ProcessorTask(Counting, context, [("reset", 100)], clock, stream_time)
-        for offset, (key, ts) in enumerate(batch):
-            task.process_source_record([(key, None, ts)], ts, "events", 0, offset)
-        store.raw.flush()
-        stream_time = task.stream_time
-        results.extend((key, value) for key, value, _ in context.forwarded)
-    # The first record fires the punctuation at once (the worker's first due time is "now").
-    assert results == [("a", 1), ("reset", 1000), ("a", 1), ("b", 1), ("a", 2), ("reset", 1100), ("a", 1)]
-    assert backend.data == {b"a": serdes.Int().serialize(1)}
-    assert clock.next_due == {"reset": 1200}
-
-    # A source record that stateless steps dropped still moves stream time and punctuates.
-    context = ReplayedProcessorContext("app", "0_0", {"counts": cached_key_value_store("counts", backend, serdes.Text(), serdes.Int())})
-    task = ProcessorTask(Counting, context, [("reset", 100)], clock, stream_time)
-    task.process_source_record([], 1250, "events", 0, 9)
-    assert context.forwarded == [("reset", 1250, 1250)] and task.stream_time == 1250
+def test_task_state_survives_its_encoding() -> None:
+    state = TaskState(stream_time=5, node_clocks={"n": 7}, store_times={"s": None}, swept_to={"s": 1}, due={"m": 9})
+    assert decode_task_state(encode_task_state(state)) == state
+    assert decode_task_state(encode_task_state(TaskState())) == TaskState()

@@ -1,11 +1,10 @@
 """Every example app on Spark ``local[2]`` writes the same final tables (latest value bytes per
 key bytes, tombstones delete) as the worker's TaskEngine for the same input topics.
 
-Inputs are in event-time order per partition, so no record is late on either runtime (the
-worker's per-task stream time and Spark's per-batch watermark only differ for late records;
-see the compiler's docstring). Both runtimes run phase by phase where the order of two inputs
-matters (a table update between orders), as a live deployment would see them; on Spark each
-phase is a backfill from the same checkpoint, so state carries across micro-batches.
+Both runtimes run phase by phase where the order of two inputs matters (a table update
+between orders), as a live deployment would see them; on Spark each phase is a backfill from
+the same checkpoint, so state carries across micro-batches. Late and out-of-order input on
+several partitions is ``test_spark_lateness.py``'s.
 """
 from __future__ import annotations
 
@@ -21,9 +20,9 @@ from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
-from pystreams.topology.spark.parity import decoded, read_final_table, run_on_spark, run_on_workers
+from spark_parity import decoded, read_final_table, run_on_spark, run_on_workers
 
-from test_spark_wordcount import EXAMPLES, spark  # noqa: F401  (the shared Spark session fixture)
+from test_spark_wordcount import EXAMPLES
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
-from pystreams.topology.spark.parity import decoded, read_final_table
+from spark_parity import decoded, read_final_table
 
-from test_spark_wordcount import WAIT_S, spark  # noqa: F401  (the shared Spark session fixture)
+from test_spark_wordcount import WAIT_S
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,7 @@ def test_wall_clock_punctuations_fire_as_processing_time_timers(spark: Any, tmp_
             cluster.ensure_topics([TopicSpec("events", 1), TopicSpec("out", 1)])
         send(bootstrap, 5)
 
-        from pystreams.topology.spark import to_spark
+        from pystreams.spark import to_spark
 
         def job():
             return to_spark(load_app(str(app_file)), spark, bootstrap_servers=bootstrap, checkpoint=str(tmp_path / "cp"))

@@ -20,8 +20,8 @@ from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
-from pystreams.topology.spark import SparkCompileError, compile_topology
-from pystreams.topology.spark.parity import decoded, read_final_table, run_on_workers
+from pystreams.spark import SparkCompileError, compile_topology
+from spark_parity import decoded, read_final_table, run_on_workers
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WAIT_S = 60.0
@@ -39,16 +39,6 @@ CORPUS = [
 
 def expected_counts(lines: Iterable[str]) -> dict[str, int]:
     return dict(collections.Counter(word for line in lines for word in line.lower().split()))
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
-    from pystreams.topology.spark.session import local_session
-
-    session = local_session("local[2]", "pystreams-tests")
-    yield session
-    session.stop()
 
 
 @pytest.fixture
@@ -86,7 +76,7 @@ def run_task_engine(bootstrap: str, state_dir: Path, lines_and_words: int) -> No
 
 
 def wordcount_job(spark: Any, bootstrap: str, checkpoint: Path) -> Any:
-    from pystreams.topology.spark import to_spark
+    from pystreams.spark import to_spark
 
     app = load_app(str(EXAMPLES / "wordcount.py"))
     return to_spark(app, spark, bootstrap_servers=bootstrap, checkpoint=str(checkpoint))
@@ -184,7 +174,7 @@ def read_windowed_table(bootstrap: str, topic: str) -> dict[tuple[str, int, int]
 def test_tumbling_and_hopping_aggregations_match_the_task_engine(spark: Any, tmp_path: Path) -> None:
     import json
 
-    from pystreams.topology.spark import to_spark
+    from pystreams.spark import to_spark
 
     app_file = tmp_path / "views_app.py"
     app_file.write_text(WINDOWED_APP)

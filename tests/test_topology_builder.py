@@ -15,7 +15,7 @@ from pystreams.topology.errors import (
     StoreError,
     TopologyError,
 )
-from pystreams.topology.ir import Node, NodeKind, PunctuationType, StoreKind, TopicRole
+from pystreams.topology.ir import FilterNode, NodeKind, PunctuationType, StoreKind, TopicRole
 
 from pystreams import serdes
 from pystreams.app import App, JoinWindow, Processor, kv_store, load_app
@@ -207,9 +207,8 @@ def test_missing_sources_are_rejected_naming_the_nodes():
     source = app.topic("in")
     source.to("out")
     nodes = list(app._nodes.values())
-    orphan = Node(
+    orphan = FilterNode(
         name="orphan",
-        kind=NodeKind.FILTER,
         key_serde=serdes.Text(),
         value_serde=serdes.Text(),
         parents=("ghost",),

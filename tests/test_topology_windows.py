@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from hypothesis import given
 from hypothesis import strategies as st
-from pystreams.topology.windows import HoppingWindow, TimeWindow, TumblingWindow, merge_into_session, to_millis
+from pystreams.topology.windows import HoppingWindow, TimeWindow, TumblingWindow, to_millis
 
 
 def test_durations_accept_timedelta_and_millis():
@@ -45,29 +45,3 @@ def test_hopping_windows_are_exactly_those_containing_the_timestamp(advance, hop
     assert all(w.start_ms <= timestamp < w.end_ms and w.start_ms % advance == 0 for w in windows)
     expected = [s for s in range(max(0, timestamp - window.size_ms + 1), timestamp + 1) if s % advance == 0]
     assert [w.start_ms for w in windows] == expected
-
-
-def test_a_record_bridging_two_sessions_merges_them_in_end_order_then_aggregates() -> None:
-    merged = merge_into_session(
-        [(0, 10, "a"), (20, 30, "b")], "k", "c", 15,
-        close_time=0, aggregate=lambda total, key, value: total + value,
-        merge=lambda key, left, right: left + right, new_initial=lambda: "",
-    )
-    assert merged == (0, 30, "abc")
-    # A reduce starts from the oldest session instead of an initial value.
-    reduced = merge_into_session(
-        [(0, 10, "a")], "k", "c", 12, close_time=0,
-        aggregate=lambda total, key, value: total + value, merge=lambda key, left, right: left + right, new_initial=None,
-    )
-    assert reduced == (0, 12, "ac")
-    assert merge_into_session([], "k", "c", 5, close_time=0, aggregate=None, merge=None, new_initial=None) == (5, 5, "c")
-
-
-def test_a_late_session_is_dropped_and_an_initial_of_none_is_still_aggregated() -> None:
-    def count(total, key, value):
-        return (total or 0) + 1
-
-    assert merge_into_session([(0, 10, 1)], "k", "x", 12, close_time=13, aggregate=count,
-                              merge=lambda key, left, right: (left or 0) + right, new_initial=lambda: None) is None
-    # An initializer may return None: the record is aggregated into it, not taken as is.
-    assert merge_into_session([], "k", "x", 5, close_time=0, aggregate=count, merge=None, new_initial=lambda: None) == (5, 5, 1)

@@ -42,12 +42,15 @@ from .ir import (
     KEYED_INPUT_KINDS,
     CopartitionGroup,
     InternalTopic,
-    JoinKind,
     JoinSide,
     Node,
     NodeKind,
+    SinkNode,
+    SourceNode,
     Store,
     StoreKind,
+    StreamStreamJoinNode,
+    StreamTableJoinNode,
     SubTopology,
     TopicRole,
     Topology,
@@ -136,15 +139,15 @@ def _check_references(declared: dict[str, Node], stores: dict[str, Store]) -> No
                     f"{node.kind} node {node.name!r} reads from {parent!r}, declared after it",
                     nodes=[node.name, parent],
                 )
-        if node.join is not None and node.join.kind is JoinKind.STREAM_TABLE and node.join.table not in declared:
+        if isinstance(node, StreamTableJoinNode) and node.table not in declared:
             raise MissingSourceError(
-                f"join {node.name!r} reads table {node.join.table!r}, which is not declared",
-                nodes=[node.name, str(node.join.table)],
+                f"join {node.name!r} reads table {node.table!r}, which is not declared",
+                nodes=[node.name, node.table],
             )
-        for store in node.stores:
-            if store not in stores:
+        for store_name in node.stores:
+            if store_name not in stores:
                 raise StoreError(
-                    f"{node.kind} node {node.name!r} uses store {store!r}, which no node declares", nodes=[node.name]
+                    f"{node.kind} node {node.name!r} uses store {store_name!r}, which no node declares", nodes=[node.name]
                 )
         seen.add(node.name)
     for store in stores.values():
@@ -185,26 +188,29 @@ def _insert_repartitions(app_id: str, declared: dict[str, Node]) -> dict[str, No
                 nodes=[sink_name, parent.name],
             )
         emit(
-            Node(
+            SinkNode(
                 name=sink_name,
-                kind=NodeKind.SINK,
                 parents=(parent.name,),
-                topics=(topic,),
+                topic=topic,
                 internal=True,
                 partitions=partitions,
                 key_serde=parent.key_serde,
                 value_serde=parent.value_serde,
             )
         )
-        source = source or Node(
-            name=repartition_source_node(base),
-            kind=NodeKind.SOURCE,
-            key_serde=parent.key_serde,
-            value_serde=parent.value_serde,
+        source_name = source.name if source is not None else repartition_source_node(base)
+        emit(
+            SourceNode(
+                name=source_name,
+                key_serde=parent.key_serde,
+                value_serde=parent.value_serde,
+                topics=(topic,),
+                internal=True,
+                partitions=partitions,
+            )
         )
-        emit(replace(source, kind=NodeKind.SOURCE, parents=(), topics=(topic,), internal=True, partitions=partitions))
-        key_changed[source.name] = False
-        return source.name
+        key_changed[source_name] = False
+        return source_name
 
     for node in declared.values():
         if node.kind is NodeKind.REPARTITION:
@@ -264,8 +270,8 @@ def _split(nodes: dict[str, Node]) -> dict[str, int]:
     for node in nodes.values():
         for parent in node.parents:
             union(node.name, parent)
-        if node.join is not None and node.join.kind is JoinKind.STREAM_TABLE:
-            union(node.name, str(node.join.table))
+        if isinstance(node, StreamTableJoinNode):
+            union(node.name, node.table)
     ids: dict[str, int] = {}
     assignment = {}
     for name in nodes:
@@ -279,8 +285,8 @@ def _split(nodes: dict[str, Node]) -> dict[str, int]:
 def _place_stores(app_id: str, nodes: dict[str, Node], stores: dict[str, Store]) -> dict[str, Store]:
     users: dict[str, list[str]] = {name: [] for name in stores}
     for node in nodes.values():
-        for store in node.stores:
-            users[store].append(node.name)
+        for store_name in node.stores:
+            users[store_name].append(node.name)
     placed = {}
     for name in sorted(stores):
         store = stores[name]
@@ -385,14 +391,12 @@ def _copartition_groups(nodes: dict[str, Node]) -> list[CopartitionGroup]:
     """One group per set of joins sharing sources; each lists the sources feeding both sides."""
     requirements: list[tuple[str, set[str]]] = []
     for node in nodes.values():
-        if node.join is None:
-            continue
-        if node.join.kind is JoinKind.STREAM_TABLE:
-            sources = _upstream_sources(nodes, node.parents[0]) | _upstream_sources(nodes, str(node.join.table))
+        if isinstance(node, StreamTableJoinNode):
+            sources = _upstream_sources(nodes, node.parents[0]) | _upstream_sources(nodes, node.table)
             requirements.append((node.name, sources))
-        elif node.join.side is JoinSide.LEFT:
+        elif isinstance(node, StreamStreamJoinNode) and node.side is JoinSide.LEFT:
             join_name = node.children[0] if node.children else node.name
-            sources = _upstream_sources(nodes, node.name) | _upstream_sources(nodes, str(node.join.other))
+            sources = _upstream_sources(nodes, node.name) | _upstream_sources(nodes, node.other)
             requirements.append((join_name, sources))
     # Merge requirements that share a source: they constrain the same topics.
     merged: list[tuple[list[str], set[str]]] = []

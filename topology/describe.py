@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .ir import Node, NodeKind, SubTopology, TopicRole, Topology
+from .ir import JoinKind, Node, NodeKind, StreamStreamJoinNode, StreamTableJoinNode, SubTopology, TopicRole, Topology
 from .resolve import ResolvedTopology
 from .windows import describe_window
 
@@ -28,10 +28,10 @@ def _node_line(node: Node) -> str:
         details.append(f"stores {list(node.stores)}")
     if node.window is not None:
         details.append(describe_window(node.window))
-    if node.join is not None:
-        details.append(
-            f"{node.join.how} {node.join.kind} join" + (f", {node.join.side} side" if node.join.side else "")
-        )
+    if isinstance(node, StreamTableJoinNode):
+        details.append(f"{node.how} {JoinKind.STREAM_TABLE} join")
+    elif isinstance(node, StreamStreamJoinNode):
+        details.append(f"{node.how} {JoinKind.STREAM_STREAM} join, {node.side} side")
     if node.punctuations:
         details.append(
             "punctuate " + ", ".join(f"{p.method} every {p.interval_ms}ms {p.type}" for p in node.punctuations)

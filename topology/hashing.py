@@ -16,26 +16,43 @@ from uuid import UUID
 
 import msgspec
 
-from .ir import CopartitionGroup, InternalTopic, JoinSpec, Node, Store, SubTopology
+from .ir import (
+    CopartitionGroup,
+    InternalTopic,
+    JoinKind,
+    Node,
+    StreamStreamJoinNode,
+    StreamTableJoinNode,
+    Store,
+    SubTopology,
+)
 from .windows import window_fields
 
 #: Bump when the canonical form changes meaning, so old and new hashes never collide.
 CANONICAL_FORM_VERSION = 1
 
 
-def _join(spec: JoinSpec | None) -> dict[str, Any] | None:
-    if spec is None:
+def _join(node: Node) -> dict[str, Any] | None:
+    # The layout the nodes had before they became one type per kind: hashes stay the same.
+    if isinstance(node, StreamTableJoinNode):
+        kind, table, table_store = JoinKind.STREAM_TABLE, node.table, node.table_store
+        side = other = window = this_store = other_store = None
+    elif isinstance(node, StreamStreamJoinNode):
+        kind, table, table_store = JoinKind.STREAM_STREAM, None, None
+        side, other, window = node.side.value, node.other, window_fields(node.window)
+        this_store, other_store = node.this_store, node.other_store
+    else:
         return None
     return {
-        "kind": spec.kind.value,
-        "how": spec.how.value,
-        "table": spec.table,
-        "table_store": spec.table_store,
-        "side": spec.side.value if spec.side else None,
-        "other": spec.other,
-        "window": window_fields(spec.window) if spec.window else None,
-        "this_store": spec.this_store,
-        "other_store": spec.other_store,
+        "kind": kind.value,
+        "how": node.how.value,
+        "table": table,
+        "table_store": table_store,
+        "side": side,
+        "other": other,
+        "window": window,
+        "this_store": this_store,
+        "other_store": other_store,
     }
 
 
@@ -55,7 +72,7 @@ def _node(node: Node) -> dict[str, Any]:
         "partitions": node.partitions,
         "stores": list(node.stores),
         "window": window_fields(node.window) if node.window else None,
-        "join": _join(node.join),
+        "join": _join(node),
         "branches": list(node.branches),
         "punctuations": [[p.method, p.interval_ms, p.type.value] for p in node.punctuations],
     }

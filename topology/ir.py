@@ -1,6 +1,6 @@
 """The topology IR: what an app *is*, as plain frozen data both runtimes consume.
 
-A ``Topology`` is a graph of ``Node`` s (sources, processors, sinks) grouped into
+A ``Topology`` is a graph of nodes (sources, processors, sinks) grouped into
 ``SubTopology`` s, plus the ``Store`` s the nodes use and the internal topics the app needs.
 Sub-topologies are the connected parts of the graph once it is cut at repartition topics; a
 *task* is one sub-topology working on one partition number, ``TaskId(subtopology, partition)``.
@@ -10,8 +10,12 @@ states *constraints*: which topics must be co-partitioned, and how each internal
 follows from its sub-topology's inputs. ``pystreams.topology.resolve.resolve`` turns a
 topology plus the cluster's partition counts into tasks and concrete counts.
 
-Callables (the user's functions, timestamp extractors, processor classes) are held by
-reference; nothing here is serialized. The topology hash covers structure only.
+A node is one small frozen type per kind (``MapNode``, ``AggregateNode``, ...: the tagged
+union ``Node``, tagged by each type's ``kind``) holding only the fields its kind uses; runtimes
+dispatch on the type through a table. Callables (the user's functions, timestamp extractors,
+processor classes) are held by reference; nothing here is serialized. The topology hash covers
+structure only. The rules each kind follows live in ``pystreams.topology.kernels``, which
+both runtimes wrap.
 
 How a runtime executes each node kind (``key``/``value`` are deserialized objects; a record
 also carries a timestamp, inherited by every record derived from it):
@@ -46,11 +50,11 @@ AGGREGATE              ``acc = fn(acc, key, value)`` with ``acc`` starting at ``
                        ``(key, acc)``, or ``(Windowed(key, start, end), acc)`` per window when
                        ``window`` is set. Session windows merge with ``merger(key, older, newer)``.
 REDUCE                 like AGGREGATE, but the first value of a key is the accumulator itself
-STREAM_TABLE_JOIN      looks the record's key up in the table's store (``join.table_store``);
+STREAM_TABLE_JOIN      looks the record's key up in the table's store (``table_store``);
                        forwards ``(key, fn(key, value, table_value))``; an inner join drops misses,
                        a left join calls ``fn`` with ``None``. Table updates trigger nothing.
-STREAM_STREAM_JOIN     one node per side (``join.side``): stores the record in ``join.this_store``,
-                       looks up ``join.other_store`` within ``join.window`` and forwards
+STREAM_STREAM_JOIN     one node per side (``side``): stores the record in ``this_store``,
+                       looks up ``other_store`` within ``window`` and forwards
                        ``(key, fn(key, left_value, right_value))``. The two sides feed a MERGE
                        node that carries the join's name.
 PROCESSOR              ``fn`` is a ``Processor`` subclass: one instance per task, ``init(context)``,
@@ -67,12 +71,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeAlias
 from uuid import UUID
 
 from pystreams.serdes import Serde
 
-from .windows import JoinWindow, Window
+from .windows import AggregationWindow, JoinWindow, Window
 
 
 class NodeKind(enum.StrEnum):
@@ -154,70 +158,315 @@ class Punctuation:
     type: PunctuationType
 
 
-def next_punctuation_due(due: int | None, now: int, interval_ms: int) -> int:
-    """When a punctuation that fired at ``now`` is due next (``due``: when it was due, None if
-    never scheduled): missed intervals are skipped, not replayed (both runtimes use this)."""
-    next_due = (due if due is not None else now) + interval_ms
-    return next_due if next_due > now else now + interval_ms
-
-
-@dataclass(frozen=True, slots=True)
-class JoinSpec:
-    kind: JoinKind
-    how: JoinHow
-    #: STREAM_TABLE: the table node and its store (read-only for the join).
-    table: str | None = None
-    table_store: str | None = None
-    #: STREAM_STREAM: which side this node is, the other side's node, the join window, the
-    #: store this side writes and the store it probes.
-    side: JoinSide | None = None
-    other: str | None = None
-    window: JoinWindow | None = None
-    this_store: str | None = None
-    other_store: str | None = None
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Node:
-    """One step of the graph. Serdes describe the records this node *emits* (for a SINK: the
-    records it writes; for a SOURCE: the records it reads)."""
+class NodeBase:
+    """What every node has; each kind below adds only the fields it uses. Serdes describe the
+    records a node *emits* (for a sink: the records it writes; for a source: the records it
+    reads). Generic code reads the optional parts through the properties, whose defaults say
+    "this kind has none"."""
 
+    kind: ClassVar[NodeKind]
     name: str
-    kind: NodeKind
     key_serde: Serde
     value_serde: Serde
     parents: tuple[str, ...] = ()
     children: tuple[str, ...] = ()
     #: The sub-topology id; -1 in declarations, before the builder assigns it.
     subtopology: int = -1
-    #: The user's callable; see the module docstring for its signature per kind.
-    fn: Callable[..., Any] | None = None
-    #: True if the node may emit keys other than the ones it received.
-    key_changing: bool = False
-    #: SOURCE/TABLE_SOURCE: the topics read; SINK: ``(topic,)``.
-    topics: tuple[str, ...] = ()
-    #: SOURCE only: an RE2 pattern matched in full against topic names (``topics`` is empty).
-    pattern: str | None = None
-    timestamp_extractor: Callable[[Any, Any, int], int] | None = None
-    #: SOURCE/SINK of a repartition topic.
-    internal: bool = False
-    #: Explicit partition count of a repartition topic (SINK/SOURCE of ``app.repartition``).
-    partitions: int | None = None
-    #: Stores this node reads or writes. The owner is ``Store.owner``.
-    stores: tuple[str, ...] = ()
-    window: Window | None = None
-    #: AGGREGATE/COUNT: the starting accumulator, or a zero-argument factory of it.
-    initial: Any = None
-    #: Session-windowed aggregations: ``merger(key, older, newer) -> merged``.
-    merger: Callable[[Any, Any, Any], Any] | None = None
-    join: JoinSpec | None = None
-    #: BRANCH: the labels ``fn`` may return; BRANCH_OUTPUT: ``(its label,)``.
-    branches: tuple[str, ...] = ()
-    punctuations: tuple[Punctuation, ...] = ()
 
     @property
     def is_source(self) -> bool:
         return self.kind in (NodeKind.SOURCE, NodeKind.TABLE_SOURCE)
+
+    @property
+    def fn(self) -> Callable[..., Any] | None:
+        """The user's callable; see the module docstring for its signature per kind."""
+        return None
+
+    @property
+    def key_changing(self) -> bool:
+        """True if the node may emit keys other than the ones it received."""
+        return False
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Sources: the topics read; a sink: ``(topic,)``."""
+        return ()
+
+    @property
+    def pattern(self) -> str | None:
+        return None
+
+    @property
+    def timestamp_extractor(self) -> Callable[[Any, Any, int], int] | None:
+        return None
+
+    @property
+    def internal(self) -> bool:
+        """A source or sink of a repartition topic."""
+        return False
+
+    @property
+    def partitions(self) -> int | None:
+        """The explicit partition count of a repartition topic."""
+        return None
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        """Stores this node reads or writes. The owner is ``Store.owner``."""
+        return ()
+
+    @property
+    def window(self) -> Window | None:
+        return None
+
+    @property
+    def initial(self) -> Any:
+        return None
+
+    @property
+    def merger(self) -> Callable[[Any, Any, Any], Any] | None:
+        return None
+
+    @property
+    def branches(self) -> tuple[str, ...]:
+        return ()
+
+    @property
+    def punctuations(self) -> tuple[Punctuation, ...]:
+        return ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceNode(NodeBase):
+    """Reads ``topics``, or every topic matching the RE2 ``pattern`` (then ``topics`` is empty);
+    ``internal`` sources read repartition topics."""
+
+    kind: ClassVar[NodeKind] = NodeKind.SOURCE
+    topics: tuple[str, ...] = ()
+    pattern: str | None = None
+    timestamp_extractor: Callable[[Any, Any, int], int] | None = None
+    internal: bool = False
+    partitions: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TableSourceNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.TABLE_SOURCE
+    topic: str
+    store: str
+    timestamp_extractor: Callable[[Any, Any, int], int] | None = None
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return (self.topic,)
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SinkNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.SINK
+    topic: str
+    internal: bool = False
+    partitions: int | None = None
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        return (self.topic,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MapNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.MAP
+    fn: Callable[..., Any]
+    key_changing: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MapValuesNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.MAP_VALUES
+    fn: Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlatMapNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.FLAT_MAP
+    fn: Callable[..., Any]
+    key_changing: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FlatMapValuesNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.FLAT_MAP_VALUES
+    fn: Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FilterNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.FILTER
+    fn: Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeekNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.PEEK
+    fn: Callable[..., Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SelectKeyNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.SELECT_KEY
+    fn: Callable[..., Any]
+
+    @property
+    def key_changing(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BranchNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.BRANCH
+    fn: Callable[..., Any]
+    #: The labels ``fn`` may return, one BRANCH_OUTPUT child each.
+    branches: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BranchOutputNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.BRANCH_OUTPUT
+    label: str
+
+    @property
+    def branches(self) -> tuple[str, ...]:
+        return (self.label,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MergeNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.MERGE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToStreamNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.TO_STREAM
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RepartitionNode(NodeBase):
+    """Only in declarations: the builder replaces it with a repartition sink + source pair."""
+
+    kind: ClassVar[NodeKind] = NodeKind.REPARTITION
+    partitions: int | None = None
+
+    @property
+    def internal(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggregationNode(NodeBase):
+    """COUNT, AGGREGATE and REDUCE: ``fn(acc, key, value) -> acc`` per key (per window with
+    ``window``), kept in ``store``."""
+
+    fn: Callable[..., Any]
+    store: str
+    window: AggregationWindow | None = None
+    #: The starting accumulator, or a zero-argument factory of it (REDUCE has none).
+    initial: Any = None
+    #: Session windows: ``merger(key, older, newer) -> merged``.
+    merger: Callable[[Any, Any, Any], Any] | None = None
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CountNode(AggregationNode):
+    kind: ClassVar[NodeKind] = NodeKind.COUNT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AggregateNode(AggregationNode):
+    kind: ClassVar[NodeKind] = NodeKind.AGGREGATE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReduceNode(AggregationNode):
+    kind: ClassVar[NodeKind] = NodeKind.REDUCE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamTableJoinNode(NodeBase):
+    """Looks each record's key up in ``table_store``, the store of the table node ``table``."""
+
+    kind: ClassVar[NodeKind] = NodeKind.STREAM_TABLE_JOIN
+    fn: Callable[..., Any]
+    how: JoinHow
+    table: str
+    table_store: str
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.table_store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamStreamJoinNode(NodeBase):
+    """One side of a windowed stream–stream join: ``side``, the other side's node ``other``,
+    the store this side writes and the store it probes."""
+
+    kind: ClassVar[NodeKind] = NodeKind.STREAM_STREAM_JOIN
+    fn: Callable[..., Any]
+    how: JoinHow
+    side: JoinSide
+    other: str
+    window: JoinWindow
+    this_store: str
+    other_store: str
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.this_store, self.other_store)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessorNode(NodeBase):
+    kind: ClassVar[NodeKind] = NodeKind.PROCESSOR
+    #: A ``Processor`` subclass.
+    fn: Callable[..., Any]
+    key_changing: bool = True
+    stores: tuple[str, ...] = ()
+    punctuations: tuple[Punctuation, ...] = ()
+
+
+#: One step of the graph: a tagged union, the tag being each type's ``kind``.
+Node: TypeAlias = (
+    SourceNode
+    | TableSourceNode
+    | SinkNode
+    | MapNode
+    | MapValuesNode
+    | FlatMapNode
+    | FlatMapValuesNode
+    | FilterNode
+    | PeekNode
+    | SelectKeyNode
+    | BranchNode
+    | BranchOutputNode
+    | MergeNode
+    | ToStreamNode
+    | RepartitionNode
+    | CountNode
+    | AggregateNode
+    | ReduceNode
+    | StreamTableJoinNode
+    | StreamStreamJoinNode
+    | ProcessorNode
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

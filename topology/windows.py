@@ -11,7 +11,6 @@ topology hash, so they hold no callables.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -129,37 +128,6 @@ class SessionWindow:
     @property
     def retention_ms(self) -> int:
         return self.gap_ms + self.grace_ms
-
-
-def merge_into_session(
-    overlapping: Iterable[tuple[int, int, Any]],
-    key: Any,
-    value: Any,
-    timestamp: int,
-    *,
-    close_time: int,
-    aggregate: Callable[[Any, Any, Any], Any],
-    merge: Callable[[Any, Any, Any], Any],
-    new_initial: Callable[[], Any] | None,
-) -> tuple[int, int, Any] | None:
-    """The session a record joins: ``(start, end, aggregate)``, or None when it is late.
-
-    ``overlapping``: the key's sessions within the gap of ``timestamp`` as ``(start, end,
-    value)``, ordered by end then start. They merge in that order, starting from a fresh
-    initial (``new_initial=None``: a reduce, starting from the oldest session), and the record
-    is aggregated last; a merged session ending before ``close_time`` is late. Both runtimes
-    (the worker and Spark) aggregate sessions with this, so their tables agree.
-    """
-    start = end = timestamp
-    started = new_initial is not None
-    total: Any = new_initial() if new_initial is not None else None
-    for session_start, session_end, older in overlapping:
-        total = merge(key, total, older) if started else older
-        started = True
-        start, end = min(start, session_start), max(end, session_end)
-    if end < close_time:
-        return None
-    return start, end, (aggregate(total, key, value) if started else value)
 
 
 @dataclass(frozen=True, slots=True, init=False)

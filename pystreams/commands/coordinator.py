@@ -103,6 +103,24 @@ _SERVER_OPTIONS = [
 ]
 
 
+_CLASSIC_OPTIONS = [
+    _Option("--migration-policy", "PYSTREAMS_MIGRATION_POLICY", "bidirectional",
+            "group.consumer.migration.policy: which online conversions between classic and consumer groups happen "
+            "(a group may override it through `pystreams configs`)",
+            {"choices": ["bidirectional", "upgrade", "downgrade", "disabled"], "type": str.lower}),
+    _Option("--group-min-session-timeout-ms", "PYSTREAMS_GROUP_MIN_SESSION_TIMEOUT_MS", "6000",
+            "group.min.session.timeout.ms: the shortest session timeout a classic member may ask for",
+            {"type": options.positive_int, "metavar": "MS"}),
+    _Option("--group-max-session-timeout-ms", "PYSTREAMS_GROUP_MAX_SESSION_TIMEOUT_MS", "1800000",
+            "group.max.session.timeout.ms: the longest session timeout a classic member may ask for",
+            {"type": options.positive_int, "metavar": "MS"}),
+    _Option("--group-max-size", "PYSTREAMS_GROUP_MAX_SIZE", str(2**31 - 1),
+            "group.max.size: members of one classic group", {"type": options.positive_int, "metavar": "N"}),
+    _Option("--group-initial-rebalance-delay-ms", "PYSTREAMS_GROUP_INITIAL_REBALANCE_DELAY_MS", "3000",
+            "group.initial.rebalance.delay.ms: how long an empty classic group waits for more members before its "
+            "first assignment", {"type": options.non_negative_int, "metavar": "MS"}),
+]
+
 _SECURITY_OPTIONS = [
     _Option("--ssl-certfile", "PYSTREAMS_SSL_CERTFILE", None,
             "the listener's certificate chain (PEM; may hold the key too) for SSL and SASL_SSL", {"metavar": "FILE"}),
@@ -167,7 +185,7 @@ def _epilog(options: list[_Option]) -> str:
 
 def add_coordinator_options(parser: argparse.ArgumentParser, *, cluster: bool = True) -> None:
     """The server options (and, with ``cluster``, where the log and topics live)."""
-    listed = (_CLUSTER_OPTIONS if cluster else []) + _SERVER_OPTIONS + _SECURITY_OPTIONS + _LIMIT_OPTIONS
+    listed = (_CLUSTER_OPTIONS if cluster else []) + _SERVER_OPTIONS + _CLASSIC_OPTIONS + _SECURITY_OPTIONS + _LIMIT_OPTIONS
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = (parser.epilog or "") + _epilog(listed)
     _add(parser, listed)
@@ -258,6 +276,11 @@ def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | Non
         heartbeat_interval_ms=heartbeat,
         min_heartbeat_interval_ms=bound(args.min_heartbeat_interval_ms, min(_HEARTBEAT_DEFAULTS[1], heartbeat)),
         max_heartbeat_interval_ms=bound(args.max_heartbeat_interval_ms, max(_HEARTBEAT_DEFAULTS[2], heartbeat)),
+        migration_policy=str(args.migration_policy).lower(),
+        classic_min_session_timeout_ms=_parse(args.group_min_session_timeout_ms, options.positive_int),
+        classic_max_session_timeout_ms=_parse(args.group_max_session_timeout_ms, options.positive_int),
+        classic_max_group_size=_parse(args.group_max_size, options.positive_int),
+        initial_rebalance_delay_ms=_parse(args.group_initial_rebalance_delay_ms, options.non_negative_int),
     )
     metrics_port = args.metrics_port
     return CoordinatorSettings(

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         app = load_app(args.app)
         topology = app.topology()
-        from pystreams.topology.spark.compiler import cluster_pattern_matcher, compile_topology
+        from pystreams.spark.compiler import cluster_pattern_matcher, compile_topology
 
         # Compile before paying for a Spark session: unsupported nodes fail in milliseconds.
         compile_topology(topology, topics_matching=cluster_pattern_matcher(args.bootstrap_servers))
@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"pystreams spark: error: {error}", file=sys.stderr)
         return 1
 
-    from pystreams.topology.spark import to_spark
-    from pystreams.topology.spark.session import local_session
+    from pystreams.spark import to_spark
+    from pystreams.spark.session import local_session
 
     checkpoint = args.checkpoint or str(Path(".pystreams-spark") / topology.app_id)
     spark = local_session(args.master, f"pystreams-{topology.app_id}")

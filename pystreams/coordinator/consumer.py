@@ -8,7 +8,9 @@ the computation in flight are runtime state, re-armed on load.
 from __future__ import annotations
 
 from collections import Counter
+import logging
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 from uuid import UUID
 
 import kafka.errors as Errors
@@ -23,20 +25,46 @@ from pystreams.assignors.api import (
     TopicMetadata,
 )
 from pystreams.coordinator import records as r
-from pystreams.coordinator.consumer_group import ConsumerGroup, ConsumerMember, GroupState
+from pystreams.coordinator.consumer_group import CLASSIC_METADATA_VERSION, CONSUMER, ConsumerGroup, ConsumerMember, GroupState
 from pystreams.coordinator.context import ShardContext
 from pystreams.coordinator.errors import RequestError
 from pystreams.coordinator.config import HEARTBEAT_INTERVAL, SESSION_TIMEOUT
 from pystreams.coordinator.reconciliation import MemberAssignmentState, reconcile
 from pystreams.coordinator.subscriptions import InvalidRegex, subscribed_names, subscribed_topic_ids, validate_regex
-from pystreams.coordinator.timers import ComputationTimer, EmptyGroupTimer, RevocationTimer, SessionTimer
+from pystreams.coordinator.timers import (
+    ClassicMemberJoinTimer,
+    ClassicMemberSyncTimer,
+    ComputationTimer,
+    EmptyGroupTimer,
+    RevocationTimer,
+    SessionTimer,
+)
 from pystreams.partitions import NO_PARTITIONS, PartitionSet
 from pystreams.protocol import messages as m
 from pystreams.protocol.errors import InvalidAssignmentError
 from pystreams.protocol.sentinels import LEAVE_EPOCH, LEAVE_STATIC_EPOCH
 
+#: ConsumerGroupDescribe v1's MemberType.
+CLASSIC_MEMBER_TYPE, CONSUMER_MEMBER_TYPE = 0, 1
+
 HeartbeatRequest = m.ConsumerGroupHeartbeatRequest
 HeartbeatResponse = m.ConsumerGroupHeartbeatResponse
+
+log = logging.getLogger(__name__)
+
+
+class Migration(Protocol):
+    """The conversions between group types (``migration.py``), as this manager calls them."""
+
+    def upgrade(self, group, request, now_ms: int) -> ConsumerGroup | None:
+        """A KIP-848 member joins the non-consumer group ``group``: the consumer group it became
+        (None if it was empty and is gone), or RequestError if it may not convert."""
+        ...
+
+    def maybe_downgrade(self, group: ConsumerGroup, leaving: ConsumerMember, now_ms: int) -> bool:
+        """``leaving`` (the last KIP-848 member) is fenced or leaves: True if the group became a
+        classic group (and ``leaving`` went with the conversion)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,8 @@ class ConsumerGroupManager:
         self.assignors = assignors
         #: group id -> the client-side computation in flight (runtime state, not records).
         self.computations: dict[str, ClientComputation] = {}
+        #: Online migration to and from classic groups; set by the shard that composes both types.
+        self.migration: Migration | None = None
 
     @property
     def config(self):
@@ -138,12 +168,20 @@ class ConsumerGroupManager:
 
         self.ctx.on_undo(restore)
 
-    def _consumer_group(self, group_id: str) -> ConsumerGroup | None:
-        """The group if it is a consumer group; a group of another type is refused."""
-        group = self.ctx.groups.get(group_id)
-        if group is not None and group.group_type != "consumer":
-            raise RequestError(Errors.InconsistentGroupProtocolError, f"Group {group_id} is not a consumer group.")
-        return group
+    def session_timeout_of(self, group_id: str, member: ConsumerMember) -> int:
+        """A classic member keeps the session timeout of its JoinGroup."""
+        return member.classic.session_timeout_ms if member.classic is not None else self.session_timeout_ms(group_id)
+
+    def _consumer_group(self, request, now_ms: int) -> ConsumerGroup | None:
+        """The request's group if it is a consumer group. A classic group is upgraded by a
+        joining member (KIP-848 "Supporting Online Consumer Group Upgrade"); to anything else
+        it is GROUP_ID_NOT_FOUND, as in Kafka."""
+        group = self.ctx.groups.get(request.group_id)
+        if group is None or group.group_type == CONSUMER:
+            return group
+        if request.member_epoch != 0 or self.migration is None:
+            raise RequestError(Errors.GroupIdNotFoundError, f"Group {request.group_id} is not a consumer group.")
+        return self.migration.upgrade(group, request, now_ms)
 
     def create_group(self, group_id: str, now_ms: int) -> ConsumerGroup:
         """A new, EMPTY consumer group; it exists because a record says so."""
@@ -156,9 +194,10 @@ class ConsumerGroupManager:
     # --- ConsumerGroupHeartbeat -------------------------------------------------------------
 
     def consumer_group_heartbeat(self, request: HeartbeatRequest, now_ms: int) -> HeartbeatResponse:
+        before_upgrade = self.ctx.savepoint()
         try:
             validate_heartbeat(request, self.config.assignors, self.config.max_assignor_metadata_bytes)
-            group = self._consumer_group(request.group_id)
+            group = self._consumer_group(request, now_ms)
             if request.member_epoch in (LEAVE_EPOCH, LEAVE_STATIC_EPOCH):
                 return self._leave(group, request, now_ms)
             if request.member_epoch == 0:
@@ -168,6 +207,10 @@ class ConsumerGroupManager:
                 is_new = False
             return self._update_and_reconcile(group, member, request, is_new, now_ms)
         except RequestError as exc:
+            if request.member_epoch == 0:
+                # A refused join leaves no trace, an upgrade it started included (a fenced
+                # member's removal, the other path here, must stand).
+                self.ctx.rollback(before_upgrade)
             return HeartbeatResponse(error_code=exc.code, error_message=exc.message, member_epoch=-1, heartbeat_interval_ms=0)
 
     def _join(self, group: ConsumerGroup | None, request, now_ms: int) -> tuple[ConsumerGroup, ConsumerMember, bool]:
@@ -181,8 +224,10 @@ class ConsumerGroupManager:
             holder_id = group.static_members.get(request.instance_id)
             if holder_id is not None:
                 holder = group.members[holder_id]
-                if holder.member_epoch == LEAVE_STATIC_EPOCH:
-                    return group, self._replace_static_member(group, holder, request), False
+                # A classic holder is the same instance switching protocols: it cannot leave
+                # through the new protocol first (KAFKA-17228).
+                if holder.member_epoch == LEAVE_STATIC_EPOCH or holder.classic is not None:
+                    return group, self.replace_static_member(group, holder, request.member_id or self.ctx.new_member_id()), False
                 if holder_id != request.member_id:
                     raise RequestError(
                         Errors.UnreleasedInstanceIdError,
@@ -206,20 +251,20 @@ class ConsumerGroupManager:
             )
         return group, ConsumerMember(member_id=member_id), True
 
-    def _replace_static_member(self, group: ConsumerGroup, old: ConsumerMember, request) -> ConsumerMember:
+    def replace_static_member(self, group: ConsumerGroup, old: ConsumerMember, new_id: str) -> ConsumerMember:
         """A static member is back: its new incarnation takes the old one's assignment, no bump."""
-        new_id = request.member_id or self.ctx.new_member_id()
         new = replace(old, member_id=new_id)
         target = group.targets.get(old.member_id)
         assignment = old.assignment_value()
-        self._cancel_member_timers(group.group_id, old.member_id)
+        self.cancel_member_timers(group.group_id, old.member_id)
         self._emit_member_tombstones(group, old.member_id)
         self.ctx.emit(r.MemberMetadata(group.group_id, new_id, new.metadata_value(group.group_epoch)))
         if target is not None:
             self.ctx.emit(r.TargetAssignmentMember(group.group_id, new_id, target.value()))
-        # The epoch it held before leaving; the member reconciles from there like any other.
+        # The epoch it held (before leaving, if it left); it reconciles from there like any other.
+        epoch = assignment.previous_member_epoch if assignment.member_epoch == LEAVE_STATIC_EPOCH else assignment.member_epoch
         restored = r.CurrentAssignmentValue(
-            member_epoch=assignment.previous_member_epoch,
+            member_epoch=epoch,
             previous_member_epoch=assignment.previous_member_epoch,
             assigned=assignment.assigned,
             error=assignment.error,
@@ -282,13 +327,14 @@ class ConsumerGroupManager:
 
     def _update_and_reconcile(self, group: ConsumerGroup, member: ConsumerMember, request, is_new: bool, now_ms: int) -> HeartbeatResponse:
         updated, bump = _apply_request_fields(member, request, self.ctx.request)
+        self._check_classic_members_readable(group, updated)
         self._check_assignor_versions(group, updated)
         bump = bump or is_new
         if is_new or updated != member:
             self.ctx.emit(r.MemberMetadata(group.group_id, updated.member_id, updated.metadata_value(group.group_epoch)))
             member = group.members[updated.member_id]
         if bump:
-            self._refresh_subscription_metadata(group)
+            self.refresh_subscription_metadata(group)
             self.bump_group_epoch(group)
         self.ctx.cancel(EmptyGroupTimer(group.group_id))
         self.maybe_compute_target(group, now_ms)
@@ -296,7 +342,7 @@ class ConsumerGroupManager:
         owned = PartitionSet.from_wire(request.topic_partitions) if request.topic_partitions is not None else None
         if request.member_epoch == 0:
             owned = owned or NO_PARTITIONS
-        changed = self._reconcile_member(group, member, owned, now_ms)
+        changed = self.reconcile_member(group, member, owned, now_ms)
         self.ctx.schedule(SessionTimer(group.group_id, member.member_id), now_ms + self.session_timeout_ms(group.group_id))
 
         computation = self.computations.get(group.group_id)
@@ -330,11 +376,30 @@ class ConsumerGroupManager:
             metadata_bytes=member.metadata,
         )
 
+    def _check_classic_members_readable(self, group: ConsumerGroup, member: ConsumerMember) -> None:
+        """KIP-848 "Kafka Streams Migration": while classic members remain, a KIP-848 member with
+        client-side assignors must run one the classic members run too, at a version range that
+        includes -1 (their subscription userData), or it could compute nothing for them."""
+        classic = [other for other in group.classic_members() if other.member_id != member.member_id]
+        if member.classic is not None or not member.assignors or not classic:
+            return
+        shared = set.intersection(*(set(other.classic_protocol_names()) for other in classic))
+        usable = [a for a in member.assignors if a.name in shared and a.minimum_version <= CLASSIC_METADATA_VERSION <= a.maximum_version]
+        if not usable:
+            offered = ", ".join(f"{a.name}[{a.minimum_version}, {a.maximum_version}]" for a in member.assignors)
+            raise RequestError(
+                Errors.InvalidRequestError,
+                f"Group {group.group_id} still has {len(classic)} classic member(s) running {', '.join(sorted(shared)) or 'no common assignor'}; "
+                f"a joining member must run one of those assignors with a version range that includes {CLASSIC_METADATA_VERSION} "
+                f"(classic members' metadata), but it runs {offered}.",
+            )
+
     def _check_assignor_versions(self, group: ConsumerGroup, member: ConsumerMember) -> None:
-        """UNSUPPORTED_ASSIGNOR when a client assignor's version range overlaps no one else's."""
+        """UNSUPPORTED_ASSIGNOR when a client assignor's version range overlaps no one else's
+        (classic members are checked by ``_check_classic_members_readable``)."""
         for assignor in member.assignors:
             for other in group.members.values():
-                if other.member_id == member.member_id:
+                if other.member_id == member.member_id or other.classic is not None or member.classic is not None:
                     continue
                 theirs = other.assignor(assignor.name)
                 if theirs is not None and (
@@ -346,7 +411,7 @@ class ConsumerGroupManager:
                         f"member {other.member_id}'s [{theirs.minimum_version}, {theirs.maximum_version}].",
                     )
 
-    def _reconcile_member(self, group: ConsumerGroup, member: ConsumerMember, owned, now_ms: int) -> bool:
+    def reconcile_member(self, group: ConsumerGroup, member: ConsumerMember, owned, now_ms: int) -> bool:
         """Moves the member toward its target; emits its new current assignment. True if it changed."""
         if member.member_epoch == LEAVE_STATIC_EPOCH:
             return False
@@ -370,7 +435,9 @@ class ConsumerGroupManager:
             return False
         self.ctx.emit(r.CurrentAssignment(group.group_id, member.member_id, value))
         key = RevocationTimer(group.group_id, member.member_id)
-        if nxt.revoking and not current.revoking:
+        if member.classic is not None:
+            pass  # a classic member revokes by rejoining; its join timer bounds that (Kafka's)
+        elif nxt.revoking and not current.revoking:
             self.ctx.schedule(key, now_ms + member.rebalance_timeout_ms)
         elif not nxt.revoking:
             self.ctx.cancel(key)
@@ -387,22 +454,31 @@ class ConsumerGroupManager:
             self.ctx.emit(r.TargetAssignmentMember(group.group_id, member_id, None))
         self.ctx.emit(r.MemberMetadata(group.group_id, member_id, None))
 
-    def _cancel_member_timers(self, group_id: str, member_id: str) -> None:
-        self.ctx.cancel(SessionTimer(group_id, member_id))
-        self.ctx.cancel(RevocationTimer(group_id, member_id))
+    def cancel_member_timers(self, group_id: str, member_id: str) -> None:
+        for timer in (SessionTimer, RevocationTimer, ClassicMemberJoinTimer, ClassicMemberSyncTimer):
+            self.ctx.cancel(timer(group_id, member_id))
 
     def remove_member(self, group: ConsumerGroup, member: ConsumerMember, now_ms: int) -> None:
-        """Fenced, expired or left: tombstones, a new group epoch, a new target."""
-        self._cancel_member_timers(group.group_id, member.member_id)
-        self._emit_member_tombstones(group, member.member_id)
-        self._refresh_subscription_metadata(group)
+        """Fenced, expired or left: tombstones, a new group epoch, a new target — or, if it was
+        the last KIP-848 member among classic ones, the group converts back to classic."""
+        if self.migration is not None and self.migration.maybe_downgrade(group, member, now_ms):
+            return
+        self.remove_members(group, [member], now_ms)
+
+    def remove_members(self, group: ConsumerGroup, members: list[ConsumerMember], now_ms: int) -> None:
+        """Members removed together (a batch LeaveGroup): their tombstones, then one new epoch."""
+        for member in members:
+            self.cancel_member_timers(group.group_id, member.member_id)
+            self._emit_member_tombstones(group, member.member_id)
+        self.refresh_subscription_metadata(group)
         self.bump_group_epoch(group)
-        self._maybe_restart_computation(group, member.member_id, now_ms)
+        for member in members:
+            self._maybe_restart_computation(group, member.member_id, now_ms)
         self.maybe_compute_target(group, now_ms)
         if not group.members:
             self.ctx.schedule(EmptyGroupTimer(group.group_id), now_ms + self.config.empty_group_retention_ms)
 
-    def _refresh_subscription_metadata(self, group: ConsumerGroup) -> bool:
+    def refresh_subscription_metadata(self, group: ConsumerGroup) -> bool:
         """Re-resolve the group's subscribed topics against the topic image; True if changed."""
         names: set[str] = set()
         for member in group.members.values():
@@ -414,7 +490,7 @@ class ConsumerGroupManager:
         return True
 
     def on_topics_changed(self, group: ConsumerGroup, now_ms: int) -> None:
-        if self._refresh_subscription_metadata(group):
+        if self.refresh_subscription_metadata(group):
             self.bump_group_epoch(group)
             self.maybe_compute_target(group, now_ms)
 
@@ -424,11 +500,13 @@ class ConsumerGroupManager:
         return subscribed_topic_ids(member.subscribed_topic_names, member.subscribed_topic_regex, group.subscribed_topics)
 
     def select_assignor(self, group: ConsumerGroup) -> tuple[bool, str]:
-        """(is_client_side, name): a client assignor all members support, by their precedence;
+        """(is_client_side, name): a client assignor all members support, by their precedence,
+        that a KIP-848 member can run (a classic member's protocols count as its assignors);
         else the most common server assignor; else the coordinator's default."""
         members = list(group.members.values())
         if members and all(m.assignors for m in members):
             common = set.intersection(*({a.name for a in m.assignors} for m in members))
+            common = {name for name in common if any(m.classic is None and m.assignor(name) for m in members)}
             if common:
                 rank = Counter()
                 for m in members:
@@ -470,13 +548,13 @@ class ConsumerGroupManager:
             return
         if not group.members:
             self.ctx.emit(r.TargetAssignmentMetadata(group.group_id, r.TargetAssignmentMetadataValue(group.group_epoch)))
-            self._end_computation(group.group_id)
+            self.end_computation(group.group_id)
             return
         client_side, name = self.select_assignor(group)
         if client_side:
             self._start_computation(group, name, now_ms)
             return
-        self._end_computation(group.group_id)
+        self.end_computation(group.group_id)
         try:
             result = self.assignors[name].assign(self.assignment_spec(group))
         except PartitionAssignorError:
@@ -507,7 +585,7 @@ class ConsumerGroupManager:
     def choose_computing_member(self, group: ConsumerGroup, assignor: str, exclude: set[str]) -> str | None:
         """The member whose version range covers every version the group's metadata uses
         (KIP-848 "Member Selection": A[1-5], B[3-4], C[2-4] -> A)."""
-        present = [m for m in group.members.values() if m.member_epoch != LEAVE_STATIC_EPOCH and m.assignor(assignor)]
+        present = [m for m in group.members.values() if m.member_epoch != LEAVE_STATIC_EPOCH and m.classic is None and m.assignor(assignor)]
         if not present:
             return None
         ranges = [m.assignor(assignor) for m in present]
@@ -527,11 +605,11 @@ class ConsumerGroupManager:
         if computation is not None and computation.assignor == assignor and computation.member_id in group.members:
             return  # one computation in flight; it is recomputed after its install
         chosen = self.choose_computing_member(group, assignor, set())
-        self._end_computation(group.group_id)
+        self.end_computation(group.group_id)
         if chosen is not None:
             self._set_computation(group.group_id, ClientComputation(member_id=chosen, assignor=assignor, tried=frozenset({chosen})))
 
-    def _end_computation(self, group_id: str) -> None:
+    def end_computation(self, group_id: str) -> None:
         if group_id in self.computations:
             self._set_computation(group_id, None)
         self.ctx.cancel(ComputationTimer(group_id))
@@ -643,7 +721,7 @@ class ConsumerGroupManager:
                 self.install_target(group, assignment, request.group_epoch, 0)
         except RequestError as exc:
             return Response(error_code=exc.code, error_message=exc.message)
-        self._end_computation(group.group_id)
+        self.end_computation(group.group_id)
         if set(computation.prepared_members) != set(group.members) and group.group_epoch <= group.assignment_epoch:
             # A static member was replaced meanwhile (no epoch bump): the assignment names its
             # old id, so its partitions would stay unassigned. Compute again for who is here.
@@ -653,12 +731,12 @@ class ConsumerGroupManager:
 
     # --- timers, topics and fail-over ---------------------------------------------------------
 
-    def expire(self, timer: SessionTimer | RevocationTimer | ComputationTimer, now_ms: int) -> None:
+    def expire(self, timer, now_ms: int) -> None:
         group = self.ctx.groups.peek(timer.group_id)
-        if group is None or group.group_type != "consumer":
+        if group is None or group.group_type != CONSUMER:
             return
         match timer:
-            case SessionTimer(member_id=member_id) | RevocationTimer(member_id=member_id):
+            case SessionTimer(member_id=member_id) | RevocationTimer(member_id=member_id) | ClassicMemberJoinTimer(member_id=member_id) | ClassicMemberSyncTimer(member_id=member_id):
                 member = group.members.get(member_id)
                 if member is not None:
                     self.remove_member(group, member, now_ms)
@@ -676,10 +754,9 @@ class ConsumerGroupManager:
 
     def on_loaded(self, group: ConsumerGroup, now_ms: int) -> None:
         """KIP-848 "Fail Over": re-arm timers, re-check metadata and regexes, compute a missing target."""
-        session = self.session_timeout_ms(group.group_id)
         for member in group.members.values():
-            self.ctx.schedule(SessionTimer(group.group_id, member.member_id), now_ms + session)
-            if member.revoking:
+            self.ctx.schedule(SessionTimer(group.group_id, member.member_id), now_ms + self.session_timeout_of(group.group_id, member))
+            if member.revoking and member.classic is None:
                 self.ctx.schedule(RevocationTimer(group.group_id, member.member_id), now_ms + member.rebalance_timeout_ms)
         if not group.members:
             self.ctx.schedule(EmptyGroupTimer(group.group_id), now_ms + self.config.empty_group_retention_ms)
@@ -738,6 +815,7 @@ class ConsumerGroupManager:
                             target.partitions if target else NO_PARTITIONS, names, group.assignment_error,
                             target.metadata_version if target else 0, target.metadata if target else b"",
                         ),
+                        member_type=CLASSIC_MEMBER_TYPE if member.classic is not None else CONSUMER_MEMBER_TYPE,
                     )
                 )
             described.append(
@@ -779,10 +857,21 @@ def _apply_request_fields(member: ConsumerMember, request, context) -> tuple[Con
     if request.member_epoch == 0:
         changes["client_id"] = context.client_id
         changes["client_host"] = context.client_host
+    if member.classic is not None:
+        # It speaks KIP-848 now: its classic protocols (and the assignors they stood for) go.
+        changes["classic"] = None
+        changes.setdefault("assignors", ())
     updated = replace(member, **changes) if changes else member
-    trigger = (
+    subscription_changed = (
         updated.subscribed_topic_names != member.subscribed_topic_names
         or updated.subscribed_topic_regex != member.subscribed_topic_regex
+    )
+    if member.classic is not None:
+        # Switching protocols is not a reason to reassign (the KIP's Online Migration keeps
+        # the upgraded member's partitions at the same epoch); a new subscription is.
+        return updated, subscription_changed
+    trigger = (
+        subscription_changed
         or updated.server_assignor != member.server_assignor
         or _assignors_trigger(member.assignors, updated.assignors)
     )
@@ -795,7 +884,7 @@ def _assignors_trigger(before: tuple, after: tuple) -> bool:
     was answered, and bumping again would rebalance twice per request."""
     if len(before) != len(after):
         return True
-    for old, new in zip(before, after):
+    for old, new in zip(before, after, strict=False):
         if msgspec.structs.replace(old, reason=0) != msgspec.structs.replace(new, reason=0):
             return True
         if new.reason != 0 and new.reason != old.reason:

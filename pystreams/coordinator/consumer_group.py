@@ -15,7 +15,12 @@ import kafka.errors as Errors
 from pystreams.coordinator import records as r
 from pystreams.coordinator.errors import RequestError
 from pystreams.partitions import NO_PARTITIONS, PartitionSet
+from pystreams.protocol.consumer_protocol import ConsumerProtocolError, decode_subscription
 from pystreams.protocol.sentinels import LEAVE_STATIC_EPOCH
+
+#: The metadata version a classic member's subscription userData reaches client-side assignors
+#: at, and its assignment userData comes back at (KIP-848 "Kafka Streams Migration").
+CLASSIC_METADATA_VERSION = -1
 
 CONSUMER = "consumer"
 CLASSIC = "classic"
@@ -61,6 +66,16 @@ class ConsumerMember:
     error: int = 0
     metadata_version: int = 0
     metadata: bytes = b""
+    #: Set while the member speaks the classic protocol (online migration): its session timeout
+    #: and every JoinGroup protocol. Its ``assignors`` are then derived from those protocols.
+    classic: r.ClassicMemberMetadataValue | None = None
+
+    @property
+    def uses_classic_protocol(self) -> bool:
+        return self.classic is not None
+
+    def classic_protocol_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.classic.supported_protocols) if self.classic is not None else ()
 
     def metadata_value(self, group_epoch: int) -> r.MemberMetadataValue:
         return r.MemberMetadataValue(
@@ -73,7 +88,8 @@ class ConsumerMember:
             rack_id=self.rack_id,
             subscribed_topic_regex=self.subscribed_topic_regex,
             server_assignor=self.server_assignor,
-            assignors=list(self.assignors),
+            assignors=list(self.assignors) if self.classic is None else [],
+            classic_member=self.classic,
         )
 
     def assignment_value(self) -> r.CurrentAssignmentValue:
@@ -144,25 +160,68 @@ class ConsumerGroup:
         owner = self.owners.get((topic_id, partition))
         return owner is None or owner == member_id
 
+    # --- classic members (online migration) ----------------------------------------------
+
+    def classic_members(self) -> list[ConsumerMember]:
+        return [member for member in self.members.values() if member.classic is not None]
+
+    def all_classic_except(self, member_id: str) -> bool:
+        """Every member but ``member_id`` speaks the classic protocol, and ``member_id`` does not
+        (Kafka's allMembersUseClassicProtocolExcept)."""
+        member = self.members.get(member_id)
+        return member is not None and member.classic is None and all(
+            other.classic is not None for other in self.members.values() if other.member_id != member_id
+        )
+
+    def supports_classic_protocols(self, protocol_type: str, names: list[str]) -> bool:
+        """A classic JoinGroup fits this group: protocol type ``consumer``, and (unless the group
+        is empty) one offered protocol every classic member offers too."""
+        if protocol_type != CONSUMER or not names:
+            return False
+        classic = self.classic_members()
+        if not classic:
+            return True
+        return any(all(name in member.classic_protocol_names() for member in classic) for name in names)
+
+    def waiting_on_unreleased_partition(self, member: ConsumerMember) -> bool:
+        """Some partition of the member's target is still held by another member."""
+        return any(not self.is_free_for(member.member_id, *pair) for pair in self.target_of(member.member_id) - member.assigned)
+
     # --- offsets (Kafka's Group.validateOffsetCommit / validateOffsetFetch) ------------------
 
-    def validate_offset_commit(self, member_id: str, member_epoch: int) -> None:
-        """A member commits with its member epoch: a newer one is FENCED, an older one STALE.
-        Admin tools commit with no member and epoch -1, only while the group has no members."""
+    def validate_offset_commit(self, member_id: str, member_epoch: int, instance_id: str | None = None) -> None:
+        """A member commits with its member epoch: a newer one is FENCED, an older one STALE; a
+        classic member commits with its generation (= its member epoch), any other is
+        ILLEGAL_GENERATION. Admin tools commit with no member and epoch -1, only while the
+        group has no members."""
         if member_epoch < 0 and not member_id:
             if self.members:
                 raise RequestError(Errors.UnknownMemberIdError, "Commits without a member are only accepted while the group has no members.")
             return
-        self._validate_member_epoch(member_id, member_epoch)
+        member = self._member_for_offsets(member_id, instance_id)
+        if member.classic is not None:
+            if member_epoch != member.member_epoch:
+                raise RequestError(Errors.IllegalGenerationError, f"Generation {member_epoch} is not member {member_id}'s {member.member_epoch}.")
+            return
+        self._validate_member_epoch(member, member_epoch)
 
     def validate_offset_fetch(self, member_id: str | None, member_epoch: int) -> None:
         if member_id or member_epoch >= 0:
-            self._validate_member_epoch(member_id or "", member_epoch)
+            member = self._member_for_offsets(member_id or "", None)
+            if member.classic is None:
+                self._validate_member_epoch(member, member_epoch)
 
-    def _validate_member_epoch(self, member_id: str, member_epoch: int) -> None:
+    def _member_for_offsets(self, member_id: str, instance_id: str | None) -> ConsumerMember:
+        if instance_id is not None:
+            holder = self.static_members.get(instance_id)
+            if holder is not None and holder != member_id:
+                raise RequestError(Errors.FencedInstanceIdError, f"Instance id {instance_id} is now member {holder}; member {member_id} is fenced.")
         member = self.members.get(member_id)
         if member is None:
             raise RequestError(Errors.UnknownMemberIdError, f"Member {member_id!r} is not a member of group {self.group_id}.")
+        return member
+
+    def _validate_member_epoch(self, member: ConsumerMember, member_epoch: int) -> None:
         if member_epoch > member.member_epoch:
             raise RequestError(Errors.FencedMemberEpochError, f"Member epoch {member_epoch} is newer than the coordinator's {member.member_epoch}.")
         if member_epoch < member.member_epoch:
@@ -234,7 +293,8 @@ class ConsumerGroup:
         member.instance_id = value.instance_id
         member.rack_id = value.rack_id
         member.server_assignor = value.server_assignor
-        member.assignors = tuple(value.assignors)
+        member.classic = value.classic_member
+        member.assignors = tuple(value.assignors) if value.classic_member is None else classic_assignors(value.classic_member)
         if value.instance_id is not None:
             self.static_members[value.instance_id] = member_id
 
@@ -288,3 +348,16 @@ class ConsumerGroup:
             },
             "owners": dict(self.owners),
         }
+
+
+def classic_assignors(classic: r.ClassicMemberMetadataValue) -> tuple[r.AssignorValue, ...]:
+    """A classic member as client-side assignors see it: each JoinGroup protocol is an assignor
+    of that name whose only version is -1 and whose metadata is the subscription's userData."""
+    assignors = []
+    for protocol in classic.supported_protocols:
+        try:
+            user_data = decode_subscription(protocol.metadata).user_data or b""
+        except ConsumerProtocolError:
+            user_data = b""  # refused at join time; a record is never refused on replay
+        assignors.append(r.AssignorValue(protocol.name, CLASSIC_METADATA_VERSION, CLASSIC_METADATA_VERSION, 0, CLASSIC_METADATA_VERSION, user_data))
+    return tuple(assignors)

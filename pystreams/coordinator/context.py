@@ -29,7 +29,7 @@ import kafka.errors as Errors
 
 from pystreams.assignors.api import TopicMetadata
 from pystreams.coordinator import records as r
-from pystreams.coordinator.config import CoordinatorConfig
+from pystreams.coordinator.config import MIGRATION_POLICY, CoordinatorConfig
 from pystreams.coordinator.errors import RequestError
 from pystreams.coordinator.timers import TimerKey, Timers
 
@@ -239,3 +239,11 @@ class ShardContext:
         """A dynamic group config (KIP-848 "Group Configurations"), or the coordinator's default."""
         value = self.group_configs.get(group_id, {}).get(name)
         return int(value) if value is not None else self.config.default(name)
+
+    def migration_policy(self, group_id: str) -> str:
+        return self.group_configs.get(group_id, {}).get(MIGRATION_POLICY) or self.config.migration_policy
+
+    @property
+    def in_event(self) -> bool:
+        """True while handling an event (live), False while a load replays the log."""
+        return self._journal is not None

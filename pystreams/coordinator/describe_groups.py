@@ -1,4 +1,7 @@
-"""DescribeGroups (the classic API) answered for KIP-848 consumer groups, as Apache Kafka does.
+"""DescribeGroups (the classic API), for classic groups and for KIP-848 consumer groups.
+
+A classic group is described as Kafka does: its state, protocol type, and when Stable the
+selected protocol and each member's metadata for it; every member's assignment bytes.
 
 Standard admin tooling (``kafka-consumer-groups.sh --describe``, kafka-python's
 ``KafkaAdminClient.describe_groups``) still speaks DescribeGroups. Kafka answers it for a
@@ -21,6 +24,7 @@ from kafka.protocol.consumer.metadata import (
     ConsumerProtocolType,
 )
 
+from pystreams.coordinator.classic_group import ClassicGroup, ClassicGroupState
 from pystreams.coordinator.consumer import ConsumerGroupManager
 from pystreams.coordinator.consumer_group import CONSUMER, ConsumerGroup, ConsumerMember, GroupState
 from pystreams.coordinator.context import ShardContext
@@ -52,6 +56,9 @@ class DescribeGroupsHandler:
                 group = self.ctx.groups.get(group_id)
             except RequestError as exc:
                 described.append(_failed_group(group_id, exc))
+                continue
+            if isinstance(group, ClassicGroup):
+                described.append(_classic_group(group))
                 continue
             if group is None or group.group_type != CONSUMER:
                 described.append(_dead_group(group_id, version))
@@ -88,6 +95,27 @@ class DescribeGroupsHandler:
         names = {topic.topic_id: name for name, topic in self.ctx.topics.items()}
         names.update(group.topic_names_by_id())
         return names
+
+
+def _classic_group(group: ClassicGroup):
+    """Kafka's describe of a classic group: protocol data and member metadata only when Stable."""
+    Group = m.DescribeGroupsResponse.DescribedGroup
+    stable = group.state is ClassicGroupState.STABLE
+    members = [
+        Group.DescribedGroupMember(
+            member_id=member.member_id,
+            group_instance_id=member.instance_id,
+            client_id=member.client_id,
+            client_host=member.client_host,
+            member_metadata=member.metadata(group.protocol_name) if stable else b"",
+            member_assignment=member.assignment,
+        )
+        for member in group.members.values()
+    ]
+    return Group(
+        error_code=0, group_id=group.group_id, group_state=group.state.value, protocol_type=group.protocol_type or "",
+        protocol_data=(group.protocol_name or "") if stable else "", members=members,
+    )
 
 
 def _failed_group(group_id: str, error: RequestError):

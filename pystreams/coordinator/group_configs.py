@@ -9,7 +9,14 @@ from __future__ import annotations
 import kafka.errors as Errors
 
 from pystreams.coordinator import records as r
-from pystreams.coordinator.config import GROUP_CONFIG_NAMES, HEARTBEAT_INTERVAL, SESSION_TIMEOUT, parse_int, validate_group_config
+from pystreams.coordinator.config import (
+    GROUP_CONFIG_NAMES,
+    HEARTBEAT_INTERVAL,
+    MIGRATION_POLICY,
+    SESSION_TIMEOUT,
+    parse_int,
+    validate_group_config,
+)
 from pystreams.coordinator.context import ShardContext
 from pystreams.protocol import messages as m
 
@@ -56,13 +63,13 @@ class GroupConfigManager:
                 entries.append(
                     Entry(
                         name=name,
-                        value=override if override is not None else str(self.ctx.config.default(name)),
+                        value=override if override is not None else self.ctx.config.default_text(name),
                         read_only=False,
                         is_default=override is None,
                         config_source=CONFIG_SOURCE_GROUP if override is not None else CONFIG_SOURCE_DEFAULT,
                         is_sensitive=False,
                         synonyms=[],
-                        config_type=3,  # INT
+                        config_type=2 if name == MIGRATION_POLICY else 3,  # STRING, INT
                         documentation=None,
                     )
                 )

@@ -15,12 +15,15 @@ event-queue-size                                ``event_queue_size`` (and per sh
 consumer-group-rebalance-rate / -count          ``consumer_group_rebalance_rate`` / ``_count``
 partition-load-time-avg / -max                  ``partition_load_time_avg`` / ``_max`` (ms)
 thread-idle-ratio-min / -avg                    ``thread_idle_ratio_min`` / ``_avg``
+classic-group-count{state}                      ``classic_group_count{state="Empty"|...}``
 ==============================================  ================================================
 
 pystreams' own, for operating it safely (``pystreams_coordinator_``): ``refusals_total{reason}``
 (connections and requests the server refused: limits, deadlines, malformed or invalid requests,
 failed authentication, denied by ACL), ``handler_failures_total`` (requests whose handler raised
-and was rolled back), ``shard_reloads_total``, ``quarantined_groups``, ``connections``.
+and was rolled back), ``shard_reloads_total``, ``quarantined_groups``, ``connections``; and for
+online migration, under the Kafka prefix, ``consumer_group_classic_members`` and
+``group_conversions_total{direction="upgrade"|"downgrade"}``.
 
 Rates and idle ratios are over a sliding window (60 s, Kafka's two 30 s samples); load times
 cover every load since the process started. A *rebalance* is a new target assignment. Every
@@ -34,7 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -146,9 +149,20 @@ class CoordinatorMetrics:
     def __init__(self) -> None:
         self.rebalances = WindowedCounter()
         self.load_times = LoadTimes()
+        #: Online conversions between group types since start: "upgrade" and "downgrade".
+        self.conversions: Counter[str] = Counter({"upgrade": 0, "downgrade": 0})
 
 
 # --- export -------------------------------------------------------------------------------------
+
+
+def _counter(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]], prefix: str = PREFIX) -> CounterMetricFamily:
+    samples = list(samples)
+    labels = sorted(samples[0][0]) if samples and samples[0][0] else []
+    family = CounterMetricFamily(prefix + name, help_text, labels=labels)
+    for values, value in samples:
+        family.add_metric([values[label] for label in labels], value)
+    return family
 
 
 def _gauge(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]], prefix: str = PREFIX) -> GaugeMetricFamily:
@@ -175,6 +189,8 @@ class CoordinatorCollector(Collector):
         coordinator = self._coordinator
         by_protocol = {"consumer": 0, "classic": 0}
         by_state: dict[str, int] = {}
+        by_classic_state: dict[str, int] = {}
+        classic_members = 0
         by_partition_state = {"loading": 0, "active": 0, "failed": 0}
         quarantined = handler_failures = 0
         for runner in coordinator.runners:
@@ -195,6 +211,10 @@ class CoordinatorCollector(Collector):
                 if group.group_type == "consumer":
                     state = group.state.value.lower()
                     by_state[state] = by_state.get(state, 0) + 1
+                    classic_members += sum(1 for member in group.members.values() if member.classic is not None)
+                else:
+                    classic_state = group.state.value
+                    by_classic_state[classic_state] = by_classic_state.get(classic_state, 0) + 1
         for state in ("empty", "assigning", "reconciling", "stable", "dead"):
             by_state.setdefault(state, 0)
         idle = [runner.idle.ratio() for runner in coordinator.runners]
@@ -204,6 +224,14 @@ class CoordinatorCollector(Collector):
                      (({"protocol": p}, n) for p, n in by_protocol.items()))
         yield _gauge("consumer_group_count", "Number of consumer groups by state (consumer-group-count).",
                      (({"state": s}, n) for s, n in sorted(by_state.items())))
+        for state in ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"):
+            by_classic_state.setdefault(state, 0)
+        yield _gauge("classic_group_count", "Number of classic groups by state (classic-group-count).",
+                     (({"state": s}, n) for s, n in sorted(by_classic_state.items())))
+        yield _gauge("consumer_group_classic_members", "Members of consumer groups that still speak the classic protocol (online migration).",
+                     [({}, classic_members)])
+        yield _counter("group_conversions", "Online conversions between classic and consumer groups since start.",
+                       (({"direction": d}, n) for d, n in sorted(coordinator.metrics.conversions.items())))
         yield _gauge("partition_count", "Number of record-log partitions (shards) by state (partition-count).",
                      (({"state": s}, n) for s, n in by_partition_state.items()))
         yield _gauge("event_queue_size", "Events waiting in the shards' queues (event-queue-size).",

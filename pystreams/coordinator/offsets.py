@@ -98,9 +98,11 @@ class OffsetManager:
             group = self.ctx.groups.get(request.group_id)
             if group is None:
                 if request.generation_id_or_member_epoch >= 0 or request.member_id:
-                    raise RequestError(Errors.UnknownMemberIdError, f"Member {request.member_id!r} is unknown: the group does not exist.")
+                    # Kafka's answer: a commit for a generation of a group that does not exist.
+                    missing = Errors.GroupIdNotFoundError if (request.API_VERSION or 0) >= 9 else Errors.IllegalGenerationError
+                    raise RequestError(missing, f"Group {request.group_id} does not exist; member {request.member_id!r} cannot commit.")
             else:
-                group.validate_offset_commit(request.member_id, request.generation_id_or_member_epoch)
+                group.validate_offset_commit(request.member_id, request.generation_id_or_member_epoch, getattr(request, "group_instance_id", None))
         except RequestError as exc:
             error = exc.code
         topics = []

@@ -4,7 +4,9 @@ A pure function of the member's current assignment, its target, the partitions i
 owning, and who else still holds what. The three phases of the KIP:
 
 1. revoke: while the member holds partitions outside its target, it is told to keep only
-   ``current ∩ target`` and stays at its epoch until it reports none of the revoked ones;
+   ``current ∩ target`` and stays at its epoch until it reports none of the revoked ones (a
+   member that already reports owning none of them skips this phase, as in Kafka: an eager
+   classic member rejoins having revoked everything);
 2. then it moves to the target epoch;
 3. target partitions are handed out as their previous holders release them (``pending``).
 
@@ -43,18 +45,19 @@ def reconcile(
             return current
     elif current.member_epoch == target_epoch and current.assigned == target:
         return current
-    return _next(current, target_epoch, target, is_free)
+    return _next(current, target_epoch, target, owned, is_free)
 
 
 def _next(
     current: MemberAssignmentState,
     target_epoch: int,
     target: PartitionSet,
+    owned: PartitionSet | None,
     is_free: Callable[[UUID, int], bool],
 ) -> MemberAssignmentState:
     keep = current.assigned & target
     revoke = current.assigned - target
-    if revoke:
+    if revoke and (owned is None or not owned.isdisjoint(revoke)):
         # Stay at the current epoch: the member may not take anything new before it revokes.
         return MemberAssignmentState(current.member_epoch, current.previous_member_epoch, keep, revoke)
     free = PartitionSet.from_pairs(pair for pair in (target - keep) if is_free(*pair))

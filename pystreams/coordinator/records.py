@@ -67,6 +67,10 @@ class GroupConfigKey(_Key, frozen=True, tag="group-config"):
     pass
 
 
+class ClassicGroupKey(_Key, frozen=True, tag="classic-group"):
+    pass
+
+
 RecordKey = Union[
     GroupMetadataKey,
     PartitionMetadataKey,
@@ -76,6 +80,7 @@ RecordKey = Union[
     CurrentAssignmentKey,
     OffsetCommitKey,
     GroupConfigKey,
+    ClassicGroupKey,
 ]
 
 # --- values ------------------------------------------------------------------------------------
@@ -113,6 +118,19 @@ class AssignorValue(msgspec.Struct, frozen=True):
     metadata: bytes
 
 
+class ClassicProtocolValue(msgspec.Struct, frozen=True, array_like=True):
+    name: str
+    metadata: bytes
+
+
+class ClassicMemberMetadataValue(msgspec.Struct, frozen=True):
+    """A consumer-group member that speaks the classic protocol (Kafka's ClassicMemberMetadata)."""
+
+    session_timeout_ms: int
+    #: Every protocol of its JoinGroup, in its order, with the raw subscription bytes.
+    supported_protocols: list[ClassicProtocolValue]
+
+
 class MemberMetadataValue(msgspec.Struct, frozen=True):
     group_epoch: int
     client_id: str
@@ -124,6 +142,8 @@ class MemberMetadataValue(msgspec.Struct, frozen=True):
     subscribed_topic_regex: str | None = None
     server_assignor: str | None = None
     assignors: list[AssignorValue] = []
+    #: Set while the member uses the classic protocol (online migration); None for KIP-848.
+    classic_member: ClassicMemberMetadataValue | None = None
 
 
 class TargetAssignmentMetadataValue(msgspec.Struct, frozen=True):
@@ -160,6 +180,32 @@ class OffsetCommitValue(msgspec.Struct, frozen=True):
 
 class GroupConfigValue(msgspec.Struct, frozen=True):
     configs: dict[str, str]
+
+
+class ClassicMemberValue(msgspec.Struct, frozen=True):
+    member_id: str
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    #: The member's metadata for the group's selected protocol.
+    subscription: bytes
+    assignment: bytes
+    instance_id: str | None = None
+
+
+class ClassicGroupValue(msgspec.Struct, frozen=True):
+    """A classic group at its last stable point (Kafka's GroupMetadataValue): written when the
+    leader's assignment is stored, when the group becomes empty, on a static replacement, on a
+    conversion. A rebalance in progress is not written: a load brings the group back Stable (or
+    Empty) and its members rejoin as they would after any coordinator move."""
+
+    protocol_type: str
+    generation: int
+    protocol: str | None
+    leader: str | None
+    current_state_timestamp: int = -1
+    members: list[ClassicMemberValue] = []
 
 
 # --- record kinds: a key's fields and its value ------------------------------------------------
@@ -219,6 +265,11 @@ class GroupConfig(_Record, frozen=True):
     KEY = GroupConfigKey
 
 
+class ClassicGroupMetadata(_Record, frozen=True):
+    value: ClassicGroupValue | None
+    KEY = ClassicGroupKey
+
+
 Record = Union[
     GroupMetadata,
     PartitionMetadata,
@@ -228,12 +279,17 @@ Record = Union[
     CurrentAssignment,
     OffsetCommit,
     GroupConfig,
+    ClassicGroupMetadata,
 ]
 
 _KINDS: tuple[type[_Record], ...] = (
     GroupMetadata, PartitionMetadata, MemberMetadata, TargetAssignmentMetadata,
-    TargetAssignmentMember, CurrentAssignment, OffsetCommit, GroupConfig,
+    TargetAssignmentMember, CurrentAssignment, OffsetCommit, GroupConfig, ClassicGroupMetadata,
 )
+
+#: The record kinds of a KIP-848 consumer group (a conversion tombstones them all).
+CONSUMER_GROUP_KINDS = (GroupMetadata, PartitionMetadata, MemberMetadata, TargetAssignmentMetadata,
+                        TargetAssignmentMember, CurrentAssignment)
 _KIND_BY_KEY: dict[type[_Key], type[_Record]] = {kind.KEY: kind for kind in _KINDS}
 
 

@@ -464,6 +464,18 @@ class ShardRunner:
         count = sum(1 for record in records if isinstance(record, r.TargetAssignmentMetadata) and record.value is not None)
         if count:
             self.metrics.rebalances.record(count)
+        # Conversions, as their records show them: a group of one type tombstoned and one of the
+        # other type written for it in the same batch.
+        ended = {(type(record), record.group_id) for record in records if record.value is None and isinstance(record, (r.GroupMetadata, r.ClassicGroupMetadata))}
+        for record in records:
+            if record.value is None:
+                continue
+            if isinstance(record, r.GroupMetadata) and (r.ClassicGroupMetadata, record.group_id) in ended:
+                self.metrics.conversions["upgrade"] += 1
+                ended.discard((r.ClassicGroupMetadata, record.group_id))
+            elif isinstance(record, r.ClassicGroupMetadata) and (r.GroupMetadata, record.group_id) in ended:
+                self.metrics.conversions["downgrade"] += 1
+                ended.discard((r.GroupMetadata, record.group_id))
 
 
 # --- the server --------------------------------------------------------------------------------
@@ -518,6 +530,10 @@ class Coordinator:
             m.ConsumerGroupHeartbeatRequest.API_KEY: self._heartbeat,
             m.ConsumerGroupPrepareAssignmentRequest.API_KEY: self._single_group,
             m.ConsumerGroupInstallAssignmentRequest.API_KEY: self._single_group,
+            m.JoinGroupRequest.API_KEY: self._single_group,
+            m.SyncGroupRequest.API_KEY: self._single_group,
+            m.HeartbeatRequest.API_KEY: self._single_group,
+            m.LeaveGroupRequest.API_KEY: self._single_group,
             m.OffsetCommitRequest.API_KEY: self._single_group,
             m.OffsetFetchRequest.API_KEY: self._offset_fetch,
             m.ConsumerGroupDescribeRequest.API_KEY: self._consumer_group_describe,
@@ -675,11 +691,11 @@ class Coordinator:
             for shard_id in shard_ids
         ))
         merged: list[Any] = [None] * len(items)
-        for shard_id, response in zip(shard_ids, responses):
+        for shard_id, response in zip(shard_ids, responses, strict=False):
             results = list(getattr(response, results_field) or [])
             if len(results) != len(by_shard[shard_id]):
                 raise RuntimeError(f"shard {shard_id} answered {len(results)} {results_field} for {len(by_shard[shard_id])} {items_field}")
-            for index, result in zip(by_shard[shard_id], results):
+            for index, result in zip(by_shard[shard_id], results, strict=False):
                 merged[index] = result
         answer = responses[0]
         setattr(answer, results_field, merged)

@@ -9,7 +9,10 @@ a replay. No sockets, threads, sleeps or clocks in here.
 
 The shard composes one manager per concern, each built with the explicit
 :class:`~pystreams.coordinator.context.ShardContext` (emit records, timers, config, topics):
-consumer groups (KIP-848), offsets, group configs, and DescribeGroups for admin tools.
+consumer groups (KIP-848), classic groups, classic members of consumer groups, the migration
+between the two types, offsets, group configs, and DescribeGroups for admin tools. The classic
+APIs (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) are routed here by the type of the group
+they name, as Kafka does.
 
 **A handler bug is a bug, not an outage.** Every event runs in a journal: if a handler raises,
 what it emitted is rolled back (pre-images replayed, timers restored), nothing reaches the log,
@@ -32,14 +35,29 @@ import kafka.errors as Errors
 
 from pystreams.assignors.api import ServerAssignor, TopicMetadata
 from pystreams.coordinator import records as r
+from pystreams.coordinator.classic import ClassicGroupManager, join_response, leave_response, sync_response
+from pystreams.coordinator.classic_group import ClassicGroup
+from pystreams.coordinator.classic_members import ClassicMemberManager
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.consumer import ConsumerGroupManager
 from pystreams.coordinator.consumer_group import ConsumerGroup
 from pystreams.coordinator.context import Quarantine, ShardContext
 from pystreams.coordinator.describe_groups import DescribeGroupsHandler
+from pystreams.coordinator.errors import RequestError
 from pystreams.coordinator.group_configs import GroupConfigManager
+from pystreams.coordinator.migration import Migration
 from pystreams.coordinator.offsets import OffsetManager
-from pystreams.coordinator.timers import ComputationTimer, EmptyGroupTimer, RevocationTimer, SessionTimer
+from pystreams.coordinator.timers import (
+    ClassicHeartbeatTimer,
+    ClassicJoinTimer,
+    ClassicMemberJoinTimer,
+    ClassicMemberSyncTimer,
+    ClassicSyncTimer,
+    ComputationTimer,
+    EmptyGroupTimer,
+    RevocationTimer,
+    SessionTimer,
+)
 from pystreams.protocol import messages as m
 
 log = logging.getLogger(__name__)
@@ -86,6 +104,11 @@ class GroupCoordinatorShard:
         self.assignors = dict(assignors)
         self.ctx = ShardContext(self.config, self, new_member_id or (lambda: str(uuid.uuid4())))
         self.consumer = ConsumerGroupManager(self.ctx, self.assignors)
+        self.classic = ClassicGroupManager(self.ctx)
+        self.classic_members = ClassicMemberManager(self.ctx, self.consumer)
+        self.migration = Migration(self.ctx, self.consumer, self.classic)
+        self.consumer.migration = self.migration
+        self.classic_members.downgrade_on_replacement = self.migration.downgrade_on_replacement
         self.offsets = OffsetManager(self.ctx, self.consumer.create_group)
         self.group_configs = GroupConfigManager(self.ctx)
         self.describe = DescribeGroupsHandler(self.ctx, self.consumer)
@@ -99,6 +122,10 @@ class GroupCoordinatorShard:
             m.ConsumerGroupPrepareAssignmentRequest.API_KEY: self.consumer.consumer_group_prepare_assignment,
             m.ConsumerGroupInstallAssignmentRequest.API_KEY: self.consumer.consumer_group_install_assignment,
             m.ConsumerGroupDescribeRequest.API_KEY: self.consumer.consumer_group_describe,
+            m.JoinGroupRequest.API_KEY: self.join_group,
+            m.SyncGroupRequest.API_KEY: self.sync_group,
+            m.HeartbeatRequest.API_KEY: self.heartbeat,
+            m.LeaveGroupRequest.API_KEY: self.leave_group,
             m.OffsetCommitRequest.API_KEY: self.offsets.offset_commit,
             m.OffsetFetchRequest.API_KEY: self.offsets.offset_fetch,
             m.ListGroupsRequest.API_KEY: self.list_groups,
@@ -204,15 +231,36 @@ class GroupCoordinatorShard:
                 self.group_configs.replay(record)
             case r.OffsetCommit():
                 self.offsets.replay(record)
+            case r.ClassicGroupMetadata(group_id=group_id, value=None):
+                if isinstance(self.ctx.groups.peek(group_id), ClassicGroup):
+                    self.ctx.groups.pop(group_id)
+            case r.ClassicGroupMetadata(group_id=group_id, value=value):
+                group = self.ctx.groups.peek(group_id)
+                if self.ctx.in_event and isinstance(group, ClassicGroup):
+                    group.persisted = value  # live: the manager changed the group, this records it
+                else:
+                    self._replace_other_type(group_id, ClassicGroup)
+                    self.ctx.groups[group_id] = ClassicGroup.from_record(group_id, value)
             case r.GroupMetadata(group_id=group_id, value=None):
-                self.ctx.groups.pop(group_id, None)
+                if isinstance(self.ctx.groups.peek(group_id), ConsumerGroup):
+                    self.ctx.groups.pop(group_id)
             case _:
                 group = self.ctx.groups.peek(record.group_id)
-                if group is None:
+                if not isinstance(group, ConsumerGroup):
                     if record.value is None:
                         return
+                    self._replace_other_type(record.group_id, ConsumerGroup)
                     group = self.ctx.groups[record.group_id] = ConsumerGroup(record.group_id)
                 group.replay(record)
+
+    def _replace_other_type(self, group_id: str, kind: type) -> None:
+        """Every conversion tombstones the old type first; a log without that tombstone (written
+        by something else, or damaged) lets the later record win, as compaction would."""
+        other = self.ctx.groups.peek(group_id)
+        if other is not None and not isinstance(other, kind):
+            log.warning("group %s: a %s record follows the %s group without its tombstone; the later record wins",
+                        group_id, kind.__name__, type(other).__name__)
+            self.ctx.groups.pop(group_id)
 
     def pre_image(self, record: r.Record) -> r.Record:
         match record:
@@ -220,8 +268,11 @@ class GroupCoordinatorShard:
                 return self.group_configs.pre_image(record)
             case r.OffsetCommit():
                 return self.offsets.pre_image(record)
+            case r.ClassicGroupMetadata(group_id=group_id):
+                group = self.ctx.groups.peek(group_id)
+                return r.ClassicGroupMetadata(group_id, group.persisted if isinstance(group, ClassicGroup) else None)
         group = self.ctx.groups.peek(record.group_id)
-        if group is None:
+        if not isinstance(group, ConsumerGroup):
             return r.tombstone_of(record)
         return group.pre_image(record)
 
@@ -253,23 +304,103 @@ class GroupCoordinatorShard:
 
     def _expire(self, timer, now_ms: int) -> None:
         match timer:
-            case SessionTimer() | RevocationTimer() | ComputationTimer():
+            case SessionTimer() | RevocationTimer() | ComputationTimer() | ClassicMemberJoinTimer() | ClassicMemberSyncTimer():
                 self.consumer.expire(timer, now_ms)
+            case ClassicHeartbeatTimer() | ClassicJoinTimer() | ClassicSyncTimer():
+                self.classic.expire(timer, now_ms)
             case EmptyGroupTimer(group_id=group_id):
                 group = self.ctx.groups.peek(group_id)
-                if group is not None and group.is_empty and group_id not in self.ctx.groups.quarantined:
-                    self.offsets.delete_all(group_id)
+                if group is None or not group.is_empty or group_id in self.ctx.groups.quarantined:
+                    return
+                self.offsets.delete_all(group_id)
+                if isinstance(group, ClassicGroup):
+                    self.classic.delete(group)
+                else:
                     self.consumer.delete_group(group)
 
     def _update_topics(self, topics: dict[str, TopicMetadata], now_ms: int) -> None:
         self.ctx.topics = topics
         for _, group in list(self.ctx.groups.served()):
-            if group.members:
+            if isinstance(group, ConsumerGroup) and group.members:
                 self.consumer.on_topics_changed(group, now_ms)
 
     def _on_loaded(self, now_ms: int) -> None:
         for _, group in list(self.ctx.groups.served()):
-            self.consumer.on_loaded(group, now_ms)
+            if isinstance(group, ClassicGroup):
+                self.classic.on_loaded(group, now_ms)
+            else:
+                self.consumer.on_loaded(group, now_ms)
+
+    # --- the classic protocol: routed by the type of the group it names ------------------------
+
+    def join_group(self, request, now_ms: int):
+        """Kafka's classicGroupJoin: a non-empty consumer group takes the member as a classic
+        member; an empty one is replaced by a classic group (any migration policy)."""
+        version = request.API_VERSION or 0
+        config = self.config
+        if not request.group_id:
+            return join_response(version, error=Errors.InvalidGroupIdError.errno, member_id=request.member_id)
+        if not config.classic_min_session_timeout_ms <= request.session_timeout_ms <= config.classic_max_session_timeout_ms:
+            return join_response(version, error=Errors.InvalidSessionTimeoutError.errno, member_id=request.member_id)
+        savepoint = self.ctx.savepoint()
+        try:
+            group = self.ctx.groups.get(request.group_id)
+            if isinstance(group, ConsumerGroup):
+                if not group.is_empty:
+                    return self.classic_members.join_group(request, now_ms, group)
+                self.consumer.delete_group(group)
+                group = None
+            return self.classic.join_group(request, now_ms, group)
+        except RequestError as refused:
+            self.ctx.rollback(savepoint)
+            log.info("JoinGroup of group %s refused: %s", request.group_id, refused.message)
+            return join_response(version, error=refused.code, member_id=request.member_id)
+
+    def sync_group(self, request, now_ms: int):
+        if not request.group_id:
+            return sync_response(Errors.InvalidGroupIdError.errno)
+        if (request.API_VERSION or 0) >= 5 and (request.protocol_type is None or request.protocol_name is None):
+            return sync_response(Errors.InconsistentGroupProtocolError.errno)
+        group = self._classic_api_group(request.group_id)
+        if isinstance(group, RequestError):
+            return sync_response(group.code)
+        if isinstance(group, ConsumerGroup):
+            return self.classic_members.sync_group(request, now_ms, group)
+        return self.classic.sync_group(request, now_ms, group)
+
+    def heartbeat(self, request, now_ms: int):
+        if not request.group_id:
+            return m.HeartbeatResponse(throttle_time_ms=0, error_code=Errors.InvalidGroupIdError.errno)
+        group = self._classic_api_group(request.group_id)
+        if isinstance(group, RequestError):
+            return m.HeartbeatResponse(throttle_time_ms=0, error_code=group.code)
+        if isinstance(group, ConsumerGroup):
+            return self.classic_members.heartbeat(request, now_ms, group)
+        return self.classic.heartbeat(request, now_ms, group)
+
+    def leave_group(self, request, now_ms: int):
+        version = request.API_VERSION or 0
+        if not request.group_id:
+            return leave_response(version, Errors.InvalidGroupIdError.errno, [])
+        group = self._classic_api_group(request.group_id)
+        if isinstance(group, RequestError):
+            if version < 3:
+                return leave_response(version, group.code, [])
+            return leave_response(version, 0, [(mb.member_id, mb.group_instance_id, group.code) for mb in request.members or ()])
+        if isinstance(group, ConsumerGroup):
+            return self.classic_members.leave_group(request, now_ms, group)
+        return self.classic.leave_group(request, now_ms, group)
+
+    def _classic_api_group(self, group_id: str) -> ConsumerGroup | ClassicGroup | RequestError:
+        """The group a SyncGroup, Heartbeat or LeaveGroup names, or why there is none to act on:
+        no group, or an empty consumer group, is UNKNOWN_MEMBER_ID (a quarantined one says so)."""
+        try:
+            group = self.ctx.groups.get(group_id)
+        except RequestError as refused:
+            return refused
+        if group is None or (isinstance(group, ConsumerGroup) and group.is_empty):
+            return RequestError(Errors.UnknownMemberIdError, f"Group {group_id} has no members.")
+        return group
 
     # --- ListGroups ---------------------------------------------------------------------------
 
@@ -284,5 +415,6 @@ class GroupCoordinatorShard:
                 continue
             if types and group.group_type not in types:
                 continue
-            listed.append(Response.ListedGroup(group_id=group_id, protocol_type="consumer", group_state=state, group_type=group.group_type))
+            protocol_type = (group.protocol_type or "") if isinstance(group, ClassicGroup) else "consumer"
+            listed.append(Response.ListedGroup(group_id=group_id, protocol_type=protocol_type, group_state=state, group_type=group.group_type))
         return Response(error_code=0, groups=listed)

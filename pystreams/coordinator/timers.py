@@ -40,7 +40,51 @@ class EmptyGroupTimer:
     group_id: str
 
 
-TimerKey = SessionTimer | RevocationTimer | ComputationTimer | EmptyGroupTimer
+@dataclass(frozen=True, slots=True)
+class ClassicHeartbeatTimer:
+    """A classic group's member (or KIP-394 pending member) that does not heartbeat before this
+    is removed: its session timeout, or the new-member join timeout."""
+
+    group_id: str
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicJoinTimer:
+    """A classic group's join phase ends by this time: the initial rebalance delay, or the
+    rebalance timeout for members to rejoin."""
+
+    group_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicSyncTimer:
+    """Members of a classic group that joined but have not synced by this time are removed."""
+
+    group_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicMemberJoinTimer:
+    """A classic member of a consumer group told to rejoin (REBALANCE_IN_PROGRESS) that has not
+    by this time is fenced (its rebalance timeout)."""
+
+    group_id: str
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClassicMemberSyncTimer:
+    """A classic member of a consumer group that joined but has not synced by this time is fenced."""
+
+    group_id: str
+    member_id: str
+
+
+TimerKey = (
+    SessionTimer | RevocationTimer | ComputationTimer | EmptyGroupTimer
+    | ClassicHeartbeatTimer | ClassicJoinTimer | ClassicSyncTimer | ClassicMemberJoinTimer | ClassicMemberSyncTimer
+)
 
 
 class Timers:

@@ -93,7 +93,7 @@ _SERVED: tuple[tuple[type[ApiMessage], type[ApiMessage], int, int], ...] = (
     (m.LeaveGroupRequest, m.LeaveGroupResponse, 0, 5),
     # KIP-848.
     (m.ConsumerGroupHeartbeatRequest, m.ConsumerGroupHeartbeatResponse, 0, 0),
-    (m.ConsumerGroupDescribeRequest, m.ConsumerGroupDescribeResponse, 0, 0),
+    (m.ConsumerGroupDescribeRequest, m.ConsumerGroupDescribeResponse, 0, 1),
     (m.ConsumerGroupPrepareAssignmentRequest, m.ConsumerGroupPrepareAssignmentResponse, 0, 0),
     (m.ConsumerGroupInstallAssignmentRequest, m.ConsumerGroupInstallAssignmentResponse, 0, 0),
 )

@@ -38,13 +38,13 @@ from pystreams.state.errors import TaskDirectoryLockedError
 from pystreams.state.task_state import read_local_task_offsets
 from pystreams.topology.ir import TaskId, Topology
 from pystreams.topology.resolve import ResolvedTopology, resolve
+from pystreams.topology.stores import TypedStore
 
 from .errors import ErrorKind, ErrorPolicy, RecordFailure
 from .batch_size import AdaptiveBatchSize
 from .kafka_io import DEFAULT_CONSUMER_CONFIG, ChangelogRestorer, RecordSender, make_consumer, make_producer
 from .packing import expand_packed
 from .standby import StandbyTask, StandbyUpdater, stateful_tasks
-from .stores import TypedStore
 from .tasks import StreamTask
 
 log = logging.getLogger(__name__)

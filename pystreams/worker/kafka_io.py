@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
@@ -65,6 +65,23 @@ def make_consumer(bootstrap_servers: str, client_id: str, overrides: Mapping[str
         group_id=None,
         **{**DEFAULT_CONSUMER_CONFIG, **overrides},
     )
+
+
+class Sender(Protocol):
+    """What a task writes through: a worker's ``RecordSender``, or the test driver's
+    stand-in (``pystreams.testing``), which keeps records in memory."""
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None: ...
+
+    def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> Any:
+        """Returns the send's future (``is_done``, ``failed()``, ``value.offset``)."""
+        ...
+
+    def send_with_headers(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> None: ...
+
+    def repartition_sink(self, topic: str) -> RepartitionSink: ...
 
 
 class RecordSender:
@@ -137,7 +154,7 @@ class ProducerChangelogSink:
     partition and keeps the last send per partition, whose offset (after a producer flush) is
     what ``TaskState.checkpoint(written_offsets)`` needs. Unlogged stores are dropped here."""
 
-    def __init__(self, sender: RecordSender, logged_topics: frozenset[str]) -> None:
+    def __init__(self, sender: Sender, logged_topics: frozenset[str]) -> None:
         self._sender = sender
         self._logged_topics = logged_topics
         self._last_send: dict[TopicPartition, Any] = {}

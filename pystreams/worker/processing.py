@@ -1,10 +1,12 @@
 """The node graph of one task, compiled into plain closures.
 
 Each node becomes ``emit(key, value, timestamp)``, which does the node's work and calls its
-children's ``emit`` depth-first, as Kafka Streams forwards records. The compiled graph is
-built once per task, so the per-record path is a chain of local-variable closures with no
-dispatch on node kinds. Every node is wrapped so that an exception escaping user code names
-the node it came from (``NodeFailure``).
+children's ``emit`` depth-first, as Kafka Streams forwards records. What each kind does is
+its kernel in ``pystreams.topology.kernels`` (the rules both runtimes share); this module
+wires kernels to the task's RocksDB stores, sinks to the producer, and wraps every node so
+that an exception escaping user code names the node it came from (``NodeFailure``). The
+graph is built once per task, so the per-record path is a chain of closures with no dispatch
+on node kinds.
 
 Tables (aggregations, table sources) write to their store's cache; the cache folds updates
 per key and, when it flushes (commit, or eviction), the store hands the folded changes to a
@@ -19,37 +21,39 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from pystreams.state import CacheLimits, KeyValueChange, SessionChange, TaskState, WindowChange
 from pystreams.topology.ir import (
-    JoinHow,
-    JoinSide,
+    TABLE_KINDS,
+    BranchNode,
     Node,
-    NodeKind,
-    Punctuation,
+    NodeBase,
+    SinkNode,
     StoreKind,
     TaskId,
 )
+from pystreams.topology.kernels import (
+    NODE_KERNELS,
+    Emit,
+    Kernel,
+    NodeWiring,
+    ProcessorInstance,
+    ScheduledPunctuation,
+    TaskPosition,
+    fan_out,
+    fixed_window_key,
+)
 from pystreams.topology.resolve import ResolvedTopology
-from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed, merge_into_session
-
-from .stores import TypedStore, typed
+from pystreams.topology.stores import TypedStore, typed
+from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed
 
 if TYPE_CHECKING:
-    from .kafka_io import RecordSender
+    from .kafka_io import Sender
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[Any, Any, int], None]
 _WINDOW_BOUNDS = struct.Struct(">qq").pack
-# Stream–stream join stores keep every record of a (key, timestamp): the stored value is a
-# MessagePack list of the records' value bytes.
-_encode_values = msgspec.msgpack.Encoder().encode
-_decode_values = msgspec.msgpack.Decoder(list[bytes]).decode
-
-
-_TABLE_OWNER_KINDS = frozenset({NodeKind.TABLE_SOURCE, NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE})
+#: Kinds whose emit only moves records on: no work to guard.
+_PASS_THROUGH = frozenset({"source", "merge", "branch-output"})
 
 
 class NodeFailure(Exception):
@@ -61,21 +65,14 @@ class NodeFailure(Exception):
         self.error = error
 
 
-class TaskContext:
-    """Mutable per-task state the compiled nodes share: the record being processed, stream
-    time, the sender, and counters."""
+class TaskContext(TaskPosition):
+    """Mutable per-task state the compiled nodes share: the record being processed (as
+    ``TaskPosition``), the sender, and what to do with a failed forward of a flushed table."""
 
-    def __init__(self, app_id: str, task_id: TaskId, sender: RecordSender) -> None:
-        self.app_id = app_id
-        self.task_id = task_id
+    def __init__(self, app_id: str, task_id: TaskId, sender: Sender) -> None:
+        super().__init__(app_id, task_id)
         self.sender = sender
-        self.topic: str | None = None
-        self.partition: int | None = None
-        self.offset: int | None = None
         self.timestamp: int = 0
-        #: Highest record timestamp this task has processed (Kafka Streams' stream time).
-        self.stream_time: int | None = None
-        self.late_records_dropped = 0
         #: Set by the task: called for an exception while forwarding a flushed store change.
         self.on_forward_error: Callable[[NodeFailure], None] = _reraise
 
@@ -85,49 +82,6 @@ class TaskContext:
 
 def _reraise(failure: NodeFailure) -> None:
     raise failure
-
-
-class TaskProcessorContext:
-    """What a PROCESSOR node's instance sees (``pystreams.topology.processor.ProcessorContext``)."""
-
-    def __init__(self, ctx: TaskContext, stores: Mapping[str, TypedStore], allowed: tuple[str, ...]) -> None:
-        self._ctx = ctx
-        self._stores = stores
-        self._allowed = allowed
-        self._emit: Emit = _drop
-        self.timestamp: int = 0
-
-    @property
-    def app_id(self) -> str:
-        return self._ctx.app_id
-
-    @property
-    def task_id(self) -> TaskId:
-        return self._ctx.task_id
-
-    @property
-    def topic(self) -> str | None:
-        return self._ctx.topic
-
-    @property
-    def partition(self) -> int | None:
-        return self._ctx.partition
-
-    @property
-    def offset(self) -> int | None:
-        return self._ctx.offset
-
-    def store(self, name: str) -> TypedStore:
-        if name not in self._allowed:
-            raise KeyError(f"store {name!r} is not declared by this processor (it may use {list(self._allowed)})")
-        return self._stores[name]
-
-    def forward(self, key: Any, value: Any, *, timestamp: int | None = None) -> None:
-        self._emit(key, value, self.timestamp if timestamp is None else timestamp)
-
-
-def _drop(key: Any, value: Any, timestamp: int) -> None:
-    pass
 
 
 @dataclass(slots=True)
@@ -144,18 +98,9 @@ class SourceEntry:
 
 
 @dataclass(slots=True)
-class ScheduledPunctuation:
-    punctuation: Punctuation
-    method: Callable[[int], None]
-    context: TaskProcessorContext
-    node: str
-    next_due: int | None = None
-
-
-@dataclass(slots=True)
 class TaskGraph:
     sources: dict[str, SourceEntry]  # by topic
-    processors: list[tuple[str, Any, TaskProcessorContext]] = field(default_factory=list)
+    processors: list[ProcessorInstance] = field(default_factory=list)
     punctuations: list[ScheduledPunctuation] = field(default_factory=list)
     typed_stores: dict[str, TypedStore] = field(default_factory=dict)
 
@@ -170,19 +115,6 @@ def _guard(name: str, emit: Emit) -> Emit:
             raise NodeFailure(name, error) from error
 
     return guarded
-
-
-def _fan_out(emits: list[Emit]) -> Emit:
-    if not emits:
-        return _drop
-    if len(emits) == 1:
-        return emits[0]
-
-    def fan_out(key: Any, value: Any, timestamp: int) -> None:
-        for emit in emits:
-            emit(key, value, timestamp)
-
-    return fan_out
 
 
 class _Forwarder:
@@ -243,20 +175,18 @@ def build_task_graph(
 
     def forwarder_for(store_name: str) -> _Forwarder | None:
         owner = nodes[topology.stores[store_name].owner]
-        if owner.kind in _TABLE_OWNER_KINDS and children_of(owner):
+        if owner.kind in TABLE_KINDS and children_of(owner):
             forwarders[store_name] = _Forwarder()
             return forwarders[store_name]
         return None
 
     raw_stores = open_task_stores(resolved, task_id, state, cache_limits=cache_limits, forwarder_for=forwarder_for)
-    typed_stores = {
-        name: typed(raw_stores[name], topology.stores[name].key_serde, topology.stores[name].value_serde)
-        for name in raw_stores
-    }
+    typed_stores = {name: typed(raw_stores[name], topology.stores[name]) for name in raw_stores}
     graph = TaskGraph(sources={}, typed_stores=typed_stores)
     sender = ctx.sender
     repartition_topics = frozenset(topology.repartition_topics)
     send = sender.send
+    forward_send: Callable[[str, bytes | None, bytes | None, int | None], None]
     if repartition_topics:
         # Table forwarders may write several topics through one send; route per topic.
         repartition_sinks = {topic: sender.repartition_sink(topic) for topic in repartition_topics}
@@ -272,66 +202,43 @@ def build_task_graph(
     else:
         forward_send = send
 
+    def build_sink(wiring: NodeWiring) -> Emit:
+        node = wiring.node
+        assert isinstance(node, SinkNode)
+        if node.topic in repartition_topics:
+            return _repartition_sink(node, sender.repartition_sink(node.topic))
+        return _sink(node, send)
+
+    kernels: Mapping[type[NodeBase], Kernel] = {**NODE_KERNELS, SinkNode: build_sink}
     emits: dict[str, Emit] = {}
-    branch_children: dict[str, dict[str, Emit]] = {}
+    processors: list[ProcessorInstance] = []
     for name in reversed(sub.nodes):
         node = nodes[name]
         child_names = children_of(node)
-        children = _fan_out([emits[c] for c in child_names])
-        kind = node.kind
-        fn = node.fn
-
-        if kind is NodeKind.SINK:
-            if node.topics[0] in repartition_topics:
-                emit = _repartition_sink(node, sender.repartition_sink(node.topics[0]))
-            else:
-                emit = _sink(node, send)
-        elif kind in (NodeKind.SOURCE, NodeKind.MERGE, NodeKind.TO_STREAM, NodeKind.BRANCH_OUTPUT):
-            emit = children
-        elif kind is NodeKind.TABLE_SOURCE:
-            emit = _table_source(node, raw_stores[node.stores[0]], topology.stores[node.stores[0]])
-        elif kind is NodeKind.MAP:
-            emit = _map(fn, children)
-        elif kind is NodeKind.MAP_VALUES:
-            emit = _map_values(fn, children)
-        elif kind is NodeKind.FLAT_MAP:
-            emit = _flat_map(fn, children)
-        elif kind is NodeKind.FLAT_MAP_VALUES:
-            emit = _flat_map_values(fn, children)
-        elif kind is NodeKind.FILTER:
-            emit = _filter(fn, children)
-        elif kind is NodeKind.PEEK:
-            emit = _peek(fn, children)
-        elif kind is NodeKind.SELECT_KEY:
-            emit = _select_key(fn, children)
-        elif kind is NodeKind.BRANCH:
-            routes = {nodes[c].branches[0]: emits[c] for c in child_names}
-            emit = _branch(fn, routes)
-        elif kind in (NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE):
-            store_name = node.stores[0]
-            spec = topology.stores[store_name]
-            store = raw_stores[store_name]
-            emit = _aggregation(node, store, spec.key_serde, ctx)
-            if store_name in forwarders:
-                forwarders[store_name].target = _table_forwarder(
-                    node, spec.key_serde, [nodes[c] for c in child_names], children, forward_send, ctx
-                )
-        elif kind is NodeKind.STREAM_TABLE_JOIN:
-            assert node.join is not None and node.join.table_store is not None
-            spec = topology.stores[node.join.table_store]
-            emit = _stream_table_join(node, raw_stores[spec.name], spec, children)
-        elif kind is NodeKind.STREAM_STREAM_JOIN:
-            emit = _stream_stream_join(node, raw_stores, topology.stores, children)
-        elif kind is NodeKind.PROCESSOR:
-            emit = _processor(node, ctx, typed_stores, children, graph)
-        else:
-            raise NotImplementedError(f"node kind {kind} ({name!r}) is not supported by the worker")
-        if kind is NodeKind.TABLE_SOURCE and node.stores[0] in forwarders:
+        children = fan_out([emits[c] for c in child_names])
+        kernel = kernels.get(type(node))
+        if kernel is None:
+            raise NotImplementedError(f"node kind {node.kind} ({name!r}) is not supported by the worker")
+        wiring = NodeWiring(
+            node=node,
+            forward=children,
+            routes={nodes[c].branches[0]: emits[c] for c in child_names} if isinstance(node, BranchNode) else {},
+            stores=raw_stores,
+            specs=topology.stores,
+            typed_stores=typed_stores,
+            position=ctx,
+            processors=processors,
+        )
+        emit = kernel(wiring)
+        if node.kind in TABLE_KINDS and node.stores[0] in forwarders:
             spec = topology.stores[node.stores[0]]
             forwarders[node.stores[0]].target = _table_forwarder(
                 node, spec.key_serde, [nodes[c] for c in child_names], children, forward_send, ctx
             )
-        emits[name] = emit if kind in (NodeKind.SOURCE, NodeKind.MERGE, NodeKind.BRANCH_OUTPUT) else _guard(name, emit)
+        emits[name] = emit if node.kind in _PASS_THROUGH else _guard(name, emit)
+    # Built children first; init and punctuate in processing order, as Kafka Streams does.
+    graph.processors = processors[::-1]
+    graph.punctuations = [scheduled for processor in graph.processors for scheduled in processor.punctuations]
 
     for name in sub.source_nodes:
         node = nodes[name]
@@ -347,11 +254,11 @@ def build_task_graph(
     return graph
 
 
-# --------------------------------------------------------------------------- stateless
+# --------------------------------------------------------------------------- sinks
 
 
-def _sink(node: Node, send: Callable[[str, bytes | None, bytes | None, int | None], None]) -> Emit:
-    topic = node.topics[0]
+def _sink(node: SinkNode, send: Callable[[str, bytes | None, bytes | None, int | None], None]) -> Emit:
+    topic = node.topic
     key_bytes = node.key_serde.serialize
     value_bytes = node.value_serde.serialize
 
@@ -361,7 +268,7 @@ def _sink(node: Node, send: Callable[[str, bytes | None, bytes | None, int | Non
     return sink
 
 
-def _repartition_sink(node: Node, append: Callable[[bytes | None, bytes | None, int], None]) -> Emit:
+def _repartition_sink(node: SinkNode, append: Callable[[bytes | None, bytes | None, int], None]) -> Emit:
     key_bytes = node.key_serde.serialize
     value_bytes = node.value_serde.serialize
 
@@ -371,186 +278,7 @@ def _repartition_sink(node: Node, append: Callable[[bytes | None, bytes | None, 
     return repartition_sink
 
 
-def _map(fn: Any, children: Emit) -> Emit:
-    def map_(key: Any, value: Any, timestamp: int) -> None:
-        new_key, new_value = fn(key, value)
-        children(new_key, new_value, timestamp)
-
-    return map_
-
-
-def _map_values(fn: Any, children: Emit) -> Emit:
-    def map_values(key: Any, value: Any, timestamp: int) -> None:
-        children(key, fn(key, value), timestamp)
-
-    return map_values
-
-
-def _flat_map(fn: Any, children: Emit) -> Emit:
-    def flat_map(key: Any, value: Any, timestamp: int) -> None:
-        for new_key, new_value in fn(key, value):
-            children(new_key, new_value, timestamp)
-
-    return flat_map
-
-
-def _flat_map_values(fn: Any, children: Emit) -> Emit:
-    def flat_map_values(key: Any, value: Any, timestamp: int) -> None:
-        for new_value in fn(key, value):
-            children(key, new_value, timestamp)
-
-    return flat_map_values
-
-
-def _filter(fn: Any, children: Emit) -> Emit:
-    def filter_(key: Any, value: Any, timestamp: int) -> None:
-        if fn(key, value):
-            children(key, value, timestamp)
-
-    return filter_
-
-
-def _peek(fn: Any, children: Emit) -> Emit:
-    def peek(key: Any, value: Any, timestamp: int) -> None:
-        fn(key, value)
-        children(key, value, timestamp)
-
-    return peek
-
-
-def _select_key(fn: Any, children: Emit) -> Emit:
-    def select_key(key: Any, value: Any, timestamp: int) -> None:
-        children(fn(key, value), value, timestamp)
-
-    return select_key
-
-
-def _branch(fn: Any, routes: dict[str, Emit]) -> Emit:
-    def branch(key: Any, value: Any, timestamp: int) -> None:
-        label = fn(key, value)
-        if label is None:
-            return
-        route = routes.get(label)
-        if route is None:
-            raise ValueError(f"branch function returned {label!r}, not one of {sorted(routes)}")
-        route(key, value, timestamp)
-
-    return branch
-
-
 # --------------------------------------------------------------------------- tables
-
-
-def _table_source(node: Node, store: Any, spec: Any) -> Emit:
-    key_bytes = spec.key_serde.serialize
-    value_bytes = spec.value_serde.serialize
-    put = store.put
-
-    def table_source(key: Any, value: Any, timestamp: int) -> None:
-        if key is None:
-            return  # a table has no row for a null key
-        put(key_bytes(key), value_bytes(value))  # None deletes
-
-    return table_source
-
-
-def _initial_factory(node: Node) -> Callable[[], Any]:
-    initial = node.initial
-    if callable(initial):
-        return initial
-    return lambda: initial
-
-
-def _aggregation(node: Node, store: Any, key_serde: Any, ctx: TaskContext) -> Emit:
-    fn = node.fn
-    assert fn is not None
-    key_bytes = key_serde.serialize
-    value_bytes = node.value_serde.serialize
-    value_of = node.value_serde.deserialize
-    is_reduce = node.kind is NodeKind.REDUCE
-    new_initial = _initial_factory(node)
-    window = node.window
-
-    if window is None:
-        get = store.get
-        put = store.put
-
-        def aggregate(key: Any, value: Any, timestamp: int) -> None:
-            if key is None or value is None:
-                return  # Kafka Streams skips records with a null key or value here
-            stored_key = key_bytes(key)
-            previous = get(stored_key)
-            if previous is None:
-                total = value if is_reduce else fn(new_initial(), key, value)
-            else:
-                total = fn(value_of(previous), key, value)
-            put(stored_key, value_bytes(total))
-
-        return aggregate
-
-    if isinstance(window, TumblingWindow | HoppingWindow):
-        windows_for = window.windows_for
-        grace = window.grace_ms
-        # Stream time as this node saw it; after a restart the newest stored window start is a
-        # safe lower bound (it never makes an on-time record look late).
-        observed = store.observed_stream_time if store.observed_stream_time is not None else -(2**63)
-
-        def aggregate_windowed(key: Any, value: Any, timestamp: int) -> None:
-            nonlocal observed
-            if key is None or value is None:
-                return
-            if timestamp > observed:
-                observed = timestamp
-            close_time = observed - grace
-            stored_key = key_bytes(key)
-            for window_bounds in windows_for(timestamp):
-                if window_bounds.end_ms <= close_time:
-                    ctx.late_records_dropped += 1
-                    log.debug(
-                        "task %s node %s: record at %d is late for window [%d, %d) (stream time %d, grace %d)",
-                        ctx.task_id, node.name, timestamp, window_bounds.start_ms, window_bounds.end_ms,
-                        observed, grace,
-                    )
-                    continue
-                start = window_bounds.start_ms
-                previous = store.get(stored_key, start)
-                if previous is None:
-                    total = value if is_reduce else fn(new_initial(), key, value)
-                else:
-                    total = fn(value_of(previous), key, value)
-                store.put(stored_key, start, value_bytes(total))
-
-        return aggregate_windowed
-
-    assert isinstance(window, SessionWindow)
-    merger = node.merger
-    gap = window.gap_ms
-    grace = window.grace_ms
-    observed = store.observed_stream_time if store.observed_stream_time is not None else -(2**63)
-
-    def aggregate_sessions(key: Any, value: Any, timestamp: int) -> None:
-        nonlocal observed
-        if key is None or value is None:
-            return
-        if timestamp > observed:
-            observed = timestamp
-        stored_key = key_bytes(key)
-        overlapping = list(store.find_sessions(stored_key, timestamp - gap, timestamp + gap))  # by end, start
-        merged = merge_into_session(
-            [(session.start, session.end, value_of(session.value)) for session in overlapping],
-            key, value, timestamp,
-            close_time=observed - grace, aggregate=fn, merge=merger, new_initial=None if is_reduce else new_initial,
-        )
-        if merged is None:
-            ctx.late_records_dropped += 1
-            return
-        start, end, total = merged
-        for session in overlapping:
-            if (session.start, session.end) != (start, end):
-                store.remove(stored_key, session.start, session.end)
-        store.put(stored_key, start, end, value_bytes(total))
-
-    return aggregate_sessions
 
 
 def _table_forwarder(
@@ -566,7 +294,7 @@ def _table_forwarder(
     raw_sink_topics = [
         child.topics[0]
         for child in child_nodes
-        if child.kind is NodeKind.SINK
+        if isinstance(child, SinkNode)
         and child.key_serde == node.key_serde
         and child.value_serde == node.value_serde
     ]
@@ -592,13 +320,15 @@ def _table_forwarder(
             return Windowed(key_of(change.key), change.start, change.end)
 
     else:
-        size = window.size_ms  # type: ignore[union-attr]
+        assert isinstance(window, TumblingWindow | HoppingWindow)
+        fixed_window = window
+        size = fixed_window.size_ms
 
         def raw_key(change: WindowChange) -> bytes:  # type: ignore[misc]
             return change.key + _WINDOW_BOUNDS(change.window_start, change.window_start + size)
 
         def key_object(change: WindowChange) -> Any:  # type: ignore[misc]
-            return Windowed(key_of(change.key), change.window_start, change.window_start + size)
+            return fixed_window_key(fixed_window, key_of(change.key), change.window_start)
 
     if all_raw:
         # table.to(topic): the store already holds the sink's bytes; skip deserialize/serialize.
@@ -620,93 +350,3 @@ def _table_forwarder(
                 ctx.on_forward_error(failure)
 
     return forward
-
-
-# --------------------------------------------------------------------------- joins
-
-
-def _stream_table_join(node: Node, store: Any, spec: Any, children: Emit) -> Emit:
-    assert node.join is not None and node.fn is not None
-    fn = node.fn
-    key_bytes = spec.key_serde.serialize
-    table_value_of = spec.value_serde.deserialize
-    get = store.get
-    left_join = node.join.how is JoinHow.LEFT
-
-    def stream_table_join(key: Any, value: Any, timestamp: int) -> None:
-        if key is None or value is None:
-            return
-        stored = get(key_bytes(key))
-        if stored is None:
-            if left_join:
-                children(key, fn(key, value, None), timestamp)
-            return
-        children(key, fn(key, value, table_value_of(stored)), timestamp)
-
-    return stream_table_join
-
-
-def _stream_stream_join(node: Node, raw_stores: Mapping[str, Any], specs: Mapping[str, Any], children: Emit) -> Emit:
-    join = node.join
-    assert join is not None and join.window is not None and node.fn is not None
-    assert join.this_store is not None and join.other_store is not None
-    fn = node.fn
-    this_store = raw_stores[join.this_store]
-    other_store = raw_stores[join.other_store]
-    this_spec = specs[join.this_store]
-    key_bytes = this_spec.key_serde.serialize
-    this_value_bytes = this_spec.value_serde.serialize
-    other_value_of = specs[join.other_store].value_serde.deserialize
-    is_left_side = join.side is JoinSide.LEFT
-    # A left record at t meets right records in [t - before, t + after]; mirrored for the right.
-    before, after = join.window.before_ms, join.window.after_ms
-    look_back, look_ahead = (before, after) if is_left_side else (after, before)
-    # Left/outer joins emit an unmatched record at once (Kafka Streams before 3.1 did too);
-    # the later result with its partner follows when the partner arrives.
-    emit_unmatched = join.how is JoinHow.OUTER or (join.how is JoinHow.LEFT and is_left_side)
-
-    def stream_stream_join(key: Any, value: Any, timestamp: int) -> None:
-        if key is None or value is None:
-            return
-        stored_key = key_bytes(key)
-        existing = this_store.get(stored_key, timestamp)
-        values = _decode_values(existing) if existing is not None else []
-        values.append(this_value_bytes(value))
-        if not this_store.put(stored_key, timestamp, _encode_values(values)):
-            return  # older than the join window's retention: too late to join
-        matched = False
-        for other_time, packed in other_store.fetch(stored_key, timestamp - look_back, timestamp + look_ahead):
-            for other_bytes in _decode_values(packed):
-                other = other_value_of(other_bytes)
-                result = fn(key, value, other) if is_left_side else fn(key, other, value)
-                children(key, result, max(timestamp, other_time))
-                matched = True
-        if not matched and emit_unmatched:
-            children(key, fn(key, value, None) if is_left_side else fn(key, None, value), timestamp)
-
-    return stream_stream_join
-
-
-# --------------------------------------------------------------------------- processors
-
-
-def _processor(
-    node: Node, ctx: TaskContext, typed_stores: Mapping[str, TypedStore], children: Emit, graph: TaskGraph
-) -> Emit:
-    processor_class = node.fn
-    assert processor_class is not None
-    instance = processor_class()
-    context = TaskProcessorContext(ctx, typed_stores, node.stores)
-    context._emit = children
-    graph.processors.append((node.name, instance, context))
-    for punctuation in node.punctuations:
-        graph.punctuations.append(
-            ScheduledPunctuation(punctuation, getattr(instance, punctuation.method), context, node.name)
-        )
-    process = instance.process
-
-    def run_processor(key: Any, value: Any, timestamp: int) -> None:
-        context.timestamp = timestamp
-        process(key, value)
-
-    return run_processor

@@ -8,11 +8,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pystreams.state import CacheLimits, RestoreProgress, TaskState, TopicPartition
-from pystreams.topology.ir import PunctuationType, TaskId, next_punctuation_due
+from pystreams.topology.ir import PunctuationType, TaskId
+from pystreams.topology.kernels import ScheduledPunctuation
 from pystreams.topology.resolve import ResolvedTopology
 
 from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError
-from .kafka_io import ChangelogRestorer, ProducerChangelogSink, RecordSender
+from .kafka_io import ChangelogRestorer, ProducerChangelogSink, Sender
 from .packing import UnpackedRecord, packed_version, unpack
 from .processing import NodeFailure, TaskContext, TaskGraph, build_task_graph
 
@@ -33,7 +34,7 @@ class StreamTask:
         task_id: TaskId,
         *,
         state_dir: str | os.PathLike[str],
-        sender: RecordSender,
+        sender: Sender,
         errors: ErrorHandling,
         cache_limits: CacheLimits,
         checkpoint_min_records: int = 0,
@@ -91,8 +92,8 @@ class StreamTask:
 
     def initialize(self) -> None:
         """Call processors' ``init`` (after restore: they may read their stores)."""
-        for _, instance, context in self.graph.processors:
-            instance.init(context)
+        for processor in self.graph.processors:
+            processor.init()
         self._initialized = True
 
     # -- processing -----------------------------------------------------------------------
@@ -185,27 +186,19 @@ class StreamTask:
         now = self.ctx.stream_time
         assert now is not None
         for scheduled in self._stream_punctuations:
-            if scheduled.next_due is None or now >= scheduled.next_due:
+            if scheduled.due(now):
                 self._fire(scheduled, now)
 
     def punctuate_wall_clock(self, now_ms: int) -> None:
         for scheduled in self._wall_punctuations:
-            if scheduled.next_due is None:
-                scheduled.next_due = now_ms + scheduled.punctuation.interval_ms
-            elif now_ms >= scheduled.next_due:
+            if scheduled.wall_clock_due(now_ms):
                 self._fire(scheduled, now_ms)
 
-    def _fire(self, scheduled: Any, now: int) -> None:
-        scheduled.next_due = next_punctuation_due(scheduled.next_due, now, scheduled.punctuation.interval_ms)
-        saved = self.ctx.topic, self.ctx.partition, self.ctx.offset
-        self.ctx.topic = self.ctx.partition = self.ctx.offset = None
-        scheduled.context.timestamp = now
+    def _fire(self, scheduled: ScheduledPunctuation, now: int) -> None:
         try:
-            scheduled.method(now)
+            scheduled.fire(now)
         except Exception as error:
             self._record_failed(ErrorKind.PROCESSING, scheduled.node, error, None)
-        finally:
-            self.ctx.topic, self.ctx.partition, self.ctx.offset = saved
 
     # -- errors ---------------------------------------------------------------------------
 
@@ -254,11 +247,11 @@ class StreamTask:
     def close_processors(self) -> None:
         if not self._initialized:
             return
-        for name, instance, _ in self.graph.processors:
+        for processor in self.graph.processors:
             try:
-                instance.close()
+                processor.instance.close()
             except Exception:
-                log.exception("task %s: processor %s failed to close", self.id, name)
+                log.exception("task %s: processor %s failed to close", self.id, processor.node)
         self._initialized = False
 
     def close_clean(self) -> None:

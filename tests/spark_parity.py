@@ -1,6 +1,6 @@
 """Run one app on both runtimes and read what each wrote, to check they agree.
 
-Used by the Spark tests. The *final table* of a topic is the latest value
+Test-only helper of the Spark tests. The *final table* of a topic is the latest value
 bytes per key bytes (a tombstone removes the key), which is what a consumer of a compacted
 topic ends up with, whichever runtime produced it.
 """
@@ -18,7 +18,7 @@ def read_final_table(bootstrap_servers: str, topic: str, timeout_s: float = DEFA
     broker's end offsets can stop short)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from .kafka_source import true_end_offsets
+    from pystreams.spark.kafka_source import true_end_offsets
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False)
     try:
@@ -88,7 +88,7 @@ def run_on_spark(
     app: Any, spark: Any, bootstrap_servers: str, checkpoint: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> Any:
     """Compile ``app`` and run it as a backfill (available-now) to the end of its input."""
-    from .compiler import to_spark
+    from pystreams.spark import to_spark
 
     job = to_spark(app, spark, bootstrap_servers=bootstrap_servers, checkpoint=str(checkpoint))
     job.start(available_now=True)

@@ -1,12 +1,14 @@
 """Typed views of a task's stores: what a Processor's ``context.store(name)`` returns and what
-interactive queries read. The state layer stores bytes; these apply the store's serdes."""
+interactive queries read. Stores hold bytes (RocksDB on the worker, Spark state on Spark);
+these apply the store's serdes, so processors see one store API on every runtime."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pystreams.serdes import Serde
-from pystreams.state import KeyValueStore, SessionStore, WindowStore
+
+from .ir import Store, StoreKind
 
 
 class _TypedStore:
@@ -86,11 +88,14 @@ class TypedSessionStore(_TypedStore):
 TypedStore = TypedKeyValueStore | TypedWindowStore | TypedSessionStore
 
 
-def typed(store: Any, key_serde: Serde, value_serde: Serde) -> TypedStore:
-    if isinstance(store, KeyValueStore):
-        return TypedKeyValueStore(store, key_serde, value_serde)
-    if isinstance(store, WindowStore):
-        return TypedWindowStore(store, key_serde, value_serde)
-    if isinstance(store, SessionStore):
-        return TypedSessionStore(store, key_serde, value_serde)
-    raise TypeError(f"unknown store type {type(store).__name__}")
+def typed(store: Any, spec: Store) -> TypedStore:
+    """The typed view of the byte store ``store`` described by ``spec``."""
+    view = _VIEWS[spec.kind]
+    return view(store, spec.key_serde, spec.value_serde)
+
+
+_VIEWS: dict[StoreKind, Callable[[Any, Serde, Serde], TypedStore]] = {
+    StoreKind.KEY_VALUE: TypedKeyValueStore,
+    StoreKind.WINDOW: TypedWindowStore,
+    StoreKind.SESSION: TypedSessionStore,
+}

@@ -1,0 +1,891 @@
+"""Compile a pystreams topology into Spark Structured Streaming queries (one per sink).
+
+Spark runs the same kernels as the worker (``pystreams.topology.kernels``; see
+``operators``), in the worker's record order, and judges lateness by the same per-task stream
+time. The compiled plan, per node kind:
+
+* sources read Kafka (Spark's connector when present, else our Python data source); each row
+  keeps its position (topic, partition, offset) for the stateful step after it;
+* stateless steps (map, filter, flat-map, select-key, branch, peek, ...) run their kernels,
+  fused into one vectorized ``mapInArrow`` per source: Arrow batches in, kernels over
+  deserialized records, Arrow batches out — never one Py4J call per row;
+* repartition topics disappear: Spark shuffles for the stateful step itself;
+* plain (unwindowed) count/reduce/aggregate and stream–table joins, which no stream time
+  affects, run their kernels per key in ``applyInPandasWithState`` (state: the key's
+  accumulator, or the table's value), emitting each changed key once per micro-batch like the
+  worker's cached table;
+* tumbling, hopping and session aggregations, windowed stream–stream joins and processors run
+  per *task* in ``transformWithStateInPandas``: grouped by the partition number a worker task
+  would read (for a repartitioned input, the partition Kafka's partitioner gives its key), with
+  the task's stores in ``MapState`` and its stream times in a ``ValueState``, so every window,
+  session, join buffer and punctuation follows the worker's per-task stream time record by
+  record (Spark's watermark, global and per micro-batch, is not used);
+* every sink writes through ``foreachBatch`` with a kafka-python producer (Python sinks do not
+  support update mode), serializing with the sink's serdes, so outputs are byte-identical to
+  the worker runtime's.
+
+Within a micro-batch every stateful step applies its rows in the worker's order: each input
+partition in offset order, partitions merged by timestamp (``operators.ORDER_COLUMNS``).
+
+What does not compile raises ``SparkCompileError`` naming the node and the reason, before Spark
+starts: two stateful steps on one sink's path (an aggregation of an aggregation, a join of an
+aggregated stream: Spark allows one arbitrary-state operator per query here); a stream–table
+join whose table is computed rather than read from a topic; a processor reading a repartition
+topic or a stateful step's output (its task, hence its stores and stream time, would not be a
+source partition), using a window or session store, or reading another node's store.
+
+Where the runtimes still differ (``SparkPlan.warnings`` names the nodes concerned):
+
+* a windowed step behind a repartition topic: on a worker, its task's stream time follows the
+  order in which the upstream tasks' records happen to arrive in the repartition topic, which no
+  other run reproduces; Spark merges them by timestamp per micro-batch. Records that are late
+  by that order alone may be kept by one runtime and dropped by the other;
+* several input partitions of one task (joins, pattern sources): a worker merges them by
+  timestamp within a poll, Spark within a micro-batch; ties go to the table (or left) side on
+  Spark and to the fetch order on a worker;
+* table updates are emitted once per micro-batch on Spark and once per commit on a worker
+  (folded per key), so intermediate values and output timestamps differ; final tables agree;
+* processors: one instance per task per micro-batch (state lives only in its stores); ``close()``
+  is not called; wall-clock punctuations fire only when a micro-batch runs, and not at all in a
+  backfill (``available_now``), which runs without no-data batches so that it ends.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pystreams.topology.errors import TopologyError
+from pystreams.topology.ir import (
+    AggregateNode,
+    AggregationNode,
+    BranchNode,
+    BranchOutputNode,
+    CountNode,
+    FilterNode,
+    FlatMapNode,
+    FlatMapValuesNode,
+    JoinSide,
+    MapNode,
+    MapValuesNode,
+    MergeNode,
+    Node,
+    NodeBase,
+    PeekNode,
+    ProcessorNode,
+    ReduceNode,
+    SelectKeyNode,
+    SinkNode,
+    SourceNode,
+    Store,
+    StoreKind,
+    StreamStreamJoinNode,
+    StreamTableJoinNode,
+    TableSourceNode,
+    ToStreamNode,
+    Topology,
+)
+
+from .operators import (
+    KEYED_COLUMNS,
+    LEFT_SIDE,
+    ORDERED_ROWS,
+    PROCESSOR_COLUMNS,
+    RIGHT_SIDE,
+    ROWS,
+    STREAM_SIDE,
+    TABLE_SIDE,
+    TASK_COLUMNS,
+    FlowRun,
+    KeyedStep,
+    ProcessorRun,
+    TaskStep,
+    keyed_update,
+    run_flow,
+    side_offset,
+    task_operator,
+)
+from .serdes import ShippedSerde, serde_recipe
+
+log = logging.getLogger(__name__)
+
+SINK_ROWS = "topic string, key binary, value binary, ts long"
+NO_DATA_BATCHES_CONF = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
+class SparkCompileError(TopologyError):
+    """A node that the Spark runtime cannot execute; the message says which and why."""
+
+
+def _unsupported(node: NodeBase, reason: str) -> SparkCompileError:
+    return SparkCompileError(f"node {node.name!r} ({node.kind}) cannot run on Spark: {reason}", nodes=[node.name])
+
+
+# -- the plan (plain data; no Spark needed to build it) -------------------------------------------
+
+
+@dataclass(frozen=True)
+class SourcePlan:
+    node: str
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Flow:
+    """Records of ``base`` (bytes in ``base_key``/``base_value``) after the stateless
+    ``steps`` (nodes whose kernels run in ``mapInArrow``), serialized with
+    ``key_serde``/``value_serde``."""
+
+    base: SourcePlan | UnionPlan | KeyedPlan | TaskPlan
+    base_key: ShippedSerde
+    base_value: ShippedSerde
+    steps: tuple[NodeBase, ...]
+    key_serde: ShippedSerde
+    value_serde: ShippedSerde
+    #: Sources with a timestamp extractor: applied before the steps.
+    timestamp_extractor: Callable[[Any, Any, int], int] | None = None
+    #: The repartition topic the records went through last (Spark elides it).
+    repartition_topic: str | None = None
+
+    @property
+    def ordered(self) -> bool:
+        """Rows carry their source positions (``ORDERED_ROWS``): read from sources only."""
+        if isinstance(self.base, SourcePlan):
+            return True
+        return isinstance(self.base, UnionPlan) and all(flow.ordered for flow in self.base.inputs)
+
+
+@dataclass(frozen=True)
+class UnionPlan:
+    node: str
+    inputs: tuple[Flow, ...]
+
+
+@dataclass(frozen=True)
+class KeyedPlan:
+    """A step Spark runs per key; ``inputs``: (side, flow)."""
+
+    node: str
+    inputs: tuple[tuple[int, Flow], ...]
+    step: KeyedStep
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """A step Spark runs per task; ``inputs``: (side, flow)."""
+
+    node: str
+    inputs: tuple[tuple[int, Flow], ...]
+    step: TaskStep
+
+    @property
+    def processing_time_timers(self) -> bool:
+        return bool(self.step.wall_clock_punctuations)
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    node: str
+    topic: str
+    input: Flow
+
+
+@dataclass(frozen=True)
+class SparkPlan:
+    topology: Topology
+    source_topics: tuple[str, ...]
+    sinks: tuple[SinkPlan, ...]
+    stateful_nodes: tuple[str, ...] = field(default=())
+    #: Where this app's results on Spark may differ from a worker's, and why.
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def repartition_topics_of_tasks(self) -> tuple[str, ...]:
+        """Repartition topics whose partition count the task steps need."""
+        topics: list[str] = []
+        for sink in self.sinks:
+            for plan in _stateful_plans(sink.input):
+                if isinstance(plan, TaskPlan):
+                    topics.extend(flow.repartition_topic for _, flow in plan.inputs if flow.repartition_topic)
+        return tuple(dict.fromkeys(topics))
+
+
+# -- compile: topology -> plan ----------------------------------------------------------------------
+
+
+def _shipped(node: NodeBase, serde: Any) -> ShippedSerde:
+    if isinstance(serde, ShippedSerde):
+        return serde
+    if serde_recipe(serde) is None:
+        import pickle
+
+        try:
+            pickle.dumps(serde)
+        except Exception as error:
+            raise _unsupported(node, f"its serde {serde.name!r} cannot be shipped to Spark workers ({error})") from None
+    return ShippedSerde(serde)
+
+
+def _shipped_node(node: Node) -> Node:
+    """The node with serdes that survive pickling, for the kernels on Spark's workers."""
+    key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+    return dataclasses.replace(node, key_serde=key, value_serde=value)
+
+
+def _shipped_store(node: NodeBase, store: Store) -> Store:
+    key, value = _shipped(node, store.key_serde), _shipped(node, store.value_serde)
+    return dataclasses.replace(store, key_serde=key, value_serde=value)
+
+
+class _Compilation:
+    """Walks the topology parents first, building each node's flow or plan; one method per
+    node kind, chosen through ``_PLANNERS``."""
+
+    def __init__(self, topology: Topology, topics_matching: Callable[[str], list[str]] | None) -> None:
+        self.topology = topology
+        self.topics_matching = topics_matching
+        self.flows: dict[str, Flow] = {}
+        self.sinks: list[SinkPlan] = []
+        self.source_topics: list[str] = []
+        self.stateful: list[str] = []
+        self.repartition_flows: dict[str, Flow] = {}
+        self.warnings: list[str] = []
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def parent_flow(self, node: Node) -> Flow:
+        (parent,) = node.parents
+        if parent not in self.flows:
+            kind = self.topology.nodes[parent].kind
+            raise _unsupported(node, f"it reads {parent!r} ({kind}), which only feeds its join")
+        return self.flows[parent]
+
+    def then(self, node: Node, flow: Flow, steps: tuple[NodeBase, ...] = ()) -> Flow:
+        """``flow`` continued by ``steps``, serialized with ``node``'s serdes. After a merge the
+        steps run on each of the merge's inputs (they are per record: the same outcome), so
+        every ``mapInArrow`` starts at a source and numbers its rows in order."""
+        return _with_serdes(flow, _shipped(node, node.key_serde), _shipped(node, node.value_serde), steps)
+
+    def set_flow(self, node: Node, flow: Flow) -> None:
+        self.flows[node.name] = flow
+
+    # -- one method per kind ----------------------------------------------------------------
+
+    def source(self, node: Node) -> None:
+        assert isinstance(node, SourceNode | TableSourceNode)
+        if node.internal:
+            topic = node.topics[0]
+            if topic not in self.repartition_flows:
+                raise _unsupported(node, f"no repartition sink writes {node.topics}")
+            # Spark shuffles by key itself: the repartition topic is only a change of serdes.
+            flow = self.then(node, self.repartition_flows[topic])
+            self.set_flow(node, dataclasses.replace(flow, repartition_topic=topic))
+            return
+        topics = list(node.topics)
+        if node.pattern is not None:
+            if self.topics_matching is None:
+                raise _unsupported(node, f"pattern source {node.pattern!r} needs the cluster's topic list")
+            topics = self.topics_matching(node.pattern)
+            if not topics:
+                raise _unsupported(node, f"no topic matches the pattern {node.pattern!r}")
+        self.source_topics.extend(t for t in topics if t not in self.source_topics)
+        key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        base = SourcePlan(node.name, tuple(topics))
+        self.set_flow(node, Flow(base, key, value, (), key, value, timestamp_extractor=node.timestamp_extractor))
+
+    def stateless(self, node: Node) -> None:
+        self.set_flow(node, self.then(node, self.parent_flow(node), (_shipped_node(node),)))
+
+    def pass_through(self, node: Node) -> None:
+        self.set_flow(node, self.then(node, self.parent_flow(node)))
+
+    def branch_output(self, node: Node) -> None:
+        assert isinstance(node, BranchOutputNode)
+        (branch_name,) = node.parents
+        branch = self.topology.nodes[branch_name]
+        self.set_flow(node, self.then(node, self.flows[branch_name], (_shipped_node(branch), _shipped_node(node))))
+
+    def merge(self, node: Node) -> None:
+        if any(isinstance(self.topology.nodes[p], StreamStreamJoinNode) for p in node.parents):
+            self.stream_stream_join(node)
+            return
+        key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        inputs = tuple(_with_serdes(self.flows[p], key, value) for p in node.parents)
+        self.set_flow(node, Flow(UnionPlan(node.name, inputs), key, value, (), key, value))
+
+    def aggregation(self, node: Node) -> None:
+        assert isinstance(node, AggregationNode)
+        flow = self.parent_flow(node)
+        store = _shipped_store(node, self.topology.stores[node.store])
+        shipped = _shipped_node(node)
+        assert isinstance(shipped, AggregationNode)
+        out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        inputs = {0: (shipped, flow.key_serde, flow.value_serde)}
+        if node.window is None:
+            step = KeyedStep(self.topology.app_id, node.subtopology, store, inputs, shipped, out_key, out_value)
+            plan: KeyedPlan | TaskPlan = KeyedPlan(node.name, ((0, flow),), step)
+        else:
+            self.warn_if_repartitioned(node, flow)
+            task_step = TaskStep(self.topology.app_id, node.subtopology, inputs, (store,), out_key, out_value,
+                                 table=shipped)
+            plan = TaskPlan(node.name, ((0, flow),), task_step)
+        self.stateful.append(node.name)
+        self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
+
+    def stream_table_join(self, node: Node) -> None:
+        assert isinstance(node, StreamTableJoinNode)
+        table_node = self.topology.nodes[node.table]
+        if not isinstance(table_node, TableSourceNode):
+            raise _unsupported(
+                node,
+                f"it joins table {node.table!r} ({table_node.kind}); on Spark the table side must be read from a topic "
+                "(a computed table would be a second stateful step in one query)",
+            )
+        store = _shipped_store(node, self.topology.stores[node.table_store])
+        key = store.key_serde
+        stream_flow = self.parent_flow(node)
+        stream = _with_serdes(stream_flow, key, stream_flow.value_serde)
+        table = _with_serdes(self.flows[node.table], key, store.value_serde)
+        out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        inputs = {
+            TABLE_SIDE: (_shipped_node(table_node), key, store.value_serde),
+            STREAM_SIDE: (_shipped_node(node), key, stream.value_serde),
+        }
+        step = KeyedStep(self.topology.app_id, node.subtopology, store, inputs, None, out_key, out_value)
+        plan = KeyedPlan(node.name, ((TABLE_SIDE, table), (STREAM_SIDE, stream)), step)
+        self.stateful.append(node.name)
+        self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
+
+    def stream_stream_side(self, node: Node) -> None:
+        # Compiled at the MERGE node that carries the join's name (both sides are needed).
+        for child in node.children:
+            if not isinstance(self.topology.nodes[child], MergeNode):
+                raise _unsupported(node, f"one side of a stream-stream join feeds {child!r}, not the join's merge")
+
+    def stream_stream_join(self, merge: Node) -> None:
+        topology = self.topology
+        sides = {
+            side_node.side: side_node
+            for p in merge.parents
+            if isinstance(side_node := topology.nodes[p], StreamStreamJoinNode)
+        }
+        if len(merge.parents) != 2 or set(sides) != {JoinSide.LEFT, JoinSide.RIGHT}:
+            raise _unsupported(merge, "it merges stream-stream join sides with other streams")
+        left, right = sides[JoinSide.LEFT], sides[JoinSide.RIGHT]
+        flows = {LEFT_SIDE: self.parent_flow(left), RIGHT_SIDE: self.parent_flow(right)}
+        for flow in flows.values():
+            self.warn_if_repartitioned(merge, flow)
+        stores = tuple(_shipped_store(left, topology.stores[name]) for name in (left.this_store, left.other_store))
+        inputs = {
+            LEFT_SIDE: (_shipped_node(left), flows[LEFT_SIDE].key_serde, flows[LEFT_SIDE].value_serde),
+            RIGHT_SIDE: (_shipped_node(right), flows[RIGHT_SIDE].key_serde, flows[RIGHT_SIDE].value_serde),
+        }
+        out_key, out_value = _shipped(merge, merge.key_serde), _shipped(merge, merge.value_serde)
+        step = TaskStep(topology.app_id, left.subtopology, inputs, stores, out_key, out_value)
+        plan = TaskPlan(merge.name, tuple(flows.items()), step)
+        self.stateful.append(merge.name)
+        self.set_flow(merge, Flow(plan, out_key, out_value, (), out_key, out_value))
+
+    def processor(self, node: Node) -> None:
+        assert isinstance(node, ProcessorNode)
+        flow = self.parent_flow(node)
+        if not isinstance(flow.base, SourcePlan) or flow.repartition_topic is not None:
+            raise _unsupported(
+                node,
+                "its input is not read straight from a source topic; Spark keeps a processor's stores per source "
+                "partition (the worker's task), which a repartition or a stateful step upstream would change",
+            )
+        stores = []
+        for name in node.stores:
+            store = self.topology.stores[name]
+            if store.owner != node.name:
+                raise _unsupported(
+                    node, f"it reads store {name!r} of node {store.owner!r}; Spark state is private to one operator"
+                )
+            if store.kind is not StoreKind.KEY_VALUE:
+                raise _unsupported(
+                    node, f"its store {name!r} is a {store.kind} store; only key-value stores map onto Spark state"
+                )
+            stores.append(_shipped_store(node, store))
+        # The processor's task sees every source record (each moves stream time), so its input
+        # is the raw source; the stateless steps before it run inside the task.
+        raw = Flow(flow.base, flow.base_key, flow.base_value, (), flow.base_key, flow.base_value)
+        run = ProcessorRun(flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, ())
+        out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        inputs = {0: (_shipped_node(node), flow.key_serde, flow.value_serde)}
+        step = TaskStep(
+            self.topology.app_id, node.subtopology, inputs, tuple(stores), out_key, out_value, processor=run
+        )
+        plan = TaskPlan(node.name, ((0, raw),), step)
+        self.stateful.append(node.name)
+        self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
+
+    def sink(self, node: Node) -> None:
+        assert isinstance(node, SinkNode)
+        flow = self.then(node, self.parent_flow(node))
+        if node.internal:
+            self.repartition_flows[node.topic] = flow
+        else:
+            self.sinks.append(SinkPlan(node.name, node.topic, flow))
+
+    def warn_if_repartitioned(self, node: Node, flow: Flow) -> None:
+        if flow.repartition_topic is not None:
+            self.warnings.append(
+                f"node {node.name!r}: its input goes through repartition topic {flow.repartition_topic!r}; where "
+                "several upstream tasks write it, a worker judges lateness by the order their records happen to "
+                "arrive there, Spark merges them by timestamp (records late only by that order may be kept on one "
+                "runtime and dropped on the other)"
+            )
+
+    # -- the whole topology ------------------------------------------------------------------
+
+    def run(self) -> SparkPlan:
+        for node in _in_dependency_order(self.topology):
+            planner = _PLANNERS.get(type(node))
+            if planner is None:
+                raise _unsupported(node, "this node kind is unknown to the Spark compiler")
+            planner(self, node)
+        for sink in self.sinks:
+            stateful_steps = _stateful_steps_feeding(sink.input)
+            if len(stateful_steps) > 1:
+                node = self.topology.nodes[stateful_steps[1]]
+                raise _unsupported(
+                    node,
+                    f"it consumes the output of stateful step {stateful_steps[0]!r} on the way to sink {sink.node!r}; "
+                    "Spark runs one arbitrary-state step per query",
+                )
+        if not self.sinks:
+            app_id = self.topology.app_id
+            raise SparkCompileError(f"topology {app_id!r} writes no topic: nothing for a Spark query to do")
+        topics = tuple(self.source_topics)
+        sinks = tuple(_with_topic_index(sink, topics) for sink in self.sinks)
+        for warning in dict.fromkeys(self.warnings):
+            log.warning("Spark: %s", warning)
+        return SparkPlan(self.topology, topics, sinks, tuple(self.stateful), tuple(dict.fromkeys(self.warnings)))
+
+
+_PLANNERS: Mapping[type[NodeBase], Callable[[_Compilation, Node], None]] = {
+    SourceNode: _Compilation.source,
+    TableSourceNode: _Compilation.source,
+    MapNode: _Compilation.stateless,
+    MapValuesNode: _Compilation.stateless,
+    FlatMapNode: _Compilation.stateless,
+    FlatMapValuesNode: _Compilation.stateless,
+    FilterNode: _Compilation.stateless,
+    PeekNode: _Compilation.stateless,
+    SelectKeyNode: _Compilation.stateless,
+    BranchNode: _Compilation.pass_through,  # each output adds the branch's routing
+    BranchOutputNode: _Compilation.branch_output,
+    ToStreamNode: _Compilation.pass_through,
+    MergeNode: _Compilation.merge,
+    CountNode: _Compilation.aggregation,
+    AggregateNode: _Compilation.aggregation,
+    ReduceNode: _Compilation.aggregation,
+    StreamTableJoinNode: _Compilation.stream_table_join,
+    StreamStreamJoinNode: _Compilation.stream_stream_side,
+    ProcessorNode: _Compilation.processor,
+    SinkNode: _Compilation.sink,
+}
+
+
+def compile_topology(topology: Topology, *, topics_matching: Callable[[str], list[str]] | None = None) -> SparkPlan:
+    """Check every node and build the plan. ``topics_matching(pattern)`` expands pattern
+    sources (the cluster's topics that fully match); without it, pattern sources fail."""
+    return _Compilation(topology, topics_matching).run()
+
+
+def _with_serdes(flow: Flow, key: ShippedSerde, value: ShippedSerde, steps: tuple[NodeBase, ...] = ()) -> Flow:
+    """``flow`` continued by ``steps`` and serialized with ``key``/``value``; over a union,
+    each of its inputs is."""
+    if isinstance(flow.base, UnionPlan):
+        union = UnionPlan(flow.base.node, tuple(_with_serdes(f, key, value, steps) for f in flow.base.inputs))
+        return Flow(union, key, value, (), key, value)
+    return dataclasses.replace(flow, steps=flow.steps + steps, key_serde=key, value_serde=value)
+
+
+def _same_serdes(flow: Flow) -> bool:
+    """The flow's rows leave as they came: no step, no change of serdes."""
+    return flow.base_key.name == flow.key_serde.name and flow.base_value.name == flow.value_serde.name
+
+
+def _with_topic_index(sink: SinkPlan, topics: tuple[str, ...]) -> SinkPlan:
+    """Processor steps need the ``source`` column's topics; known once every source is."""
+
+    def fix(flow: Flow) -> Flow:
+        base = flow.base
+        if isinstance(base, UnionPlan):
+            return dataclasses.replace(flow, base=dataclasses.replace(base, inputs=tuple(fix(f) for f in base.inputs)))
+        if isinstance(base, TaskPlan) and base.step.processor is not None:
+            run = dataclasses.replace(base.step.processor, topics=topics)
+            step = dataclasses.replace(base.step, processor=run)
+            return dataclasses.replace(flow, base=dataclasses.replace(base, step=step))
+        return flow
+
+    return dataclasses.replace(sink, input=fix(sink.input))
+
+
+def _stateful_plans(flow: Flow) -> Iterator[KeyedPlan | TaskPlan]:
+    base = flow.base
+    if isinstance(base, UnionPlan):
+        for flow_in in base.inputs:
+            yield from _stateful_plans(flow_in)
+    elif isinstance(base, KeyedPlan | TaskPlan):
+        for _, flow_in in base.inputs:
+            yield from _stateful_plans(flow_in)
+        yield base
+
+
+def _stateful_steps_feeding(flow: Flow) -> list[str]:
+    """Stateful nodes (aggregations, joins, processors) upstream of ``flow``, upstream first."""
+    return [plan.node for plan in _stateful_plans(flow)]
+
+
+def _in_dependency_order(topology: Topology) -> list[Node]:
+    """Parents first; a repartition source after the sink writing its topic."""
+    writers = {n.topics[0]: n.name for n in topology.nodes.values() if isinstance(n, SinkNode) and n.internal}
+    ordered: list[Node] = []
+    seen: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        node = topology.nodes[name]
+        for parent in node.parents:
+            visit(parent)
+        if isinstance(node, StreamTableJoinNode):
+            visit(node.table)  # a stream-table join reads the table's flow
+        if node.is_source and node.internal:
+            for topic in node.topics:
+                if topic in writers:
+                    visit(writers[topic])
+        ordered.append(node)
+
+    for name in topology.nodes:
+        visit(name)
+    return ordered
+
+
+# -- build: plan -> Spark DataFrames ----------------------------------------------------------------
+
+
+def _ship_app_modules(spark: Any, topology: Topology) -> None:
+    """Make the app's own module importable on Spark's Python workers (``addPyFile``), so the
+    user's functions and classes pickle by reference. ``load_app`` names an app loaded from a
+    file ``pystreams_app_<stem>``; workers cannot import that name by themselves, and pickling
+    the module by value is not an option: msgspec Struct classes lose their fields that way.
+
+    The copy sits in a directory named after its content hash, so shipping the same app again
+    is a no-op; an app edited while the session runs needs a new session."""
+    import hashlib
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    modules = {
+        module_name
+        for node in topology.nodes.values()
+        for thing in (node.fn, node.timestamp_extractor, node.merger, node.initial)
+        if (module_name := getattr(thing, "__module__", None)) and module_name.startswith("pystreams_app_")
+    }
+    for module_name in sorted(modules):
+        module = sys.modules.get(module_name)
+        source_file = getattr(module, "__file__", None)
+        if source_file is None:
+            continue
+        source = Path(source_file).read_bytes()
+        digest = hashlib.sha256(source).hexdigest()[:16]
+        shipped = Path(tempfile.gettempdir()) / "pystreams-spark-apps" / digest / f"{module_name}.py"
+        if not shipped.exists():
+            shipped.parent.mkdir(parents=True, exist_ok=True)
+            partial = shipped.with_suffix(".tmp")
+            shutil.copyfile(source_file, partial)
+            partial.replace(shipped)
+        spark.sparkContext.addPyFile(str(shipped))
+
+
+class _Builder:
+    """Builds one query's DataFrames from its plan. ``partition_counts`` sizes the repartition
+    topics that task steps group by."""
+
+    def __init__(
+        self,
+        spark: Any,
+        bootstrap_servers: str,
+        source_format: str,
+        plan: SparkPlan,
+        partition_counts: Mapping[str, int],
+        *,
+        backfill: bool = False,
+    ) -> None:
+        self.spark = spark
+        self.bootstrap_servers = bootstrap_servers
+        self.source_format = source_format
+        self.sources = {topic: index for index, topic in enumerate(plan.source_topics)}
+        self.partition_counts = partition_counts
+        self.backfill = backfill
+        self._built: dict[int, Any] = {}
+
+    def source(self, plan: SourcePlan) -> Any:
+        """``key, value, ts, topic, partition, offset`` rows of the plan's topics."""
+        from pyspark.sql import functions as F
+
+        if id(plan) not in self._built:
+            options = source_options(self.source_format, self.bootstrap_servers, plan.topics)
+            raw = self.spark.readStream.format(self.source_format).options(**options).load()
+            ts = F.unix_millis("timestamp") if self.source_format == "kafka" else F.col("timestamp")
+            self._built[id(plan)] = raw.select(
+                "key", "value", ts.alias("ts"), "topic", F.col("partition").cast("int").alias("partition"), "offset"
+            )
+        return self._built[id(plan)]
+
+    def rows(self, flow: Flow, *, task_partitions: int | None = None, lane: int = 0) -> Any:
+        """The flow's rows: ``ORDERED_ROWS`` if it is read from sources, else ``ROWS``."""
+        base = flow.base
+        if isinstance(base, UnionPlan):
+            ordered = flow.ordered
+            frames = [
+                self.rows(f, task_partitions=task_partitions, lane=lane + index) for index, f in enumerate(base.inputs)
+            ]
+            if not ordered:
+                frames = [frame.select("key", "value", "ts") for frame in frames]
+            union = frames[0]
+            for frame in frames[1:]:
+                union = union.unionByName(frame)
+            return union
+        run = FlowRun(
+            flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, flow.key_serde, flow.value_serde,
+            from_source=isinstance(base, SourcePlan), sources=self.sources, task_partitions=task_partitions, lane=lane,
+        )
+        if isinstance(base, SourcePlan):
+            return self.source(base).mapInArrow(functools.partial(run_flow, run=run), ORDERED_ROWS)
+        stateful = self.stateful(base)
+        if not flow.steps and _same_serdes(flow):
+            return stateful
+        return stateful.mapInArrow(functools.partial(run_flow, run=run), ROWS)
+
+    def stateful(self, plan: KeyedPlan | TaskPlan) -> Any:
+        if id(plan) not in self._built:
+            self._built[id(plan)] = self.keyed(plan) if isinstance(plan, KeyedPlan) else self.task(plan)
+        return self._built[id(plan)]
+
+    def _inputs(self, inputs: tuple[tuple[int, Flow], ...], columns: tuple[str, ...], *, by_task: bool) -> Any:
+        """The inputs' rows as one frame of ``columns``, each row's ``origin`` saying its side."""
+        from pyspark.sql import functions as F
+
+        frames = []
+        for side, flow in inputs:
+            task_partitions = None
+            if by_task and flow.repartition_topic is not None:
+                task_partitions = self.partition_counts[flow.repartition_topic]
+            rows = self.rows(flow, task_partitions=task_partitions)
+            frames.append(rows.withColumn("origin", F.col("origin") + F.lit(side_offset(side))).select(*columns))
+        rows = frames[0]
+        for frame in frames[1:]:
+            rows = rows.unionByName(frame)
+        return rows
+
+    def keyed(self, plan: KeyedPlan) -> Any:
+        from pyspark.sql.streaming.state import GroupStateTimeout
+
+        # No row for a null key, in a table or an aggregation (the kernels skip them too).
+        rows = self._inputs(plan.inputs, KEYED_COLUMNS, by_task=False).where("key IS NOT NULL")
+        return rows.groupBy("key").applyInPandasWithState(
+            keyed_update(plan.step), ROWS, "value binary", "update", GroupStateTimeout.NoTimeout
+        )
+
+    def task(self, plan: TaskPlan) -> Any:
+        columns = PROCESSOR_COLUMNS if plan.step.processor is not None else TASK_COLUMNS
+        rows = self._inputs(plan.inputs, columns, by_task=True)
+        if plan.step.processor is None:
+            rows = rows.where("key IS NOT NULL")  # windows and joins skip null keys
+        # The same time mode either way, so streaming runs and backfills share a checkpoint.
+        time_mode = "ProcessingTime" if plan.processing_time_timers else "None"
+        step = dataclasses.replace(plan.step, wall_clock_timers=not self.backfill)
+        return rows.groupBy("task").transformWithStateInPandas(task_operator(step), ROWS, "Update", time_mode)
+
+
+def cluster_partition_counts(bootstrap_servers: str, topology: Topology) -> dict[str, int]:
+    """Partition counts of the cluster's topics and of the app's internal topics (as a worker
+    would create them), which task steps behind a repartition group by."""
+    from pystreams.cluster import ClusterMetadata
+    from pystreams.topology.resolve import resolve
+
+    with ClusterMetadata(bootstrap_servers) as cluster:
+        counts = {name: meta.num_partitions for name, meta in cluster.fetch_topics().items()}
+    return dict(resolve(topology, counts).partitions)
+
+
+# -- the query ------------------------------------------------------------------------------------
+
+
+def _write_batch_to_kafka(bootstrap_servers: str) -> Callable[[Any, int], None]:
+    def produce(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(
+            bootstrap_servers=bootstrap_servers,
+            client_id="pystreams-spark-sink",
+            linger_ms=20,
+            batch_size=262_144,
+            acks="all",
+        )
+        written = 0
+        try:
+            for batch in batches:
+                columns = [batch.column(i).to_pylist() for i in range(4)]
+                for topic, key, value, ts in zip(*columns, strict=True):
+                    producer.send(topic, key=key, value=value, timestamp_ms=ts if ts is not None and ts >= 0 else None)
+                written += batch.num_rows
+            # Spark marks the batch done when foreachBatch returns: everything must be acked.
+            producer.flush()
+        finally:
+            producer.close()
+        yield pa.RecordBatch.from_pydict({"written": [written]})
+
+    def write(batch: Any, batch_id: int) -> None:
+        written = batch.mapInArrow(produce, "written long").groupBy().sum("written").collect()
+        log.debug("batch %s: %s records written", batch_id, written[0][0] if written else 0)
+
+    return write
+
+
+def source_options(source_format: str, bootstrap_servers: str, topics: Iterable[str]) -> dict[str, str]:
+    """The reader options for ``source_format``: Spark's connector (``kafka``) reads every
+    topic from the earliest offset, as a new worker group does; ours takes the same."""
+    topic_list = ",".join(topics)
+    if source_format == "kafka":
+        return {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topic_list, "startingOffsets": "earliest"}
+    return {"bootstrap.servers": bootstrap_servers, "topics": topic_list}
+
+
+def choose_source_format(spark: Any) -> str:
+    """``kafka`` (Spark's connector) when its jar is on the classpath, else ours."""
+    from .kafka_source import KafkaDataSource, builtin_kafka_available
+
+    if builtin_kafka_available(spark):
+        log.info("Kafka source: Spark's built-in connector (spark-sql-kafka is on the classpath)")
+        return "kafka"
+    spark.dataSource.register(KafkaDataSource)
+    log.info("Kafka source: pystreams' Python data source on kafka-python (no spark-sql-kafka jar found)")
+    return "pystreams_kafka"
+
+
+def cluster_pattern_matcher(bootstrap_servers: str) -> Callable[[str], list[str]]:
+    def matching(pattern: str) -> list[str]:
+        import re2
+
+        from pystreams.cluster import ClusterMetadata
+
+        with ClusterMetadata(bootstrap_servers) as cluster:
+            names = sorted(cluster.fetch_topics())
+        compiled = re2.compile(pattern)
+        return [name for name in names if compiled.fullmatch(name)]
+
+    return matching
+
+
+@dataclass
+class SparkJob:
+    """The compiled app: one streaming query per sink (Spark allows one arbitrary-state
+    operator per query), each checkpointed in its own sub-directory of the checkpoint."""
+
+    plan: SparkPlan
+    spark: Any
+    #: backfill? -> sink node name -> its query, configured but not started (a backfill's
+    #: have no wall-clock timers: they would keep it running)
+    build_writers: Callable[[bool], dict[str, Any]]
+    queries: list[Any] = field(default_factory=list)
+
+    @functools.cached_property
+    def writers(self) -> dict[str, Any]:
+        """Sink node name -> its streaming query, configured but not started (for callers
+        that set their own trigger)."""
+        return self.build_writers(False)
+
+    def start(self, *, available_now: bool = False) -> list[Any]:
+        """Start every query; ``available_now`` = a backfill up to the offsets seen now."""
+        if not available_now:
+            self.queries.extend(writer.start() for writer in self.writers.values())
+            return self.queries
+        # A backfill ends with its input: no-data batches would only evict state, and with
+        # processing-time timers (transformWithState) they never stop. The setting is read
+        # when a query starts and is not kept in its checkpoint.
+        previous = self.spark.conf.get(NO_DATA_BATCHES_CONF, None)
+        self.spark.conf.set(NO_DATA_BATCHES_CONF, "false")
+        try:
+            for writer in self.build_writers(True).values():
+                self.queries.append(writer.trigger(availableNow=True).start())
+        finally:
+            if previous is None:
+                self.spark.conf.unset(NO_DATA_BATCHES_CONF)
+            else:
+                self.spark.conf.set(NO_DATA_BATCHES_CONF, previous)
+        return self.queries
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Wait for every query to end; True if all did. Raises the first query's failure."""
+        import time
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for query in self.queries:
+            if deadline is None:
+                query.awaitTermination()
+            elif not query.awaitTermination(max(0.001, deadline - time.monotonic())):
+                return False
+        return True
+
+    def stop(self) -> None:
+        for query in self.queries:
+            query.stop()
+
+    def exception(self) -> Any:
+        return next((q.exception() for q in self.queries if q.exception() is not None), None)
+
+
+def to_spark(
+    app: Any,
+    spark: Any,
+    *,
+    bootstrap_servers: str,
+    checkpoint: str,
+    source_format: str | None = None,
+) -> SparkJob:
+    """Compile ``app`` (a pystreams ``App`` or a ``Topology``) into streaming queries on
+    ``spark``; ``job.start()`` runs them (``available_now=True``: a backfill that ends).
+
+    ``checkpoint`` holds the source offsets and the aggregation state: restarting with the same
+    directory resumes exactly where the last completed micro-batch ended.
+    """
+    from pathlib import Path
+
+    from pyspark.sql import functions as F
+
+    topology = app if isinstance(app, Topology) else app.topology()
+    plan = compile_topology(topology, topics_matching=cluster_pattern_matcher(bootstrap_servers))
+    _ship_app_modules(spark, topology)
+    source_format = source_format or choose_source_format(spark)
+    counts = cluster_partition_counts(bootstrap_servers, topology) if plan.repartition_topics_of_tasks else {}
+
+    def writers(backfill: bool) -> dict[str, Any]:
+        built = {}
+        for sink in plan.sinks:
+            # A fresh builder per query: queries must not share DataFrames of stateful steps.
+            builder = _Builder(spark, bootstrap_servers, source_format, plan, counts, backfill=backfill)
+            rows = builder.rows(sink.input)
+            built[sink.node] = (
+                rows.select(F.lit(sink.topic).alias("topic"), "key", "value", "ts")
+                .writeStream.queryName(f"pystreams-{topology.app_id}-{sink.node}")
+                .foreachBatch(_write_batch_to_kafka(bootstrap_servers))
+                # Update mode: aggregations emit each changed key once per batch; stateless rows pass.
+                .outputMode("update")
+                .option("checkpointLocation", str(Path(checkpoint) / sink.node))
+            )
+        return built
+
+    return SparkJob(plan, spark, writers)

@@ -1,0 +1,301 @@
+"""A task's stores on Spark: the byte-store interfaces the kernels use, kept in Spark state.
+
+The Spark runtime runs a stateful node the way a worker runs its task (grouped by task, the
+node's kernel over the task's stores); these are those stores. Each keeps its entries in a
+``MapBackend`` (Spark's ``MapState`` of key bytes -> bytes; a dict in tests) with a
+read-through, write-back cache: a key is read from the backend at most once per micro-batch
+and written back once, at ``flush``, which also returns the folded changes (one per key and
+window or session) that a table forwards downstream — as the worker's record cache does at a
+commit. Window and session stores keep every entry of a key in one backend value and expire
+entries by the state layer's retention rule (``min_live_time``), so a node sees exactly what
+it would see in the worker's RocksDB stores.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+import msgspec
+
+from pystreams.state.session_store import Session
+from pystreams.state.time_indexed import Retention
+
+
+class MapBackend(Protocol):
+    """Where a store's entries live: key bytes -> value bytes."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> None: ...
+
+    def items(self) -> Iterable[tuple[bytes, bytes]]: ...
+
+
+_DELETED = object()
+
+
+class SparkKeyValueStore:
+    """A key-value store (a processor's, or a table's) over a backend, in bytes. Iteration is
+    in key-byte order, as over RocksDB."""
+
+    def __init__(self, name: str, backend: MapBackend) -> None:
+        self.name = name
+        self._backend = backend
+        self._cache: dict[bytes, Any] = {}  # key bytes -> value bytes | None (absent) | _DELETED
+        self._dirty: dict[bytes, None] = {}  # in order of the last write
+
+    def get(self, key: bytes) -> bytes | None:
+        if key not in self._cache:
+            self._cache[key] = self._backend.get(key)
+        value = self._cache[key]
+        return None if value is _DELETED else value
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        self._cache[key] = _DELETED if value is None else value
+        self._dirty.pop(key, None)
+        self._dirty[key] = None
+
+    def put_if_absent(self, key: bytes, value: bytes) -> bytes | None:
+        existing = self.get(key)
+        if existing is None:
+            self.put(key, value)
+        return existing
+
+    def delete(self, key: bytes) -> None:
+        self.put(key, None)
+
+    def all(self) -> list[tuple[bytes, bytes]]:
+        merged = dict(self._backend.items())
+        for key in self._dirty:
+            value = self._cache[key]
+            if value is _DELETED:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        return sorted(merged.items())
+
+    def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        return ((k, v) for k, v in self.all() if (low is None or k >= low) and (high is None or k <= high))
+
+    def approximate_count(self) -> int:
+        return len(self.all())
+
+    def flush(self) -> list[tuple[bytes, bytes | None]]:
+        """Write the changes to the backend; returns them, oldest write first."""
+        changes: list[tuple[bytes, bytes | None]] = []
+        for key in self._dirty:
+            value = self._cache[key]
+            if value is _DELETED:
+                self._backend.delete(key)
+                changes.append((key, None))
+            else:
+                self._backend.put(key, value)
+                changes.append((key, value))
+        self._dirty.clear()
+        return changes
+
+
+class _TimedStore(Retention):
+    """What window and session stores share: every entry of a key in one backend value
+    (decoded once per batch), the newest time seen (``observed_stream_time``, kept by the
+    caller across batches) and expiry ``retention_ms`` behind it. An entry is identified by
+    ``Slot`` (a window start or join time; a session's (start, end)); ``_time_of`` gives the
+    time retention applies to."""
+
+    def __init__(self, name: str, backend: MapBackend, retention_ms: int, observed_stream_time: int | None) -> None:
+        self.name = name
+        self.retention_ms = retention_ms
+        self.observed_stream_time = observed_stream_time
+        self._backend = backend
+        self._keys: dict[bytes, dict[Any, bytes]] = {}
+        self._changes: dict[tuple[bytes, Any], bytes | None] = {}
+
+    @staticmethod
+    def _time_of(slot: Any) -> int:
+        raise NotImplementedError
+
+    @staticmethod
+    def _encode_entries(entries: dict[Any, bytes]) -> bytes:
+        raise NotImplementedError
+
+    @staticmethod
+    def _decode_entries(data: bytes) -> dict[Any, bytes]:
+        raise NotImplementedError
+
+    def _entries(self, key: bytes) -> dict[Any, bytes]:
+        entries = self._keys.get(key)
+        if entries is None:
+            stored = self._backend.get(key)
+            entries = self._keys[key] = self._decode_entries(stored) if stored is not None else {}
+        return entries
+
+    def _write(self, key: bytes, slot: Any, value: bytes | None) -> bool:
+        if not self._observe(self._time_of(slot)):
+            return False
+        entries = self._entries(key)
+        if value is None:
+            entries.pop(slot, None)
+        else:
+            entries[slot] = value
+        self._changes.pop((key, slot), None)
+        self._changes[(key, slot)] = value
+        return True
+
+    def _live(self, entries: dict[Any, bytes]) -> dict[Any, bytes]:
+        live = self.min_live_time
+        return {slot: value for slot, value in entries.items() if self._time_of(slot) >= live}
+
+    def _flush(self) -> list[tuple[bytes, Any, bytes | None]]:
+        """Write the touched keys back (without expired entries); the changes, oldest write
+        first."""
+        changes = [(key, slot, value) for (key, slot), value in self._changes.items()]
+        for key in {key for key, _ in self._changes}:
+            self._put_entries(key, self._live(self._keys[key]))
+        self._changes.clear()
+        return changes
+
+    def _put_entries(self, key: bytes, entries: dict[Any, bytes]) -> None:
+        if entries:
+            self._backend.put(key, self._encode_entries(entries))
+        else:
+            self._backend.delete(key)
+
+    def expire_untouched(self) -> None:
+        """Drop expired entries of every key (reads already hide them; this frees the space)."""
+        for key, stored in list(self._backend.items()):
+            entries = self._decode_entries(stored)
+            live = self._live(entries)
+            if len(live) < len(entries):
+                self._put_entries(key, live)
+        self._keys.clear()
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_windows = msgspec.msgpack.Decoder(list[tuple[int, bytes]]).decode
+_decode_sessions = msgspec.msgpack.Decoder(list[tuple[int, int, bytes]]).decode
+
+
+class SparkWindowStore(_TimedStore):
+    """Values per (key, time) — an aggregation's window start, or a join record's timestamp."""
+
+    @staticmethod
+    def _time_of(slot: int) -> int:
+        return slot
+
+    @staticmethod
+    def _encode_entries(entries: dict[int, bytes]) -> bytes:
+        return _encode(sorted(entries.items()))
+
+    @staticmethod
+    def _decode_entries(data: bytes) -> dict[int, bytes]:
+        return dict(_decode_windows(data))
+
+    def get(self, key: bytes, window_start: int) -> bytes | None:
+        if window_start < self.min_live_time:
+            return None
+        return self._entries(key).get(window_start)
+
+    def put(self, key: bytes, window_start: int, value: bytes | None) -> bool:
+        """Store one window's value (None deletes); False, dropping the write, when it is
+        already past retention."""
+        return self._write(key, window_start, value)
+
+    def fetch(self, key: bytes, time_from: int, time_to: int) -> Iterator[tuple[int, bytes]]:
+        """(time, value) of ``key`` for times in ``[time_from, time_to]``, oldest first."""
+        time_from = max(time_from, self.min_live_time)
+        entries = self._entries(key)
+        return iter([(time, entries[time]) for time in sorted(entries) if time_from <= time <= time_to])
+
+    def flush(self) -> list[tuple[bytes, int, bytes | None]]:
+        """The changes as ``(key, time, value or None)``, oldest write first."""
+        return self._flush()
+
+
+class SparkSessionStore(_TimedStore):
+    """Values per (key, session start, session end), retention on the end."""
+
+    @staticmethod
+    def _time_of(slot: tuple[int, int]) -> int:
+        return slot[1]
+
+    @staticmethod
+    def _encode_entries(entries: dict[tuple[int, int], bytes]) -> bytes:
+        return _encode(sorted((start, end, value) for (start, end), value in entries.items()))
+
+    @staticmethod
+    def _decode_entries(data: bytes) -> dict[tuple[int, int], bytes]:
+        return {(start, end): value for start, end, value in _decode_sessions(data)}
+
+    def find_sessions(self, key: bytes, earliest_session_end: int, latest_session_start: int) -> list[Session]:
+        """Sessions of ``key`` ending at or after ``earliest_session_end`` and starting at or
+        before ``latest_session_start``, ordered by end, then start (as RocksDB's)."""
+        earliest = max(earliest_session_end, self.min_live_time)
+        sessions = self._entries(key)
+        bounds = sorted(
+            ((start, end) for start, end in sessions if end >= earliest and start <= latest_session_start),
+            key=lambda session: (session[1], session[0]),
+        )
+        return [Session(key, start, end, sessions[(start, end)]) for start, end in bounds]
+
+    def put(self, key: bytes, start: int, end: int, value: bytes | None) -> bool:
+        if start > end:
+            raise ValueError(f"session start {start} is after its end {end}")
+        return self._write(key, (start, end), value)
+
+    def remove(self, key: bytes, start: int, end: int) -> bool:
+        return self.put(key, start, end, None)
+
+    def flush(self) -> list[tuple[bytes, int, int, bytes | None]]:
+        """The changes as ``(key, start, end, value or None)``, oldest write first."""
+        return [(key, start, end, value) for key, (start, end), value in self._flush()]
+
+
+class GroupKeyStore:
+    """The store of a node Spark runs per key (``applyInPandasWithState``): it only ever
+    holds the group's key, so the value is all there is."""
+
+    def __init__(self, value: bytes | None) -> None:
+        self.value = value
+        self.changed = False
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.value
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        self.value = value
+        self.changed = True
+
+
+class TaskState(msgspec.Struct, omit_defaults=True):
+    """What a task operator keeps besides its stores (one ``ValueState``): the task's stream
+    time, its windowed nodes' stream times, each store's newest time and how far it was last
+    swept, and when each punctuation is next due."""
+
+    stream_time: int | None = None
+    node_clocks: dict[str, int | None] = {}
+    store_times: dict[str, int | None] = {}
+    swept_to: dict[str, int] = {}
+    due: dict[str, int | None] = {}
+
+
+_encode_task_state = msgspec.msgpack.Encoder().encode
+_decode_task_state = msgspec.msgpack.Decoder(TaskState).decode
+
+
+# Functions, not the codec's bound methods: Spark pickles what an operator refers to, and
+# msgspec codecs do not pickle.
+def encode_task_state(state: TaskState) -> bytes:
+    return _encode_task_state(state)
+
+
+def decode_task_state(data: bytes) -> TaskState:
+    return _decode_task_state(data)
+
+
+def needs_sweep(store: Retention, swept_to: int | None) -> bool:
+    """Whether expired entries of keys no batch touches should be dropped now: once the
+    retention horizon moved a full retention past the last sweep, so sweeps stay rare."""
+    live = store.min_live_time
+    return swept_to is None or live - swept_to >= store.retention_ms

@@ -1,0 +1,130 @@
+"""Per-kind semantics of windowed aggregations: window assignment, grace and lateness by the
+task's stream time, and session merging, on the worker's kernels through the test driver."""
+from __future__ import annotations
+
+from typing import Any
+
+from pystreams import serdes
+from pystreams.app import App, HoppingWindow, SessionWindow, TumblingWindow
+from pystreams.testing import TopologyTestDriver
+from pystreams.topology.windows import Windowed
+
+S = 1000
+
+
+def windowed_counts(window: Any, records: list[tuple[str, int]]) -> tuple[dict[Windowed, int], int]:
+    app = App("windowed")
+    clicks = app.topic("in", value=serdes.Text())
+    app.count(clicks, store="counts", window=window).to("out")
+    with TopologyTestDriver(app) as driver:
+        source = driver.input_topic("in")
+        for key, timestamp in records:
+            source.pipe_input(key, "x", timestamp=timestamp)
+        return driver.output_topic("out").read_table(), driver.late_records_dropped
+
+
+def test_tumbling_windows_accept_late_records_within_grace_only() -> None:
+    table, dropped = windowed_counts(
+        TumblingWindow(size=60 * S, grace=10 * S),
+        [
+            ("u", 5 * S),
+            ("u", 65 * S),  # stream time 65 s
+            ("u", 59 * S),  # late, but [0, 60 s) closes only at 70 s: counted
+            ("v", 70 * S),  # stream time 70 s: [0, 60 s) has closed, for every key of the task
+            ("u", 58 * S),  # too late: dropped
+        ],
+    )
+    assert table == {Windowed("u", 0, 60 * S): 2, Windowed("u", 60 * S, 120 * S): 1, Windowed("v", 60 * S, 120 * S): 1}
+    assert dropped == 1
+
+
+def test_a_record_counts_in_every_hopping_window_still_open() -> None:
+    table, dropped = windowed_counts(
+        HoppingWindow(size=30 * S, advance=10 * S, grace=0),
+        [("u", 25 * S), ("u", 45 * S), ("u", 22 * S)],  # at 45 s, windows ending by 45 s are closed
+    )
+    assert table == {
+        Windowed("u", 0, 30 * S): 1,
+        Windowed("u", 10 * S, 40 * S): 1,
+        Windowed("u", 20 * S, 50 * S): 3,  # 25 s, 45 s and the late 22 s
+        Windowed("u", 30 * S, 60 * S): 1,
+        Windowed("u", 40 * S, 70 * S): 1,
+    }
+    assert dropped == 2  # the 22 s record was too late for [0, 30 s) and [10 s, 40 s)
+
+
+def session_app(grace_s: int = 0) -> App:
+    app = App("sessions")
+    clicks = app.topic("in", value=serdes.Text())
+
+    @app.aggregate(
+        clicks,
+        initial=list,
+        store="pages",
+        value=serdes.Json(),
+        window=SessionWindow(gap=10 * S, grace=grace_s * S),
+        merge=lambda key, older, newer: older + newer,
+    )
+    def pages(visited: list[str], key: str, page: str) -> list[str]:
+        return [*visited, page]
+
+    pages.to("out")
+    return app
+
+
+def test_a_record_bridging_two_sessions_merges_them_and_deletes_the_old_ones() -> None:
+    # Grace 10 s: the store keeps sessions gap + grace = 20 s behind stream time, so [0, 0]
+    # is still there to merge when stream time is 15 s.
+    with TopologyTestDriver(session_app(grace_s=10)) as driver:
+        source = driver.input_topic("in")
+        for page, timestamp in (("a", 0), ("b", 15 * S), ("c", 8 * S)):
+            source.pipe_input("u", page, timestamp=timestamp)
+        records = driver.output_topic("out").read_key_values()
+        assert records == [
+            (Windowed("u", 0, 0), ["a"]),
+            (Windowed("u", 15 * S, 15 * S), ["b"]),
+            # "c" at 8 s is within 10 s of both: one session, the two old ones deleted.
+            (Windowed("u", 0, 0), None),
+            (Windowed("u", 15 * S, 15 * S), None),
+            (Windowed("u", 0, 15 * S), ["a", "b", "c"]),
+        ]
+        assert driver.store_contents("pages") == {("u", 0, 15 * S): ["a", "b", "c"]}
+
+
+def test_sessions_older_than_the_stores_retention_no_longer_merge() -> None:
+    # Grace 0: the store keeps sessions only gap = 10 s behind stream time (Kafka Streams'
+    # retention), so at 15 s the session [0, 0] is gone and "c" at 8 s only joins [15, 15].
+    with TopologyTestDriver(session_app(grace_s=0)) as driver:
+        source = driver.input_topic("in")
+        for page, timestamp in (("a", 0), ("b", 15 * S), ("c", 8 * S)):
+            source.pipe_input("u", page, timestamp=timestamp)
+        assert driver.output_topic("out").read_table() == {
+            Windowed("u", 0, 0): ["a"],
+            Windowed("u", 8 * S, 15 * S): ["b", "c"],
+        }
+
+
+def test_a_session_closed_by_stream_time_drops_late_records() -> None:
+    with TopologyTestDriver(session_app(grace_s=5)) as driver:
+        source = driver.input_topic("in")
+        for page, timestamp in (("a", 0), ("b", 100 * S), ("late", 3 * S), ("ok", 96 * S)):
+            source.pipe_input("u", page, timestamp=timestamp)
+        table = driver.output_topic("out").read_table()
+        # At stream time 100 s with 5 s grace, a session ending before 95 s is closed.
+        assert table == {Windowed("u", 0, 0): ["a"], Windowed("u", 96 * S, 100 * S): ["b", "ok"]}
+        assert driver.late_records_dropped == 1
+
+
+def test_a_count_over_sessions_sums_the_merged_sessions() -> None:
+    app = App("session-count")
+    clicks = app.topic("in", value=serdes.Text())
+    app.count(clicks, store="c", window=SessionWindow(gap=5 * S, grace=20 * S)).to("out")
+    with TopologyTestDriver(app) as driver:
+        source = driver.input_topic("in")
+        for timestamp in (0, 2 * S, 20 * S, 24 * S, 11 * S, 15 * S):
+            source.pipe_input("u", "x", timestamp=timestamp)
+        # 11 s is 9 s from 2 s: a session of its own; 15 s bridges it with 20-24 s.
+        assert driver.output_topic("out").read_table() == {
+            Windowed("u", 0, 2 * S): 2,
+            Windowed("u", 11 * S, 24 * S): 4,
+        }

@@ -1,0 +1,266 @@
+"""Property: for the same random input, Spark's operators (run without Spark, batch by batch,
+``spark_emulation``) write what the test driver (the worker's tasks) writes.
+
+Inputs are random records on several partitions, with timestamps out of order and many
+records late, cut into random micro-batches. The driver processes them one by one in the order
+a Spark micro-batch applies them (``operators.ORDER_COLUMNS``: each partition in offset
+order, partitions merged by timestamp). Tables are compared as final tables (latest value per
+key; Spark emits per micro-batch, the driver per record), streams as multisets of records with
+their timestamps.
+"""
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pystreams import serdes
+from pystreams.app import (
+    App,
+    HoppingWindow,
+    JoinWindow,
+    Processor,
+    PunctuationType,
+    SessionWindow,
+    TumblingWindow,
+    kv_store,
+    punctuate,
+)
+from pystreams.spark import compile_topology
+from pystreams.testing import TopologyTestDriver
+from pystreams.topology.resolve import resolve
+from pystreams.worker.packing import partition_for_key
+from spark_emulation import InputRecord, SparkEmulator
+
+KEYS = ("a", "b", "c", "d", "e")
+BASE_MS = 1_700_000_040_000
+S = 1000
+
+
+@dataclass
+class Case:
+    """An app and how its inputs look: partitions per topic, the topics whose records a
+    producer keys by the default partitioner (the others go anywhere), each topic's side for
+    a join, and each output topic's kind."""
+
+    app: App
+    partitions: dict[str, int]
+    keyed: set[str]
+    outputs: dict[str, str]  # topic -> "table" | "stream"
+    sides: dict[str, int] = field(default_factory=dict)
+
+
+def stateless_case() -> Case:
+    app = App("stateless")
+    numbers = app.topic("in", value=serdes.Int())
+    small = numbers.filter(lambda key, n: n < 8, name="small")
+    spread = small.flat_map_values(lambda key, n: [n] * (n % 3), value=serdes.Int(), name="spread")
+    parity = spread.branch(lambda key, n: None if n == 0 else ("even" if n % 2 == 0 else "odd"),
+                           branches=["even", "odd"], name="parity")
+    tagged = numbers.map(lambda key, n: (f"{key}{n}", n * 10), key=serdes.Text(), value=serdes.Int(), name="tagged")
+    parity.even.merge(tagged, name="mixed").to("out")
+    parity.odd.map_values(lambda key, n: -n, value=serdes.Int(), name="negated").to("odd")
+    return Case(app, {"in": 2}, set(), {"out": "stream", "odd": "stream"})
+
+
+def aggregations_case() -> Case:
+    app = App("aggregations")
+    numbers = app.topic("in", value=serdes.Int())
+
+    @app.aggregate(numbers, initial=[], store="lists", value=serdes.Json())
+    def lists(items: list[int], key: str, n: int) -> list[int]:
+        items.append(n)  # in place: each key must get a fresh list
+        return items
+
+    lists.to("lists")
+    numbers.reduce(lambda most, key, n: max(most, n), store="maxima", name="maxima").to("maxima")
+    numbers.group_by(lambda key, n: n % 3, key=serdes.Int(), name="by_rest").count(store="per-rest").to("per-rest")
+    return Case(app, {"in": 3}, {"in"}, {"lists": "table", "maxima": "table", "per-rest": "table"})
+
+
+def windows_case() -> Case:
+    app = App("windows")
+    numbers = app.topic("in", value=serdes.Int())
+    app.count(numbers, store="per-minute", window=TumblingWindow(size=60 * S, grace=10 * S)).to("per-minute")
+    numbers.aggregate(lambda total, key, n: total + n, initial=0, store="sum-30s", name="sum_30s",
+                      window=HoppingWindow(size=30 * S, advance=10 * S, grace=5 * S)).to("sum-30s")
+    rekeyed = numbers.group_by(lambda key, n: f"r{n % 2}", name="by_parity")
+    app.count(rekeyed, store="parity-per-minute", window=TumblingWindow(size=60 * S, grace=10 * S)).to("parity-pm")
+    return Case(app, {"in": 3}, {"in"}, {"per-minute": "table", "sum-30s": "table", "parity-pm": "table"})
+
+
+def sessions_case() -> Case:
+    app = App("sessions")
+    numbers = app.topic("in", value=serdes.Int())
+
+    @app.aggregate(numbers, initial=list, store="runs", value=serdes.Json(),
+                   window=SessionWindow(gap=20 * S, grace=15 * S), merge=lambda key, older, newer: older + newer)
+    def runs(items: list[int], key: str, n: int) -> list[int]:
+        return [*items, n]
+
+    runs.to("runs")
+    rekeyed = numbers.group_by(lambda key, n: f"r{n % 2}", name="by_parity")
+    app.count(rekeyed, store="visits", window=SessionWindow(gap=10 * S)).to("visits")
+    return Case(app, {"in": 2}, {"in"}, {"runs": "table", "visits": "table"})
+
+
+def stream_table_case(how: str) -> Case:
+    app = App(f"stream-table-{how}")
+    orders = app.topic("orders", value=serdes.Int())
+    prices = app.table("prices", value=serdes.Int())
+    orders.join(prices, lambda key, n, price: n * (price if price is not None else -1), how=how,
+                value=serdes.Int(), name="priced").to("out")
+    return Case(app, {"orders": 2, "prices": 2}, {"orders", "prices"}, {"out": "stream"}, {"prices": 0, "orders": 1})
+
+
+def stream_stream_case(how: str) -> Case:
+    app = App(f"stream-stream-{how}")
+    left = app.topic("left", value=serdes.Int())
+    right = app.topic("right", value=serdes.Int())
+    left.join(right, lambda key, l, r: f"{l}:{r}", window=JoinWindow(before=20 * S, after=10 * S, grace=15 * S),
+              how=how, value=serdes.Text(), name="pairs").to("out")
+    return Case(app, {"left": 2, "right": 2}, {"left", "right"}, {"out": "stream"}, {"left": 0, "right": 1})
+
+
+class Dedupe(Processor):
+    """Forwards a key's value the first time (per 30 s of stream time); every 20 s of stream
+    time it forgets old keys and forwards how many it remembers. State only in its store."""
+
+    def init(self, context: Any) -> None:
+        super().init(context)
+        self.seen = context.store("seen")
+
+    def process(self, key: Any, value: Any) -> None:
+        first = self.seen.get(key)
+        if first is None or self.context.timestamp - first > 30 * S:
+            self.seen.put(key, self.context.timestamp)
+            self.context.forward(key, value * 100 + self.context.offset % 7)
+
+    @punctuate(every=timedelta(seconds=20), on=PunctuationType.STREAM_TIME)
+    def forget(self, now: int) -> None:
+        for key, first in list(self.seen.items()):
+            if now - first > 60 * S:
+                self.seen.delete(key)
+        self.context.forward("remembered", sum(1 for _ in self.seen.items()))
+
+
+def processor_case() -> Case:
+    app = App("processor")
+    numbers = app.topic("in", value=serdes.Int())
+    odd = numbers.filter(lambda key, n: n % 2 == 1, name="odd")
+    app.processor(odd, stores=[kv_store("seen", value=serdes.Int())], value=serdes.Int(), key_changing=False)(
+        Dedupe
+    ).to("out")
+    return Case(app, {"in": 2}, {"in"}, {"out": "stream"})
+
+
+CASES: dict[str, Callable[[], Case]] = {
+    "stateless": stateless_case,
+    "aggregations": aggregations_case,
+    "windows": windows_case,
+    "sessions": sessions_case,
+    "stream-table-inner": lambda: stream_table_case("inner"),
+    "stream-table-left": lambda: stream_table_case("left"),
+    "stream-stream-inner": lambda: stream_stream_case("inner"),
+    "stream-stream-left": lambda: stream_stream_case("left"),
+    "stream-stream-outer": lambda: stream_stream_case("outer"),
+    "processor": processor_case,
+}
+
+# (topic number, key, value, partition draw, seconds from the previous record, new batch after?)
+RAW_RECORDS = st.lists(
+    st.tuples(
+        st.integers(0, 1),
+        st.sampled_from(KEYS),
+        st.integers(0, 9),
+        st.integers(0, 2),
+        st.integers(-45, 25),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=45,
+)
+
+
+def make_input(case: Case, raw: list[tuple[int, str, int, int, int, bool]]) -> list[list[InputRecord]]:
+    """Records cut into micro-batches; a record's partition follows its key on keyed topics."""
+    topics = sorted(case.partitions)
+    key_serde, value_serde = serdes.Text(), serdes.Int()
+    batches: list[list[InputRecord]] = [[]]
+    seconds = 100
+    for topic_number, key, value, partition_draw, step, cut in raw:
+        topic = topics[topic_number % len(topics)]
+        count = case.partitions[topic]
+        key_bytes = key_serde.serialize(key)
+        assert key_bytes is not None
+        partition = partition_for_key(key_bytes, count) if topic in case.keyed else partition_draw % count
+        seconds = max(0, seconds + step)
+        record = InputRecord(topic, partition, key_bytes, value_serde.serialize(value), BASE_MS + seconds * S)
+        batches[-1].append(record)
+        if cut:
+            batches.append([])
+    return [batch for batch in batches if batch]
+
+
+def in_spark_batch_order(batch: list[InputRecord], case: Case, source_topics: tuple[str, ...]) -> list[InputRecord]:
+    """The batch as a Spark stateful step applies it (``ORDER_COLUMNS``)."""
+    arrival: dict[tuple[str, int], int] = {}
+    offsets: dict[tuple[str, int], int] = collections.Counter()
+    keyed = []
+    for record in batch:
+        where = (record.topic, record.partition)
+        arrival[where] = max(arrival.get(where, record.timestamp), record.timestamp)
+        keyed.append(((arrival[where], case.sides.get(record.topic, 0), source_topics.index(record.topic),
+                       record.partition, offsets[where]), record))
+        offsets[where] += 1
+    return [record for _, record in sorted(keyed, key=lambda pair: pair[0])]
+
+
+def decoded(rows: list[tuple[bytes | None, bytes | None, int]], key_serde: Any, value_serde: Any) -> list[Any]:
+    return [(key_serde.deserialize(k), value_serde.deserialize(v), ts) for k, v, ts in rows]
+
+
+def final_table(records: list[tuple[Any, Any, int]]) -> dict[Any, Any]:
+    table: dict[Any, Any] = {}
+    for key, value, _ in records:
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+    return table
+
+
+def multiset(records: list[tuple[Any, Any, int]]) -> collections.Counter[Any]:
+    return collections.Counter(repr(record) for record in records)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=RAW_RECORDS)
+def test_spark_operators_write_what_the_test_driver_writes(name: str, raw: list[Any]) -> None:
+    case = CASES[name]()
+    topology = case.app.topology()
+    plan = compile_topology(topology)
+    batches = make_input(case, raw)
+    emulator = SparkEmulator(plan, resolve(topology, case.partitions).partitions)
+    sinks = {sink.topic: topology.nodes[sink.node] for sink in plan.sinks}
+
+    spark_out: dict[str, list[Any]] = {topic: [] for topic in case.outputs}
+    with TopologyTestDriver(case.app, partitions=case.partitions) as driver:
+        for batch in batches:
+            for topic, rows in emulator.run_batch(batch).items():
+                spark_out[topic].extend(decoded(rows, sinks[topic].key_serde, sinks[topic].value_serde))
+            for record in in_spark_batch_order(batch, case, plan.source_topics):
+                driver.pipe_input(record.topic, record.key, record.value, record.timestamp, partition=record.partition)
+        for topic, kind in case.outputs.items():
+            driver_out = [(r.key, r.value, r.timestamp) for r in driver.output_topic(topic).read_records()]
+            if kind == "table":
+                assert final_table(spark_out[topic]) == final_table(driver_out), topic
+            else:
+                assert multiset(spark_out[topic]) == multiset(driver_out), topic

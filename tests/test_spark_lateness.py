@@ -1,0 +1,154 @@
+"""Late and out-of-order input on several partitions gives the same windows on Spark as on the
+workers, and both give Kafka Streams' answer: lateness is decided by each task's stream time
+(one task per partition), record by record.
+
+Apps and inputs the other tests do not use: a 1-minute tumbling count with 10 s grace over
+3,000 records (out of order within and beyond the grace, some minutes late) and a session
+count, both on three partitions, Spark running as two backfills so that state carries across
+micro-batches; and an aggregation whose function appends to its accumulator in place, which
+must start from a fresh copy of ``initial=[]`` for every key on both runtimes.
+"""
+from __future__ import annotations
+
+import collections
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pystreams import serdes
+from pystreams.app import load_app
+from pystreams.broker import EmbeddedBroker
+from pystreams.worker.packing import partition_for_key
+from spark_parity import decoded, read_final_table, run_on_spark, run_on_workers
+from test_spark_examples import Record, create_topics, produce
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 3
+MINUTE, GRACE = 60_000, 10_000
+BASE_MS = 1_700_000_000_000 - 1_700_000_000_000 % MINUTE
+
+APP = '''
+from pystreams import serdes
+from pystreams.app import App, SessionWindow, TumblingWindow
+
+app = App("lateness")
+clicks = app.topic("clicks", value=serdes.Text())
+app.count(clicks, store="per-minute", window=TumblingWindow(size=60_000, grace=10_000)).to("per-minute")
+app.count(clicks, store="sessions", window=SessionWindow(gap=30_000, grace=10_000)).to("sessions")
+'''
+
+LISTS_APP = '''
+from pystreams import serdes
+from pystreams.app import App
+
+app = App("lists")
+events = app.topic("events", value=serdes.Text())
+
+
+@app.aggregate(events, initial=[], store="seen", value=serdes.Json())
+def seen(items, key, value):
+    items.append(value)  # changes the accumulator in place
+    return items
+
+
+seen.to("seen")
+'''
+
+
+def clicks(count: int, seed: int = 14) -> list[Record]:
+    """Keyed clicks, each key on the partition Kafka's partitioner gives it; mostly moving
+    forward, with records out of order within the grace, beyond it, and minutes late."""
+    rng = random.Random(seed)
+    users = [f"user{n}" for n in range(40)]
+    records = []
+    clock = BASE_MS
+    for _ in range(count):
+        clock += rng.randint(0, 1_200)
+        roll = rng.random()
+        if roll < 0.08:
+            timestamp = clock - rng.randint(1_000, 9_000)  # out of order, within the grace
+        elif roll < 0.14:
+            timestamp = clock - rng.randint(11_000, 50_000)  # late beyond the grace, for some windows
+        elif roll < 0.17:
+            timestamp = clock - rng.randint(2 * MINUTE, 10 * MINUTE)  # very late
+        else:
+            timestamp = clock
+        user = rng.choice(users)
+        key = user.encode()
+        records.append(("clicks", partition_for_key(key, PARTITIONS), key, b"x", timestamp))
+    return records
+
+
+def kafka_streams_tumbling_counts(records: list[Record]) -> dict[tuple[str, int], int]:
+    """What Kafka Streams counts: per partition (task), in offset order, a record is late for
+    its window once the task's stream time reaches the window's end plus the grace."""
+    stream_time: dict[int, int] = {}
+    counts: collections.Counter[tuple[str, int]] = collections.Counter()
+    for _, partition, key, _, timestamp in records:
+        assert partition is not None
+        now = stream_time[partition] = max(stream_time.get(partition, timestamp), timestamp)
+        start = timestamp - timestamp % MINUTE
+        if start + MINUTE > now - GRACE:
+            counts[(key.decode(), start)] += 1
+    return dict(counts)
+
+
+def run_both(spark: Any, tmp_path: Path, app_source: str, topics: dict[str, int], outputs: list[str],
+             phases: list[list[Record]]) -> dict[str, dict[str, dict[bytes | None, bytes]]]:
+    app_file = tmp_path / "app_under_test.py"
+    app_file.write_text(app_source)
+    tables: dict[str, dict[str, dict[bytes | None, bytes]]] = {}
+    with EmbeddedBroker() as workers_broker, EmbeddedBroker() as spark_broker:
+        for bootstrap in (workers_broker.bootstrap_servers, spark_broker.bootstrap_servers):
+            create_topics(bootstrap, topics)
+        total = produce(workers_broker.bootstrap_servers, [r for phase in phases for r in phase])
+        run_on_workers(load_app(str(app_file)), workers_broker.bootstrap_servers, tmp_path / "state",
+                       until_processed=total).close()
+        tables["workers"] = {t: read_final_table(workers_broker.bootstrap_servers, t) for t in outputs}
+        # One backfill per phase from one checkpoint: task state carries across micro-batches.
+        for phase in phases:
+            produce(spark_broker.bootstrap_servers, phase)
+            run_on_spark(load_app(str(app_file)), spark, spark_broker.bootstrap_servers, tmp_path / "checkpoint")
+        tables["spark"] = {t: read_final_table(spark_broker.bootstrap_servers, t) for t in outputs}
+    return tables
+
+
+def test_late_and_out_of_order_clicks_give_the_same_windows_on_both_runtimes(spark: Any, tmp_path: Path) -> None:
+    records = clicks(3_000)
+    outputs = ["per-minute", "sessions"]
+    topics = {"clicks": PARTITIONS, **{topic: PARTITIONS for topic in outputs}}
+    tables = run_both(spark, tmp_path, APP, topics, outputs, [records[:1_400], records[1_400:]])
+
+    windowed = serdes.WindowedKey(serdes.Text())
+    per_minute = decoded(tables["workers"]["per-minute"], windowed, serdes.Int())
+    expected = kafka_streams_tumbling_counts(records)
+    assert {(w.key, w.start_ms): count for w, count in per_minute.items()} == expected
+    dropped = len(records) - sum(expected.values())
+    assert dropped > 100, "the input must exercise lateness"
+    assert len(expected) > 1_000
+    # Every window exact on Spark too (the whole table, byte for byte).
+    assert tables["spark"]["per-minute"] == tables["workers"]["per-minute"]
+
+    sessions = decoded(tables["workers"]["sessions"], windowed, serdes.Int())
+    assert len(sessions) > 100 and sum(sessions.values()) < len(records)  # some clicks were too late
+    assert tables["spark"]["sessions"] == tables["workers"]["sessions"]
+
+
+def test_an_in_place_aggregator_starts_every_key_from_a_fresh_initial_on_both_runtimes(
+    spark: Any, tmp_path: Path
+) -> None:
+    rng = random.Random(3)
+    events = []
+    for n in range(60):
+        key = f"k{rng.randrange(6)}".encode()
+        events.append(("events", partition_for_key(key, 2), key, f"{key.decode()}-{n}".encode(), BASE_MS + n))
+    tables = run_both(spark, tmp_path, LISTS_APP, {"events": 2, "seen": 2}, ["seen"], [events[:25], events[25:]])
+
+    expected: dict[str, list[str]] = collections.defaultdict(list)
+    for _, _, key, value, _ in events:
+        expected[key.decode()].append(value.decode())
+    for runtime in ("workers", "spark"):
+        assert decoded(tables[runtime]["seen"], serdes.Text(), serdes.Json()) == expected, runtime

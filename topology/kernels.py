@@ -1,0 +1,751 @@
+"""The semantics of every node kind, written once; both runtimes run these.
+
+Two layers:
+
+* **rules** over plain values: a fresh initial accumulator for every new key, which windows a
+  record falls in and which of them have closed, how a record merges sessions, which records
+  a windowed join pairs and what a left or outer join emits for a miss, when a punctuation is
+  due next, what a processor's context shows;
+* **kernels**: ``NODE_KERNELS[type(node)](wiring)`` returns the node's ``emit(key, value,
+  timestamp)``, a push function that applies the rules to one record and calls the node's
+  children (``wiring.forward``), over byte stores behind small protocols.
+
+The worker compiles each task's nodes with the kernels over its RocksDB stores
+(``pystreams.worker.processing``); the Spark runtime runs the same kernels in its operators
+(stateless steps inside ``mapInArrow``, stateful nodes per task over Spark state); the test
+driver (``pystreams.testing``) runs the worker's tasks. Sinks, repartitions and what happens
+to an exception are the runtimes' own.
+
+Stream time is Kafka Streams': the highest timestamp seen, per task (a processor's context and
+punctuations) or per windowed node of a task (what decides that a window has closed). Times
+are epoch milliseconds.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+import msgspec
+
+from .ir import (
+    AggregateNode,
+    AggregationNode,
+    BranchNode,
+    BranchOutputNode,
+    CountNode,
+    FilterNode,
+    FlatMapNode,
+    FlatMapValuesNode,
+    JoinHow,
+    JoinSide,
+    MapNode,
+    MapValuesNode,
+    MergeNode,
+    NodeBase,
+    PeekNode,
+    ProcessorNode,
+    Punctuation,
+    ReduceNode,
+    SelectKeyNode,
+    SourceNode,
+    Store,
+    StreamStreamJoinNode,
+    StreamTableJoinNode,
+    TableSourceNode,
+    TaskId,
+    ToStreamNode,
+)
+from .windows import HoppingWindow, JoinWindow, SessionWindow, TimeWindow, TumblingWindow, Windowed
+
+log = logging.getLogger(__name__)
+
+#: A node's push function: ``emit(key, value, timestamp)``.
+Emit = Callable[[Any, Any, int], None]
+
+
+def drop(key: Any, value: Any, timestamp: int) -> None:
+    """The emit of a node without children."""
+
+
+def fan_out(emits: list[Emit]) -> Emit:
+    """One emit calling every child in order (depth-first, as Kafka Streams forwards)."""
+    if not emits:
+        return drop
+    if len(emits) == 1:
+        return emits[0]
+
+    def fanned_out(key: Any, value: Any, timestamp: int) -> None:
+        for emit in emits:
+            emit(key, value, timestamp)
+
+    return fanned_out
+
+
+def skips_record(key: Any, value: Any) -> bool:
+    """Aggregations and joins skip a record with a null key or value (Kafka Streams does)."""
+    return key is None or value is None
+
+
+def advance_stream_time(stream_time: int | None, timestamp: int) -> int:
+    """Stream time after a record: it only moves forward."""
+    return timestamp if stream_time is None or timestamp > stream_time else stream_time
+
+
+# ============================================================================ stateless steps
+# Each takes the user's function and the downstream emit. Record timestamps pass unchanged.
+
+
+def map_kernel(fn: Callable[[Any, Any], tuple[Any, Any]], forward: Emit) -> Emit:
+    def map_(key: Any, value: Any, timestamp: int) -> None:
+        new_key, new_value = fn(key, value)
+        forward(new_key, new_value, timestamp)
+
+    return map_
+
+
+def map_values_kernel(fn: Callable[[Any, Any], Any], forward: Emit) -> Emit:
+    def map_values(key: Any, value: Any, timestamp: int) -> None:
+        forward(key, fn(key, value), timestamp)
+
+    return map_values
+
+
+def flat_map_kernel(fn: Callable[[Any, Any], Iterable[tuple[Any, Any]]], forward: Emit) -> Emit:
+    def flat_map(key: Any, value: Any, timestamp: int) -> None:
+        for new_key, new_value in fn(key, value):
+            forward(new_key, new_value, timestamp)
+
+    return flat_map
+
+
+def flat_map_values_kernel(fn: Callable[[Any, Any], Iterable[Any]], forward: Emit) -> Emit:
+    def flat_map_values(key: Any, value: Any, timestamp: int) -> None:
+        for new_value in fn(key, value):
+            forward(key, new_value, timestamp)
+
+    return flat_map_values
+
+
+def filter_kernel(fn: Callable[[Any, Any], Any], forward: Emit) -> Emit:
+    def filter_(key: Any, value: Any, timestamp: int) -> None:
+        if fn(key, value):
+            forward(key, value, timestamp)
+
+    return filter_
+
+
+def peek_kernel(fn: Callable[[Any, Any], Any], forward: Emit) -> Emit:
+    def peek(key: Any, value: Any, timestamp: int) -> None:
+        fn(key, value)
+        forward(key, value, timestamp)
+
+    return peek
+
+
+def select_key_kernel(fn: Callable[[Any, Any], Any], forward: Emit) -> Emit:
+    def select_key(key: Any, value: Any, timestamp: int) -> None:
+        forward(fn(key, value), value, timestamp)
+
+    return select_key
+
+
+def branch_kernel(fn: Callable[[Any, Any], str | None], routes: Mapping[str, Emit]) -> Emit:
+    """Routes each record to the branch whose label ``fn`` returns (None drops it); a label
+    that is not a branch is an error, naming the branches."""
+
+    def branch(key: Any, value: Any, timestamp: int) -> None:
+        label = fn(key, value)
+        if label is None:
+            return
+        route = routes.get(label)
+        if route is None:
+            raise ValueError(f"branch function returned {label!r}, not one of {sorted(routes)}")
+        route(key, value, timestamp)
+
+    return branch
+
+
+# ============================================================================ aggregation
+
+#: Initial values shared safely between keys: nothing can change them in place.
+_IMMUTABLE_INITIALS = (int, float, complex, str, bytes, bool, type(None))
+
+
+def initial_factory(initial: Any) -> Callable[[], Any]:
+    """A factory of a *fresh* starting accumulator for each new key (window, session): a
+    callable ``initial`` is Kafka Streams' Initializer and is called; any other value is
+    copied, so an aggregator that changes its accumulator in place (``acc.append(v)``) never
+    hands one key's items to another."""
+    if callable(initial):
+        return initial
+    if type(initial) in _IMMUTABLE_INITIALS:
+        return lambda: initial
+    return lambda: copy.deepcopy(initial)
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregator:
+    """COUNT/AGGREGATE/REDUCE: ``fn(acc, key, value) -> acc``; a key's first record starts from
+    a fresh initial (REDUCE: the first value is the accumulator)."""
+
+    fn: Callable[[Any, Any, Any], Any]
+    #: None for a reduce.
+    new_initial: Callable[[], Any] | None
+
+    @classmethod
+    def of(cls, node: AggregationNode) -> Aggregator:
+        return cls(node.fn, None if isinstance(node, ReduceNode) else initial_factory(node.initial))
+
+    def first(self, key: Any, value: Any) -> Any:
+        """The accumulator after a key's (window's) first record."""
+        if self.new_initial is None:
+            return value
+        return self.fn(self.new_initial(), key, value)
+
+
+# ============================================================================ windows
+
+
+def close_time(stream_time: int, grace_ms: int) -> int:
+    """Windows ending at or before this, and sessions ending before it, accept no more records."""
+    return stream_time - grace_ms
+
+
+def open_windows(
+    window: TumblingWindow | HoppingWindow, timestamp: int, closed_before: int
+) -> tuple[list[TimeWindow], list[TimeWindow]]:
+    """The windows a record at ``timestamp`` falls in, split into (still open, closed): a
+    window ``[start, end)`` is closed once ``end <= close_time`` (Kafka Streams: end + grace
+    <= stream time). Oldest first."""
+    still_open: list[TimeWindow] = []
+    closed: list[TimeWindow] = []
+    for bounds in window.windows_for(timestamp):
+        (closed if bounds.end_ms <= closed_before else still_open).append(bounds)
+    return still_open, closed
+
+
+def fixed_window_key(window: TumblingWindow | HoppingWindow, key: Any, start: int) -> Windowed:
+    """The key of a tumbling or hopping window's table record: end = start + size (exclusive)."""
+    return Windowed(key, start, start + window.size_ms)
+
+
+def session_lookup_bounds(timestamp: int, gap_ms: int) -> tuple[int, int]:
+    """(earliest session end, latest session start) of the sessions a record may join or
+    bridge: those within ``gap`` of it."""
+    return timestamp - gap_ms, timestamp + gap_ms
+
+
+def merge_into_session(
+    overlapping: Iterable[tuple[int, int, Any]],
+    key: Any,
+    value: Any,
+    timestamp: int,
+    *,
+    close_time: int,
+    aggregate: Callable[[Any, Any, Any], Any],
+    merge: Callable[[Any, Any, Any], Any],
+    new_initial: Callable[[], Any] | None,
+) -> tuple[int, int, Any] | None:
+    """The session a record joins: ``(start, end, aggregate)``, or None when it is late.
+
+    ``overlapping``: the key's sessions within the gap of ``timestamp`` as ``(start, end,
+    value)``, ordered by end then start. They merge in that order, starting from a fresh
+    initial (``new_initial=None``: a reduce, starting from the oldest session), and the record
+    is aggregated last; a merged session ending before ``close_time`` is late (Kafka Streams).
+    """
+    start = end = timestamp
+    started = new_initial is not None
+    total: Any = new_initial() if new_initial is not None else None
+    for session_start, session_end, older in overlapping:
+        total = merge(key, total, older) if started else older
+        started = True
+        start, end = min(start, session_start), max(end, session_end)
+    if end < close_time:
+        return None
+    return start, end, (aggregate(total, key, value) if started else value)
+
+
+# ============================================================================ joins
+
+
+def join_lookup_bounds(window: JoinWindow, side: JoinSide, timestamp: int) -> tuple[int, int]:
+    """The other side's records a record at ``timestamp`` meets: a left record at t meets
+    right records in ``[t - before, t + after]``; a right record, the mirror image."""
+    if side is JoinSide.LEFT:
+        return timestamp - window.before_ms, timestamp + window.after_ms
+    return timestamp - window.after_ms, timestamp + window.before_ms
+
+
+def emits_unmatched(how: JoinHow, side: JoinSide) -> bool:
+    """Whether a record that meets no partner is emitted at once, with ``None`` for the other
+    side: an outer join's records, and a left join's left records (as Kafka Streams did
+    before 3.1); the result with a partner still follows when one arrives."""
+    return how is JoinHow.OUTER or (how is JoinHow.LEFT and side is JoinSide.LEFT)
+
+
+def joined_timestamp(timestamp: int, other_timestamp: int) -> int:
+    """A join result's timestamp: the later of the two records'."""
+    return timestamp if timestamp >= other_timestamp else other_timestamp
+
+
+def join_pair(side: JoinSide, value: Any, other: Any) -> tuple[Any, Any]:
+    """(left value, right value) of a record of ``side`` and its partner."""
+    return (value, other) if side is JoinSide.LEFT else (other, value)
+
+
+# ============================================================================ punctuations
+
+
+def next_punctuation_due(due: int | None, now: int, interval_ms: int) -> int:
+    """When a punctuation that fired at ``now`` is due next (``due``: when it was due, None if
+    never scheduled): missed intervals are skipped, not replayed."""
+    next_due = (due if due is not None else now) + interval_ms
+    return next_due if next_due > now else now + interval_ms
+
+
+@dataclass(slots=True)
+class ScheduledPunctuation:
+    """One ``@punctuate`` method of one processor instance and when it is next due (None: at
+    the next opportunity)."""
+
+    punctuation: Punctuation
+    method: Callable[[int], None]
+    context: NodeProcessorContext
+    node: str
+    next_due: int | None = None
+
+    def due(self, now: int) -> bool:
+        """Stream-time punctuations: due now (the first check fires at once)."""
+        return self.next_due is None or now >= self.next_due
+
+    def wall_clock_due(self, now: int) -> bool:
+        """Wall-clock punctuations: the first check only schedules one interval ahead."""
+        if self.next_due is None:
+            self.next_due = now + self.punctuation.interval_ms
+            return False
+        return now >= self.next_due
+
+    def fire(self, now: int) -> None:
+        """Reschedule, then call the method with ``now`` as a punctuation sees it: no current
+        record (topic, partition and offset None) and ``context.timestamp == now``."""
+        self.next_due = next_punctuation_due(self.next_due, now, self.punctuation.interval_ms)
+        position = self.context.position
+        saved = position.topic, position.partition, position.offset
+        position.topic = position.partition = position.offset = None
+        self.context.timestamp = now
+        try:
+            self.method(now)
+        finally:
+            position.topic, position.partition, position.offset = saved
+
+
+# ============================================================================ stores and tasks
+
+
+class KeyValueBytes(Protocol):
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def put(self, key: bytes, value: bytes | None) -> None: ...
+
+
+class WindowBytes(Protocol):
+    #: The newest time written (window start, or join record time); None when empty.
+    observed_stream_time: int | None
+
+    def get(self, key: bytes, window_start: int) -> bytes | None: ...
+
+    def put(self, key: bytes, window_start: int, value: bytes | None) -> bool: ...
+
+    def fetch(self, key: bytes, time_from: int, time_to: int) -> Iterable[tuple[int, bytes]]: ...
+
+
+class SessionBytes(Protocol):
+    observed_stream_time: int | None
+
+    def find_sessions(self, key: bytes, earliest_session_end: int, latest_session_start: int) -> Iterable[Any]:
+        """Sessions (with ``start``, ``end`` and ``value``) ordered by end, then start."""
+        ...
+
+    def put(self, key: bytes, start: int, end: int, value: bytes | None) -> bool: ...
+
+    def remove(self, key: bytes, start: int, end: int) -> bool: ...
+
+
+class TaskPosition:
+    """What a task is processing: the record's topic, partition and offset (None inside a
+    punctuation), the task's stream time, and the late records its windows dropped. The
+    runtime updates it per record; kernels and processor contexts read it."""
+
+    __slots__ = ("app_id", "task_id", "topic", "partition", "offset", "stream_time", "late_records_dropped")
+
+    def __init__(self, app_id: str, task_id: TaskId) -> None:
+        self.app_id = app_id
+        self.task_id = task_id
+        self.topic: str | None = None
+        self.partition: int | None = None
+        self.offset: int | None = None
+        #: Highest record timestamp this task has processed (Kafka Streams' stream time).
+        self.stream_time: int | None = None
+        self.late_records_dropped = 0
+
+
+class NodeProcessorContext:
+    """What a PROCESSOR node's instance sees (``pystreams.topology.processor.ProcessorContext``):
+    the current record's position, its timestamp (inside a punctuation: the punctuation time),
+    the stores the node declared, and ``forward`` to its children (by default with the current
+    timestamp)."""
+
+    def __init__(self, position: TaskPosition, stores: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+        self.position = position
+        self._stores = stores
+        self._allowed = allowed
+        self.emit: Emit = drop
+        self.timestamp: int = 0
+
+    @property
+    def app_id(self) -> str:
+        return self.position.app_id
+
+    @property
+    def task_id(self) -> TaskId:
+        return self.position.task_id
+
+    @property
+    def topic(self) -> str | None:
+        return self.position.topic
+
+    @property
+    def partition(self) -> int | None:
+        return self.position.partition
+
+    @property
+    def offset(self) -> int | None:
+        return self.position.offset
+
+    def store(self, name: str) -> Any:
+        if name not in self._allowed:
+            raise KeyError(f"store {name!r} is not declared by this processor (it may use {list(self._allowed)})")
+        return self._stores[name]
+
+    def forward(self, key: Any, value: Any, *, timestamp: int | None = None) -> None:
+        self.emit(key, value, self.timestamp if timestamp is None else timestamp)
+
+
+@dataclass(slots=True)
+class ProcessorInstance:
+    """One processor node's instance in one task; the runtime calls ``init`` (after restore),
+    runs ``punctuations`` when due, and ``close``."""
+
+    node: str
+    instance: Any
+    context: NodeProcessorContext
+    punctuations: list[ScheduledPunctuation]
+
+    def init(self) -> None:
+        self.instance.init(self.context)
+
+
+@dataclass(slots=True)
+class NodeClock:
+    """A windowed node's stream time: the highest timestamp of the records that reached it.
+    A runtime that rebuilds nodes between batches keeps it across them; otherwise it starts
+    from the store's newest time (after a restart, a safe lower bound: it never makes an
+    on-time record look late)."""
+
+    observed: int | None = None
+
+
+@dataclass(slots=True)
+class NodeWiring:
+    """Everything a kernel needs to build one node of one task."""
+
+    node: NodeBase
+    #: The node's children, fanned out.
+    forward: Emit = drop
+    #: BRANCH: each label's child.
+    routes: Mapping[str, Emit] = field(default_factory=dict)
+    #: The task's byte stores by name, and their specs.
+    stores: Mapping[str, Any] = field(default_factory=dict)
+    specs: Mapping[str, Store] = field(default_factory=dict)
+    #: PROCESSOR: the stores as processors see them (typed views).
+    typed_stores: Mapping[str, Any] = field(default_factory=dict)
+    position: TaskPosition | None = None
+    #: PROCESSOR nodes add their instance here.
+    processors: list[ProcessorInstance] = field(default_factory=list)
+    #: Windowed nodes' stream times by node name (missing ones start from their store).
+    clocks: dict[str, NodeClock] = field(default_factory=dict)
+
+    def clock(self, store: WindowBytes | SessionBytes) -> NodeClock:
+        clock = self.clocks.get(self.node.name)
+        if clock is None:
+            clock = self.clocks[self.node.name] = NodeClock(store.observed_stream_time)
+        return clock
+
+    def task(self) -> TaskPosition:
+        if self.position is None:
+            raise ValueError(f"node {self.node.name!r} ({self.node.kind}) needs its task")
+        return self.position
+
+
+Kernel = Callable[[NodeWiring], Emit]
+
+
+def _pass_through(wiring: NodeWiring) -> Emit:
+    return wiring.forward
+
+
+def _stateless(kernel: Callable[[Any, Emit], Emit]) -> Kernel:
+    def build(wiring: NodeWiring) -> Emit:
+        return kernel(wiring.node.fn, wiring.forward)
+
+    return build
+
+
+def _branch(wiring: NodeWiring) -> Emit:
+    node = wiring.node
+    assert isinstance(node, BranchNode)
+    return branch_kernel(node.fn, wiring.routes)
+
+
+# ============================================================================ table kernels
+
+
+def _table_source(wiring: NodeWiring) -> Emit:
+    node = wiring.node
+    assert isinstance(node, TableSourceNode)
+    spec = wiring.specs[node.store]
+    key_bytes = spec.key_serde.serialize
+    value_bytes = spec.value_serde.serialize
+    put = wiring.stores[node.store].put
+
+    def table_source(key: Any, value: Any, timestamp: int) -> None:
+        if key is None:
+            return  # a table has no row for a null key
+        put(key_bytes(key), value_bytes(value))  # None deletes
+
+    return table_source
+
+
+def _aggregation(wiring: NodeWiring) -> Emit:
+    """Aggregations write their store; its cache forwards the folded updates downstream when
+    it flushes (the runtime wires that), so the emit itself forwards nothing."""
+    node = wiring.node
+    assert isinstance(node, AggregationNode)
+    store = wiring.stores[node.store]
+    key_serde = wiring.specs[node.store].key_serde
+    if node.window is None:
+        return _key_value_aggregation(node, store, key_serde)
+    if isinstance(node.window, SessionWindow):
+        return _session_aggregation(node, node.window, store, key_serde, wiring.task(), wiring.clock(store))
+    return _windowed_aggregation(node, node.window, store, key_serde, wiring.task(), wiring.clock(store))
+
+
+def _aggregation_functions(
+    node: AggregationNode, key_serde: Any
+) -> tuple[Callable[..., Any], Callable[[Any, Any], Any], Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """``fn``, the first-record rule, and the codecs an aggregation kernel binds locally."""
+    return (node.fn, Aggregator.of(node).first, key_serde.serialize, node.value_serde.serialize,
+            node.value_serde.deserialize)
+
+
+def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serde: Any) -> Emit:
+    fn, first, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
+    get = store.get
+    put = store.put
+
+    def aggregate(key: Any, value: Any, timestamp: int) -> None:
+        if key is None or value is None:
+            return  # skips_record, inlined: this is the hottest stateful path
+        stored_key = key_bytes(key)
+        previous = get(stored_key)
+        put(stored_key, value_bytes(first(key, value) if previous is None else fn(value_of(previous), key, value)))
+
+    return aggregate
+
+
+def _windowed_aggregation(
+    node: AggregationNode, window: TumblingWindow | HoppingWindow, store: WindowBytes, key_serde: Any,
+    task: TaskPosition, clock: NodeClock,
+) -> Emit:
+    fn, first, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
+    grace = window.grace_ms
+
+    def aggregate_windowed(key: Any, value: Any, timestamp: int) -> None:
+        if skips_record(key, value):
+            return
+        observed = clock.observed = advance_stream_time(clock.observed, timestamp)
+        still_open, closed = open_windows(window, timestamp, close_time(observed, grace))
+        for bounds in closed:
+            task.late_records_dropped += 1
+            log.debug(
+                "task %s node %s: record at %d is late for window [%d, %d) (stream time %d, grace %d)",
+                task.task_id, node.name, timestamp, bounds.start_ms, bounds.end_ms, observed, grace,
+            )
+        stored_key = key_bytes(key)
+        for bounds in still_open:
+            start = bounds.start_ms
+            previous = store.get(stored_key, start)
+            total = first(key, value) if previous is None else fn(value_of(previous), key, value)
+            store.put(stored_key, start, value_bytes(total))
+
+    return aggregate_windowed
+
+
+def _session_aggregation(
+    node: AggregationNode, window: SessionWindow, store: SessionBytes, key_serde: Any, task: TaskPosition,
+    clock: NodeClock,
+) -> Emit:
+    fn, _, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
+    merger = node.merger
+    assert merger is not None, f"session aggregation {node.name!r} has no merger"
+    new_initial = Aggregator.of(node).new_initial
+    gap, grace = window.gap_ms, window.grace_ms
+
+    def aggregate_sessions(key: Any, value: Any, timestamp: int) -> None:
+        if skips_record(key, value):
+            return
+        observed = clock.observed = advance_stream_time(clock.observed, timestamp)
+        stored_key = key_bytes(key)
+        overlapping = list(store.find_sessions(stored_key, *session_lookup_bounds(timestamp, gap)))
+        merged = merge_into_session(
+            [(session.start, session.end, value_of(session.value)) for session in overlapping],
+            key, value, timestamp,
+            close_time=close_time(observed, grace), aggregate=fn, merge=merger, new_initial=new_initial,
+        )
+        if merged is None:
+            task.late_records_dropped += 1
+            return
+        start, end, total = merged
+        for session in overlapping:
+            if (session.start, session.end) != (start, end):
+                store.remove(stored_key, session.start, session.end)
+        store.put(stored_key, start, end, value_bytes(total))
+
+    return aggregate_sessions
+
+
+# ============================================================================ join kernels
+
+
+def _stream_table_join(wiring: NodeWiring) -> Emit:
+    """Looks each record up in the table's store; an inner join drops misses, a left join
+    calls ``fn`` with None. Table updates trigger nothing."""
+    node = wiring.node
+    assert isinstance(node, StreamTableJoinNode)
+    fn = node.fn
+    spec = wiring.specs[node.table_store]
+    key_bytes = spec.key_serde.serialize
+    table_value_of = spec.value_serde.deserialize
+    get = wiring.stores[node.table_store].get
+    left_join = node.how is JoinHow.LEFT
+    forward = wiring.forward
+
+    def stream_table_join(key: Any, value: Any, timestamp: int) -> None:
+        if skips_record(key, value):
+            return
+        stored = get(key_bytes(key))
+        if stored is None:
+            if left_join:
+                forward(key, fn(key, value, None), timestamp)
+            return
+        forward(key, fn(key, value, table_value_of(stored)), timestamp)
+
+    return stream_table_join
+
+
+# Stream–stream join stores keep every record of a (key, timestamp): the stored value is a
+# MessagePack list of the records' value bytes.
+encode_join_values = msgspec.msgpack.Encoder().encode
+decode_join_values = msgspec.msgpack.Decoder(list[bytes]).decode
+
+
+def _stream_stream_join(wiring: NodeWiring) -> Emit:
+    """Stores the record in this side's store, then pairs it with the other side's records
+    within the join window, oldest first; a record older than its store's retention is too
+    late to join and is dropped."""
+    node = wiring.node
+    assert isinstance(node, StreamStreamJoinNode)
+    fn = node.fn
+    this_store: WindowBytes = wiring.stores[node.this_store]
+    other_store: WindowBytes = wiring.stores[node.other_store]
+    this_spec = wiring.specs[node.this_store]
+    # Keys are never None here (skips_record), so their bytes are not either.
+    key_bytes = cast(Callable[[Any], bytes], this_spec.key_serde.serialize)
+    this_value_bytes = cast(Callable[[Any], bytes], this_spec.value_serde.serialize)
+    other_value_of = wiring.specs[node.other_store].value_serde.deserialize
+    side, window = node.side, node.window
+    unmatched = emits_unmatched(node.how, side)
+    forward = wiring.forward
+
+    def stream_stream_join(key: Any, value: Any, timestamp: int) -> None:
+        if skips_record(key, value):
+            return
+        stored_key = key_bytes(key)
+        existing = this_store.get(stored_key, timestamp)
+        values = decode_join_values(existing) if existing is not None else []
+        values.append(this_value_bytes(value))
+        if not this_store.put(stored_key, timestamp, encode_join_values(values)):
+            return  # older than the join window's retention: too late to join
+        matched = False
+        for other_time, packed in other_store.fetch(stored_key, *join_lookup_bounds(window, side, timestamp)):
+            for other_bytes in decode_join_values(packed):
+                left, right = join_pair(side, value, other_value_of(other_bytes))
+                forward(key, fn(key, left, right), joined_timestamp(timestamp, other_time))
+                matched = True
+        if not matched and unmatched:
+            forward(key, fn(key, *join_pair(side, value, None)), timestamp)
+
+    return stream_stream_join
+
+
+# ============================================================================ processors
+
+
+def _processor(wiring: NodeWiring) -> Emit:
+    """One instance of the node's Processor class per task; ``process`` sees the record's
+    timestamp in its context."""
+    node = wiring.node
+    assert isinstance(node, ProcessorNode)
+    instance = node.fn()
+    context = NodeProcessorContext(wiring.task(), wiring.typed_stores, node.stores)
+    context.emit = wiring.forward
+    punctuations = [
+        ScheduledPunctuation(punctuation, getattr(instance, punctuation.method), context, node.name)
+        for punctuation in node.punctuations
+    ]
+    wiring.processors.append(ProcessorInstance(node.name, instance, context, punctuations))
+    process = instance.process
+
+    def run_processor(key: Any, value: Any, timestamp: int) -> None:
+        context.timestamp = timestamp
+        process(key, value)
+
+    return run_processor
+
+
+#: The kernel of every node kind both runtimes run alike. Sinks and repartitions are the
+#: runtimes' own (they write to Kafka, or to Spark's next step).
+NODE_KERNELS: Mapping[type[NodeBase], Kernel] = {
+    SourceNode: _pass_through,
+    MergeNode: _pass_through,
+    ToStreamNode: _pass_through,
+    BranchOutputNode: _pass_through,
+    MapNode: _stateless(map_kernel),
+    MapValuesNode: _stateless(map_values_kernel),
+    FlatMapNode: _stateless(flat_map_kernel),
+    FlatMapValuesNode: _stateless(flat_map_values_kernel),
+    FilterNode: _stateless(filter_kernel),
+    PeekNode: _stateless(peek_kernel),
+    SelectKeyNode: _stateless(select_key_kernel),
+    BranchNode: _branch,
+    TableSourceNode: _table_source,
+    CountNode: _aggregation,
+    AggregateNode: _aggregation,
+    ReduceNode: _aggregation,
+    StreamTableJoinNode: _stream_table_join,
+    StreamStreamJoinNode: _stream_stream_join,
+    ProcessorNode: _processor,
+}
