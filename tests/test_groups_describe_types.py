@@ -38,28 +38,16 @@ def consumer_group_with_member_types() -> object:
     tp = assignment.TopicPartitions
 
     def one(member_id: str, member_type: int) -> object:
-        made = member(member_id=member_id, instance_id=None, rack_id=None, member_epoch=3, client_id="c", client_host="/h",
+        return member(member_id=member_id, instance_id=None, rack_id=None, member_epoch=3, client_id="c", client_host="/h",
                       subscribed_topic_names=["foo"], subscribed_topic_regex=None,
                       assignment=assignment(topic_partitions=[tp(topic_id=FOO, topic_name="foo", partitions=[0])], error=0,
                                             metadata_version=0, metadata_bytes=b""),
-                      target_assignment=assignment(topic_partitions=[], error=0, metadata_version=0, metadata_bytes=b""))
-        try:
-            made.member_type = member_type  # v1's field (KAFKA-17750), as a v1 coordinator fills it in
-        except AttributeError:  # the schema has no v1 yet: the field travels beside the member
-            return _WithMemberType(made, member_type)
-        return made
+                      target_assignment=assignment(topic_partitions=[], error=0, metadata_version=0, metadata_bytes=b""),
+                      member_type=member_type)
 
     return m.ConsumerGroupDescribeResponse(throttle_time_ms=0, groups=[described(
         error_code=0, error_message=None, group_id="g", group_state="Reconciling", group_epoch=4, assignment_epoch=4,
         assignor_name="uniform", members=[one("a", 0), one("b", 1), one("c", -1)])])
-
-
-class _WithMemberType:
-    def __init__(self, member: object, member_type: int) -> None:
-        self._member, self.member_type = member, member_type
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._member, name)
 
 
 def test_a_migrating_consumer_group_shows_each_members_protocol(capsys) -> None:
