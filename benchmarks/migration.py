@@ -7,8 +7,9 @@ task first fills its store, then a ticker sends each partition a command every 5
 app writes, per command, which task processed it and when. From that:
 
 * ``rolling``: each worker in turn is stopped (SIGTERM) and restarted with
-  ``--group-protocol consumer``; reported are the total time (first stop to the last restarted
-  worker running its tasks again), the longest processing pause of the tasks of the workers
+  ``--group-protocol consumer``, the next one once every task processes again (a rollout waits
+  for readiness); reported are the total time (first stop to the last restarted worker's tasks
+  processing again), the longest processing pause of the tasks of the workers
   that were *not* being restarted (the point of an online, cooperative migration: they never
   stop), and the longest pause of the restarted workers' own tasks;
 * ``stop_the_world``: every worker is stopped, then all are started with
@@ -73,35 +74,49 @@ class Ticker:
         self._producer.close()
 
 
-def processing_times(bootstrap: str) -> dict[str, list[int]]:
-    """Task -> the wall-clock times (ms) it processed ticks, read to the end of the progress topic."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
-    try:
-        consumer.assign([KafkaTopicPartition(PROGRESS, p) for p in sorted(consumer.partitions_for_topic(PROGRESS) or ())])
-        times: dict[str, list[int]] = {}
+class Ticks:
+    """Reads the progress topic: task -> the wall-clock times (ms) it processed ticks."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
+        self._consumer.assign([KafkaTopicPartition(PROGRESS, 0)])
+        self.times: dict[str, list[int]] = {}
+
+    def read(self, timeout_ms: int = 200) -> bool:
+        batch = self._consumer.poll(timeout_ms)
+        for records in batch.values():
+            for record in records:
+                task, _count, version, processed_at = record.value.decode().split(",")
+                if int(version) == TICK_VERSION:
+                    self.times.setdefault(task, []).append(int(processed_at))
+        return bool(batch)
+
+    def steady(self, tasks: int, within_ms: int = 500) -> bool:
+        """Every task processes ticks as they come (the fill's backlog is behind it)."""
+        self.read()
+        latest = [values[-1] for values in self.times.values()]
+        return len(latest) == tasks and min(latest) >= now_ms() - within_ms
+
+    def drain(self) -> dict[str, list[int]]:
         idle = 0
         while idle < 3:
-            batch = consumer.poll(500)
-            idle = 0 if batch else idle + 1
-            for records in batch.values():
-                for record in records:
-                    task, _count, version, processed_at = record.value.decode().split(",")
-                    if int(version) == TICK_VERSION:
-                        times.setdefault(task, []).append(int(processed_at))
-        return {task: sorted(values) for task, values in times.items()}
-    finally:
-        consumer.close()
+            idle = 0 if self.read(500) else idle + 1
+        return {task: sorted(values) for task, values in self.times.items()}
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
 def longest_pause_ms(times: list[int], since_ms: int, until_ms: int) -> int:
-    """The longest gap between consecutive processing times that overlaps [since, until]."""
+    """The longest gap between consecutive processing times that overlaps [since, until]; a task
+    that processed nothing before the window counts as paused from its start."""
+    points = sorted([since_ms, *times]) if not any(t <= since_ms for t in times) else times
     longest = 0
-    for before, after in zip(times, times[1:]):
+    for before, after in zip(points, points[1:]):
         if after >= since_ms and before <= until_ms:
             longest = max(longest, after - before)
-    after_window = [t for t in times if t >= since_ms]
-    if not after_window:  # never processed again
-        return until_ms - max([t for t in times if t < since_ms], default=since_ms)
+    if not any(t >= since_ms for t in points[1:]):  # never processed again
+        return until_ms - max(t for t in points if t <= since_ms)
     return longest
 
 
@@ -135,8 +150,9 @@ def measure(mode: str, workers_n: int, partitions: int, keys_per_task: int, work
             producer.flush()
             producer.close()
             steps = []
+            ticks = Ticks(cluster.bootstrap)
             with Ticker(cluster.bootstrap, partitions):
-                time.sleep(3)
+                wait_for(lambda: ticks.steady(partitions), 120, "every task to process ticks as they come")
                 started_ms = now_ms()
                 if mode == "rolling":
                     for slot in range(workers_n):
@@ -149,6 +165,8 @@ def measure(mode: str, workers_n: int, partitions: int, keys_per_task: int, work
                         workers.start(*CONSUMER, "--instance-id", f"w{slot}", state_of=slot)
                         wait_for(lambda s=slot: STARTED.search(workers.log(current[s])), 120,
                                  f"w{slot} to run its tasks again\n" + workers.log_tails())
+                        # The step ends when its tasks process again (a rollout waits for readiness).
+                        wait_for(lambda: ticks.steady(partitions), 120, "every task to process ticks again")
                         steps.append((step_from, now_ms(), moved))
                 else:
                     for slot in range(workers_n):
@@ -160,19 +178,27 @@ def measure(mode: str, workers_n: int, partitions: int, keys_per_task: int, work
                         workers.start(*CONSUMER, "--instance-id", f"w{slot}", state_of=slot)
                     wait_for(lambda: len(set().union(*(tasks_in(workers.log(i), STARTED) for i in current.values()))) == partitions,
                              120, "the restarted fleet to run every task\n" + workers.log_tails())
+                    wait_for(lambda: ticks.steady(partitions), 120, "every task to process ticks again")
                     steps.append((started_ms, now_ms(), {f"0_{p}" for p in range(partitions)}))
                 finished_ms = now_ms()
                 time.sleep(2)
-            times = processing_times(cluster.bootstrap)
+            times = ticks.drain()
+            ticks.close()
             still = [longest_pause_ms(times.get(task, []), a, b) for a, b, moved in steps
                      for task in times if task not in moved]
             moving = [longest_pause_ms(times.get(task, []), a, b) for a, b, moved in steps for task in moved]
+            per_step = [
+                {"took_s": round((b - a) / 1000, 2), "moved": sorted(moved),
+                 "longest_pause_of_the_others_ms": max((longest_pause_ms(times.get(task, []), a, b)
+                                                        for task in times if task not in moved), default=None)}
+                for a, b, moved in steps
+            ]
             return {
                 "mode": mode,
                 "total_s": round((finished_ms - started_ms) / 1000, 2),
                 "longest_pause_of_tasks_that_did_not_move_ms": max(still, default=None),
                 "longest_pause_of_moved_tasks_ms": max(moving, default=None),
-                "steps": len(steps),
+                "steps": per_step,
             }
         finally:
             workers.stop_all()
