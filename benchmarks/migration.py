@@ -25,7 +25,6 @@ import re
 import signal
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from kafka import TopicPartition as KafkaTopicPartition
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the worker-process harness the tests use
 
-from worker_support import Cluster, Workers, wait_for  # noqa: E402
+from worker_support import Cluster, Trickle, Workers, wait_for  # noqa: E402
 
 from pystreams.cluster import ClusterMetadata, TopicSpec  # noqa: E402
 
@@ -43,35 +42,8 @@ APP_PATH = ROOT / "tests" / "apps" / "ha_keys.py"
 INPUT, PROGRESS = "ha-keys-in", "ha-keys-progress"
 CLASSIC = ("--group-protocol", "classic", "--session-timeout-ms", "6000", "--heartbeat-interval-ms", "500")
 CONSUMER = ("--group-protocol", "consumer")
-TICK_VERSION = 2
 STARTED = re.compile(r"started tasks (.+) \(restored")
 REVOKED = re.compile(r"revoked tasks (.+) \(committed\)")
-
-
-class Ticker:
-    """One command per partition every 50 ms, so every task shows when it processes."""
-
-    def __init__(self, bootstrap: str, partitions: int) -> None:
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-        self._partitions = partitions
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.05):
-            for partition in range(self._partitions):
-                self._producer.send(INPUT, key=b"tick", value=f"{partition * 1_000_000} 1 {TICK_VERSION}".encode(),
-                                    partition=partition)
-
-    def __enter__(self) -> Ticker:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._producer.flush()
-        self._producer.close()
 
 
 class Ticks:
@@ -87,7 +59,7 @@ class Ticks:
         for records in batch.values():
             for record in records:
                 task, _count, version, processed_at = record.value.decode().split(",")
-                if int(version) == TICK_VERSION:
+                if int(version) > Trickle.FIRST_VERSION:
                     self.times.setdefault(task, []).append(int(processed_at))
         return bool(batch)
 
@@ -151,7 +123,7 @@ def measure(mode: str, workers_n: int, partitions: int, keys_per_task: int, work
             producer.close()
             steps = []
             ticks = Ticks(cluster.bootstrap)
-            with Ticker(cluster.bootstrap, partitions):
+            with Trickle(cluster.bootstrap, partitions):
                 wait_for(lambda: ticks.steady(partitions), 120, "every task to process ticks as they come")
                 started_ms = now_ms()
                 if mode == "rolling":

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import signal
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
-from worker_support import Cluster, Workers, fleet_of, wait_for
+from worker_support import Cluster, Trickle, Workers, fleet_of, wait_for
 
 from pystreams.app import load_app
 from pystreams.broker import free_port
@@ -122,39 +121,6 @@ def test_a_killed_workers_standby_takes_over_restoring_a_small_fraction_of_a_mil
 def _serdes():
     spec = APP.topology().stores["keys"]
     return spec.key_serde, spec.value_serde
-
-
-class Trickle:
-    """Keeps writing one small command per partition every 50 ms, recording nothing: the
-    progress topic tells which task processed what and when."""
-
-    FIRST_VERSION = 1_000
-
-    def __init__(self, bootstrap: str, partitions: int) -> None:
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-        self._partitions = partitions
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.sent = 0
-
-    def _run(self) -> None:
-        version = self.FIRST_VERSION
-        while not self._stop.wait(0.05):
-            version += 1
-            for partition in range(self._partitions):
-                self._producer.send(INPUT, key=b"tick", value=f"{partition * 1_000_000} 1 {version}".encode(),
-                                    partition=partition)
-                self.sent += 1
-
-    def __enter__(self) -> Trickle:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._producer.flush()
-        self._producer.close()
 
 
 def processing_gaps_ms(bootstrap: str, since_ms: int) -> dict[str, int]:

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -13,6 +14,8 @@ from pathlib import Path
 from pystreams.broker import EmbeddedBroker, free_port
 
 COMMIT_INTERVAL_MS = 200
+#: ``tests/apps/ha_keys.py``'s input topic.
+HA_KEYS_INPUT = "ha-keys-in"
 
 
 class Cluster:
@@ -125,3 +128,39 @@ def fleet_of(workers: Workers) -> Iterator[Workers]:
         yield workers
     finally:
         workers.stop_all()
+
+
+class Trickle:
+    """Keeps writing one small command per partition of ``tests/apps/ha_keys.py``'s input every
+    50 ms, recording nothing: its progress topic tells which task processed what and when (the
+    commands' versions start above ``FIRST_VERSION``)."""
+
+    FIRST_VERSION = 1_000
+
+    def __init__(self, bootstrap: str, partitions: int) -> None:
+        from kafka import KafkaProducer
+
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        self._partitions = partitions
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.sent = 0
+
+    def _run(self) -> None:
+        version = self.FIRST_VERSION
+        while not self._stop.wait(0.05):
+            version += 1
+            for partition in range(self._partitions):
+                self._producer.send(HA_KEYS_INPUT, key=b"tick", value=f"{partition * 1_000_000} 1 {version}".encode(),
+                                    partition=partition)
+                self.sent += 1
+
+    def __enter__(self) -> Trickle:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._producer.flush()
+        self._producer.close()
