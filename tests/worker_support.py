@@ -14,6 +14,8 @@ from pathlib import Path
 from pystreams.broker import EmbeddedBroker, free_port
 
 COMMIT_INTERVAL_MS = 200
+#: ``tests/apps/ha_keys.py``'s input topic.
+HA_KEYS_INPUT = "ha-keys-in"
 
 
 class Cluster:
@@ -86,12 +88,15 @@ class Workers:
         self.bootstrap, self.coordinator, self.tmp_path, self.app = bootstrap, coordinator, tmp_path, app
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *extra_args: str) -> subprocess.Popen[bytes]:
+    def start(self, *extra_args: str, state_of: int | None = None) -> subprocess.Popen[bytes]:
+        """Start a worker (logging to ``worker-<index>.log``); ``state_of`` reuses the state
+        directory of an earlier worker, as a restarted one would."""
         index = len(self.processes)
         log = (self.tmp_path / f"worker-{index}.log").open("wb")
+        state = index if state_of is None else state_of
         process = subprocess.Popen(
             [sys.executable, "-m", "pystreams", "worker", str(self.app), "--bootstrap-servers", self.bootstrap,
-             "--coordinator", self.coordinator, "--state-dir", str(self.tmp_path / f"state-{index}"),
+             "--coordinator", self.coordinator, "--state-dir", str(self.tmp_path / f"state-{state}"),
              "--commit-interval-ms", str(COMMIT_INTERVAL_MS), *extra_args],
             stdout=log, stderr=subprocess.STDOUT,
         )
@@ -154,3 +159,39 @@ class Trickle:
     def join(self) -> None:
         self._thread.join(180)
         assert self.sent == len(self._lines)
+
+
+class CommandTicker:
+    """Keeps writing one small command per partition of ``tests/apps/ha_keys.py``'s input every
+    50 ms, recording nothing: its progress topic tells which task processed what and when (the
+    commands' versions start above ``FIRST_VERSION``)."""
+
+    FIRST_VERSION = 1_000
+
+    def __init__(self, bootstrap: str, partitions: int) -> None:
+        from kafka import KafkaProducer
+
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        self._partitions = partitions
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.sent = 0
+
+    def _run(self) -> None:
+        version = self.FIRST_VERSION
+        while not self._stop.wait(0.05):
+            version += 1
+            for partition in range(self._partitions):
+                self._producer.send(HA_KEYS_INPUT, key=b"tick", value=f"{partition * 1_000_000} 1 {version}".encode(),
+                                    partition=partition)
+                self.sent += 1
+
+    def __enter__(self) -> CommandTicker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._producer.flush()
+        self._producer.close()

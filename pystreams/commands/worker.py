@@ -16,9 +16,9 @@ import sys
 
 from pystreams.commands import options
 from pystreams.guarantee import ProcessingGuarantee
-from pystreams.worker.process import DEFAULT_COMMIT_INTERVAL_MS
+from pystreams.worker.process import DEFAULT_COMMIT_INTERVAL_MS, GROUP_PROTOCOLS
 
-HELP = "run an app's stream tasks as a member of its group (KIP-848, client-side task assignment)"
+HELP = "run an app's stream tasks as a member of its group (KIP-848 or classic, client-side task assignment)"
 
 
 
@@ -34,6 +34,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="static membership: leave with -2 and get the same tasks back on restart (env PYSTREAMS_INSTANCE_ID)")
     parser.add_argument("--state-dir", default=env("PYSTREAMS_STATE_DIR") or None,
                         help="where task state lives (env PYSTREAMS_STATE_DIR; default: a temp directory)")
+    parser.add_argument("--group-protocol", type=str.lower, choices=GROUP_PROTOCOLS,
+                        default=(env("PYSTREAMS_GROUP_PROTOCOL") or "consumer").lower(),
+                        help="group.protocol: consumer (KIP-848) or classic (JoinGroup/SyncGroup, cooperative); a fleet "
+                             "migrates online by restarting workers one at a time with the other value "
+                             "(env PYSTREAMS_GROUP_PROTOCOL; default consumer)")
+    parser.add_argument("--session-timeout-ms", type=options.positive_int, default=env("PYSTREAMS_SESSION_TIMEOUT_MS", "45000"),
+                        help="session.timeout.ms of a classic member (a KIP-848 group's is the coordinator's) "
+                             "(env PYSTREAMS_SESSION_TIMEOUT_MS; default 45000)")
+    parser.add_argument("--heartbeat-interval-ms", type=options.positive_int,
+                        default=env("PYSTREAMS_HEARTBEAT_INTERVAL_MS", "3000"),
+                        help="heartbeat.interval.ms of a classic member (env PYSTREAMS_HEARTBEAT_INTERVAL_MS; default 3000)")
     parser.add_argument("--threads", type=options.positive_int, default=env("PYSTREAMS_THREADS", "1"),
                         help="stream threads, one group member each (env PYSTREAMS_THREADS; default 1)")
     parser.add_argument("--commit-interval-ms", type=options.positive_int,
@@ -130,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
             threads=int(args.threads),
             commit_interval_ms=None if args.commit_interval_ms is None else int(args.commit_interval_ms),
             processing_guarantee=None if args.processing_guarantee is None else _guarantee(str(args.processing_guarantee)),
+            group_protocol=args.group_protocol,
+            session_timeout_ms=int(args.session_timeout_ms),
+            heartbeat_interval_ms=int(args.heartbeat_interval_ms),
             user_endpoint=args.user_endpoint,
             ha=HaConfig(
                 num_standby_replicas=int(args.num_standby_replicas),

@@ -1,6 +1,14 @@
 """The stream-worker process: group membership (KIP-848, client-side task assignment) around
 the synchronous :class:`~pystreams.worker.engine.TaskEngine`.
 
+**Group protocol** (Kafka's ``group.protocol``): ``consumer`` (the default) makes each stream
+thread a KIP-848 member; ``classic`` makes it a classic member (JoinGroup/SyncGroup) whose
+subscription userData carries the same Streams metadata, whose elected leader runs the same
+task assignor, and which rebalances cooperatively (only moving tasks are revoked). Both members
+hand the stream thread the same events, so nothing below depends on the protocol; a fleet can
+run classic, roll to consumer one worker at a time (the coordinator converts the group) and
+roll back.
+
 Design — **one asyncio loop, one engine thread per stream thread.**
 
 * The process's main thread runs one asyncio loop. It drives one :class:`MemberDriver` per
@@ -64,6 +72,8 @@ from pystreams.assignors.streams import AssignmentError, MemberReason, StickyTas
 from pystreams.assignors.streams.placement import HaConfig
 from pystreams.partitions import TopicIdPartition
 from pystreams.protocol.security import ClientSecurity
+from pystreams.assignors.api import TopicMetadata
+from pystreams.client.classic import ClassicMemberConfig
 from pystreams.client.driver import MemberDriver
 from pystreams.client.member import (
     LeftGroup,
@@ -121,6 +131,11 @@ LEAVE_TIMEOUT_S = 30.0
 _REBALANCE_WATCH_S = 0.1
 #: Member states in which the member is in the group with an assignment it acts on.
 _IN_GROUP = frozenset({MemberState.STABLE, MemberState.RECONCILING, MemberState.ACKNOWLEDGING})
+#: Kafka's ``group.protocol`` values.
+GROUP_PROTOCOLS = ("consumer", "classic")
+#: How often a classic member's topic metadata is refreshed (a regex subscription and the
+#: leader's partition watch read it); KIP-848 members leave this to the coordinator.
+_CLASSIC_METADATA_MAX_AGE_MS = 30_000
 
 T = TypeVar("T")
 
@@ -147,6 +162,12 @@ class WorkerSettings:
     processing_guarantee: ProcessingGuarantee | None = None
     user_endpoint: str = ""
     rebalance_timeout_ms: int = 60_000
+    #: ``group.protocol``: "consumer" (KIP-848) or "classic" (JoinGroup/SyncGroup).
+    group_protocol: str = "consumer"
+    #: Classic members only (a KIP-848 group's are the coordinator's): ``session.timeout.ms``
+    #: and ``heartbeat.interval.ms``, Kafka's consumer defaults.
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 3_000
     #: Standby replicas, warm-ups and placement (Kafka Streams' config names, dots as _).
     ha: HaConfig = HaConfig()
     #: e.g. {"zone": "eu-1a"}: matched against ``ha.rack_aware_assignment_tags``.
@@ -175,6 +196,10 @@ class WorkerSettings:
             raise ValueError("commit interval must be positive")
         if self.instance_id == "":
             raise ValueError("instance id, when given, must be non-empty")
+        if self.group_protocol not in GROUP_PROTOCOLS:
+            raise ValueError(f"group protocol must be one of {', '.join(GROUP_PROTOCOLS)}, not {self.group_protocol!r}")
+        if not 0 < self.heartbeat_interval_ms < self.session_timeout_ms:
+            raise ValueError("the heartbeat interval must be positive and below the session timeout")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
             raise ValueError(f"http port out of range 0-65535: {self.http_port}")
         endpoint_port = self.user_endpoint.rpartition(":")[2]
@@ -195,12 +220,14 @@ def subscription_for(resolved: ResolvedTopology) -> tuple[list[str] | None, str 
 
 
 class TopicNames:
-    """Topic id → name, from the cluster (the coordinator derives ids the same way)."""
+    """Topic ids, names and partition counts, from the cluster (the coordinator derives ids the
+    same way). A classic member's topic resolver too (``pystreams.client.topics``)."""
 
     def __init__(self, bootstrap_servers: str, client_config: Mapping[str, Any] | None = None) -> None:
         self._bootstrap_servers = bootstrap_servers
         self._client_config = dict(client_config or {})
         self._names: dict[uuid.UUID, str] = {}
+        self._topics: dict[str, TopicMetadata] = {}
         self._lock = threading.Lock()
 
     def refresh(self) -> None:
@@ -208,10 +235,22 @@ class TopicNames:
             topics = cluster.fetch_topics()
         with self._lock:
             self._names.update({meta.topic_id: name for name, meta in topics.items()})
+            self._topics = {
+                name: TopicMetadata(topic_id=meta.topic_id, name=name, num_partitions=meta.num_partitions)
+                for name, meta in topics.items()
+            }
 
     def name_of(self, topic_id: uuid.UUID) -> str | None:
         with self._lock:
             return self._names.get(topic_id)
+
+    def topic(self, name: str) -> TopicMetadata | None:
+        with self._lock:
+            return self._topics.get(name)
+
+    def topic_names(self) -> list[str]:
+        with self._lock:
+            return list(self._topics)
 
 
 class StreamThread:
@@ -291,14 +330,10 @@ class StreamThread:
         #: Tasks being restored right now (queries answer "not available yet" for them).
         self.restoring: frozenset[TaskId] = frozenset()
         self.driver = MemberDriver(
-            MemberConfig(
-                group_id=app_id,
-                client_id=f"{app_id}-{self.name}",
-                instance_id=instance_id,
-                rebalance_timeout_ms=settings.rebalance_timeout_ms,
-                client_assignors=[self.assignor],
-            ),
+            self._member_config(app_id, instance_id),
             settings.coordinator,
+            topics=topic_names,
+            metadata_max_age_ms=_CLASSIC_METADATA_MAX_AGE_MS,
             on_event=self._on_event,
             security=settings.coordinator_security,
         )
@@ -327,6 +362,27 @@ class StreamThread:
         self._engine_started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._engine_loop, name=self.name, daemon=True)
         self.records_processed = 0
+
+    def _member_config(self, app_id: str, instance_id: str | None) -> MemberConfig | ClassicMemberConfig:
+        settings = self._settings
+        client_id = f"{app_id}-{self.name}"
+        if settings.group_protocol == "classic":
+            return ClassicMemberConfig(
+                group_id=app_id,
+                client_id=client_id,
+                instance_id=instance_id,
+                session_timeout_ms=settings.session_timeout_ms,
+                heartbeat_interval_ms=settings.heartbeat_interval_ms,
+                rebalance_timeout_ms=settings.rebalance_timeout_ms,
+                assignors=[self.assignor],
+            )
+        return MemberConfig(
+            group_id=app_id,
+            client_id=client_id,
+            instance_id=instance_id,
+            rebalance_timeout_ms=settings.rebalance_timeout_ms,
+            client_assignors=[self.assignor],
+        )
 
     # -- lifecycle (asyncio side) -------------------------------------------------------------
 
@@ -720,10 +776,11 @@ class StreamThread:
                 return
             if _MEMBERSHIP_ERRORS & set(result.failed.values()):
                 raise MembershipLost(f"the coordinator refused the member's offsets: {result.failed}")
-            if not result.stale_member_epoch:
+            if not result.retry_after_heartbeat:
                 raise CommitFailed(f"commit refused: {result.failed}")
-            await self.driver.next_heartbeat()  # brings the current epoch; then commit again
-        raise CommitFailed("commit kept failing with STALE_MEMBER_EPOCH")
+            # Brings the current epoch (or, in a classic group, the end of its rebalance).
+            await self.driver.next_heartbeat()
+        raise CommitFailed("commit kept failing with STALE_MEMBER_EPOCH or REBALANCE_IN_PROGRESS")
 
     def _read_committed_blocking(self, partitions: Sequence[TopicPartition]) -> Mapping[TopicPartition, int]:
         return asyncio.run_coroutine_threadsafe(self._read_committed(partitions), self._loop).result(_OFFSETS_CALL_TIMEOUT_S)
@@ -969,8 +1026,8 @@ async def _run_threads(
             started.append(thread)
         announce(
             f"worker: app {topology.app_id!r}, {len(resolved.tasks)} tasks, {settings.threads} stream thread(s), "
-            f"process {process_id}, group {topology.app_id!r} at {settings.coordinator}, {guarantee.value} "
-            f"(commit every {settings.commit_interval_ms} ms)"
+            f"process {process_id}, group {topology.app_id!r} at {settings.coordinator} "
+            f"(group protocol {settings.group_protocol}), {guarantee.value} (commit every {settings.commit_interval_ms} ms)"
         )
         await stop.wait()
     finally:
