@@ -24,9 +24,13 @@ from pystreams.app import App
 from pystreams.cluster import ClusterMetadata, TopicSpec
 from pystreams.guarantee import ProcessingGuarantee
 from pystreams.state import TopicPartition
+from pystreams.topology.ir import TaskId
 from pystreams.worker import EngineConfig, TaskEngine, resolve_against_cluster
 from pystreams.worker.commits import TaskMigratedError
 from pystreams.worker.committed_consumer import CommittedConsumer
+from pystreams.worker.position_reader import PositionReader
+from pystreams.worker.positions import PositionKind, Resume, encode_position, positions_partition
+from pystreams.worker.transactional_producer import fence_transactional_id
 
 pytestmark = pytest.mark.integration
 
@@ -185,3 +189,65 @@ def test_positions_commit_with_the_outputs_and_a_restart_resumes_from_them(any_k
         assert all(isinstance(tp, TopicPartition) for tp in source_positions)
     finally:
         again.close()
+
+
+# -- the takeover reads positions past other tasks' open transactions -----------------------------
+
+
+def _transactional_producer(bootstrap: str, transactional_id: str) -> KafkaProducer:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=transactional_id, enable_idempotence=True)
+    producer.init_transactions()
+    return producer
+
+
+def _write_positions(producer: KafkaProducer, topic: str, records: list[tuple[TaskId, PositionKind, str, dict[TopicPartition, int]]], *, commit: bool = True) -> None:
+    producer.begin_transaction()
+    for task_id, kind, writer, offsets in records:
+        key, value = encode_position(task_id, kind, writer, offsets)
+        producer.send(topic, key=key, value=value, partition=positions_partition(task_id))
+    producer.flush()
+    if commit:
+        producer.commit_transaction()
+
+
+@pytest.mark.parametrize("previous_owner_ended", ["released", "crashed"])
+def test_a_takeover_sees_positions_committed_behind_another_tasks_open_transaction(
+    any_kafka: KafkaUnderTest, unique_topic: Any, previous_owner_ended: str,
+) -> None:
+    """Tasks 0_0 and 1_0 share positions partition 0. The owner of 0_0 died with a transaction
+    open that holds a position record of 0_0; 1_0's owner committed positions after it. Whoever
+    takes 1_0 over must resume from 1_0's latest committed positions: resuming from older ones
+    would process again input whose effects its restored store already holds (over-counting)."""
+    bootstrap = any_kafka.bootstrap_servers
+    topic = unique_topic("positions")
+    with ClusterMetadata(bootstrap) as cluster:
+        cluster.ensure_topics([TopicSpec(topic, 1)])
+    run = uuid.uuid4().hex[:8]
+    stateless, counting = TaskId(0, 0), TaskId(1, 0)
+    lines, words = TopicPartition("lines", 0), TopicPartition("words", 0)
+    owner_id, dead_id = f"owner-{run}", f"dead-{run}"
+    owner, dead = _transactional_producer(bootstrap, owner_id), _transactional_producer(bootstrap, dead_id)
+    _write_positions(owner, topic, [(counting, PositionKind.COMMIT, owner_id, {words: 5})])
+    _write_positions(dead, topic, [(stateless, PositionKind.COMMIT, dead_id, {lines: 3})], commit=False)
+    _write_positions(owner, topic, [(counting, PositionKind.COMMIT, owner_id, {words: 9})])
+    if previous_owner_ended == "released":
+        _write_positions(owner, topic, [(counting, PositionKind.RELEASE, owner_id, {words: 12})])
+    resume_at = 12 if previous_owner_ended == "released" else 9
+    owner.close()
+    fenced: list[str] = []
+
+    def fence(writer: str) -> None:
+        fenced.append(writer)
+        fence_transactional_id(writer, lambda t: KafkaProducer(bootstrap_servers=bootstrap, transactional_id=t, enable_idempotence=True))
+
+    reader = PositionReader(
+        KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"),
+        topic, fence=fence, timeout_s=WAIT_S,
+    )
+    try:
+        plans = reader.takeover([counting], me=f"new-{run}")
+    finally:
+        reader.close()
+        dead.close(timeout=2)
+    assert plans == {counting: Resume({words: resume_at})}
+    assert fenced == ([] if previous_owner_ended == "released" else [owner_id])

@@ -251,8 +251,20 @@ def test_position_records_round_trip() -> None:
 
 def test_the_table_keeps_the_latest_record_and_skips_unreadable_ones() -> None:
     table = PositionTable()
-    table.apply([encode_position(T, PositionKind.COMMIT, "a", {IN: 1}), (b"1_3", b"{not json"), encode_position(T, PositionKind.COMMIT, "a", {IN: 5})])
+    table.apply([(0, *encode_position(T, PositionKind.COMMIT, "a", {IN: 1})), (1, b"1_3", b"{not json"), (2, *encode_position(T, PositionKind.COMMIT, "a", {IN: 5}))])
     assert table.latest[T].input_offsets() == {IN: 5} and table.unreadable == 1
+
+
+def test_the_table_keeps_the_record_at_the_highest_offset_whatever_order_transactions_end_in() -> None:
+    # The reader releases each transaction when it ends: one that ended later may hold older records.
+    table = PositionTable()
+    table.apply([(7, *encode_position(T, PositionKind.RELEASE, "b", {IN: 12}))])
+    table.apply([(3, *encode_position(T, PositionKind.COMMIT, "a", {IN: 9}))])
+    assert table.latest[T].writer == "b" and table.latest[T].input_offsets() == {IN: 12}
+    table.apply([(5, str(T).encode(), None)])  # an older tombstone changes nothing either
+    assert table.latest[T].writer == "b"
+    table.apply([(9, str(T).encode(), None)])
+    assert T not in table.latest
     assert pending_writers([encode_position(T, PositionKind.COMMIT, "b", {IN: 9})]) == {T: {"b"}}
 
 

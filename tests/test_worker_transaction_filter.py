@@ -76,6 +76,35 @@ def test_a_marker_for_a_transaction_that_started_before_the_reader_changes_nothi
     assert f.aborted_records == 0
 
 
+def test_out_of_offset_order_a_transaction_is_released_when_it_ends_not_behind_others() -> None:
+    # The positions reader's mode: a writer that died with a transaction open must not hide
+    # what others committed after it.
+    f = TransactionFilter(in_offset_order=False)
+    f.add_batch(7, ["dead-1"])
+    f.add_batch(8, ["a-1"])
+    f.add_batch(NO_TRANSACTION, ["plain"])
+    assert f.take_released() == ["plain"]
+    f.add_marker(8, committed=True)
+    assert f.take_released() == ["a-1"] and f.held == 1
+    f.add_batch(9, ["b-1"])
+    f.add_marker(9, committed=False)
+    assert f.take_released() == [] and f.aborted_records == 1
+    assert [(pid, list(records)) for pid, records in f.pending()] == [(7, ["dead-1"])]
+    f.add_marker(7, committed=True)
+    assert f.take_released() == ["dead-1"] and f.held == 0 and f.pending() == []
+
+
+def test_in_offset_order_the_same_records_wait_for_the_open_transaction_ahead() -> None:
+    f = TransactionFilter()
+    f.add_batch(7, ["dead-1"])
+    f.add_batch(8, ["a-1"])
+    f.add_batch(NO_TRANSACTION, ["plain"])
+    f.add_marker(8, committed=True)
+    assert f.take_released() == [] and f.held == 3
+    f.add_marker(7, committed=True)
+    assert f.take_released() == ["dead-1", "a-1", "plain"]
+
+
 def test_pending_lists_the_open_transactions_with_their_records() -> None:
     f = TransactionFilter()
     f.add_batch(7, ["x"])

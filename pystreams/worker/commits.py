@@ -185,7 +185,7 @@ class ExactlyOnceCommits:
         from .position_reader import PositionReader
 
         self._reader = PositionReader(
-            CommittedConsumer(self._make_positions_consumer()), self.positions_topic, fence=self._fence,
+            self._make_positions_consumer(), self.positions_topic, fence=self._fence,
         )
         return self._transactional.producer
 

@@ -50,6 +50,7 @@ class _FilteringPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc
     """One fetched partition's batches, through its filter (set by the consumer's factory)."""
 
     filters: dict[KafkaTopicPartition, TransactionFilter]
+    in_offset_order: bool = True
 
     def _maybe_skip_record(self, record: Any) -> bool:
         # Records before the fetch offset are skipped while parsing (below); what the filter
@@ -59,7 +60,7 @@ class _FilteringPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc
     def _unpack_records(self, tp: KafkaTopicPartition, records: Any, key_deserializer: Any, value_deserializer: Any) -> Iterator[Any]:
         transaction_filter = self.filters.get(tp)
         if transaction_filter is None:
-            transaction_filter = self.filters[tp] = TransactionFilter()
+            transaction_filter = self.filters[tp] = TransactionFilter(in_offset_order=self.in_offset_order)
         fetch_offset = self.fetch_offset
         check_crcs = self.check_crcs
         deserialize = self._deserialize
@@ -110,9 +111,12 @@ class _FilteringPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc
 class CommittedConsumer:
     """A manual-assignment KafkaConsumer that returns only committed records (see the module
     docstring). ``isolation_level`` is the broker-side setting; the filter applies either way
-    (``read_uncommitted`` plus the filter also shows :meth:`pending` transactions)."""
+    (``read_uncommitted`` plus the filter also shows :meth:`pending` transactions).
+    ``in_offset_order=False``: each transaction's records come out when it ends, not behind
+    other writers' open transactions (for a reader that keeps the latest record per key and
+    orders by offset itself; see :mod:`pystreams.worker.transaction_filter`)."""
 
-    def __init__(self, consumer: KafkaConsumer) -> None:
+    def __init__(self, consumer: KafkaConsumer, *, in_offset_order: bool = True) -> None:
         check_fetcher_supported()
         self._consumer = consumer
         self._filters: dict[KafkaTopicPartition, TransactionFilter] = {}
@@ -122,6 +126,7 @@ class CommittedConsumer:
             pass
 
         Records.filters = filters
+        Records.in_offset_order = in_offset_order
         consumer._fetcher.PartitionRecords = Records  # see check_fetcher_supported
 
     # -- what the engine uses of a KafkaConsumer ------------------------------------------------

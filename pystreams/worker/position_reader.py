@@ -2,9 +2,14 @@
 their previous owners (the rule is :func:`pystreams.worker.positions.plan_takeover`).
 
 The reader's consumer is ``read_uncommitted`` with the transaction filter: it releases committed
-records like a ``read_committed`` consumer would, and also shows the *open* transactions (the
-filter holds their records), whose writers a takeover must know about. Partitions stay assigned
-and are read on from where the last takeover stopped.
+records, and also shows the *open* transactions (the filter holds their records), whose writers
+a takeover must know about. Unlike a ``read_committed`` consumer it does not stop at the first
+open transaction: tasks of every sub-topology share a positions partition, and the transaction
+of another task's owner (open for a moment, or for good if that owner died) must not hide what
+this task's owner committed after it. So each transaction is released when it ends and the
+table keeps the record at the highest offset per task; open transactions with records of the
+task itself are the takeover rule's business (fence, or wait). Partitions stay assigned and
+are read on from where the last takeover stopped.
 
 "The end" of a partition is re-established after every fence: a fresh ListOffsets, then reading
 until the consumer's position reaches it. A fetch returns whole batches, so reaching the
@@ -17,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from kafka import KafkaConsumer
 from kafka import TopicPartition as KafkaTopicPartition
 
 from pystreams.topology.ir import TaskId
@@ -34,13 +40,15 @@ class TakeoverTimeout(TimeoutError):
 class PositionReader:
     def __init__(
         self,
-        consumer: CommittedConsumer,
+        consumer: KafkaConsumer,
         topic: str,
         *,
         fence: Callable[[str], None],
         timeout_s: float = 60.0,
     ) -> None:
-        self._consumer = consumer
+        """``consumer``: a manual-assignment ``read_uncommitted`` KafkaConsumer (the reader puts
+        its own transaction filter in front of it)."""
+        self._consumer = CommittedConsumer(consumer, in_offset_order=False)
         self.topic = topic
         self._fence = fence
         self._timeout_s = timeout_s
@@ -100,7 +108,7 @@ class PositionReader:
             if time.monotonic() > deadline:
                 raise TakeoverTimeout(f"could not read {self.topic} to its end ({', '.join(f'{tp.partition}@{ends[tp]}' for tp in behind)})")
             for tp, records in self._consumer.poll(timeout_ms=200).items():
-                self._tables[tp.partition].apply((r.key, r.value) for r in records)
+                self._tables[tp.partition].apply((r.offset, r.key, r.value) for r in records)
 
     def close(self) -> None:
         self._consumer.close()

@@ -118,26 +118,37 @@ def decode_position(key: bytes | None, value: bytes | None) -> tuple[TaskId, Pos
 
 @dataclass
 class PositionTable:
-    """The latest committed position record of each task seen in one positions partition, fed
-    committed records in offset order (what the transaction filter releases)."""
+    """The latest committed position record of each task seen in one positions partition: the
+    one at the highest offset. Committed records are fed (offset, key, value) as each
+    transaction ends, in any order: a transaction that ended later may hold older records, and
+    a writer's open transaction must not hide what others committed after it (the reader's
+    filter does not wait for it)."""
 
     latest: dict[TaskId, PositionRecord] = field(default_factory=dict)
     unreadable: int = 0
+    #: Offset of each task's latest record (tombstones included).
+    _offsets: dict[TaskId, int] = field(default_factory=dict)
 
-    def apply(self, records: Iterable[tuple[bytes | None, bytes | None]]) -> None:
-        for key, value in records:
+    def apply(self, records: Iterable[tuple[int, bytes | None, bytes | None]]) -> None:
+        for offset, key, value in records:
             try:
                 decoded = decode_position(key, value)
             except UnreadablePositionError as error:
                 self.unreadable += 1
                 log.warning("positions topic: skipping a record: %s", error)
                 continue
-            if decoded is None:
-                if key is not None:
-                    self.latest.pop(TaskId.parse(key.decode()), None)
-                continue
-            task_id, record = decoded
-            self.latest[task_id] = record
+            if decoded is None:  # a tombstone (its key is a task id: decode_position checked)
+                assert key is not None
+                task_id, record = TaskId.parse(key.decode()), None
+            else:
+                task_id, record = decoded
+            if offset <= self._offsets.get(task_id, -1):
+                continue  # older than the record kept
+            self._offsets[task_id] = offset
+            if record is None:
+                self.latest.pop(task_id, None)
+            else:
+                self.latest[task_id] = record
 
 
 def pending_writers(pending: Iterable[tuple[bytes | None, bytes | None]]) -> dict[TaskId, set[str]]:

@@ -14,6 +14,13 @@ On Apache Kafka, with ``read_committed``, the filter is redundant but correct: r
 last stable offset never arrive, and a committed transaction's records wait at most until its
 marker is fetched.
 
+A reader that keeps only the latest record per key (the input positions) must not wait for
+transactions that are not its key's business: one writer that died with a transaction open
+would hide every later committed record of the partition, and the reader would take an old
+record for the latest. ``TransactionFilter(in_offset_order=False)`` releases each transaction's
+records as soon as its own marker arrives, and records outside transactions at once; the
+reader orders them by offset itself (and must, since an older transaction may commit later).
+
     filter = TransactionFilter()
     filter.add_batch(producer_id, records)      # -1: not transactional
     filter.add_marker(producer_id, committed=True)
@@ -31,6 +38,8 @@ from typing import Any
 NO_TRANSACTION = -1
 
 _OPEN, _COMMITTED, _ABORTED = 0, 1, 2
+#: Released or dropped already (out of offset order); only its place in the queue is left.
+_SETTLED = 3
 
 
 class _Segment:
@@ -45,9 +54,11 @@ class _Segment:
 
 
 class TransactionFilter:
-    """The filter of one partition, fed in offset order from where its reader started."""
+    """The filter of one partition, fed in offset order from where its reader started.
+    ``in_offset_order=False``: release each transaction when it ends (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, in_offset_order: bool = True) -> None:
+        self._in_offset_order = in_offset_order
         self._queue: deque[_Segment] = deque()
         self._open: dict[int, list[_Segment]] = {}
         self._released: list[Any] = []
@@ -62,7 +73,7 @@ class TransactionFilter:
         if not records:
             return
         if producer_id == NO_TRANSACTION:
-            if self._queue:
+            if self._queue and self._in_offset_order:
                 self._queue.append(_Segment(producer_id, records, _COMMITTED))
                 self._held += len(records)
             else:
@@ -87,22 +98,32 @@ class TransactionFilter:
         state = _COMMITTED if committed else _ABORTED
         for segment in segments:
             segment.state = state
+            if not self._in_offset_order:
+                self._settle(segment)
         self._release_resolved()
 
     def _release_resolved(self) -> None:
-        queue, released = self._queue, self._released
+        queue = self._queue
         while queue and queue[0].state != _OPEN:
             segment = queue.popleft()
-            self._held -= len(segment.records)
-            if segment.state == _COMMITTED:
-                released.extend(segment.records)
-            else:
-                self.aborted_records += len(segment.records)
+            if segment.state != _SETTLED:
+                self._settle(segment)
+
+    def _settle(self, segment: _Segment) -> None:
+        """Release (committed) or drop (aborted) a resolved segment's records."""
+        self._held -= len(segment.records)
+        if segment.state == _COMMITTED:
+            self._released.extend(segment.records)
+        else:
+            self.aborted_records += len(segment.records)
+        segment.records = []
+        segment.state = _SETTLED
 
     # -- output -------------------------------------------------------------------------------
 
     def take_released(self) -> list[Any]:
-        """Records released since the last call, in offset order."""
+        """Records released since the last call: in offset order, unless the filter releases
+        each transaction when it ends (then in the order the transactions ended)."""
         released, self._released = self._released, []
         return released
 
