@@ -251,3 +251,43 @@ def test_a_takeover_sees_positions_committed_behind_another_tasks_open_transacti
         dead.close(timeout=2)
     assert plans == {counting: Resume({words: resume_at})}
     assert fenced == ([] if previous_owner_ended == "released" else [owner_id])
+
+
+def test_a_writer_fenced_once_is_fenced_again_when_its_transactional_id_comes_back(any_kafka: KafkaUnderTest, unique_topic: Any) -> None:
+    """A worker restarted on its state directory keeps its transactional id. Fenced once by a
+    takeover, it comes back, owns the task again and dies with a transaction open: the next
+    takeover by the same thread must fence it again (the first fence cannot have aborted a
+    transaction begun after it), not wait for the open transaction until it gives up."""
+    bootstrap = any_kafka.bootstrap_servers
+    topic = unique_topic("positions")
+    with ClusterMetadata(bootstrap) as cluster:
+        cluster.ensure_topics([TopicSpec(topic, 1)])
+    run = uuid.uuid4().hex[:8]
+    task, words = TaskId(1, 0), TopicPartition("words", 0)
+    writer, me = f"restarting-{run}", f"taker-{run}"
+    first = _transactional_producer(bootstrap, writer)
+    _write_positions(first, topic, [(task, PositionKind.COMMIT, writer, {words: 5})])
+    fenced: list[str] = []
+
+    def fence(transactional_id: str) -> None:
+        fenced.append(transactional_id)
+        fence_transactional_id(transactional_id, lambda t: KafkaProducer(bootstrap_servers=bootstrap, transactional_id=t, enable_idempotence=True))
+
+    reader = PositionReader(
+        KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"),
+        topic, fence=fence, timeout_s=15.0,
+    )
+    second = None
+    try:
+        assert reader.takeover([task], me=me) == {task: Resume({words: 5})}
+        assert fenced == [writer]
+        second = _transactional_producer(bootstrap, writer)  # the same id, restarted
+        _write_positions(second, topic, [(task, PositionKind.COMMIT, writer, {words: 9})])
+        _write_positions(second, topic, [(task, PositionKind.COMMIT, writer, {words: 11})], commit=False)
+        assert reader.takeover([task], me=me) == {task: Resume({words: 9})}
+        assert fenced == [writer, writer]
+    finally:
+        reader.close()
+        first.close(timeout=2)
+        if second is not None:
+            second.close(timeout=2)

@@ -24,6 +24,7 @@ from pystreams.worker.positions import (
     encode_position,
     pending_writers,
     plan_takeover,
+    still_fenced,
 )
 from pystreams.worker.transaction import (
     CommitOutcome,
@@ -265,7 +266,18 @@ def test_the_table_keeps_the_record_at_the_highest_offset_whatever_order_transac
     assert table.latest[T].writer == "b"
     table.apply([(9, str(T).encode(), None)])
     assert T not in table.latest
-    assert pending_writers([encode_position(T, PositionKind.COMMIT, "b", {IN: 9})]) == {T: {"b"}}
+    assert pending_writers([(4, *encode_position(T, PositionKind.COMMIT, "b", {IN: 9})),
+                            (2, *encode_position(T, PositionKind.CLAIM, "b", {IN: 8}))]) == {T: {"b": 4}}
+
+
+def test_a_fence_covers_the_writers_records_before_it_and_not_a_later_incarnations() -> None:
+    # "old" fenced when the partition ended at 10; "again" fenced at 10 but wrote at 12 since:
+    # the same transactional id restarted (on its state directory) and must be fenced again.
+    assert still_fenced({"old": 10, "again": 10}, {"old": 9, "again": 12}) == {"old"}
+    assert still_fenced({"old": 10}, {}) == {"old"}
+    latest = record(PositionKind.COMMIT, "again")
+    fenced = still_fenced({"again": 10}, {"again": 12})
+    assert plan_takeover(latest, set(), me="new", fenced=fenced, reviving=False) == Fence(frozenset({"again"}))
 
 
 def test_a_released_task_is_resumed_without_fencing_anyone() -> None:

@@ -28,7 +28,7 @@ from kafka import TopicPartition as KafkaTopicPartition
 from pystreams.topology.ir import TaskId
 
 from .committed_consumer import CommittedConsumer
-from .positions import Fence, Lost, PositionTable, Resume, Takeover, Wait, pending_writers, plan_takeover, positions_partition
+from .positions import Fence, Lost, PositionTable, Resume, Takeover, Wait, pending_writers, plan_takeover, positions_partition, still_fenced
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,14 @@ class PositionReader:
         self._fence = fence
         self._timeout_s = timeout_s
         self._tables: dict[int, PositionTable] = {}
-        #: Writers this thread fenced (never fenced twice, and a revival may resume after them).
-        self.fenced: set[str] = set()
+        #: Writers this thread fenced -> per positions partition, its end offset just after the
+        #: fence: records of the writer below it are covered; later ones are a new incarnation.
+        self._fenced_at: dict[str, dict[int, int]] = {}
+
+    @property
+    def fenced(self) -> set[str]:
+        """Writers this thread fenced (a revival may resume after them)."""
+        return set(self._fenced_at)
 
     def takeover(self, task_ids: Sequence[TaskId], *, me: str, reviving: bool = False) -> dict[TaskId, Resume | Lost]:
         """For each task: where it resumes (Resume) or that another owner has it (Lost, only
@@ -65,14 +71,19 @@ class PositionReader:
         while True:
             self._read_to_end(partitions, deadline)
             pending = {p: pending_writers(
-                (r.key, r.value) for _, records in self._consumer.pending(KafkaTopicPartition(self.topic, p)) for r in records
+                (r.offset, r.key, r.value) for _, records in self._consumer.pending(KafkaTopicPartition(self.topic, p)) for r in records
             ) for p in partitions}
             plans: dict[TaskId, Takeover] = {}
             for task_id in task_ids:
                 partition = positions_partition(task_id)
+                table = self._tables[partition]
+                latest, writers = table.latest.get(task_id), pending[partition].get(task_id, {})
+                newest = dict(writers)
+                if latest is not None:
+                    newest[latest.writer] = max(newest.get(latest.writer, -1), table.offset_of(task_id))
+                fenced_here = {w: at[partition] for w, at in self._fenced_at.items() if partition in at}
                 plans[task_id] = plan_takeover(
-                    self._tables[partition].latest.get(task_id), pending[partition].get(task_id, set()),
-                    me=me, fenced=self.fenced, reviving=reviving,
+                    latest, set(writers), me=me, fenced=still_fenced(fenced_here, newest), reviving=reviving,
                 )
             to_fence = sorted({w for plan in plans.values() if isinstance(plan, Fence) for w in plan.writers})
             waiting = [t for t, plan in plans.items() if isinstance(plan, Wait)]
@@ -80,7 +91,10 @@ class PositionReader:
                 for writer in to_fence:
                     log.warning("fencing %s: it owned a task now ours and did not release it (crashed, or a zombie)", writer)
                     self._fence(writer)
-                    self.fenced.add(writer)
+                tps = [KafkaTopicPartition(self.topic, p) for p in partitions]
+                ends = self._consumer.end_offsets(tps)
+                for writer in to_fence:
+                    self._fenced_at.setdefault(writer, {}).update({tp.partition: ends[tp] for tp in tps})
                 continue
             if waiting:
                 if time.monotonic() > deadline:

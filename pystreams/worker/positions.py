@@ -129,6 +129,10 @@ class PositionTable:
     #: Offset of each task's latest record (tombstones included).
     _offsets: dict[TaskId, int] = field(default_factory=dict)
 
+    def offset_of(self, task_id: TaskId) -> int:
+        """The offset of the task's latest record (-1: none)."""
+        return self._offsets.get(task_id, -1)
+
     def apply(self, records: Iterable[tuple[int, bytes | None, bytes | None]]) -> None:
         for offset, key, value in records:
             try:
@@ -142,7 +146,7 @@ class PositionTable:
                 task_id, record = TaskId.parse(key.decode()), None
             else:
                 task_id, record = decoded
-            if offset <= self._offsets.get(task_id, -1):
+            if offset <= self.offset_of(task_id):
                 continue  # older than the record kept
             self._offsets[task_id] = offset
             if record is None:
@@ -151,18 +155,29 @@ class PositionTable:
                 self.latest[task_id] = record
 
 
-def pending_writers(pending: Iterable[tuple[bytes | None, bytes | None]]) -> dict[TaskId, set[str]]:
-    """The writers of position records still in an open transaction, per task."""
-    writers: dict[TaskId, set[str]] = {}
-    for key, value in pending:
+def pending_writers(pending: Iterable[tuple[int, bytes | None, bytes | None]]) -> dict[TaskId, dict[str, int]]:
+    """The writers of position records still in an open transaction, per task, each with the
+    offset of its newest such record."""
+    writers: dict[TaskId, dict[str, int]] = {}
+    for offset, key, value in pending:
         try:
             decoded = decode_position(key, value)
         except UnreadablePositionError:
             continue
         if decoded is not None:
             task_id, record = decoded
-            writers.setdefault(task_id, set()).add(record.writer)
+            newest = writers.setdefault(task_id, {})
+            newest[record.writer] = max(offset, newest.get(record.writer, -1))
     return writers
+
+
+def still_fenced(fenced_at: Mapping[str, int], newest: Mapping[str, int]) -> set[str]:
+    """The writers a fence still covers, given the end offset of the positions partition just
+    after each was fenced (``fenced_at``) and the offset of each writer's newest record that
+    matters here (``newest``). A fenced producer cannot append, so a record at or past its fence
+    comes from a later incarnation of the same transactional id (a restart on the same state
+    directory), which must be fenced again if it left the task unreleased."""
+    return {writer for writer, end in fenced_at.items() if newest.get(writer, -1) < end}
 
 
 @dataclass(frozen=True, slots=True)
