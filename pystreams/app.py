@@ -143,6 +143,7 @@ class _Handle:
 
     def to(self, topic: str, *, key: Serde | None = None, value: Serde | None = None, name: str | None = None) -> None:
         """Write every record (for a table: every update) to ``topic``."""
+        assert isinstance(self, Stream | Table), "streams and tables are the only handles"
         self.app.to(self, topic, key=key, value=value, name=name)
 
     def __repr__(self) -> str:

@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from pystreams.coordinator.config import CoordinatorConfig
     from pystreams.coordinator.shard import GroupCoordinatorShard
     from pystreams.protocol.messages import ConsumerGroupHeartbeatRequest as HB
+    from pystreams.protocol.messages import ConsumerGroupHeartbeatResponse
 
     config = CoordinatorConfig(
         session_timeout_ms=3_000, min_session_timeout_ms=1_000, heartbeat_interval_ms=1_000, min_heartbeat_interval_ms=100,
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         result = shard.handle(HB(group_id="demo", member_id=member, member_epoch=epoch, topic_partitions=owned, **fields), clock["now"])
         log.extend(result.records)
         response = result.response
+        assert isinstance(response, ConsumerGroupHeartbeatResponse), "a heartbeat is answered by a heartbeat response"
         if response.error_code:
             raise SystemExit(f"unexpected error {response.error_code}: {response.error_message}")
         epochs[response.member_id] = response.member_epoch

@@ -32,7 +32,7 @@ class TopicIdPartition(NamedTuple):
 class PartitionSet(AbstractSet[TopicIdPartition]):
     """An immutable set of ``TopicIdPartition``, stored by topic (empty topics never kept)."""
 
-    __slots__ = ("_topics", "_hash", "_size", "_view")
+    __slots__ = ("_topics", "_hash_value", "_size", "_view")
 
     def __init__(self, partitions: Mapping[UUID, Iterable[int]] | None = None) -> None:
         topics: dict[UUID, frozenset[int]] = {}
@@ -41,7 +41,7 @@ class PartitionSet(AbstractSet[TopicIdPartition]):
             if numbers:
                 topics[topic] = numbers
         self._topics = topics
-        self._hash: int | None = None
+        self._hash_value: int | None = None
         self._size: int | None = None
         self._view: Mapping[UUID, frozenset[int]] | None = None
 
@@ -50,7 +50,7 @@ class PartitionSet(AbstractSet[TopicIdPartition]):
         """Wrap an already normalised dict (non-empty frozensets) without copying it."""
         made = object.__new__(cls)
         made._topics = topics
-        made._hash = None
+        made._hash_value = None
         made._size = None
         made._view = None
         return made
@@ -125,9 +125,9 @@ class PartitionSet(AbstractSet[TopicIdPartition]):
 
     def __hash__(self) -> int:
         # The hash of the same pairs in a frozenset, since the two compare equal.
-        if self._hash is None:
-            self._hash = hash(frozenset(self))
-        return self._hash
+        if self._hash_value is None:
+            self._hash_value = hash(frozenset(self))
+        return self._hash_value
 
     def __repr__(self) -> str:
         return f"PartitionSet({{{', '.join(f'{str(t)[:8]}: {sorted(p)}' for t, p in sorted(self._topics.items()))}}})"
@@ -139,10 +139,10 @@ class PartitionSet(AbstractSet[TopicIdPartition]):
         if isinstance(other, PartitionSet):
             return other
         if isinstance(other, AbstractSet):
-            return PartitionSet.from_pairs(other)  # type: ignore[arg-type]
+            return PartitionSet.from_pairs(other)
         raise TypeError(f"not a set of partitions: {type(other).__name__}")
 
-    def __or__(self, other: AbstractSet[tuple[UUID, int]]) -> PartitionSet:
+    def __or__(self, other: AbstractSet[object]) -> PartitionSet:  # as wide as Set's; _coerce refuses non-partitions
         other = self._coerce(other)
         if not other:
             return self
@@ -197,7 +197,7 @@ class PartitionSet(AbstractSet[TopicIdPartition]):
     def __ge__(self, other: AbstractSet[tuple[UUID, int]]) -> bool:
         return self._coerce(other) <= self
 
-    def isdisjoint(self, other: AbstractSet[tuple[UUID, int]]) -> bool:
+    def isdisjoint(self, other: Iterable[object]) -> bool:  # as wide as Set's; _coerce refuses non-partitions
         theirs = self._coerce(other)._topics
         return not any(topic in theirs and not numbers.isdisjoint(theirs[topic]) for topic, numbers in self._topics.items())
 

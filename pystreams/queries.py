@@ -123,4 +123,7 @@ class QueryClient:
             time.sleep(0.2)
 
     def get(self, store: str, key: Any, key_serde: Serde, value_serde: Serde, **options: Any) -> Any:
-        return value_serde.deserialize(self.get_bytes(store, key_serde.serialize(key), **options))
+        key_bytes = key_serde.serialize(key)
+        if key_bytes is None:  # Kafka Streams refuses a null key the same way, before routing
+            raise ValueError(f"store {store!r}: an interactive query needs a key, not None")
+        return value_serde.deserialize(self.get_bytes(store, key_bytes, **options))

@@ -74,7 +74,7 @@ class Serde(ABC):
 class Bytes(Serde):
     """Raw bytes, unchanged."""
 
-    name = "bytes"  # type: ignore[assignment]
+    name = "bytes"
 
     def _to_bytes(self, value: Any) -> bytes:
         if not isinstance(value, bytes | bytearray | memoryview):

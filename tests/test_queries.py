@@ -582,3 +582,9 @@ def test_cli_exits_2_for_a_key_its_store_cannot_hold_before_asking_any_worker(tm
     code = cli_main(["query", str(app_file), "counts", "not-a-number", "--endpoint", unreachable])
     err = capsys.readouterr().err
     assert code == 2 and "does not fit the store's key serde" in err, err
+
+
+def test_get_refuses_a_none_key_with_the_reason_before_asking_any_worker():
+    unreachable = f"127.0.0.1:{free_port()}"
+    with pytest.raises(ValueError, match="needs a key, not None"):
+        QueryClient([unreachable], request_timeout_s=0.5).get(STORE, None, KEY_SERDE, VALUE_SERDE)

@@ -26,7 +26,7 @@ Steps, in order:
 from __future__ import annotations
 
 import graphlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from .errors import (
@@ -461,7 +461,7 @@ def _check_sources_and_sinks(nodes: dict[str, Node], internal_topics: dict[str, 
             )
 
 
-def subtopology_order(subtopologies: Iterable[SubTopology], internal_topics: dict[str, InternalTopic]) -> list[int]:
+def subtopology_order(subtopologies: Iterable[SubTopology], internal_topics: Mapping[str, InternalTopic]) -> list[int]:
     """Sub-topology ids, each after the ones writing its repartition topics."""
     sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
     for sub in subtopologies:

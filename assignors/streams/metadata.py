@@ -158,7 +158,7 @@ class _AssignmentV2(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
 
 _member_decoder = msgspec.msgpack.Decoder(StreamsMemberMetadata)
 _classic_member_decoder = msgspec.msgpack.Decoder(ClassicStreamsMemberMetadata)
-_assignment_decoders = {1: msgspec.msgpack.Decoder(_AssignmentV1), 2: msgspec.msgpack.Decoder(_AssignmentV2)}
+_assignment_decoders: dict[int, msgspec.msgpack.Decoder[_AssignmentV1] | msgspec.msgpack.Decoder[_AssignmentV2]] = {1: msgspec.msgpack.Decoder(_AssignmentV1), 2: msgspec.msgpack.Decoder(_AssignmentV2)}
 _encoder = msgspec.msgpack.Encoder(order="deterministic")
 #: For maps with int keys (built in sorted order: "deterministic" takes str keys only).
 _insertion_order_encoder = msgspec.msgpack.Encoder()

@@ -387,7 +387,7 @@ class _Placement:
         fair_share: Mapping[int, int],
         groups: Mapping[tuple[str | None, ...], list[tuple[float, str, int]]],
     ) -> _Process | None:
-        def rank(process: _Process, lag: int) -> tuple[int, int, float, str]:
+        def rank(process: _Process, lag: float) -> tuple[int, float, float, str]:  # lag may be _NO_STATE (inf)
             # Fewest rack tag values already used by this task's replicas, then state, then load.
             coincidences = sum(1 for values, value in zip(used_values, process.tag_values) if value in values)
             return (coincidences, lag, process.replica_load(), process.process_id)

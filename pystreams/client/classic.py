@@ -58,6 +58,7 @@ import enum
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 import kafka.errors as Errors
 
@@ -119,8 +120,8 @@ __all__ = [
     "topic_names_in",
 ]
 
-Request = JoinGroupRequest | SyncGroupRequest | HeartbeatRequest | LeaveGroupRequest
-Response = JoinGroupResponse | SyncGroupResponse | HeartbeatResponse | LeaveGroupResponse
+Request: TypeAlias = JoinGroupRequest | SyncGroupRequest | HeartbeatRequest | LeaveGroupRequest
+Response: TypeAlias = JoinGroupResponse | SyncGroupResponse | HeartbeatResponse | LeaveGroupResponse
 
 #: Kafka's JOIN_GROUP_TIMEOUT_LAPSE: a JoinGroup waits up to the rebalance timeout at the
 #: coordinator, so its request timeout is that plus this margin.
@@ -528,13 +529,13 @@ class ClassicGroupMember:
         self._advance(now_ms)
         if self._join is not None and request is self._join.request:
             in_flight, self._join = self._join, None
-            self._on_join_response(in_flight, response, now_ms)  # type: ignore[arg-type]
+            self._on_join_response(in_flight, response, now_ms)
         elif self._sync is not None and request is self._sync.request:
             in_flight, self._sync = self._sync, None
-            self._on_sync_response(in_flight, response, now_ms)  # type: ignore[arg-type]
+            self._on_sync_response(in_flight, response, now_ms)
         elif self._heartbeat is not None and request is self._heartbeat.request:
             in_flight, self._heartbeat = self._heartbeat, None
-            self._on_heartbeat_response(in_flight, response, now_ms)  # type: ignore[arg-type]
+            self._on_heartbeat_response(in_flight, response, now_ms)
         elif self._leave is not None and request is self._leave.request:
             self._leave = None
             self._finish_leave()

@@ -632,16 +632,16 @@ class MemberDriver:
 
     async def _send(self, connection: KafkaConnection, request: ApiMessage) -> None:
         version = _VERSIONS[type(request)]
-        timeout_ms = self.member.request_timeout_ms(request, self.request_timeout_ms)  # type: ignore[arg-type]
+        timeout_ms = self.member.request_timeout_ms(request, self.request_timeout_ms)
         try:
             response = await connection.send(request, version, timeout_ms / 1000)
         except (TimeoutError, ConnectionLost) as exc:
             log.info("%s to %s failed: %r", type(request).__name__, connection.address, exc)
             self._drop_connection(connection)
-            self.member.on_request_failed(request, self._clock_ms())  # type: ignore[arg-type]
+            self.member.on_request_failed(request, self._clock_ms())
         else:
             await self._resolve_topics(response)
-            self.member.on_response(request, response, self._clock_ms())  # type: ignore[arg-type]
+            self.member.on_response(request, response, self._clock_ms())
             if self._confirms_membership(response):
                 self._backoff.reset()  # the coordinator is healthy again
                 waiters, self._heartbeat_waiters = self._heartbeat_waiters, []

@@ -430,13 +430,13 @@ class GroupMember:
         self._advance(now_ms)
         if self._heartbeat is not None and request is self._heartbeat.request:
             in_flight, self._heartbeat = self._heartbeat, None
-            self._on_heartbeat_response(in_flight, response, now_ms)  # type: ignore[arg-type]
+            self._on_heartbeat_response(in_flight, response, now_ms)
         elif self._computation.in_flight is not None and request is self._computation.in_flight:
             self._computation.in_flight = None
             if isinstance(request, ConsumerGroupPrepareAssignmentRequest):
-                self._on_prepare_response(response)  # type: ignore[arg-type]
+                self._on_prepare_response(response)
             else:
-                self._on_install_response(response)  # type: ignore[arg-type]
+                self._on_install_response(response)
         # Anything else answers a request this member no longer waits for (fenced, left,
         # duplicated by the network): ignoring it is what keeps the epochs straight.
 
@@ -513,10 +513,10 @@ class GroupMember:
         sent = self._sent
 
         topics: list[str] | None = None
-        if full or subscription.topics != sent.topics:
+        if sent is None or subscription.topics != sent.topics:
             topics = list(subscription.topics)
         regex: str | None = None
-        if full:
+        if sent is None:
             # "" clears a regex the coordinator may still hold from before an error.
             if subscription.regex or self._regex_ever_sent:
                 regex = subscription.regex
@@ -525,7 +525,7 @@ class GroupMember:
         if regex:
             self._regex_ever_sent = True
         client_assignors = None
-        if assignors is not None and (full or assignors != sent.assignors):
+        if assignors is not None and (sent is None or assignors != sent.assignors):
             client_assignors = [
                 ConsumerGroupHeartbeatRequest.Assignor(
                     name=name, minimum_version=min_version, maximum_version=max_version,
@@ -534,7 +534,7 @@ class GroupMember:
                 for name, min_version, max_version, reason, version, data in assignors
             ]
         topic_partitions = None
-        if full or self._ack_pending or self._report_owned or reported != sent.owned:
+        if sent is None or self._ack_pending or self._report_owned or reported != sent.owned:
             topic_partitions = reported.to_wire(ConsumerGroupHeartbeatRequest.TopicPartitions)
 
         request = ConsumerGroupHeartbeatRequest(
@@ -638,7 +638,7 @@ class GroupMember:
 
     def _call_on_assignment(
         self,
-        assignment: ConsumerGroupHeartbeatResponse.Assignment,
+        assignment: ConsumerGroupHeartbeatResponse.Assignment,  # type: ignore[name-defined]  # kafka-python builds it from JSON at import
         target: PartitionSet,
         member_epoch: int,
     ) -> None:

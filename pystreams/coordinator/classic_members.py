@@ -28,6 +28,7 @@ while the assignment is computed, and rejoining then would only spin.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
 import kafka.errors as Errors
@@ -61,7 +62,7 @@ class ClassicMemberManager:
         self.consumer = consumer
         #: Set by the shard: converts the group back when a classic static member replaces the
         #: last KIP-848 one (returns True if it did).
-        self.downgrade_on_replacement = None
+        self.downgrade_on_replacement: Callable[[ConsumerGroup, int], bool] | None = None
 
     @property
     def config(self):
@@ -215,6 +216,7 @@ class ClassicMemberManager:
             member = self._classic_member(group, request.member_id, request.group_instance_id if version >= 3 else None)
         except RequestError as refused:
             return sync_response(refused.code)
+        assert member.classic is not None, "_classic_member refuses the others"
         if request.generation_id != member.member_epoch:
             return sync_response(Errors.IllegalGenerationError.errno)
         first = member.classic.supported_protocols[0].name
@@ -233,6 +235,7 @@ class ClassicMemberManager:
         names.update(group.topic_names_by_id())
         partitions = cp.named_partitions((names[topic_id], numbers) for topic_id, numbers in member.assigned.by_topic.items() if topic_id in names)
         user_data = member.metadata if member.metadata_version == CLASSIC_METADATA_VERSION else None
+        assert member.classic is not None, "only classic members are answered with assignment bytes"
         version = cp.version_of(member.classic.supported_protocols[0].metadata)
         return cp.encode_assignment(cp.Assignment(partitions, user_data), version)
 
@@ -244,6 +247,7 @@ class ClassicMemberManager:
             member = self._classic_member(group, request.member_id, request.group_instance_id if version >= 3 else None)
         except RequestError as refused:
             return m.HeartbeatResponse(throttle_time_ms=0, error_code=refused.code)
+        assert member.classic is not None, "_classic_member refuses the others"
         if request.generation_id != member.member_epoch:
             return m.HeartbeatResponse(throttle_time_ms=0, error_code=Errors.IllegalGenerationError.errno)
         self.ctx.schedule(SessionTimer(group.group_id, member.member_id), now_ms + member.classic.session_timeout_ms)

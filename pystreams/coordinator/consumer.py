@@ -8,6 +8,7 @@ the computation in flight are runtime state, re-armed on load.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Set as AbstractSet
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -278,6 +279,7 @@ class ConsumerGroupManager:
         member = group.members.get(request.member_id) if group is not None else None
         if member is None:
             raise RequestError(Errors.UnknownMemberIdError, f"Member {request.member_id} is not a member of group {request.group_id}.")
+        assert group is not None, "the member was found in it"
         if request.member_epoch == member.member_epoch:
             return group, member
         owned = PartitionSet.from_wire(request.topic_partitions) if request.topic_partitions is not None else None
@@ -298,6 +300,7 @@ class ConsumerGroupManager:
         member = group.members.get(request.member_id) if group is not None else None
         if member is None:
             raise RequestError(Errors.UnknownMemberIdError, f"Member {request.member_id} is not a member of group {request.group_id}.")
+        assert group is not None, "the member was found in it"
         if request.member_epoch == LEAVE_STATIC_EPOCH and request.instance_id != member.instance_id:
             raise RequestError(
                 Errors.UnknownMemberIdError,
@@ -347,7 +350,7 @@ class ConsumerGroupManager:
 
         computation = self.computations.get(group.group_id)
         should_compute = computation is not None and computation.member_id == member.member_id and computation.prepared_epoch is None
-        if should_compute and not computation.notified:
+        if should_compute and computation is not None and not computation.notified:
             self._set_computation(group.group_id, replace(computation, notified=True))
             # The member has its rebalance timeout to deliver, counted from this notification.
             self.ctx.schedule(ComputationTimer(group.group_id), now_ms + member.rebalance_timeout_ms)
@@ -508,7 +511,7 @@ class ConsumerGroupManager:
             common = set.intersection(*({a.name for a in m.assignors} for m in members))
             common = {name for name in common if any(m.classic is None and m.assignor(name) for m in members)}
             if common:
-                rank = Counter()
+                rank: Counter[str] = Counter()
                 for m in members:
                     for position, assignor in enumerate(m.assignors):
                         if assignor.name in common:
@@ -582,18 +585,19 @@ class ConsumerGroupManager:
 
     # --- client-side assignment ----------------------------------------------------------------
 
-    def choose_computing_member(self, group: ConsumerGroup, assignor: str, exclude: set[str]) -> str | None:
+    def choose_computing_member(self, group: ConsumerGroup, assignor: str, exclude: AbstractSet[str]) -> str | None:
         """The member whose version range covers every version the group's metadata uses
         (KIP-848 "Member Selection": A[1-5], B[3-4], C[2-4] -> A)."""
         present = [m for m in group.members.values() if m.member_epoch != LEAVE_STATIC_EPOCH and m.classic is None and m.assignor(assignor)]
         if not present:
             return None
-        ranges = [m.assignor(assignor) for m in present]
+        ranges = [a for m in present if (a := m.assignor(assignor)) is not None]
         lowest, highest = min(a.minimum_version for a in ranges), max(a.maximum_version for a in ranges)
         used = {a.version for a in ranges}
 
         def preference(m: ConsumerMember):
             a = m.assignor(assignor)
+            assert a is not None, "present members all run the assignor"
             covers_ranges = a.minimum_version <= lowest and a.maximum_version >= highest
             covers_used = all(a.minimum_version <= v <= a.maximum_version for v in used)
             return (m.member_id in exclude, not covers_ranges, not covers_used, -(a.maximum_version - a.minimum_version), m.member_id)

@@ -239,11 +239,11 @@ class ConsumerGroup:
                 self._replay_member_metadata(member_id, value)
             case r.TargetAssignmentMetadata(value=None):
                 self.assignment_epoch, self.assignment_error = 0, 0
-            case r.TargetAssignmentMetadata(value=value):
+            case r.TargetAssignmentMetadata(value=r.TargetAssignmentMetadataValue() as value):
                 self.assignment_epoch, self.assignment_error = value.assignment_epoch, value.error
             case r.TargetAssignmentMember(member_id=member_id, value=None):
                 self.targets.pop(member_id, None)
-            case r.TargetAssignmentMember(member_id=member_id, value=value):
+            case r.TargetAssignmentMember(member_id=member_id, value=r.TargetAssignmentMemberValue() as value):
                 self.targets[member_id] = TargetMember(PartitionSet.from_wire(value.partitions), value.metadata_version, value.metadata)
             case r.CurrentAssignment(member_id=member_id, value=value):
                 self._replay_current_assignment(member_id, value)

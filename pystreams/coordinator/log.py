@@ -50,7 +50,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -94,7 +94,7 @@ class PartitionLog(abc.ABC):
     partition: int
 
     @abc.abstractmethod
-    def read(self) -> AsyncIterator[list[r.Record | r.UnreadableRecord]]:
+    def read(self) -> AsyncGenerator[list[r.Record | r.UnreadableRecord], None]:
         """Every committed record of the partition, oldest first, in chunks; then stops. A stored
         record that does not decode comes as an UnreadableRecord (offset, key bytes, reason)."""
 
@@ -199,7 +199,7 @@ class _MemoryPartition(PartitionLog):
         if self._owner._writer_epochs[self.partition] != self._epoch:
             raise LogFencedError(f"memory log partition {self.partition} was claimed by a newer writer")
 
-    async def read(self) -> AsyncIterator[list[r.Record | r.UnreadableRecord]]:
+    async def read(self) -> AsyncGenerator[list[r.Record | r.UnreadableRecord], None]:
         entries = list(self._owner._entries[self.partition])  # a stable view: appends may follow
         chunk = self._owner._read_chunk
         for start in range(0, len(entries), chunk):
@@ -494,7 +494,7 @@ class _KafkaPartition(PartitionLog):
 
     # -- event-loop side ---------------------------------------------------------------------
 
-    async def read(self) -> AsyncIterator[list[r.Record | r.UnreadableRecord]]:
+    async def read(self) -> AsyncGenerator[list[r.Record | r.UnreadableRecord], None]:
         consumer, partition = await self._run(self._open_consumer, timeout_s=self._owner.append_timeout_s)
         assembler = _AppendAssembler(self.partition)
         deadline = time.monotonic() + self._owner.load_timeout_s

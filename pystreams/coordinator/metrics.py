@@ -34,6 +34,7 @@ while the process serves (a liveness probe).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -301,7 +302,7 @@ class MetricsHttpServer:
     @property
     def port(self) -> int:
         server = self._site._server if self._site is not None else None  # aiohttp keeps the bound socket here
-        if server is None or not server.sockets:
+        if not isinstance(server, asyncio.Server) or not server.sockets:  # None until started
             raise RuntimeError("metrics server not started")
         return server.sockets[0].getsockname()[1]
 

@@ -173,6 +173,7 @@ class Migration:
         for member in group.members.values():
             if member.member_id == exclude:
                 continue
+            assert member.classic is not None, "callers convert only groups whose other members are all classic"
             classic.add(ClassicMember(
                 member_id=member.member_id,
                 instance_id=member.instance_id,
@@ -190,13 +191,13 @@ class Migration:
             return None
         names = {topic.topic_id: name for name, topic in self.ctx.topics.items()}
         names.update(group.topic_names_by_id())
-        for member in classic.members.values():
-            target = group.targets.get(member.member_id)
+        for classic_member in classic.members.values():
+            target = group.targets.get(classic_member.member_id)
             partitions = target.partitions.by_topic if target is not None else {}
             user_data = target.metadata if target is not None and target.metadata_version == CLASSIC_METADATA_VERSION else None
-            member.assignment = cp.encode_assignment(
+            classic_member.assignment = cp.encode_assignment(
                 cp.Assignment(cp.named_partitions((names[t], ps) for t, ps in partitions.items() if t in names), user_data),
-                cp.version_of(member.metadata(classic.protocol_name)),
+                cp.version_of(classic_member.metadata(classic.protocol_name)),
             )
         for member_id in group.members:
             self.consumer.cancel_member_timers(group_id, member_id)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
 import kafka.errors as Errors
@@ -116,6 +117,7 @@ class OffsetManager:
                 if not code:
                     if group is None:
                         group = self._create_group(request.group_id, now_ms)
+                    assert name is not None, "_topic_name names every topic it reports no error for"
                     value = r.OffsetCommitValue(
                         offset=p.committed_offset,
                         commit_timestamp_ms=now_ms,
@@ -141,7 +143,10 @@ class OffsetManager:
         except RequestError as exc:
             return exc.code, []
         stored_offsets = self.of(group_id)
-        out = []
+        out: list[tuple[Any, str | None, UUID | None, list]] = []
+        name: str | None  # by-id topics may name none
+        topic_id: UUID | None
+        value: r.OffsetCommitValue | None  # none committed, or committed for an earlier topic
         if topics is None:
             stored: dict[str, list] = {}
             for (name, partition), value in sorted(stored_offsets.items()):
@@ -154,7 +159,7 @@ class OffsetManager:
             name, topic_id, error = self._topic_name(topic, version)
             parts = []
             for partition in topic.partition_indexes:
-                value = stored_offsets.get((name, partition)) if not error else None
+                value = None if error or name is None else stored_offsets.get((name, partition))
                 if value is not None and topic_id is not None and value.topic_id is not None and value.topic_id != topic_id:
                     value = None  # committed for an earlier topic of the same name
                 parts.append((partition, value, error))

@@ -17,7 +17,7 @@ not decode is an ``UnreadableRecord`` carrying the reason, never an exception th
 """
 from __future__ import annotations
 
-from typing import ClassVar, Union
+from typing import Any, ClassVar, Union
 from uuid import UUID
 
 import msgspec
@@ -282,7 +282,7 @@ Record = Union[
     ClassicGroupMetadata,
 ]
 
-_KINDS: tuple[type[_Record], ...] = (
+_KINDS: tuple[type[Record], ...] = (
     GroupMetadata, PartitionMetadata, MemberMetadata, TargetAssignmentMetadata,
     TargetAssignmentMember, CurrentAssignment, OffsetCommit, GroupConfig, ClassicGroupMetadata,
 )
@@ -290,13 +290,16 @@ _KINDS: tuple[type[_Record], ...] = (
 #: The record kinds of a KIP-848 consumer group (a conversion tombstones them all).
 CONSUMER_GROUP_KINDS = (GroupMetadata, PartitionMetadata, MemberMetadata, TargetAssignmentMetadata,
                         TargetAssignmentMember, CurrentAssignment)
-_KIND_BY_KEY: dict[type[_Key], type[_Record]] = {kind.KEY: kind for kind in _KINDS}
+_KIND_BY_KEY: dict[type[_Key], type[Record]] = {kind.KEY: kind for kind in _KINDS}
 
 
 def _declared_value_type(kind: type[_Record]) -> type:
     """The struct in ``value: SomeValue | None``: the annotation is the one place it is written."""
-    union = msgspec.inspect.type_info(kind).fields[-1].type
-    return next(t.cls for t in union.types if isinstance(t, msgspec.inspect.StructType))  # type: ignore[attr-defined]
+    info = msgspec.inspect.type_info(kind)
+    assert isinstance(info, msgspec.inspect.StructType), f"{kind.__name__} is a struct"
+    union = info.fields[-1].type
+    assert isinstance(union, msgspec.inspect.UnionType), f"{kind.__name__}.value is Value | None"
+    return next(t.cls for t in union.types if isinstance(t, msgspec.inspect.StructType))
 
 
 _VALUE_TYPE: dict[type[_Record], type] = {kind: _declared_value_type(kind) for kind in _KINDS}
@@ -304,7 +307,8 @@ _VALUE_TYPE: dict[type[_Record], type] = {kind: _declared_value_type(kind) for k
 
 def tombstone_of(record: Record) -> Record:
     """The tombstone of ``record``'s key."""
-    return type(record)(*msgspec.structs.astuple(record)[:-1], None)  # type: ignore[call-arg]
+    fields = (*msgspec.structs.astuple(record)[:-1], None)  # one tuple: mypy cannot count a splat
+    return type(record)(*fields)
 
 
 def value_type(kind: type[_Record]) -> type:
@@ -316,7 +320,7 @@ def value_type(kind: type[_Record]) -> type:
 
 _encoder = msgspec.msgpack.Encoder()
 _key_decoder = msgspec.msgpack.Decoder(RecordKey)
-_value_decoders = {kind: msgspec.msgpack.Decoder(_VALUE_TYPE[kind]) for kind in _KINDS}
+_value_decoders: dict[type[Record], msgspec.msgpack.Decoder[Any]] = {kind: msgspec.msgpack.Decoder(_VALUE_TYPE[kind]) for kind in _KINDS}
 _lenient_key_decoder = msgspec.msgpack.Decoder(dict)
 
 
@@ -344,7 +348,8 @@ def decode(key: bytes, value: bytes | None) -> Record:
         decoded_value = None if value is None else _value_decoders[kind].decode(value)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise RecordDecodeError(f"the value of a {kind.__name__} record does not decode: {error}") from None
-    return kind(*msgspec.structs.astuple(decoded_key), decoded_value)  # type: ignore[call-arg]
+    fields = (*msgspec.structs.astuple(decoded_key), decoded_value)  # one tuple: mypy cannot count a splat
+    return kind(*fields)
 
 
 def group_of_raw_key(key: bytes) -> str | None:

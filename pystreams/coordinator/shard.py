@@ -234,7 +234,7 @@ class GroupCoordinatorShard:
             case r.ClassicGroupMetadata(group_id=group_id, value=None):
                 if isinstance(self.ctx.groups.peek(group_id), ClassicGroup):
                     self.ctx.groups.pop(group_id)
-            case r.ClassicGroupMetadata(group_id=group_id, value=value):
+            case r.ClassicGroupMetadata(group_id=group_id, value=r.ClassicGroupValue() as value):
                 group = self.ctx.groups.peek(group_id)
                 if self.ctx.in_event and isinstance(group, ClassicGroup):
                     group.persisted = value  # live: the manager changed the group, this records it
@@ -286,8 +286,8 @@ class GroupCoordinatorShard:
             by_group.setdefault(unreadable.group_id, []).append(unreadable)
         self._unreadable.clear()
         quarantines = []
-        for group_id, unreadable in sorted(by_group.items()):
-            quarantine = Quarantine(group_id, tuple(sorted(unreadable, key=lambda u: u.offset)))
+        for group_id, records in sorted(by_group.items()):
+            quarantine = Quarantine(group_id, tuple(sorted(records, key=lambda u: u.offset)))
             self.ctx.groups.quarantined[group_id] = quarantine
             quarantines.append(quarantine)
         return quarantines

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+from typing import Protocol
 from uuid import UUID
 
 import re2
@@ -99,5 +100,10 @@ def subscribed_names(names: Iterable[str], pattern: str | None, available: Mappi
     return subscribed
 
 
-def subscribed_topic_ids(names: Iterable[str], pattern: str | None, topics: Mapping[str, object]) -> frozenset[UUID]:
+class _TopicWithId(Protocol):
+    @property
+    def topic_id(self) -> UUID: ...
+
+
+def subscribed_topic_ids(names: Iterable[str], pattern: str | None, topics: Mapping[str, _TopicWithId]) -> frozenset[UUID]:
     return frozenset(topics[name].topic_id for name in subscribed_names(names, pattern, topics))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,10 +180,10 @@ class ListenerSecurity:
         return context
 
 
-def credentials_from(file: str | None, environ: dict[str, str] | None = None) -> CredentialStore | None:
+def credentials_from(file: str | None, environ: Mapping[str, str] | None = None) -> CredentialStore | None:
     """SASL credentials: from ``file``, else from PYSTREAMS_SASL_CREDENTIALS (the JSON itself, as a
     Kubernetes Secret would hand it over), else None."""
-    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    environ = os.environ if environ is None else environ
     if file:
         return CredentialStore.load(file)
     inline = environ.get("PYSTREAMS_SASL_CREDENTIALS")

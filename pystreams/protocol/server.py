@@ -420,7 +420,8 @@ class KafkaProtocolServer:
             async with asyncio.timeout(self.limits.request_read_timeout_ms / 1000):
                 rest = await reader.readexactly(_FRAME_SIZE_BYTES - 1)
         except TimeoutError:
-            return self._read_timed_out(peer)
+            self._read_timed_out(peer)
+            return None
         size = int.from_bytes(first + rest, "big", signed=True)
         if size < 0 or size > self.limits.max_request_bytes:
             # Kafka's InvalidReceiveException: the connection is closed without reading the body.
@@ -434,7 +435,8 @@ class KafkaProtocolServer:
             async with asyncio.timeout(self.limits.request_read_timeout_ms / 1000):
                 return await reader.readexactly(size)
         except TimeoutError:
-            return self._read_timed_out(peer)
+            self._read_timed_out(peer)
+            return None
 
     def _read_timed_out(self, peer: object) -> None:
         self.refusals["request_read_timeout"] += 1
