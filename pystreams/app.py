@@ -37,7 +37,7 @@ import importlib.util
 import inspect
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
@@ -924,18 +924,17 @@ class App:
             kind = str(node_type.kind)
             parent = self._stream(stream, kind)
             node_name = self._function_name(fn, name, parent, kind)
-            # Only maps and flat-maps may say whether they change keys; the others never do.
-            options = {"key_changing": key_changing} if node_type in (MapNode, FlatMapNode) else {}
-            self._add(
-                node_type(
-                    name=node_name,
-                    parents=(parent.name,),
-                    fn=_callable(fn),
-                    key_serde=parent.key_serde if inherit_key else key or self.default_key_serde,
-                    value_serde=parent.value_serde if inherit_value else value or self.default_value_serde,
-                    **options,
-                )
+            node = node_type(
+                name=node_name,
+                parents=(parent.name,),
+                fn=_callable(fn),
+                key_serde=parent.key_serde if inherit_key else key or self.default_key_serde,
+                value_serde=parent.value_serde if inherit_value else value or self.default_value_serde,
             )
+            # Only maps and flat-maps may say whether they change keys; the others never do.
+            if isinstance(node, (MapNode, FlatMapNode)):
+                node = replace(node, key_changing=key_changing)
+            self._add(node)
             return Stream(self, node_name)
 
         return declare

@@ -37,7 +37,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def parse_alterations(items: list[str]) -> list[tuple[str, int, str | None]]:
     """``key=value`` -> (key, SET, value); ``key=`` -> (key, DELETE, None)."""
-    alterations = []
+    alterations: list[tuple[str, int, str | None]] = []
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()

@@ -46,7 +46,7 @@ def check_fetcher_supported() -> None:
         )
 
 
-class _FilteringPartitionRecords(Fetcher.PartitionRecords):  # type: ignore[misc,name-defined]
+class _FilteringPartitionRecords(Fetcher.PartitionRecords):
     """One fetched partition's batches, through its filter (set by the consumer's factory)."""
 
     filters: dict[KafkaTopicPartition, TransactionFilter]

@@ -190,7 +190,7 @@ class TaskEngine:
         self.guarantee = config.processing_guarantee
         self._commits: AtLeastOnceCommits | ExactlyOnceCommits
         if self.guarantee.exactly_once:
-            self.transactional_id = config.transactional_id or f"{self.topology.app_id}-{config.client_id}"
+            self.transactional_id: str | None = config.transactional_id or f"{self.topology.app_id}-{config.client_id}"
             self._commits = ExactlyOnceCommits(
                 transactional_id=self.transactional_id,
                 positions_topic=positions_topic(self.topology.app_id),
@@ -575,13 +575,13 @@ class TaskEngine:
         updater = self._standby_updater
         if updater is not None and self._wanted_standbys - updater.tasks.keys() - self._tasks.keys():
             self._reconcile_standbys()
-        following = updater is not None and bool(updater.tasks)
+        following = updater if updater is not None and updater.tasks else None
         counters = self.counters
         counters.polls += 1
         if not self._task_of_partition:
             # Replicas catch up between input batches; with no active work they get the wait.
-            if following:
-                counters.standby_records += updater.poll(timeout)
+            if following is not None:
+                counters.standby_records += following.poll(timeout)
             else:
                 time.sleep(timeout / 1000)
             self._punctuate_wall_clock()
@@ -593,8 +593,8 @@ class TaskEngine:
             raise  # fatal: authorization, configuration
         except Exception as error:
             self._migrated(f"its transaction could not be opened ({error!r})")
-        if following:
-            counters.standby_records += updater.poll(0)
+        if following is not None:
+            counters.standby_records += following.poll(0)
         fetched = self._consumer.poll(timeout_ms=timeout, max_records=self._batch_size.limit)
         try:
             return self._process(fetched)

@@ -124,7 +124,7 @@ class RepartitionBuffers:
             if key is None:
                 partition = random_partition(count)
             else:
-                partition = cached_partition(key)  # type: ignore[assignment]
+                partition = cached_partition(key)
                 if partition is None:
                     if len(partition_of) >= PARTITION_CACHE_SIZE:
                         partition_of.clear()

@@ -769,7 +769,7 @@ class StreamThread:
             raise
 
     async def _commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        keyed = {(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
+        keyed: dict[tuple[uuid.UUID | str, int], int] = {(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
         for _ in range(_STALE_EPOCH_RETRIES):
             result = await self.driver.commit_offsets(keyed)
             if result.ok:
@@ -790,7 +790,8 @@ class StreamThread:
         for attempt in range(_STALE_EPOCH_RETRIES):
             result = await self.driver.fetch_offsets(keys)
             if result.ok:
-                return {TopicPartition(*key): offset for key, offset in result.offsets.items() if offset >= 0}
+                # Asked by topic name, answered by topic name.
+                return {TopicPartition(str(topic), partition): offset for (topic, partition), offset in result.offsets.items() if offset >= 0}
             log.info("%s: offset fetch failed (%s); retrying", self.name, result.errors)
             await asyncio.sleep(0.1 * (attempt + 1))
         raise RuntimeError(f"{self.name}: cannot read committed offsets: {result.errors}")
@@ -1020,6 +1021,7 @@ async def _run_threads(
 
             query_server = QueryServer(resolved, threads, settings.user_endpoint, bind_host=settings.http_host)
             await query_server.start()
+            assert query_server.site is not None  # start() serves it
             sites.append(query_server.site)
         for thread in threads:
             await thread.start(topics, regex, reason)
