@@ -405,7 +405,8 @@ class App:
             compile_pattern(pattern, node_name)
             topics: tuple[str, ...] = ()
         else:
-            topics = (topic,) if isinstance(topic, str) else tuple(topic)  # type: ignore[arg-type]
+            assert topic is not None  # exactly one of topic and pattern, checked above
+            topics = (topic,) if isinstance(topic, str) else tuple(topic)
             if not topics:
                 raise TopologyError(f"source {name!r}: no topics given")
             if name is None and len(topics) > 1:

@@ -73,7 +73,7 @@ class PartitionSet(AbstractSet[TopicIdPartition]):
 
     def to_wire(self, struct: type[WireStruct]) -> list[WireStruct]:
         """To ``struct(topic_id=..., partitions=[...])``, sorted by topic id then partition."""
-        return [struct(topic_id=topic, partitions=sorted(self._topics[topic])) for topic in sorted(self._topics)]  # type: ignore[call-arg]
+        return [struct(topic_id=topic, partitions=sorted(self._topics[topic])) for topic in sorted(self._topics)]  # type: ignore[call-arg]  # kafka-python's generated structs are untyped
 
     @classmethod
     def from_pairs(cls, pairs: Iterable[tuple[UUID, int]]) -> PartitionSet:

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+import enum
+from typing import Any, Final, Literal
 
 # Rough per-entry cost of a dict slot plus the two bytes objects, so that many tiny records
 # still count against max_bytes.
 ENTRY_OVERHEAD_BYTES = 64
 
-ABSENT = object()  # "not in the cache"; a cached None means "deleted in this interval"
+class _Absent(enum.Enum):
+    ABSENT = "absent"
+
+
+#: "Not in the cache"; a cached None means "deleted in this interval". An enum member, so that
+#: ``value is not ABSENT`` narrows the type without a call on the hot path.
+ABSENT: Final = _Absent.ABSENT
 
 CachedEntry = tuple[bytes, "bytes | None"]
 # Changes handed to the store's write path: key → latest value (None: delete), oldest first.
@@ -77,7 +84,7 @@ class RecordCache:
     def limits(self) -> CacheLimits:
         return self._limits
 
-    def get(self, key: bytes) -> object:
+    def get(self, key: bytes) -> bytes | None | Literal[_Absent.ABSENT]:
         """The cached value (None for a delete) or ABSENT."""
         return self._entries.get(key, ABSENT)
 
@@ -88,7 +95,7 @@ class RecordCache:
         if previous is ABSENT:
             self._bytes += len(key) + ENTRY_OVERHEAD_BYTES + (len(value) if value is not None else 0)
             if self._groups is not None:
-                self._add_to_group(key)
+                self._add_to_group(self._groups, key)
             if len(entries) > self._limits.max_entries or self._bytes > self._limits.max_bytes:
                 self._evict_oldest()
         else:
@@ -96,20 +103,20 @@ class RecordCache:
             if self._bytes > self._limits.max_bytes:
                 self._evict_oldest()
 
-    def _add_to_group(self, key: bytes) -> None:
+    def _add_to_group(self, groups: dict[bytes, set[bytes]], key: bytes) -> None:
         prefix = key[: -self._group_suffix_bytes]
-        group = self._groups.get(prefix)  # type: ignore[union-attr]
+        group = groups.get(prefix)
         if group is None:
-            self._groups[prefix] = {key}  # type: ignore[index]
+            groups[prefix] = {key}
         else:
             group.add(key)
 
-    def _remove_from_group(self, key: bytes) -> None:
+    def _remove_from_group(self, groups: dict[bytes, set[bytes]], key: bytes) -> None:
         prefix = key[: -self._group_suffix_bytes]
-        group = self._groups[prefix]  # type: ignore[index]
+        group = groups[prefix]
         group.discard(key)
         if not group:
-            del self._groups[prefix]  # type: ignore[union-attr]
+            del groups[prefix]
 
     def _evict_oldest(self) -> None:
         target_entries = int(self._limits.max_entries * self._limits.evict_to_fraction)
@@ -121,10 +128,11 @@ class RecordCache:
                 break
             evicted[key] = value
             self._bytes -= _size(key, value)
+        groups = self._groups
         for key in evicted:
             del entries[key]
-            if self._groups is not None:
-                self._remove_from_group(key)
+            if groups is not None:
+                self._remove_from_group(groups, key)
         self.evicted_entries += len(evicted)
         self._evict(evicted)
 

@@ -1,7 +1,7 @@
 """Key-value store: bytes keys in RocksDB order, the composite key is the key itself."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -41,18 +41,15 @@ def _prefix_end(prefix: bytes) -> bytes | None:
 class KeyValueStore(CachedStore[KeyValueChange]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Writes go straight to the cache: one Python call less on the hottest path.
-        self.put = self._cache.put  # type: ignore[method-assign]
+        #: Store ``value`` under ``key`` (None deletes, as in Kafka Streams). The cache's own
+        #: method: one Python call less on the hottest path.
+        self.put: Callable[[bytes, bytes | None], None] = self._cache.put
 
     def get(self, key: bytes) -> bytes | None:
         cached = self._cache.get(key)
         if cached is not ABSENT:
-            return cached  # type: ignore[return-value]
+            return cached
         return self._db.get(key)
-
-    def put(self, key: bytes, value: bytes | None) -> None:
-        """Store ``value`` (None deletes, as in Kafka Streams)."""
-        self._cache.put(key, value)
 
     def put_if_absent(self, key: bytes, value: bytes) -> bytes | None:
         """Put only when the key has no value; returns the existing value or None."""

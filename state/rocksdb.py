@@ -114,7 +114,7 @@ class RocksDatabase:
             raise DatabaseOpenError(f"cannot open {self.path}: {error}") from error
         self._write_options = WriteOptions()
         # A property at runtime although rocksdict's stub declares a method.
-        self._write_options.disable_wal = True  # type: ignore[method-assign,assignment]
+        self._write_options.disable_wal = True  # type: ignore[method-assign,assignment]  # rocksdict's stub: a method
         self._verify_ends()
 
     def _verify_ends(self) -> None:
@@ -140,7 +140,7 @@ class RocksDatabase:
         if not keys:
             return []
         try:
-            return self._db.get(keys)  # type: ignore[arg-type,return-value]
+            return self._db.get(keys)  # type: ignore[arg-type,return-value]  # rocksdict's stub omits the list form
         except Exception as error:
             raise _translate(error) from error
 
@@ -162,10 +162,10 @@ class RocksDatabase:
             # Raw mode: keys and values are bytes (the stub types them loosely).
             for key, value in self._db.items(from_key=lower, read_opt=read_options):
                 last_key = key
-                yield key, value  # type: ignore[misc]
+                yield key, value  # type: ignore[misc]  # rocksdict's stub: keys and values are any type
         except Exception as error:
             raise _translate(error) from error
-        self._check_scan_finished(last_key, lower, upper)  # type: ignore[arg-type]
+        self._check_scan_finished(last_key, lower, upper)  # type: ignore[arg-type]  # bytes, as above
 
     def _check_scan_finished(self, last_key: bytes | None, lower: bytes | None, upper: bytes | None) -> None:
         # rocksdict's item iterator stops silently on a read error; re-seek just past the

@@ -62,7 +62,7 @@ class CachedStore(Generic[ChangeT]):
     def _cached_or_stored(self, composite: bytes) -> bytes | None:
         cached = self._cache.get(composite)
         if cached is not ABSENT:
-            return cached  # type: ignore[return-value]
+            return cached
         return self._db.get(self._SECTION + composite)
 
     def flush(self) -> None:

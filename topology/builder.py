@@ -467,8 +467,9 @@ def subtopology_order(subtopologies: Iterable[SubTopology], internal_topics: Map
     for sub in subtopologies:
         sorter.add(sub.id)
     for topic in internal_topics.values():
-        if topic.role is TopicRole.REPARTITION and topic.reader_subtopology != topic.subtopology:
-            sorter.add(int(topic.reader_subtopology), topic.subtopology)  # type: ignore[arg-type]
+        reader = topic.reader_subtopology
+        if topic.role is TopicRole.REPARTITION and reader is not None and reader != topic.subtopology:
+            sorter.add(reader, topic.subtopology)
     try:
         return list(sorter.static_order())
     except graphlib.CycleError as error:

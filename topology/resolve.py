@@ -74,9 +74,9 @@ class ResolvedTopology:
         whose stores are all unlogged)."""
         stores = self.topology.stores
         return tuple(
-            (stores[name].changelog_topic, task.partition)  # type: ignore[misc]
+            (topic, task.partition)
             for name in self.topology.subtopologies[task.subtopology].stores
-            if stores[name].changelog_topic is not None
+            if (topic := stores[name].changelog_topic) is not None
         )
 
     @property

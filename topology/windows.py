@@ -149,10 +149,12 @@ class JoinWindow:
     ) -> None:
         if within is not None and (before is not None or after is not None):
             raise ValueError("give a join window either within= or before=/after=, not both")
-        if within is None and (before is None or after is None):
+        if within is not None:
+            before_ms, after_ms = to_millis(within, "join window before"), to_millis(within, "join window after")
+        elif before is not None and after is not None:
+            before_ms, after_ms = to_millis(before, "join window before"), to_millis(after, "join window after")
+        else:
             raise ValueError("a join window needs within= or both before= and after=")
-        before_ms = to_millis(within if within is not None else before, "join window before")  # type: ignore[arg-type]
-        after_ms = to_millis(within if within is not None else after, "join window after")  # type: ignore[arg-type]
         object.__setattr__(self, "before_ms", before_ms)
         object.__setattr__(self, "after_ms", after_ms)
         object.__setattr__(self, "grace_ms", to_millis(grace, "grace period"))

@@ -156,6 +156,29 @@ class _AssignmentV2(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     error: int = AssignmentError.NONE
 
 
+class _EncodedAssignmentV1(msgspec.Struct, frozen=True):
+    """_AssignmentV1 as written: the by-host map spliced in pre-encoded (it is the same for
+    every member)."""
+
+    active_tasks: list[str]
+    standby_tasks: dict[str, list[int]]
+    warmup_tasks: dict[str, list[int]]
+    partitions_by_host: msgspec.Raw
+    error: int
+
+
+class _EncodedAssignmentV2(msgspec.Struct, frozen=True):
+    """_AssignmentV2 as written: topic names and both by-host maps spliced in pre-encoded."""
+
+    active_tasks: list[str]
+    standby_tasks: list[str]
+    warmup_tasks: list[str]
+    topics: msgspec.Raw
+    partitions_by_host: msgspec.Raw
+    standby_partitions_by_host: msgspec.Raw
+    error: int
+
+
 _member_decoder = msgspec.msgpack.Decoder(StreamsMemberMetadata)
 _classic_member_decoder = msgspec.msgpack.Decoder(ClassicStreamsMemberMetadata)
 _assignment_decoders: dict[int, msgspec.msgpack.Decoder[_AssignmentV1] | msgspec.msgpack.Decoder[_AssignmentV2]] = {1: msgspec.msgpack.Decoder(_AssignmentV1), 2: msgspec.msgpack.Decoder(_AssignmentV2)}
@@ -217,21 +240,21 @@ class AssignmentMetadataWriter:
     ) -> bytes:
         _check_version(version)
         if _layout(version) == 1:
-            wire: msgspec.Struct = _AssignmentV1(
+            wire: msgspec.Struct = _EncodedAssignmentV1(
                 active_tasks=_task_strings(active),
                 standby_tasks=_by_subtopology(standby),
                 warmup_tasks=_by_subtopology(warmup),
-                partitions_by_host=self._hosts(1),  # type: ignore[arg-type]  # pre-encoded
+                partitions_by_host=self._hosts(1),
                 error=int(error),
             )
         else:
-            wire = _AssignmentV2(
+            wire = _EncodedAssignmentV2(
                 active_tasks=_task_strings(active),
                 standby_tasks=_task_strings(standby),
                 warmup_tasks=_task_strings(warmup),
-                topics=self._encoded_topics,  # type: ignore[arg-type]
-                partitions_by_host=self._hosts(2),  # type: ignore[arg-type]
-                standby_partitions_by_host=self._hosts(2, standby=True),  # type: ignore[arg-type]
+                topics=self._encoded_topics,
+                partitions_by_host=self._hosts(2),
+                standby_partitions_by_host=self._hosts(2, standby=True),
                 error=int(error),
             )
         return _encoder.encode(wire)

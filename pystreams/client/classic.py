@@ -62,7 +62,7 @@ from typing import TypeAlias
 
 import kafka.errors as Errors
 
-from pystreams.assignors.api import ClientAssignor, MemberAssignment
+from pystreams.assignors.api import ClientAssignor, MemberAssignment, ServerAssignor
 from pystreams.assignors.range import RangeAssignor
 from pystreams.assignors.uniform import UniformAssignor
 from pystreams.client.classic_leader import (
@@ -236,8 +236,13 @@ class _InFlight:
 @dataclass
 class _Protocol:
     name: str
-    assignor: object  # a ServerAssignor instance or a ClientAssignor
-    client_side: bool
+    assignor: ServerAssignor | ClientAssignor
+    #: The same assignor when it is a client-side one (its metadata rides in the userData).
+    client: ClientAssignor | None
+
+    @property
+    def client_side(self) -> bool:
+        return self.client is not None
 
 
 @dataclass
@@ -257,7 +262,7 @@ class ClassicGroupMember:
         self.topics = topics
         self.rebalance_protocol = config.rebalance_protocol
         self._protocols = [
-            _Protocol(a, BUILTIN_ASSIGNORS[a][0](), False) if isinstance(a, str) else _Protocol(a.name, a, True)
+            _Protocol(a, BUILTIN_ASSIGNORS[a][0](), None) if isinstance(a, str) else _Protocol(a.name, a, a)
             for a in config.assignors
         ]
         self._state = ClassicState.UNJOINED
@@ -604,13 +609,13 @@ class ClassicGroupMember:
         return tuple(sorted(n for n in self.topics.topic_names() if not n.startswith("__") and pattern.fullmatch(n)))
 
     def _user_data(self, protocol: _Protocol) -> bytes | None:
-        if not protocol.client_side:
+        assignor = protocol.client
+        if assignor is None:
             return None
-        assignor = protocol.assignor
         classic_metadata = getattr(assignor, "classic_metadata", None)
         if callable(classic_metadata):
             return bytes(classic_metadata())
-        return bytes(assignor.metadata().data)  # type: ignore[attr-defined]
+        return bytes(assignor.metadata().data)
 
     def _send_join(self, now_ms: int) -> JoinGroupRequest:
         topics = self._current_topics()
@@ -791,9 +796,9 @@ class ClassicGroupMember:
 
     def _notify_assignor(self, assigned: PartitionSet, user_data: bytes | None) -> None:
         protocol = next((p for p in self._protocols if p.name == self._protocol_name), None)
-        if protocol is None or not protocol.client_side:
+        if protocol is None or protocol.client is None:
             return
-        protocol.assignor.on_assignment(  # type: ignore[attr-defined]
+        protocol.client.on_assignment(
             _NONE,
             MemberAssignment(partitions=assigned.by_topic, metadata_version=CLASSIC_METADATA_VERSION,
                              metadata=user_data or b""),
@@ -812,9 +817,7 @@ class ClassicGroupMember:
         if self._state is not ClassicState.STABLE or self._rejoin_needed:
             return
         for protocol in self._protocols:
-            if not protocol.client_side:
-                continue
-            if protocol.assignor.metadata().reason == 0:  # type: ignore[attr-defined]
+            if protocol.client is None or protocol.client.metadata().reason == 0:
                 continue
             if self._user_data(protocol) != self._joined_user_data.get(protocol.name):
                 self._request_rejoin(f"assignor {protocol.name} asks for a new assignment")

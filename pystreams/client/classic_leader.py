@@ -30,14 +30,17 @@ import enum
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 from uuid import UUID
 
 from pystreams.assignors.api import (
     AssignmentSpec,
     AssignorMetadata,
+    ClientAssignor,
     GroupAssignment,
     MemberSpec,
     PartitionAssignorError,
+    ServerAssignor,
     TopicMetadata,
 )
 from pystreams.client.topics import TopicResolver
@@ -86,17 +89,25 @@ class LeaderAssignment:
     topic_partition_counts: dict[str, int | None]
 
 
-def decode_members(members: Sequence[object]) -> list[JoinedMember]:
+class JoinGroupMemberWire(Protocol):
+    """A JoinGroupResponse member as kafka-python decodes it (its structs are untyped)."""
+
+    member_id: str
+    group_instance_id: str | None
+    metadata: bytes
+
+
+def decode_members(members: Sequence[JoinGroupMemberWire]) -> list[JoinedMember]:
     """JoinGroupResponse.members, with each member's subscription decoded (None if malformed)."""
     joined = []
     for member in members:
         try:
-            subscription: Subscription | None = decode_subscription(bytes(member.metadata))  # type: ignore[attr-defined]
+            subscription: Subscription | None = decode_subscription(bytes(member.metadata))
         except ConsumerProtocolError as error:
             log.warning("member %s sent a subscription that cannot be read (%s); it gets no partitions",
-                        member.member_id, error)  # type: ignore[attr-defined]
+                        member.member_id, error)
             subscription = None
-        joined.append(JoinedMember(member.member_id, member.group_instance_id, subscription))  # type: ignore[attr-defined]
+        joined.append(JoinedMember(member.member_id, member.group_instance_id, subscription))
     return joined
 
 
@@ -123,7 +134,7 @@ def to_names(partitions: PartitionSet, topics: Mapping[UUID, TopicMetadata] | To
 
 
 def assign_group(
-    assignor: object,
+    assignor: ServerAssignor | ClientAssignor,
     *,
     client_side: bool,
     members: Sequence[JoinedMember],
@@ -170,7 +181,7 @@ def assign_group(
 
     result: GroupAssignment | None
     try:
-        result = assignor.assign(spec)  # type: ignore[attr-defined]
+        result = assignor.assign(spec)
     except PartitionAssignorError as error:
         log.error("assignor %s failed (%s); every member keeps what it owns", getattr(assignor, "name", assignor), error)
         result = None

@@ -139,7 +139,7 @@ def decode_assignment(data: bytes) -> Assignment:
     )
 
 
-def _bytes_or_none(value: object) -> bytes | None:
+def _bytes_or_none(value: bytes | bytearray | memoryview | None) -> bytes | None:
     if value is None:
         return None
-    return bytes(value)  # type: ignore[call-overload]
+    return bytes(value)

@@ -59,7 +59,7 @@ class ScramCredential:
                 salt=base64.b64decode(str(data["salt"]), validate=True),
                 stored_key=base64.b64decode(str(data["stored_key"]), validate=True),
                 server_key=base64.b64decode(str(data["server_key"]), validate=True),
-                iterations=int(data["iterations"]),  # type: ignore[call-overload]
+                iterations=int(str(data["iterations"])),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise CredentialError(f"{where}: needs salt, stored_key, server_key (base64) and iterations: {error}") from None

@@ -175,7 +175,8 @@ class ListenerSecurity:
         if not self.tls:
             return None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.ssl_cafile)
-        context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile, self.ssl_password)  # type: ignore[arg-type]
+        assert self.ssl_certfile is not None  # __post_init__ requires it with TLS
+        context.load_cert_chain(self.ssl_certfile, self.ssl_keyfile, self.ssl_password)
         context.verify_mode = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}[self.ssl_client_auth]
         return context
 
