@@ -17,6 +17,10 @@
   one.
 * **One holder.** Targets never give a partition to two members; neither do the members'
   current assignments (assigned + revoking).
+* **Classic groups** (the migration profile): the generation never goes back, not even across
+  conversions (a consumer group's epoch continues a classic group's generation and back), and
+  an accepted commit comes from a member at the current generation for partitions in its
+  assignment.
 """
 from __future__ import annotations
 
@@ -24,7 +28,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pystreams.partitions import TopicIdPartition
+from pystreams.coordinator.classic_group import ClassicGroup
 from pystreams.coordinator.consumer_group import ConsumerGroup
+from pystreams.protocol import consumer_protocol
 from pystreams.protocol.sentinels import LEAVE_STATIC_EPOCH
 
 if TYPE_CHECKING:
@@ -97,23 +103,31 @@ class InvariantChecker:
             self._view_of[name] = new
 
     def _check_client_epochs(self, touched: list[MemberProcess]) -> None:
-        shadow_groups = self.world.coordinator.shadow.groups
+        node = self.world.coordinator
+        shadow_groups = node.shadow.groups
+        # A classic generation starts when the join phase ends and is written only at SyncGroup:
+        # the live shard knows it first (a shard that dies meanwhile takes it along; a member
+        # then fails to sync and rejoins, so its generation is never acted on).
+        live_groups = node.shard.groups if node.shard is not None else shadow_groups
         for process in touched:
             if process.member is None:
                 continue
             epoch = process.member.member_epoch
             key = (process.name, process.incarnation)
             last = self._client_epoch.get(key, 0)
-            if epoch != 0 and last != 0 and epoch < last:
+            # A classic member's generation resets to -1 when it rejoins afresh.
+            if epoch > 0 and last > 0 and epoch < last:
                 self.world.violation("client-epoch-regressed", f"{process.name}'s member epoch went from {last} to {epoch}")
                 return
             self._client_epoch[key] = epoch
             group = shadow_groups.get(self.world.group_id)
-            if epoch > 0 and (group is None or epoch > group.assignment_epoch):
+            if group is None or isinstance(group, ClassicGroup):
+                group = live_groups.get(self.world.group_id) or group
+            newest = _newest_epoch(group)
+            if epoch > 0 and (newest is None or epoch > newest):
                 self.world.violation(
                     "client-epoch-ahead",
-                    f"{process.name} is at epoch {epoch}, beyond the group's assignment epoch "
-                    f"{group.assignment_epoch if group else None}",
+                    f"{process.name} is at epoch {epoch}, beyond the group's assignment epoch (or generation) {newest}",
                 )
                 return
 
@@ -142,9 +156,15 @@ class InvariantChecker:
         if before is not None and before != replayed:
             self.world.violation("failover-replay-diverged", "the shard replayed at fail-over differs from the one that died: " + _diff(before, replayed))
 
-    def _check_group(self, group: ConsumerGroup) -> bool:
+    def _check_group(self, group: ConsumerGroup | ClassicGroup) -> bool:
         gid = group.group_id
         violation = self.world.violation
+        if isinstance(group, ClassicGroup):
+            if group.generation < self._group_epoch.get(gid, 0):
+                violation("epochs", f"classic generation {group.generation} < the group's earlier epoch {self._group_epoch[gid]}")
+                return False
+            self._group_epoch[gid] = group.generation
+            return True
         if group.group_epoch < group.assignment_epoch:
             violation("epochs", f"group epoch {group.group_epoch} < assignment epoch {group.assignment_epoch}")
             return False
@@ -195,6 +215,8 @@ class InvariantChecker:
         member = group.members.get(request.member_id) if group is not None else None
         if member is None:
             return CommitContext(None, frozenset())
+        if isinstance(group, ClassicGroup):
+            return CommitContext(group.generation, classic_assignment(self.world, member.assignment))
         held = frozenset(
             TopicIdPartition(topic, p) for holding in (member.assigned, member.revoking) for topic, p in holding
         )
@@ -229,6 +251,25 @@ class InvariantChecker:
             if owner is not None and owner != process.name:
                 world.violation("zombie-commit", f"commit of {name}-{index} from {who} accepted while {owner} owns it")
                 return
+
+
+def _newest_epoch(group: ConsumerGroup | ClassicGroup | None) -> int | None:
+    """The highest epoch a member may know: the assignment epoch, or a classic generation."""
+    if group is None:
+        return None
+    return group.generation if isinstance(group, ClassicGroup) else group.assignment_epoch
+
+
+def classic_assignment(world: Simulation, data: bytes) -> frozenset[TopicIdPartition]:
+    """A classic member's assignment (SyncGroup bytes) as partitions, by topic id."""
+    if not data:
+        return frozenset()
+    topics = world.coordinator.topics
+    return frozenset(
+        TopicIdPartition(topics[name].topic_id, p)
+        for name, partitions in consumer_protocol.decode_assignment(data).partitions.items() if name in topics
+        for p in partitions
+    )
 
 
 def _diff(a: dict, b: dict) -> str:
