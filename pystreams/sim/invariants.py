@@ -20,7 +20,14 @@
 * **Classic groups** (the migration profile): the generation never goes back, not even across
   conversions (a consumer group's epoch continues a classic group's generation and back), and
   an accepted commit comes from a member at the current generation for partitions in its
-  assignment.
+  assignment. Two things the classic protocol (as Kafka implements it) does not promise are
+  not demanded: a generation handed out in JoinGroup answers is written only when the leader's
+  SyncGroup stores the assignment (or the group becomes Empty), so a fail-over in between
+  brings the group back at the last *written* generation; a member may then still hold the
+  lost one (it fails to sync or is told ILLEGAL_GENERATION and rejoins). And an *empty* group
+  that changes protocol is deleted (tombstones) and created afresh, restarting at epoch 0
+  (Kafka's ``maybeDeleteEmptyClassicGroup`` / ``maybeDeleteEmptyConsumerGroup``); a non-empty
+  one is converted and its epoch continues.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pystreams.partitions import TopicIdPartition
+from pystreams.coordinator import records as r
 from pystreams.coordinator.classic_group import ClassicGroup
 from pystreams.coordinator.consumer_group import ConsumerGroup
 from pystreams.protocol import consumer_protocol
@@ -66,6 +74,14 @@ class InvariantChecker:
         self._assignment_epoch: dict[str, int] = {}
         self._member_epoch: dict[tuple[str, str], int] = {}
         self._client_epoch: dict[tuple[str, int], int] = {}
+        #: Per process incarnation: the coordinator incarnation its current epoch came from.
+        self._epoch_source: dict[tuple[str, int], int] = {}
+        #: Per coordinator incarnation: the highest classic generation its live shard reached,
+        #: written or not (what its JoinGroup answers may have told members).
+        self._classic_generation_told: dict[int, int] = {}
+        #: Members per group at the last check of the log (a deleted group must have had none).
+        self._members_seen: dict[str, int] = {}
+        self._log_checked = 0
 
     def owner_of(self, partition: TopicIdPartition) -> str | None:
         return self._owner_of.get(partition)
@@ -106,9 +122,9 @@ class InvariantChecker:
         node = self.world.coordinator
         shadow_groups = node.shadow.groups
         # A classic generation starts when the join phase ends and is written only at SyncGroup:
-        # the live shard knows it first (a shard that dies meanwhile takes it along; a member
-        # then fails to sync and rejoins, so its generation is never acted on).
+        # the live shard knows it first.
         live_groups = node.shard.groups if node.shard is not None else shadow_groups
+        self._note_classic_generation()
         for process in touched:
             if process.member is None:
                 continue
@@ -119,17 +135,37 @@ class InvariantChecker:
             if epoch > 0 and last > 0 and epoch < last:
                 self.world.violation("client-epoch-regressed", f"{process.name}'s member epoch went from {last} to {epoch}")
                 return
+            if epoch != last:
+                # Answers of a dead coordinator are dropped on arrival, so a new epoch comes
+                # from the coordinator incarnation live now.
+                self._epoch_source[key] = node.incarnation
             self._client_epoch[key] = epoch
             group = shadow_groups.get(self.world.group_id)
             if group is None or isinstance(group, ClassicGroup):
                 group = live_groups.get(self.world.group_id) or group
             newest = _newest_epoch(group)
+            source = self._epoch_source.get(key, node.incarnation)
+            if source != node.incarnation:
+                # Learnt from a shard that has died since: a classic generation it handed out
+                # in JoinGroup answers but never wrote died with it (see the module docstring).
+                told = self._classic_generation_told.get(source)
+                if told is not None:
+                    newest = told if newest is None else max(newest, told)
             if epoch > 0 and (newest is None or epoch > newest):
                 self.world.violation(
                     "client-epoch-ahead",
                     f"{process.name} is at epoch {epoch}, beyond the group's assignment epoch (or generation) {newest}",
                 )
                 return
+
+    def _note_classic_generation(self) -> None:
+        node = self.world.coordinator
+        if node.shard is None:
+            return
+        group = node.shard.groups.get(self.world.group_id)
+        if isinstance(group, ClassicGroup):
+            told = self._classic_generation_told
+            told[node.incarnation] = max(told.get(node.incarnation, 0), group.generation)
 
     def _check_coordinator(self) -> None:
         node = self.world.coordinator
@@ -140,9 +176,27 @@ class InvariantChecker:
         if live != replayed:
             self.world.violation("replay-diverged", "the live shard differs from a shard replaying its log: " + _diff(live, replayed))
             return
+        self._note_classic_generation()
+        self._forget_deleted_groups()
         for group in shard.groups.values():
-            if not self._check_group(group):
+            if not self._check_group(group, node.shadow.groups.get(group.group_id)):
                 return
+        self._members_seen = {gid: len(group.members) for gid, group in node.shadow.groups.items()}
+
+    def _forget_deleted_groups(self) -> None:
+        """A group tombstone deletes a group: if it was empty, the group made afresh (another
+        protocol's, or after DeleteGroups) starts its epochs again; a non-empty group is only
+        ever converted, and its epoch carries on, so its history stays."""
+        log = self.world.coordinator.log
+        for record in log[self._log_checked:]:
+            if isinstance(record, (r.GroupMetadata, r.ClassicGroupMetadata)) and record.value is None:
+                gid = record.group_id
+                if self._members_seen.get(gid, 0) == 0:
+                    self._group_epoch.pop(gid, None)
+                    self._assignment_epoch.pop(gid, None)
+                    for key in [k for k in self._member_epoch if k[0] == gid]:
+                        del self._member_epoch[key]
+        self._log_checked = len(log)
 
     def check_fresh_replay(self) -> None:
         """A brand-new shard replaying the whole log equals the live one (end of a run)."""
@@ -156,14 +210,20 @@ class InvariantChecker:
         if before is not None and before != replayed:
             self.world.violation("failover-replay-diverged", "the shard replayed at fail-over differs from the one that died: " + _diff(before, replayed))
 
-    def _check_group(self, group: ConsumerGroup | ClassicGroup) -> bool:
+    def _check_group(self, group: ConsumerGroup | ClassicGroup, written: ConsumerGroup | ClassicGroup | None) -> bool:
         gid = group.group_id
         violation = self.world.violation
         if isinstance(group, ClassicGroup):
-            if group.generation < self._group_epoch.get(gid, 0):
-                violation("epochs", f"classic generation {group.generation} < the group's earlier epoch {self._group_epoch[gid]}")
+            # The generation that must never go back is the written one (the shadow's): a
+            # fail-over legitimately loses a generation not yet written (module docstring).
+            generation = written.persisted.generation if isinstance(written, ClassicGroup) and written.persisted else 0
+            if generation < self._group_epoch.get(gid, 0):
+                violation("epochs", f"classic generation {generation} < the group's earlier epoch {self._group_epoch[gid]}")
                 return False
-            self._group_epoch[gid] = group.generation
+            if group.generation < generation:
+                violation("epochs", f"the live classic generation {group.generation} is behind the written {generation}")
+                return False
+            self._group_epoch[gid] = generation
             return True
         if group.group_epoch < group.assignment_epoch:
             violation("epochs", f"group epoch {group.group_epoch} < assignment epoch {group.assignment_epoch}")

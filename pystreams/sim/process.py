@@ -34,6 +34,7 @@ import kafka.errors as Errors
 
 from pystreams.partitions import NO_PARTITIONS, PartitionSet, TopicIdPartition
 from pystreams.client.classic import ClassicGroupMember, ClassicMemberConfig
+from pystreams.coordinator.classic_group import ClassicGroup
 from pystreams.client.member import (
     AssignmentAbandoned,
     AssignmentInstalled,
@@ -108,6 +109,8 @@ class MemberProcess:
         self.woken_at: int | None = None
         #: When the coordinator last answered one of its heartbeats without error.
         self.last_heartbeat_ok_ms: int | None = None
+        #: Every member id this process has held, over all its incarnations.
+        self.held_member_ids: set[str] = set()
 
     # ------------------------------------------------------------------ observation
 
@@ -333,6 +336,8 @@ class MemberProcess:
         if member is None:
             return
         world = self.world
+        if member.member_id:
+            self.held_member_ids.add(member.member_id)
         for event in member.take_events():
             if isinstance(event, RevokePartitions):
                 world.stats["revocations"] += 1
@@ -355,12 +360,34 @@ class MemberProcess:
                 # Its previous incarnation's session has not expired yet: the member retries.
                 world.stats["process.unreleased_instance_id"] += 1
             elif isinstance(event, MemberFailed):
+                if self._fenced_by_a_forgotten_replacement(event):
+                    # Kafka's consumer gives up on FENCED_INSTANCE_ID; its supervisor restarts it.
+                    world.stats["process.fenced_after_failover"] += 1
+                    self.crash()
+                    return
                 world.violation("member-failed", f"{self.name} ({self.member_id}) failed: {event.message}")
                 return
             elif isinstance(event, AssignmentInstalled):
                 world.stats["assignor.installed"] += 1
             elif isinstance(event, AssignmentAbandoned):
                 world.stats[f"assignor.abandoned.{event.api}"] += 1
+
+    def _fenced_by_a_forgotten_replacement(self, event: MemberFailed) -> bool:
+        """A classic static member that replaced its earlier self while the group rebalanced is
+        not written until the next generation's assignment is stored (Kafka writes a static
+        replacement only in Stable); a fail-over meanwhile brings the instance id back mapped to
+        the earlier member id, so the new one is told FENCED_INSTANCE_ID, which Kafka's consumer
+        treats as fatal. That is the classic protocol, not a fault: true only when the
+        coordinator maps this process's instance id to an id this process held before."""
+        member = self.member
+        if not isinstance(member, ClassicGroupMember) or event.error_code != Errors.FencedInstanceIdError.errno:
+            return False
+        shard = self.world.coordinator.shard
+        group = shard.groups.get(self.world.group_id) if shard is not None else None
+        if not isinstance(group, ClassicGroup) or self.spec.instance_id is None:
+            return False
+        mapped = group.static_members.get(self.spec.instance_id)
+        return mapped is not None and mapped != member.member_id and mapped in self.held_member_ids
 
     def _commit(self, partitions: Iterable[TopicIdPartition], revocation_id: int | None = None) -> None:
         """OffsetCommit of these partitions' positions, with the member epoch the app knows."""

@@ -28,6 +28,7 @@ from pystreams.coordinator.classic_group import ClassicGroup, ClassicGroupState
 from pystreams.coordinator.consumer_group import GroupState
 from pystreams.coordinator.context import DEFERRED
 from pystreams.coordinator.subscriptions import subscribed_names
+from pystreams.protocol import consumer_protocol
 from pystreams.protocol import messages as m
 from pystreams.sim.assignors import Outcome
 from pystreams.sim.coordinator import CoordinatorNode
@@ -561,14 +562,25 @@ def _describe_args(args: tuple) -> str:
 def _describe_message(message: Any) -> str:
     kind = type(message).__name__
     fields = []
-    for attribute in ("member_id", "member_epoch", "error_code", "generation_id_or_member_epoch", "group_epoch"):
+    for attribute in ("member_id", "member_epoch", "error_code", "generation_id_or_member_epoch", "group_epoch", "generation_id", "leader"):
         value = getattr(message, attribute, None)
         if value not in (None, ""):
             fields.append(f"{attribute}={value}")
     assignment = getattr(message, "assignment", None)
-    if assignment is not None:
+    if isinstance(assignment, bytes):  # a classic SyncGroup answer
+        fields.append(f"assigned={_classic_partition_count(assignment)}")
+    elif assignment is not None:
         fields.append(f"assigned={sum(len(t.partitions) for t in assignment.assigned_topic_partitions)}")
     owned = getattr(message, "topic_partitions", None)
     if owned is not None and kind.endswith("Request"):
         fields.append(f"owned={sum(len(t.partitions) for t in owned)}")
     return f"{kind}[{' '.join(fields)}]"
+
+
+def _classic_partition_count(data: bytes) -> int | str:
+    if not data:
+        return 0
+    try:
+        return sum(len(p) for p in consumer_protocol.decode_assignment(data).partitions.values())
+    except Exception:  # a trace line must not fail on bytes it cannot read
+        return "?"
