@@ -74,11 +74,15 @@ class InvariantChecker:
         self._assignment_epoch: dict[str, int] = {}
         self._member_epoch: dict[tuple[str, str], int] = {}
         self._client_epoch: dict[tuple[str, int], int] = {}
-        #: Per process incarnation: the coordinator incarnation its current epoch came from.
-        self._epoch_source: dict[tuple[str, int], int] = {}
-        #: Per coordinator incarnation: the highest classic generation its live shard reached,
-        #: written or not (what its JoinGroup answers may have told members).
-        self._classic_generation_told: dict[int, int] = {}
+        #: Per process incarnation: where its current epoch came from, as (coordinator
+        #: incarnation, life of the group): answers of a dead coordinator are dropped on
+        #: arrival, so a new epoch comes from the incarnation live at the time.
+        self._epoch_source: dict[tuple[str, int], tuple[int, int]] = {}
+        #: Per (coordinator incarnation, group life): the highest epoch or classic generation
+        #: its live shard reached, written or not (what its answers may have told members).
+        self._newest_told: dict[tuple[int, int], int] = {}
+        #: The simulated group's lives: a new one starts when an empty group is deleted.
+        self._group_life = 0
         #: Members per group at the last check of the log (a deleted group must have had none).
         self._members_seen: dict[str, int] = {}
         self._log_checked = 0
@@ -89,6 +93,9 @@ class InvariantChecker:
     # ------------------------------------------------------------------ after every step
 
     def after_step(self, touched: list[MemberProcess], coordinator_touched: bool) -> None:
+        if coordinator_touched:
+            self._forget_deleted_groups()
+        self._note_newest_told()
         if touched:
             self._check_ownership(touched)
             self._check_client_epochs(touched)
@@ -124,31 +131,36 @@ class InvariantChecker:
         # A classic generation starts when the join phase ends and is written only at SyncGroup:
         # the live shard knows it first.
         live_groups = node.shard.groups if node.shard is not None else shadow_groups
-        self._note_classic_generation()
+        now_source = (node.incarnation, self._group_life)
         for process in touched:
             if process.member is None:
                 continue
             epoch = process.member.member_epoch
             key = (process.name, process.incarnation)
             last = self._client_epoch.get(key, 0)
-            # A classic member's generation resets to -1 when it rejoins afresh.
-            if epoch > 0 and last > 0 and epoch < last:
+            # A classic member's generation resets to -1 when it rejoins afresh. One whose
+            # epoch came from a group deleted since (it was out of it, the group emptied) may
+            # rejoin the new one with its old member id and get a lower epoch without a reset:
+            # Kafka creates a classic member joining a consumer group with any member id.
+            same_life = self._epoch_source.get(key, now_source)[1] == self._group_life
+            if epoch > 0 and last > 0 and epoch < last and same_life:
                 self.world.violation("client-epoch-regressed", f"{process.name}'s member epoch went from {last} to {epoch}")
                 return
             if epoch != last:
-                # Answers of a dead coordinator are dropped on arrival, so a new epoch comes
-                # from the coordinator incarnation live now.
-                self._epoch_source[key] = node.incarnation
+                self._epoch_source[key] = now_source
             self._client_epoch[key] = epoch
-            group = shadow_groups.get(self.world.group_id)
-            if group is None or isinstance(group, ClassicGroup):
-                group = live_groups.get(self.world.group_id) or group
-            newest = _newest_epoch(group)
-            source = self._epoch_source.get(key, node.incarnation)
-            if source != node.incarnation:
-                # Learnt from a shard that has died since: a classic generation it handed out
-                # in JoinGroup answers but never wrote died with it (see the module docstring).
-                told = self._classic_generation_told.get(source)
+            source = self._epoch_source.get(key, now_source)
+            newest = None
+            if source[1] == self._group_life:
+                group = shadow_groups.get(self.world.group_id)
+                if group is None or isinstance(group, ClassicGroup):
+                    group = live_groups.get(self.world.group_id) or group
+                newest = _newest_epoch(group)
+            if source != now_source:
+                # Learnt from a shard that has died since (a classic generation it handed out
+                # in JoinGroup answers but never wrote died with it), or from an earlier life of
+                # the group, deleted since: bounded by what that shard told in that life.
+                told = self._newest_told.get(source)
                 if told is not None:
                     newest = told if newest is None else max(newest, told)
             if epoch > 0 and (newest is None or epoch > newest):
@@ -158,14 +170,14 @@ class InvariantChecker:
                 )
                 return
 
-    def _note_classic_generation(self) -> None:
+    def _note_newest_told(self) -> None:
         node = self.world.coordinator
         if node.shard is None:
             return
-        group = node.shard.groups.get(self.world.group_id)
-        if isinstance(group, ClassicGroup):
-            told = self._classic_generation_told
-            told[node.incarnation] = max(told.get(node.incarnation, 0), group.generation)
+        newest = _newest_epoch(node.shard.groups.get(self.world.group_id))
+        if newest is not None:
+            told, key = self._newest_told, (node.incarnation, self._group_life)
+            told[key] = max(told.get(key, 0), newest)
 
     def _check_coordinator(self) -> None:
         node = self.world.coordinator
@@ -176,8 +188,6 @@ class InvariantChecker:
         if live != replayed:
             self.world.violation("replay-diverged", "the live shard differs from a shard replaying its log: " + _diff(live, replayed))
             return
-        self._note_classic_generation()
-        self._forget_deleted_groups()
         for group in shard.groups.values():
             if not self._check_group(group, node.shadow.groups.get(group.group_id)):
                 return
@@ -192,6 +202,8 @@ class InvariantChecker:
             if isinstance(record, (r.GroupMetadata, r.ClassicGroupMetadata)) and record.value is None:
                 gid = record.group_id
                 if self._members_seen.get(gid, 0) == 0:
+                    if gid == self.world.group_id:
+                        self._group_life += 1
                     self._group_epoch.pop(gid, None)
                     self._assignment_epoch.pop(gid, None)
                     for key in [k for k in self._member_epoch if k[0] == gid]:
