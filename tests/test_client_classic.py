@@ -753,6 +753,32 @@ def test_a_leaving_member_without_answers_for_a_session_loses_what_it_still_revo
     assert member.revoking_partitions == PartitionSet()
 
 
+def test_a_cooperative_member_whose_join_goes_unanswered_gives_up_its_partitions_when_guarded() -> None:
+    """A cooperative member keeps processing while its JoinGroup waits (KIP-429), and sends no
+    heartbeats then. If the JoinGroup or its answer is lost, the coordinator removes the member
+    a rebalance timeout after the rebalance began (it never joined) or after answering it (it
+    never synced) and hands its partitions on, while the member waits out the JoinGroup's
+    request timeout. Guarded, the member lets them go by then; Kafka's consumer keeps them.
+    Found by the simulator's migration profile (seeds 8, 31: two owners)."""
+    for guarded in (False, True):
+        member = make(assignors=("cooperative-sticky",), lose_partitions_on_session_timeout=guarded)
+        to_stable(member, {"foo": [0, 1]}, protocol="cooperative-sticky")  # SyncGroup sent at 0
+        member.take_events()
+        heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+        member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL + 10)
+        only(member.poll(INTERVAL + 10), m.JoinGroupRequest)
+        assert member.owned_partitions == parts(FOO, 0, 1)  # kept while joining
+        assert member.poll(REBALANCE - 1) == [] and member.take_events() == []
+        assert member.poll(REBALANCE) == []  # still waiting for the JoinGroup's answer
+        if not guarded:
+            assert member.take_events() == [] and member.owned_partitions == parts(FOO, 0, 1)
+            continue
+        assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
+        assert member.owned_partitions == PartitionSet()
+        # The JoinGroup stays outstanding (the coordinator may have had it in time): no new one.
+        assert member.poll(REBALANCE + 5) == [] and member.take_events() == []
+
+
 def test_without_answers_for_a_session_the_member_looks_the_coordinator_up_again() -> None:
     member = make()
     to_stable(member, {"foo": [0]})

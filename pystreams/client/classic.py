@@ -36,8 +36,10 @@ the worker and the simulator run either without knowing which. What it does foll
   timeout of the rebalance that asked for it means the coordinator has moved on without this
   member (Kafka's ``max.poll.interval.ms``): its partitions are lost and it rejoins afresh.
   With ``lose_partitions_on_session_timeout``, no successful answer within the session timeout
-  does the same (off by default: Kafka only looks the coordinator up again). Both also hold
-  while it revokes before leaving: it is still a member then, and is removed all the same.
+  does the same (off by default: Kafka only looks the coordinator up again), and so does a
+  JoinGroup unanswered for a rebalance timeout while a cooperative member keeps its partitions.
+  Both also hold while it revokes before leaving: it is still a member then, and is removed
+  all the same.
 
 The member never learns whether the coordinator runs the group as a classic group or as a
 KIP-848 group holding classic members (online migration): there it is never the leader, its
@@ -167,8 +169,9 @@ class ClassicMemberConfig:
     #: (:data:`BUILTIN_ASSIGNORS`) and/or client-side assignors (``ClientAssignor`` objects).
     assignors: Sequence[str | ClientAssignor] = ("range", "cooperative-sticky")
     retry_backoff_ms: int = 100
-    #: Give partitions up (lost) when no request was answered within the session timeout: the
-    #: coordinator may have expired the member already. Off: Kafka only re-discovers the coordinator.
+    #: Give partitions up (lost) when no request was answered within the session timeout, or a
+    #: JoinGroup within the rebalance timeout: the coordinator may have removed the member
+    #: already. Off: Kafka only re-discovers the coordinator, and waits for the JoinGroup.
     lose_partitions_on_session_timeout: bool = False
 
     def __post_init__(self) -> None:
@@ -522,7 +525,7 @@ class ClassicGroupMember:
                 deadlines.append(now)
         if self._heartbeat_wanted() and (self._state is not ClassicState.LEAVING or self._revocations):
             deadlines.append(now if self._heartbeat_asap or self._heartbeat_due_ms is None else self._heartbeat_due_ms)
-        deadlines.extend(d for d in (self._session_deadline(), self._rebalance_deadline()) if d is not None)
+        deadlines.extend(d for d in (self._session_deadline(), self._rebalance_deadline(), self._join_deadline()) if d is not None)
         return min(deadlines) if deadlines else None
 
     def on_response(self, request: Request, response: Response, now_ms: int) -> None:
@@ -642,12 +645,12 @@ class ClassicGroupMember:
         self._join_due_ms = None
         self._joined_topics = topics
         self._joined_user_data = {name: data for name, data in user_data.items() if data is not None}
-        self._rebalance_heard_ms = None  # joined in time
         self._heartbeat_asap = False
         return request
 
     def _on_join_response(self, in_flight: _InFlight, response: JoinGroupResponse, now_ms: int) -> None:
         code = response.error_code
+        self._rebalance_heard_ms = None  # the coordinator has the join: rejoined in time
         if code == _NONE:
             if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
                 self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"JoinGroup answered protocol type "
@@ -948,7 +951,24 @@ class ClassicGroupMember:
             return None
         return self._rebalance_heard_ms + self.config.rebalance_timeout_ms
 
+    def _join_deadline(self) -> int | None:
+        """Guarded, a member still owning partitions while its JoinGroup goes unanswered (KIP-429)
+        may have been removed by now: the coordinator drops a member that has not rejoined a
+        rebalance timeout after the rebalance began, or has not synced one after answering its
+        join; the JoinGroup's own timeout is later still."""
+        if not self.config.lose_partitions_on_session_timeout or self._join is None or not self._owned:
+            return None
+        deadline = self._join.sent_at_ms
+        if self._rebalance_heard_ms is not None:
+            deadline = min(deadline, self._rebalance_heard_ms)
+        return deadline + self.config.rebalance_timeout_ms
+
     def _check_timeouts(self, now_ms: int) -> None:
+        join = self._join_deadline()
+        if join is not None and now_ms >= join:
+            log.warning("group %s: no answer to the JoinGroup within the rebalance timeout; giving up every partition",
+                        self.config.group_id)
+            self._lose_owned(_REQUEST_TIMED_OUT)  # the answer may still come: then carry on
         rebalance = self._rebalance_deadline()
         if rebalance is not None and now_ms >= rebalance:
             # Not rejoined within the rebalance timeout (revocations too slow, Kafka's max poll
