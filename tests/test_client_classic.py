@@ -668,19 +668,115 @@ def test_a_revocation_not_done_within_the_rebalance_timeout_loses_everything_and
     member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL + 10)
     assert member.poll(INTERVAL + 10) == []
     [revoke] = member.take_events()
-    assert member.next_deadline() <= INTERVAL + REBALANCE
+    # The rebalance may have begun right after the SyncGroup (sent at 0) was answered.
+    assert member.next_deadline() <= REBALANCE
     # Heartbeats keep going (and keep being answered) while the application is stuck.
     now = 2 * INTERVAL
-    while now < INTERVAL + REBALANCE:
+    while now < REBALANCE:
         for request in member.poll(now):
             member.on_response(request, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), now)
         now += INTERVAL
-    requests = member.poll(INTERVAL + REBALANCE)
+    requests = member.poll(REBALANCE)
     assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
     rejoin = only(requests, m.JoinGroupRequest)
     assert rejoin.member_id == ""
     member.revocation_done(now, revoke.revocation_id)  # too late: ignored
     assert member.take_events() == []
+
+
+def test_the_rebalance_guard_counts_from_the_last_settled_answer_not_from_the_first_rebalance_answer() -> None:
+    """In a classic group the coordinator's rebalance (and its timer) may have started as soon
+    as it answered the member's last heartbeat without error; the heartbeat that hears of it
+    may be sent an interval later. The guard must not fire after the coordinator may hand the
+    partitions on."""
+    member = make()
+    to_stable(member, {"foo": [0, 1]})  # the SyncGroup, sent at 0, answered at 0
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=NONE), INTERVAL + 10)
+    heartbeat = only(member.poll(2 * INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), 2 * INTERVAL + 10)
+    assert member.poll(2 * INTERVAL + 10) == []
+    [revoke] = member.take_events()  # eager: revokes everything, stuck in the application
+    # The rebalance began after the coordinator answered the heartbeat sent at INTERVAL.
+    assert member.next_deadline() <= INTERVAL + REBALANCE
+    now = 3 * INTERVAL
+    while now < INTERVAL + REBALANCE:
+        for request in member.poll(now):
+            member.on_response(request, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), now)
+        now += INTERVAL
+    assert member.revoking_partitions == parts(FOO, 0, 1)
+    rejoin = only(member.poll(INTERVAL + REBALANCE), m.JoinGroupRequest)
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
+    assert rejoin.member_id == ""
+
+
+def test_a_leaving_member_stuck_revoking_past_the_rebalance_timeout_loses_its_partitions_and_leaves() -> None:
+    """Leaving, a member revokes everything before its LeaveGroup and heartbeats meanwhile; a
+    rebalance the coordinator starts then (REBALANCE_IN_PROGRESS) removes it once the rebalance
+    timeout passes without its rejoin, and hands its partitions on. Found by the simulator's
+    migration profile (seed 21): the member kept revoking them while another owned them."""
+    member = make()
+    to_stable(member, {"foo": [0, 1]})
+    member.take_events()
+    member.leave(INTERVAL // 2)
+    [revoke] = member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL + 10)
+    assert member.next_deadline() <= REBALANCE
+    now = 2 * INTERVAL
+    while now < REBALANCE:
+        for request in member.poll(now):
+            member.on_response(request, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), now)
+        now += INTERVAL
+    assert member.revoking_partitions == parts(FOO, 0, 1)
+    leave = only(member.poll(REBALANCE), m.LeaveGroupRequest)  # best effort, as Kafka's
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
+    assert member.revoking_partitions == PartitionSet() and member.owned_partitions == PartitionSet()
+    member.revocation_done(REBALANCE + 1, revoke.revocation_id)  # too late: ignored
+    member.on_response(leave, m.LeaveGroupResponse(error_code=UNKNOWN_MEMBER, members=[]), REBALANCE + 2)
+    assert member.take_events() == [LeftGroup(-1)]
+
+
+def test_a_leaving_member_without_answers_for_a_session_loses_what_it_still_revokes_when_guarded() -> None:
+    member = make(lose_partitions_on_session_timeout=True)
+    to_stable(member, {"foo": [0]})
+    member.take_events()
+    member.leave(1)
+    member.take_events()
+    for now in range(INTERVAL, SESSION, INTERVAL):
+        for request in member.poll(now):
+            member.on_request_failed(request, now)
+    member.poll(SESSION)
+    events = member.take_events()
+    assert PartitionsLost(parts(FOO, 0), TIMED_OUT) in events
+    assert member.revoking_partitions == PartitionSet()
+
+
+def test_a_cooperative_member_whose_join_goes_unanswered_gives_up_its_partitions_when_guarded() -> None:
+    """A cooperative member keeps processing while its JoinGroup waits (KIP-429), and sends no
+    heartbeats then. If the JoinGroup or its answer is lost, the coordinator removes the member
+    a rebalance timeout after the rebalance began (it never joined) or after answering it (it
+    never synced) and hands its partitions on, while the member waits out the JoinGroup's
+    request timeout. Guarded, the member lets them go by then; Kafka's consumer keeps them.
+    Found by the simulator's migration profile (seeds 8, 31: two owners)."""
+    for guarded in (False, True):
+        member = make(assignors=("cooperative-sticky",), lose_partitions_on_session_timeout=guarded)
+        to_stable(member, {"foo": [0, 1]}, protocol="cooperative-sticky")  # SyncGroup sent at 0
+        member.take_events()
+        heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+        member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL + 10)
+        only(member.poll(INTERVAL + 10), m.JoinGroupRequest)
+        assert member.owned_partitions == parts(FOO, 0, 1)  # kept while joining
+        assert member.poll(REBALANCE - 1) == [] and member.take_events() == []
+        assert member.poll(REBALANCE) == []  # still waiting for the JoinGroup's answer
+        if not guarded:
+            assert member.take_events() == [] and member.owned_partitions == parts(FOO, 0, 1)
+            continue
+        assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
+        assert member.owned_partitions == PartitionSet()
+        # The JoinGroup stays outstanding (the coordinator may have had it in time): no new one.
+        assert member.poll(REBALANCE + 5) == [] and member.take_events() == []
 
 
 def test_without_answers_for_a_session_the_member_looks_the_coordinator_up_again() -> None:

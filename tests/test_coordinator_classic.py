@@ -114,6 +114,26 @@ def test_protocol_selection_is_a_vote_over_protocols_every_member_supports() -> 
     assert e.join(protocol_type="connect").error_code == Errors.InconsistentGroupProtocolError.errno
 
 
+def test_a_group_rebalancing_with_no_members_left_takes_any_protocol_of_the_right_type() -> None:
+    """Kafka's supportsProtocols counts a protocol no member offers as 0 supporters, which
+    equals 0 members: a group whose only member left during its first join phase (still
+    PreparingRebalance, not yet Empty) accepts the next member whatever its assignor. Found by
+    the simulator's migration profile (seed 219: every later member failed fatally)."""
+    h = harness()
+    a = Classic(h)
+    a.join_fully()
+    assert a.leave() == 0
+    assert h.group.state is ClassicGroupState.PREPARING_REBALANCE and not h.group.members
+    b = Classic(h, protocols=("cooperative-sticky",))
+    first = b.join()
+    assert first is DEFERRED or (first.error_code == Errors.MemberIdRequiredError.errno and b.join() is DEFERRED)
+    wait_out_initial_delay(h)
+    answer = b.answer()
+    assert (answer.error_code, answer.protocol_name) == (0, "cooperative-sticky")
+    # The group's protocol type still has to match.
+    assert Classic(h, protocols=("range",)).join(protocol_type="connect").error_code == Errors.InconsistentGroupProtocolError.errno
+
+
 def test_join_group_validation_before_the_group() -> None:
     h = harness()
     assert Classic(h, group_id="").join().error_code == Errors.InvalidGroupIdError.errno

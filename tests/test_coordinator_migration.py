@@ -286,6 +286,30 @@ def test_a_static_classic_member_restarting_with_the_new_protocol_replaces_itsel
     h.assert_replay_equals_live()
 
 
+def test_an_upgrade_writes_the_subscription_metadata_and_bumps_so_a_stale_classic_assignment_is_replaced() -> None:
+    """Kafka's conversion does not write the subscription metadata: the joiner's heartbeat
+    computes it, finds it changed and bumps the epoch, so a new target covers every member,
+    even when the joiner only replaces a static member (testConsumerGroupHeartbeatToClassicGroup
+    FromExistingStaticMember). Without that, a group converted mid-rebalance kept a target made
+    of the last classic assignment: here t left, so nobody was ever given foo-2 and foo-3
+    (simulator, migration seeds 39 and 47)."""
+    h = harness()
+    s, t = Classic(h, instance_id="s"), Classic(h, instance_id="t")
+    form_group(h, [s, t], {0: {"foo": [0, 1]}, 1: {"foo": [2, 3]}})
+    assert t.leave() == 0  # t goes: a rebalance begins; s still holds only foo-0, foo-1
+    assert h.group.state is ClassicGroupState.PREPARING_REBALANCE
+    response = h.join("s2", server_assignor="range", instance_id="s")
+    assert response.error_code == 0
+    # Kafka's order: the conversion, the replacement, then the joiner's heartbeat.
+    assert kinds(h.last_records)[-5:] == [
+        "PartitionMetadata", "GroupMetadata", "TargetAssignmentMember(s2)", "TargetAssignmentMetadata", "CurrentAssignment(s2)",
+    ]
+    assert h.group.group_epoch == 2 and h.group.assignment_epoch == 2
+    assert set(h.group.subscribed_topics) == {"foo"}
+    assert h.group.targets["s2"].partitions.describe(NAMES) == "foo-0, foo-1, foo-2, foo-3"
+    h.assert_replay_equals_live()
+
+
 # --- classic members in a consumer group ------------------------------------------------------
 
 

@@ -36,7 +36,10 @@ the worker and the simulator run either without knowing which. What it does foll
   timeout of the rebalance that asked for it means the coordinator has moved on without this
   member (Kafka's ``max.poll.interval.ms``): its partitions are lost and it rejoins afresh.
   With ``lose_partitions_on_session_timeout``, no successful answer within the session timeout
-  does the same (off by default: Kafka only looks the coordinator up again).
+  does the same (off by default: Kafka only looks the coordinator up again), and so does a
+  JoinGroup unanswered for a rebalance timeout while a cooperative member keeps its partitions.
+  Both also hold while it revokes before leaving: it is still a member then, and is removed
+  all the same.
 
 The member never learns whether the coordinator runs the group as a classic group or as a
 KIP-848 group holding classic members (online migration): there it is never the leader, its
@@ -167,8 +170,9 @@ class ClassicMemberConfig:
     #: (:data:`BUILTIN_ASSIGNORS`) and/or client-side assignors (``ClientAssignor`` objects).
     assignors: Sequence[str | ClientAssignor] = ("range", "cooperative-sticky")
     retry_backoff_ms: int = 100
-    #: Give partitions up (lost) when no request was answered within the session timeout: the
-    #: coordinator may have expired the member already. Off: Kafka only re-discovers the coordinator.
+    #: Give partitions up (lost) when no request was answered within the session timeout, or a
+    #: JoinGroup within the rebalance timeout: the coordinator may have removed the member
+    #: already. Off: Kafka only re-discovers the coordinator, and waits for the JoinGroup.
     lose_partitions_on_session_timeout: bool = False
 
     def __post_init__(self) -> None:
@@ -298,8 +302,9 @@ class ClassicGroupMember:
         #: Send time of the latest request answered without error: the coordinator restarted the
         #: member's session no earlier than that.
         self._last_answered_send_ms: int | None = None
-        #: Send time of the heartbeat that first said REBALANCE_IN_PROGRESS: the coordinator's
-        #: rebalance timer for this member started no earlier than that.
+        #: The coordinator's rebalance timer for this member started no earlier than this: the
+        #: send time of the last request answered before a heartbeat first said
+        #: REBALANCE_IN_PROGRESS (a classic group's rebalance may begin right after that answer).
         self._rebalance_heard_ms: int | None = None
         self._leader: _LeaderMemory | None = None
 
@@ -526,7 +531,7 @@ class ClassicGroupMember:
                 deadlines.append(now)
         if self._heartbeat_wanted() and (self._state is not ClassicState.LEAVING or self._revocations):
             deadlines.append(now if self._heartbeat_asap or self._heartbeat_due_ms is None else self._heartbeat_due_ms)
-        deadlines.extend(d for d in (self._session_deadline(), self._rebalance_deadline()) if d is not None)
+        deadlines.extend(d for d in (self._session_deadline(), self._rebalance_deadline(), self._join_deadline()) if d is not None)
         return min(deadlines) if deadlines else None
 
     def on_response(self, request: Request, response: Response, now_ms: int) -> None:
@@ -646,12 +651,12 @@ class ClassicGroupMember:
         self._join_due_ms = None
         self._joined_topics = topics
         self._joined_user_data = {name: data for name, data in user_data.items() if data is not None}
-        self._rebalance_heard_ms = None  # joined in time
         self._heartbeat_asap = False
         return request
 
     def _on_join_response(self, in_flight: _InFlight, response: JoinGroupResponse, now_ms: int) -> None:
         code = response.error_code
+        self._rebalance_heard_ms = None  # the coordinator has the join: rejoined in time
         if code == _NONE:
             if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
                 self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"JoinGroup answered protocol type "
@@ -857,14 +862,18 @@ class ClassicGroupMember:
             if self._generation_unchanged(in_flight):
                 self._last_answered_send_ms = in_flight.sent_at_ms
         elif code == _REBALANCE_IN_PROGRESS:
+            settled_send_ms = self._last_answered_send_ms
             if self._generation_unchanged(in_flight):
                 # Still a member: the coordinator keeps it while it rejoins within the rebalance timeout.
                 self._last_answered_send_ms = in_flight.sent_at_ms
+            guarded = self._state is ClassicState.STABLE or (self._state is ClassicState.LEAVING and self._revocations)
+            if guarded and self._rebalance_heard_ms is None:
+                # The rebalance (and the coordinator's timer) began after it answered this
+                # member's previous request without one: count from that request's send.
+                self._rebalance_heard_ms = min(in_flight.sent_at_ms, settled_send_ms if settled_send_ms is not None else in_flight.sent_at_ms)
             if self._state is ClassicState.STABLE:
-                if self._rebalance_heard_ms is None:
-                    self._rebalance_heard_ms = in_flight.sent_at_ms
                 self._request_rejoin("the group is rebalancing")
-            # Otherwise already rebalancing (or leaving): ignored, as Kafka does.
+            # Otherwise already rebalancing (or leaving): no rejoin, as Kafka does.
         elif code in (_ILLEGAL_GENERATION, _UNKNOWN_MEMBER_ID, _FENCED_INSTANCE_ID):
             if not self._generation_unchanged(in_flight):
                 return  # answers a generation this member has already left behind
@@ -916,7 +925,8 @@ class ClassicGroupMember:
             self._events.append(PartitionsLost(lost, error_code))
 
     def _lose_revoking(self, error_code: int) -> None:
-        """Leaving, and the coordinator says we are already out: the revocations become losses."""
+        """Leaving, and out of the group (the coordinator said so, or has removed us by now): the
+        revocations become losses."""
         self._lose_owned(error_code)
         self._generation = NO_GENERATION
         self._after_leave_revocations()
@@ -927,34 +937,62 @@ class ClassicGroupMember:
 
     # ------------------------------------------------------------------ guards
 
+    def _revoking_before_leave(self) -> bool:
+        """Leaving, still revoking: the member is in the group and holds partitions meanwhile."""
+        return self._state is ClassicState.LEAVING and bool(self._revocations)
+
     def _session_deadline(self) -> int | None:
-        if self._last_answered_send_ms is None or self._state not in (
-            ClassicState.COMPLETING_REBALANCE, ClassicState.STABLE,
-        ):
+        if self._last_answered_send_ms is None:
+            return None
+        if self._state not in (ClassicState.COMPLETING_REBALANCE, ClassicState.STABLE) and not self._revoking_before_leave():
             return None
         return self._last_answered_send_ms + self.config.session_timeout_ms
 
     def _rebalance_deadline(self) -> int | None:
-        if self._rebalance_heard_ms is None or self._state is not ClassicState.STABLE:
+        if self._rebalance_heard_ms is None:
+            return None
+        if self._state is not ClassicState.STABLE and not self._revoking_before_leave():
             return None
         return self._rebalance_heard_ms + self.config.rebalance_timeout_ms
 
+    def _join_deadline(self) -> int | None:
+        """Guarded, a member still owning partitions while its JoinGroup goes unanswered (KIP-429)
+        may have been removed by now: the coordinator drops a member that has not rejoined a
+        rebalance timeout after the rebalance began, or has not synced one after answering its
+        join; the JoinGroup's own timeout is later still."""
+        if not self.config.lose_partitions_on_session_timeout or self._join is None or not self._owned:
+            return None
+        deadline = self._join.sent_at_ms
+        if self._rebalance_heard_ms is not None:
+            deadline = min(deadline, self._rebalance_heard_ms)
+        return deadline + self.config.rebalance_timeout_ms
+
     def _check_timeouts(self, now_ms: int) -> None:
+        join = self._join_deadline()
+        if join is not None and now_ms >= join:
+            log.warning("group %s: no answer to the JoinGroup within the rebalance timeout; giving up every partition",
+                        self.config.group_id)
+            self._lose_owned(_REQUEST_TIMED_OUT)  # the answer may still come: then carry on
         rebalance = self._rebalance_deadline()
         if rebalance is not None and now_ms >= rebalance:
             # Not rejoined within the rebalance timeout (revocations too slow, Kafka's max poll
             # interval): the coordinator has gone on without this member.
             log.warning("group %s: did not rejoin within the rebalance timeout; giving up every partition",
                         self.config.group_id)
-            self._reset(_REQUEST_TIMED_OUT, reset_member_id=True)
+            if self._state is ClassicState.LEAVING:
+                self._lose_revoking(_REQUEST_TIMED_OUT)  # then LeaveGroup, best effort
+            else:
+                self._reset(_REQUEST_TIMED_OUT, reset_member_id=True)
             return
         session = self._session_deadline()
         if session is not None and now_ms >= session:
             self._events.append(CoordinatorUnavailable(_REQUEST_TIMED_OUT))
-            if self.config.lose_partitions_on_session_timeout:
-                self._reset(_REQUEST_TIMED_OUT, reset_member_id=True)
-            else:
+            if not self.config.lose_partitions_on_session_timeout:
                 self._last_answered_send_ms = now_ms  # look the coordinator up again, keep going
+            elif self._state is ClassicState.LEAVING:
+                self._lose_revoking(_REQUEST_TIMED_OUT)
+            else:
+                self._reset(_REQUEST_TIMED_OUT, reset_member_id=True)
 
     # ------------------------------------------------------------------ leaving
 

@@ -13,8 +13,10 @@ import json
 import sys
 import time
 
+from pystreams.sim.profiles import PROFILES
+
 HELP = "deterministic simulation: real coordinator and members, faults, invariants, many seeds"
-PROFILE_NAMES = ("steady", "churn", "chaos", "hostile")
+PROFILE_NAMES = tuple(PROFILES)
 TRACE_LINES = 60
 
 

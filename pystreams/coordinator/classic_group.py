@@ -145,11 +145,12 @@ class ClassicGroup:
 
     def supports_protocols(self, protocol_type: str, protocols: tuple[tuple[str, bytes], ...]) -> bool:
         """An Empty group takes any non-empty offer; otherwise the type must match and one offered
-        protocol must be supported by every member."""
+        protocol must be supported by every member (vacuously so, as in Kafka, by a group whose
+        members all left while it rebalances)."""
         if self.is_empty:
             return bool(protocol_type) and bool(protocols)
         counts = self.supported_protocols()
-        return protocol_type == self.protocol_type and any(counts.get(name) == len(self.members) for name, _ in protocols)
+        return protocol_type == self.protocol_type and any(counts.get(name, 0) == len(self.members) for name, _ in protocols)
 
     def select_protocol(self) -> str:
         """The vote: every member votes for its first protocol all members support; most votes

@@ -26,6 +26,7 @@ from pystreams.assignors.api import (
     TopicMetadata,
 )
 from pystreams.coordinator import records as r
+from pystreams.coordinator.classic_group import ClassicGroupState
 from pystreams.coordinator.consumer_group import CLASSIC_METADATA_VERSION, CONSUMER, ConsumerGroup, ConsumerMember, GroupState
 from pystreams.coordinator.context import ShardContext
 from pystreams.coordinator.errors import RequestError
@@ -198,7 +199,10 @@ class ConsumerGroupManager:
         before_upgrade = self.ctx.savepoint()
         try:
             validate_heartbeat(request, self.config.assignors, self.config.max_assignor_metadata_bytes)
+            before = self.ctx.groups.get(request.group_id)
             group = self._consumer_group(request, now_ms)
+            # Converted from a classic group at rest (Stable) or in a rebalance.
+            converted = None if group is None or group is before else before.state is ClassicGroupState.STABLE
             if request.member_epoch in (LEAVE_EPOCH, LEAVE_STATIC_EPOCH):
                 return self._leave(group, request, now_ms)
             if request.member_epoch == 0:
@@ -206,7 +210,7 @@ class ConsumerGroupManager:
             else:
                 group, member = self._existing_member(group, request, now_ms)
                 is_new = False
-            return self._update_and_reconcile(group, member, request, is_new, now_ms)
+            return self._update_and_reconcile(group, member, request, is_new, now_ms, converted=converted)
         except RequestError as exc:
             if request.member_epoch == 0:
                 # A refused join leaves no trace, an upgrade it started included (a fenced
@@ -328,7 +332,8 @@ class ConsumerGroupManager:
         self._maybe_restart_computation(group, member.member_id, now_ms)
         return HeartbeatResponse(member_id=member.member_id, member_epoch=LEAVE_STATIC_EPOCH, heartbeat_interval_ms=0)
 
-    def _update_and_reconcile(self, group: ConsumerGroup, member: ConsumerMember, request, is_new: bool, now_ms: int) -> HeartbeatResponse:
+    def _update_and_reconcile(self, group: ConsumerGroup, member: ConsumerMember, request, is_new: bool, now_ms: int, *, converted: bool | None = None) -> HeartbeatResponse:
+        """``converted``: this heartbeat converted a classic group (True: one that was Stable)."""
         updated, bump = _apply_request_fields(member, request, self.ctx.request)
         self._check_classic_members_readable(group, updated)
         self._check_assignor_versions(group, updated)
@@ -339,6 +344,16 @@ class ConsumerGroupManager:
         if bump:
             self.refresh_subscription_metadata(group)
             self.bump_group_epoch(group)
+        elif converted is not None:
+            # A conversion writes no subscription metadata: the joiner's heartbeat does, as
+            # Kafka's. Kafka then always bumps (the metadata changed from none); the KIP's case
+            # study keeps a Stable group's assignment at the generation, and so do we when it is
+            # complete. One carried over from a rebalance under way, or leaving partitions to
+            # nobody, is stale: bump, so that a new target covers every member and partition
+            # (else a group converted by a static member's replacement kept it for good).
+            self.refresh_subscription_metadata(group)
+            if not converted or not self._target_covers_subscriptions(group):
+                self.bump_group_epoch(group)
         self.ctx.cancel(EmptyGroupTimer(group.group_id))
         self.maybe_compute_target(group, now_ms)
 
@@ -480,6 +495,14 @@ class ConsumerGroupManager:
         self.maybe_compute_target(group, now_ms)
         if not group.members:
             self.ctx.schedule(EmptyGroupTimer(group.group_id), now_ms + self.config.empty_group_retention_ms)
+
+    @staticmethod
+    def _target_covers_subscriptions(group: ConsumerGroup) -> bool:
+        targeted = {pair for target in group.targets.values() for pair in target.partitions}
+        return all(
+            (topic.topic_id, partition) in targeted
+            for topic in group.subscribed_topics.values() for partition in range(topic.num_partitions)
+        )
 
     def refresh_subscription_metadata(self, group: ConsumerGroup) -> bool:
         """Re-resolve the group's subscribed topics against the topic image; True if changed."""

@@ -17,6 +17,17 @@
   one.
 * **One holder.** Targets never give a partition to two members; neither do the members'
   current assignments (assigned + revoking).
+* **Classic groups** (the migration profile): the generation never goes back, not even across
+  conversions (a consumer group's epoch continues a classic group's generation and back), and
+  an accepted commit comes from a member at the current generation for partitions in its
+  assignment. Two things the classic protocol (as Kafka implements it) does not promise are
+  not demanded: a generation handed out in JoinGroup answers is written only when the leader's
+  SyncGroup stores the assignment (or the group becomes Empty), so a fail-over in between
+  brings the group back at the last *written* generation; a member may then still hold the
+  lost one (it fails to sync or is told ILLEGAL_GENERATION and rejoins). And an *empty* group
+  that changes protocol is deleted (tombstones) and created afresh, restarting at epoch 0
+  (Kafka's ``maybeDeleteEmptyClassicGroup`` / ``maybeDeleteEmptyConsumerGroup``); a non-empty
+  one is converted and its epoch continues.
 """
 from __future__ import annotations
 
@@ -24,7 +35,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pystreams.partitions import TopicIdPartition
+from pystreams.coordinator import records as r
+from pystreams.coordinator.classic_group import ClassicGroup
 from pystreams.coordinator.consumer_group import ConsumerGroup
+from pystreams.protocol import consumer_protocol
 from pystreams.protocol.sentinels import LEAVE_STATIC_EPOCH
 
 if TYPE_CHECKING:
@@ -60,6 +74,18 @@ class InvariantChecker:
         self._assignment_epoch: dict[str, int] = {}
         self._member_epoch: dict[tuple[str, str], int] = {}
         self._client_epoch: dict[tuple[str, int], int] = {}
+        #: Per process incarnation: where its current epoch came from, as (coordinator
+        #: incarnation, life of the group): answers of a dead coordinator are dropped on
+        #: arrival, so a new epoch comes from the incarnation live at the time.
+        self._epoch_source: dict[tuple[str, int], tuple[int, int]] = {}
+        #: Per (coordinator incarnation, group life): the highest epoch or classic generation
+        #: its live shard reached, written or not (what its answers may have told members).
+        self._newest_told: dict[tuple[int, int], int] = {}
+        #: The simulated group's lives: a new one starts when an empty group is deleted.
+        self._group_life = 0
+        #: Members per group at the last check of the log (a deleted group must have had none).
+        self._members_seen: dict[str, int] = {}
+        self._log_checked = 0
 
     def owner_of(self, partition: TopicIdPartition) -> str | None:
         return self._owner_of.get(partition)
@@ -67,6 +93,9 @@ class InvariantChecker:
     # ------------------------------------------------------------------ after every step
 
     def after_step(self, touched: list[MemberProcess], coordinator_touched: bool) -> None:
+        if coordinator_touched:
+            self._forget_deleted_groups()
+        self._note_newest_told()
         if touched:
             self._check_ownership(touched)
             self._check_client_epochs(touched)
@@ -97,25 +126,58 @@ class InvariantChecker:
             self._view_of[name] = new
 
     def _check_client_epochs(self, touched: list[MemberProcess]) -> None:
-        shadow_groups = self.world.coordinator.shadow.groups
+        node = self.world.coordinator
+        shadow_groups = node.shadow.groups
+        # A classic generation starts when the join phase ends and is written only at SyncGroup:
+        # the live shard knows it first.
+        live_groups = node.shard.groups if node.shard is not None else shadow_groups
+        now_source = (node.incarnation, self._group_life)
         for process in touched:
             if process.member is None:
                 continue
             epoch = process.member.member_epoch
             key = (process.name, process.incarnation)
             last = self._client_epoch.get(key, 0)
-            if epoch != 0 and last != 0 and epoch < last:
+            # A classic member's generation resets to -1 when it rejoins afresh. One whose
+            # epoch came from a group deleted since (it was out of it, the group emptied) may
+            # rejoin the new one with its old member id and get a lower epoch without a reset:
+            # Kafka creates a classic member joining a consumer group with any member id.
+            same_life = self._epoch_source.get(key, now_source)[1] == self._group_life
+            if epoch > 0 and last > 0 and epoch < last and same_life:
                 self.world.violation("client-epoch-regressed", f"{process.name}'s member epoch went from {last} to {epoch}")
                 return
+            if epoch != last:
+                self._epoch_source[key] = now_source
             self._client_epoch[key] = epoch
-            group = shadow_groups.get(self.world.group_id)
-            if epoch > 0 and (group is None or epoch > group.assignment_epoch):
+            source = self._epoch_source.get(key, now_source)
+            newest = None
+            if source[1] == self._group_life:
+                group = shadow_groups.get(self.world.group_id)
+                if group is None or isinstance(group, ClassicGroup):
+                    group = live_groups.get(self.world.group_id) or group
+                newest = _newest_epoch(group)
+            if source != now_source:
+                # Learnt from a shard that has died since (a classic generation it handed out
+                # in JoinGroup answers but never wrote died with it), or from an earlier life of
+                # the group, deleted since: bounded by what that shard told in that life.
+                told = self._newest_told.get(source)
+                if told is not None:
+                    newest = told if newest is None else max(newest, told)
+            if epoch > 0 and (newest is None or epoch > newest):
                 self.world.violation(
                     "client-epoch-ahead",
-                    f"{process.name} is at epoch {epoch}, beyond the group's assignment epoch "
-                    f"{group.assignment_epoch if group else None}",
+                    f"{process.name} is at epoch {epoch}, beyond the group's assignment epoch (or generation) {newest}",
                 )
                 return
+
+    def _note_newest_told(self) -> None:
+        node = self.world.coordinator
+        if node.shard is None:
+            return
+        newest = _newest_epoch(node.shard.groups.get(self.world.group_id))
+        if newest is not None:
+            told, key = self._newest_told, (node.incarnation, self._group_life)
+            told[key] = max(told.get(key, 0), newest)
 
     def _check_coordinator(self) -> None:
         node = self.world.coordinator
@@ -127,8 +189,26 @@ class InvariantChecker:
             self.world.violation("replay-diverged", "the live shard differs from a shard replaying its log: " + _diff(live, replayed))
             return
         for group in shard.groups.values():
-            if not self._check_group(group):
+            if not self._check_group(group, node.shadow.groups.get(group.group_id)):
                 return
+        self._members_seen = {gid: len(group.members) for gid, group in node.shadow.groups.items()}
+
+    def _forget_deleted_groups(self) -> None:
+        """A group tombstone deletes a group: if it was empty, the group made afresh (another
+        protocol's, or after DeleteGroups) starts its epochs again; a non-empty group is only
+        ever converted, and its epoch carries on, so its history stays."""
+        log = self.world.coordinator.log
+        for record in log[self._log_checked:]:
+            if isinstance(record, (r.GroupMetadata, r.ClassicGroupMetadata)) and record.value is None:
+                gid = record.group_id
+                if self._members_seen.get(gid, 0) == 0:
+                    if gid == self.world.group_id:
+                        self._group_life += 1
+                    self._group_epoch.pop(gid, None)
+                    self._assignment_epoch.pop(gid, None)
+                    for key in [k for k in self._member_epoch if k[0] == gid]:
+                        del self._member_epoch[key]
+        self._log_checked = len(log)
 
     def check_fresh_replay(self) -> None:
         """A brand-new shard replaying the whole log equals the live one (end of a run)."""
@@ -142,9 +222,21 @@ class InvariantChecker:
         if before is not None and before != replayed:
             self.world.violation("failover-replay-diverged", "the shard replayed at fail-over differs from the one that died: " + _diff(before, replayed))
 
-    def _check_group(self, group: ConsumerGroup) -> bool:
+    def _check_group(self, group: ConsumerGroup | ClassicGroup, written: ConsumerGroup | ClassicGroup | None) -> bool:
         gid = group.group_id
         violation = self.world.violation
+        if isinstance(group, ClassicGroup):
+            # The generation that must never go back is the written one (the shadow's): a
+            # fail-over legitimately loses a generation not yet written (module docstring).
+            generation = written.persisted.generation if isinstance(written, ClassicGroup) and written.persisted else 0
+            if generation < self._group_epoch.get(gid, 0):
+                violation("epochs", f"classic generation {generation} < the group's earlier epoch {self._group_epoch[gid]}")
+                return False
+            if group.generation < generation:
+                violation("epochs", f"the live classic generation {group.generation} is behind the written {generation}")
+                return False
+            self._group_epoch[gid] = generation
+            return True
         if group.group_epoch < group.assignment_epoch:
             violation("epochs", f"group epoch {group.group_epoch} < assignment epoch {group.assignment_epoch}")
             return False
@@ -195,6 +287,8 @@ class InvariantChecker:
         member = group.members.get(request.member_id) if group is not None else None
         if member is None:
             return CommitContext(None, frozenset())
+        if isinstance(group, ClassicGroup):
+            return CommitContext(group.generation, classic_assignment(self.world, member.assignment))
         held = frozenset(
             TopicIdPartition(topic, p) for holding in (member.assigned, member.revoking) for topic, p in holding
         )
@@ -229,6 +323,25 @@ class InvariantChecker:
             if owner is not None and owner != process.name:
                 world.violation("zombie-commit", f"commit of {name}-{index} from {who} accepted while {owner} owns it")
                 return
+
+
+def _newest_epoch(group: ConsumerGroup | ClassicGroup | None) -> int | None:
+    """The highest epoch a member may know: the assignment epoch, or a classic generation."""
+    if group is None:
+        return None
+    return group.generation if isinstance(group, ClassicGroup) else group.assignment_epoch
+
+
+def classic_assignment(world: Simulation, data: bytes) -> frozenset[TopicIdPartition]:
+    """A classic member's assignment (SyncGroup bytes) as partitions, by topic id."""
+    if not data:
+        return frozenset()
+    topics = world.coordinator.topics
+    return frozenset(
+        TopicIdPartition(topics[name].topic_id, p)
+        for name, partitions in consumer_protocol.decode_assignment(data).partitions.items() if name in topics
+        for p in partitions
+    )
 
 
 def _diff(a: dict, b: dict) -> str:

@@ -13,7 +13,10 @@ The application part is small and deliberate:
   then calls ``revocation_done``;
 * a slow client-side assignor holds its Install request back for the computation time;
 * it can crash (gone at once, no leave), leave (-1, or -2 when static), and start again as a
-  new incarnation (a new GroupMember; a static one keeps its instance id).
+  new incarnation (a new GroupMember; a static one keeps its instance id);
+* it speaks the group protocol its spec names: KIP-848 (``GroupMember``) or classic
+  (``ClassicGroupMember``, Kafka's consumer: JoinGroup / SyncGroup long polls, whose request
+  timeout is the rebalance timeout plus 5 s). A restart may switch it (online migration).
 
 A process's *own view* of what it owns is what its member would report as owned in its next
 heartbeat: ``owned_partitions`` (being processed) plus ``revoking_partitions`` (handed to the
@@ -30,6 +33,8 @@ from typing import TYPE_CHECKING
 import kafka.errors as Errors
 
 from pystreams.partitions import NO_PARTITIONS, PartitionSet, TopicIdPartition
+from pystreams.client.classic import ClassicGroupMember, ClassicMemberConfig
+from pystreams.coordinator.classic_group import ClassicGroup
 from pystreams.client.member import (
     AssignmentAbandoned,
     AssignmentInstalled,
@@ -44,6 +49,7 @@ from pystreams.client.member import (
     RevokePartitions,
 )
 from pystreams.protocol import messages as m
+from pystreams.protocol.registry import api_spec
 from pystreams.sim.assignors import Outcome, SimAssignor
 
 if TYPE_CHECKING:
@@ -66,6 +72,9 @@ class ProcessSpec:
     server_assignor: str | None = None
     #: Client-side assignor (min version, max version, metadata version); None: server side.
     client_versions: tuple[int, int, int] | None = None
+    #: Speak the classic protocol with this assignor ("range": eager, "cooperative-sticky":
+    #: KIP-429); None: KIP-848.
+    classic_assignor: str | None = None
 
 
 @dataclass
@@ -80,7 +89,7 @@ class MemberProcess:
         self.world = world
         self.spec = spec
         self.name = spec.name
-        self.member: GroupMember | None = None
+        self.member: GroupMember | ClassicGroupMember | None = None
         self.assignor: SimAssignor | None = None
         #: Changes on every start and crash: callbacks of an older incarnation are ignored.
         self.incarnation = 0
@@ -100,6 +109,8 @@ class MemberProcess:
         self.woken_at: int | None = None
         #: When the coordinator last answered one of its heartbeats without error.
         self.last_heartbeat_ok_ms: int | None = None
+        #: Every member id this process has held, over all its incarnations.
+        self.held_member_ids: set[str] = set()
 
     # ------------------------------------------------------------------ observation
 
@@ -136,9 +147,39 @@ class MemberProcess:
             self.assignor = None
             assignors["server_assignor"] = spec.server_assignor
         timing = world.timing
-        self.member = GroupMember(
+        if spec.classic_assignor is not None:
+            self.assignor = None
+            self.member = ClassicGroupMember(
+                ClassicMemberConfig(
+                    group_id=world.group_id,
+                    client_id=self.name,
+                    instance_id=spec.instance_id,
+                    session_timeout_ms=timing.session_timeout_ms,
+                    heartbeat_interval_ms=timing.heartbeat_interval_ms,
+                    rebalance_timeout_ms=timing.rebalance_timeout_ms,
+                    assignors=(spec.classic_assignor,),
+                    retry_backoff_ms=timing.retry_backoff_ms,
+                    # The same guard as the KIP-848 member's: give partitions up no later than the
+                    # coordinator may hand them on.
+                    lose_partitions_on_session_timeout=True,
+                ),
+                world.topic_table,
+            )
+        else:
+            self.member = self._kip848_member(assignors)
+        if spec.regex is not None:
+            self.member.subscribe(regex=spec.regex)
+        else:
+            self.member.subscribe(topics=spec.topics)
+        world.at(world.now + timing.commit_interval_ms, self._periodic_commit, self.incarnation)
+        world.touched(self)
+
+    def _kip848_member(self, assignors: dict) -> GroupMember:
+        timing = self.world.timing
+        spec = self.spec
+        return GroupMember(
             MemberConfig(
-                group_id=world.group_id,
+                group_id=self.world.group_id,
                 client_id=self.name,
                 instance_id=spec.instance_id,
                 rebalance_timeout_ms=timing.rebalance_timeout_ms,
@@ -149,12 +190,15 @@ class MemberProcess:
                 **assignors,
             )
         )
-        if spec.regex is not None:
-            self.member.subscribe(regex=spec.regex)
-        else:
-            self.member.subscribe(topics=spec.topics)
-        world.at(world.now + timing.commit_interval_ms, self._periodic_commit, self.incarnation)
-        world.touched(self)
+
+    def metadata_refreshed(self, incarnation: int) -> None:
+        """A classic member's metadata refresh saw the topics change (a KIP-848 member hears it
+        from the coordinator)."""
+        if incarnation != self.incarnation or not isinstance(self.member, ClassicGroupMember):
+            return
+        self.member.metadata_changed()
+        self._drain_events()
+        self.world.touched(self)
 
     def crash(self) -> None:
         """Gone at once: no leave heartbeat, no commit; whatever it had in flight is lost."""
@@ -200,8 +244,10 @@ class MemberProcess:
         self.world.touched(self)
 
     def _dispatch(self, request: object) -> None:
-        if isinstance(request, m.ConsumerGroupHeartbeatRequest):
+        if isinstance(request, (m.ConsumerGroupHeartbeatRequest, m.HeartbeatRequest)):
             self.world.stats["heartbeats"] += 1
+        elif isinstance(request, m.JoinGroupRequest):
+            self.world.stats["classic.joins"] += 1
         if isinstance(request, m.ConsumerGroupInstallAssignmentRequest) and self.assignor is not None:
             assignor = self.assignor
             if assignor.last_outcome is Outcome.INVALID:
@@ -219,10 +265,16 @@ class MemberProcess:
             self._send(request, "member")
 
     def _send(self, request: object, kind: str, revocation_id: int | None = None) -> None:
+        if isinstance(self.member, ClassicGroupMember):
+            # Kafka's consumer speaks the newest version both sides serve (the coordinator's).
+            request.API_VERSION = api_spec(request.API_KEY).max_version  # type: ignore[attr-defined]
         request_id = next(self._request_ids)
         self._outstanding[request_id] = _Outstanding(request, kind, revocation_id)
         world = self.world
-        world.at(world.now + world.timing.request_timeout_ms, self._timed_out, self.incarnation, request_id)
+        timeout_ms = world.timing.request_timeout_ms
+        if self.member is not None:
+            timeout_ms = self.member.request_timeout_ms(request, timeout_ms)  # a JoinGroup waits longer
+        world.at(world.now + timeout_ms, self._timed_out, self.incarnation, request_id)
         world.send_to_coordinator(self, self.incarnation, request_id, request)
 
     def on_answer(self, incarnation: int, request_id: int, request: object, response: object) -> None:
@@ -243,11 +295,16 @@ class MemberProcess:
             return
         if isinstance(response, m.ConsumerGroupInstallAssignmentResponse):
             self._check_install(request, response)
-        elif isinstance(response, m.ConsumerGroupHeartbeatResponse) and response.error_code == 0:
+        elif isinstance(response, (m.ConsumerGroupHeartbeatResponse, m.HeartbeatResponse)) and response.error_code == 0:
             self.last_heartbeat_ok_ms = self.world.now
         self.member.on_response(request, response, self.world.now)
         self._drain_events()
         self.world.touched(self)
+
+    def connection_closed(self, incarnation: int, request_id: int) -> None:
+        """The coordinator holding this request (a classic long poll) died: the request fails
+        now rather than at its timeout, as a closed connection fails it."""
+        self._timed_out(incarnation, request_id)
 
     def _timed_out(self, incarnation: int, request_id: int) -> None:
         if incarnation != self.incarnation or self.member is None:
@@ -279,6 +336,8 @@ class MemberProcess:
         if member is None:
             return
         world = self.world
+        if member.member_id:
+            self.held_member_ids.add(member.member_id)
         for event in member.take_events():
             if isinstance(event, RevokePartitions):
                 world.stats["revocations"] += 1
@@ -301,12 +360,34 @@ class MemberProcess:
                 # Its previous incarnation's session has not expired yet: the member retries.
                 world.stats["process.unreleased_instance_id"] += 1
             elif isinstance(event, MemberFailed):
+                if self._fenced_by_a_forgotten_replacement(event):
+                    # Kafka's consumer gives up on FENCED_INSTANCE_ID; its supervisor restarts it.
+                    world.stats["process.fenced_after_failover"] += 1
+                    self.crash()
+                    return
                 world.violation("member-failed", f"{self.name} ({self.member_id}) failed: {event.message}")
                 return
             elif isinstance(event, AssignmentInstalled):
                 world.stats["assignor.installed"] += 1
             elif isinstance(event, AssignmentAbandoned):
                 world.stats[f"assignor.abandoned.{event.api}"] += 1
+
+    def _fenced_by_a_forgotten_replacement(self, event: MemberFailed) -> bool:
+        """A classic static member that replaced its earlier self while the group rebalanced is
+        not written until the next generation's assignment is stored (Kafka writes a static
+        replacement only in Stable); a fail-over meanwhile brings the instance id back mapped to
+        the earlier member id, so the new one is told FENCED_INSTANCE_ID, which Kafka's consumer
+        treats as fatal. That is the classic protocol, not a fault: true only when the
+        coordinator maps this process's instance id to an id this process held before."""
+        member = self.member
+        if not isinstance(member, ClassicGroupMember) or event.error_code != Errors.FencedInstanceIdError.errno:
+            return False
+        shard = self.world.coordinator.shard
+        group = shard.groups.get(self.world.group_id) if shard is not None else None
+        if not isinstance(group, ClassicGroup) or self.spec.instance_id is None:
+            return False
+        mapped = group.static_members.get(self.spec.instance_id)
+        return mapped is not None and mapped != member.member_id and mapped in self.held_member_ids
 
     def _commit(self, partitions: Iterable[TopicIdPartition], revocation_id: int | None = None) -> None:
         """OffsetCommit of these partitions' positions, with the member epoch the app knows."""
@@ -330,6 +411,7 @@ class MemberProcess:
             group_id=world.group_id,
             generation_id_or_member_epoch=member.member_epoch,
             member_id=member.member_id,
+            group_instance_id=self.spec.instance_id if isinstance(member, ClassicGroupMember) else None,
             topics=[CommitTopic(name=name, partitions=parts) for name, parts in sorted(offsets.items())],
         )
         world.stats["commits.sent"] += 1

@@ -8,6 +8,9 @@
   messages and outlive request timeouts, cut links), coordinator fail-overs, client-side
   assignors that are slow, raise, return an error or an invalid assignment, applications slower
   than the rebalance timeout to revoke, and rolling upgrades that change assignor version ranges.
+* ``migration`` — a fleet of classic members (Kafka's consumer, eager or cooperative) rolled to
+  KIP-848 and back one process at a time (online migration both ways), under churn, a lossy
+  network and coordinator fail-overs; server-side assignors.
 * ``hostile`` — chaos on a network that also duplicates and reorders a member's requests,
   which KIP-848 does not survive by design (see ``pystreams.sim.network``); for exploration.
 """
@@ -41,6 +44,10 @@ class Profile:
     regex_subscriptions: float = 0.5
     members: tuple[int, int] = (2, 5)
     max_joins: int = 2
+    #: Share of processes that start with the classic protocol.
+    classic: float = 0.0
+    #: Processes restarted with the other group protocol, per second.
+    protocol_flips_per_s: float = 0.0
 
 
 PROFILES: dict[str, Profile] = {
@@ -73,6 +80,21 @@ PROFILES: dict[str, Profile] = {
         client_side=0.5,
     ),
 }
+
+PROFILES["migration"] = Profile(
+    name="migration",
+    fault_ms=(4_000, 8_000),
+    network=NetworkFaults(min_delay_ms=1, max_delay_ms=40, drop=0.03, duplicate=0.02, straggle=0.02, straggle_max_ms=1_000),
+    calm_network=NetworkFaults(min_delay_ms=1, max_delay_ms=20),
+    churn_per_s=0.6,
+    topic_changes_per_s=0.3,
+    failovers_per_s=0.2,
+    cuts_per_s=0.2,
+    misbehaviour=Misbehaviour(slow_revocation=0.1, restart_ms=(50, 1_500)),
+    client_side=0.0,
+    classic=1.0,
+    protocol_flips_per_s=1.0,
+)
 
 # Chaos on a network that also duplicates requests and lets one member's requests overtake each
 # other: outside what KIP-848 assumes of a Kafka connection (see pystreams.sim.network). Not part

@@ -70,6 +70,8 @@ class RandomScenario:
         self._topics_created = 0
         self._roll_phase = 0
         self.faults_end_ms = 0
+        #: The classic protocol's assignor for this seed ("range" is eager, the other KIP-429).
+        self.classic_assignor = self.rng.choice(("range", "cooperative-sticky")) if profile.classic or profile.protocol_flips_per_s else "range"
 
     # ------------------------------------------------------------------ set-up
 
@@ -96,6 +98,7 @@ class RandomScenario:
             regex=REGEX if regex else None,
             server_assignor=None if self.client_side else rng.choice((None, "uniform", "range")),
             client_versions=ROLL_PHASES[self._roll_phase] if self.client_side else None,
+            classic_assignor=self.classic_assignor if rng.random() < self.profile.classic else None,
         )
 
     # ------------------------------------------------------------------ faults
@@ -109,6 +112,7 @@ class RandomScenario:
             (profile.topic_changes_per_s, self._change_topics),
             (profile.failovers_per_s, self._fail_over),
             (profile.cuts_per_s, self._cut),
+            (profile.protocol_flips_per_s, self._flip_protocol),
         ):
             if rate > 0:
                 self._next(rate, action)
@@ -173,6 +177,23 @@ class RandomScenario:
             return
         victims = self.rng.sample(running, min(len(running), self.rng.randint(1, 2)))
         self.world.cut(sorted(p.name for p in victims), self.rng.randint(*self.profile.cut_ms))
+
+    def _flip_protocol(self) -> None:
+        """An operator restarts one process with the other ``group.protocol`` (same instance
+        id): gracefully, or it crashed and comes back switched."""
+        world, rng = self.world, self.rng
+        wanted = [p for p in world.processes.values() if p.wanted]
+        if not wanted:
+            return
+        process = rng.choice(wanted)
+        classic = None if process.spec.classic_assignor is not None else self.classic_assignor
+        process.spec = replace(process.spec, classic_assignor=classic)
+        world.stats["migration.to_classic" if classic else "migration.to_consumer"] += 1
+        if process.running:
+            if rng.random() < 0.7:
+                process.leave()  # restarts with the new spec once it has left
+            else:
+                process.crash()
 
     def _roll_next(self, phase: int, index: int) -> None:
         """Restart processes one by one with the phase's version range (an operator's roll)."""

@@ -24,8 +24,11 @@ from pystreams.assignors.api import TopicMetadata
 from pystreams.partitions import TopicIdPartition
 from pystreams.client.member import MemberState
 from pystreams.coordinator.config import CoordinatorConfig
+from pystreams.coordinator.classic_group import ClassicGroup, ClassicGroupState
 from pystreams.coordinator.consumer_group import GroupState
+from pystreams.coordinator.context import DEFERRED
 from pystreams.coordinator.subscriptions import subscribed_names
+from pystreams.protocol import consumer_protocol
 from pystreams.protocol import messages as m
 from pystreams.sim.assignors import Outcome
 from pystreams.sim.coordinator import CoordinatorNode
@@ -58,6 +61,9 @@ class Timing:
             heartbeat_interval_ms=self.heartbeat_interval_ms,
             min_heartbeat_interval_ms=min(self.heartbeat_interval_ms, 10),
             max_heartbeat_interval_ms=max(self.heartbeat_interval_ms, 15_000),
+            classic_min_session_timeout_ms=min(self.session_timeout_ms, 100),
+            # A new classic group waits this long for more members before its first assignment.
+            initial_rebalance_delay_ms=min(self.rebalance_timeout_ms, 300),
         )
 
 
@@ -97,7 +103,7 @@ class Simulation:
         self.queue = EventQueue()
         self.stats: Counter = Counter()
         self.network = Network(self.net_rng, self.queue, lambda: self.now, self.stats)
-        self.coordinator = CoordinatorNode(self.timing.coordinator_config(), self._new_member_id)
+        self.coordinator = CoordinatorNode(self.timing.coordinator_config(), self._new_member_id, self._answer_later)
         self.processes: dict[str, MemberProcess] = {}
         self.invariants = InvariantChecker(self)
         self.violations: list[Violation] = []
@@ -127,6 +133,11 @@ class Simulation:
     def topic_id(self, name: str) -> uuid.UUID:
         return self.coordinator.topics[name].topic_id
 
+    @property
+    def topic_table(self) -> WorldTopics:
+        """The cluster's topics as a classic member resolves them (its metadata, always fresh)."""
+        return WorldTopics(self)
+
     def describe_partition(self, partition: TopicIdPartition) -> str:
         return f"{self.topic_name(partition.topic_id) or partition.topic_id}-{partition.partition}"
 
@@ -139,7 +150,12 @@ class Simulation:
         shard = self.coordinator.shard or self.coordinator.shadow
         group = shard.groups.get(self.group_id)
         known = group.members.get(member.member_id) if group is not None else None
-        seen = "unknown to the coordinator" if known is None else f"coordinator epoch {known.member_epoch}"
+        if known is None:
+            seen = "unknown to the coordinator"
+        elif hasattr(known, "member_epoch"):
+            seen = f"coordinator epoch {known.member_epoch}"
+        else:
+            seen = f"a classic member at generation {getattr(group, 'generation', None)}"
         return f"{process.name} ({member.member_id}, {member.state.value}, epoch {member.member_epoch}, {how}; {seen})"
 
     # ------------------------------------------------------------------ scheduling
@@ -250,13 +266,20 @@ class Simulation:
             response = _loading_response(request)
         elif isinstance(request, m.OffsetCommitRequest):
             context = self.invariants.before_commit(request)
-            response = node.handle(request, self.now)
+            response = node.handle(request, self.now, process.name)
             self._coordinator_touched = True
             self.invariants.after_commit(process, request, context, response)
         else:
-            response = node.handle(request, self.now)
+            response = node.handle(request, self.now, process.name, (process, incarnation, request_id, request))
             self._coordinator_touched = True
+            if response is DEFERRED:
+                return  # a classic long poll: answered when some later event completes it
         self.network.send(process.name, self._arrive_at_member, process, incarnation, request_id, request, response, node.incarnation)
+
+    def _answer_later(self, route: tuple, response: object) -> None:
+        """A deferred request's answer leaves the coordinator now."""
+        process, incarnation, request_id, request = route
+        self.network.send(process.name, self._arrive_at_member, process, incarnation, request_id, request, response, self.coordinator.incarnation)
 
     def _arrive_at_member(self, process: MemberProcess, incarnation: int, request_id: int, request: object, response: object, coordinator_incarnation: int) -> None:
         if coordinator_incarnation != self.coordinator.incarnation:
@@ -288,6 +311,10 @@ class Simulation:
         self.stats["topics.changes"] += 1
         self.coordinator.update_topics(topics, self.now)
         self._coordinator_touched = True
+        for process in self.processes.values():
+            if process.running and process.spec.classic_assignor is not None:
+                # Its next metadata refresh (metadata.max.age.ms, short here) sees the change.
+                self.at(self.now + self.rng.randint(1, 500), process.metadata_refreshed, process.incarnation)
 
     def add_process(self, spec: ProcessSpec, start: bool = True) -> MemberProcess:
         process = MemberProcess(self, spec)
@@ -312,7 +339,8 @@ class Simulation:
         if not self.coordinator.up:
             return
         self.stats["coordinator.failovers"] += 1
-        self.coordinator.crash()
+        for process, incarnation, request_id, _request in self.coordinator.crash():
+            self.at(self.now + 1, process.connection_closed, incarnation, request_id)
         self._timer_token += 1
         self._timer_at = None
         self.at(self.now + load_ms, self._load_coordinator)
@@ -397,6 +425,8 @@ class Simulation:
             return None if group is None or not group.members else "members remain in an abandoned group"
         if group is None:
             return "no group"
+        if isinstance(group, ClassicGroup):
+            return self._classic_convergence_gap(group, wanted)
         if group.state is not GroupState.STABLE:
             return f"group is {group.state.value} (group epoch {group.group_epoch}, assignment epoch {group.assignment_epoch})"
         member_ids = sorted(p.member_id for p in wanted)
@@ -420,6 +450,33 @@ class Simulation:
             return f"targets cover {len(covered)} of {len(self.subscribed_partitions())} subscribed partitions"
         return None
 
+    def _classic_convergence_gap(self, group: ClassicGroup, wanted: list[MemberProcess]) -> str | None:
+        """The same demands of a classic group: Stable, every process in it at the current
+        generation, owning exactly the assignment the leader gave it, together covering every
+        subscribed partition."""
+        from pystreams.sim.invariants import classic_assignment
+
+        if group.state is not ClassicGroupState.STABLE:
+            return f"classic group is {group.state.value} (generation {group.generation})"
+        member_ids = sorted(p.member_id for p in wanted)
+        if member_ids != sorted(group.members):
+            return f"classic members {sorted(group.members)} != processes {member_ids}"
+        covered: set[TopicIdPartition] = set()
+        for process in wanted:
+            member = process.member
+            assert member is not None
+            if process.last_heartbeat_ok_ms is None or process.last_heartbeat_ok_ms < self.quiet_since_ms:
+                return f"{process.name} has not heartbeated successfully since faults stopped"
+            if member.state is not MemberState.STABLE or member.member_epoch != group.generation:
+                return f"{process.name} is {member.state.value} at generation {member.member_epoch} (group generation {group.generation})"
+            assigned = classic_assignment(self, group.members[member.member_id].assignment)
+            if process.view() != assigned:
+                return f"{process.name} owns {len(process.view())} partitions, its assignment has {len(assigned)}"
+            covered |= assigned
+        if covered != self.subscribed_partitions():
+            return f"assignments cover {len(covered)} of {len(self.subscribed_partitions())} subscribed partitions"
+        return None
+
     def converged(self) -> bool:
         return self.convergence_gap() is None
 
@@ -434,6 +491,22 @@ class Simulation:
         for record in self.coordinator.log:
             digest.update(msgspec.msgpack.encode(record))
         return digest.hexdigest()[:16]
+
+
+class WorldTopics:
+    """A ``TopicResolver`` over the simulated cluster's topics."""
+
+    def __init__(self, world: Simulation) -> None:
+        self._world = world
+
+    def topic(self, name: str) -> TopicMetadata | None:
+        return self._world.coordinator.topics.get(name)
+
+    def name_of(self, topic_id: uuid.UUID) -> str | None:
+        return self._world.topic_name(topic_id)
+
+    def topic_names(self) -> list[str]:
+        return sorted(self._world.coordinator.topics)
 
 
 def _loading_response(request: object) -> object:
@@ -452,6 +525,14 @@ def _loading_response(request: object) -> object:
                 for t in request.topics
             ]
         )
+    if isinstance(request, m.JoinGroupRequest):
+        return m.JoinGroupResponse(error_code=_LOADING, generation_id=-1, member_id=request.member_id, members=[])
+    if isinstance(request, m.SyncGroupRequest):
+        return m.SyncGroupResponse(error_code=_LOADING, assignment=b"")
+    if isinstance(request, m.HeartbeatRequest):
+        return m.HeartbeatResponse(error_code=_LOADING)
+    if isinstance(request, m.LeaveGroupRequest):
+        return m.LeaveGroupResponse(error_code=_LOADING, members=[])
     raise TypeError(f"no loading answer for {type(request).__name__}")
 
 
@@ -481,14 +562,25 @@ def _describe_args(args: tuple) -> str:
 def _describe_message(message: Any) -> str:
     kind = type(message).__name__
     fields = []
-    for attribute in ("member_id", "member_epoch", "error_code", "generation_id_or_member_epoch", "group_epoch"):
+    for attribute in ("member_id", "member_epoch", "error_code", "generation_id_or_member_epoch", "group_epoch", "generation_id", "leader"):
         value = getattr(message, attribute, None)
         if value not in (None, ""):
             fields.append(f"{attribute}={value}")
     assignment = getattr(message, "assignment", None)
-    if assignment is not None:
+    if isinstance(assignment, bytes):  # a classic SyncGroup answer
+        fields.append(f"assigned={_classic_partition_count(assignment)}")
+    elif assignment is not None:
         fields.append(f"assigned={sum(len(t.partitions) for t in assignment.assigned_topic_partitions)}")
     owned = getattr(message, "topic_partitions", None)
     if owned is not None and kind.endswith("Request"):
         fields.append(f"owned={sum(len(t.partitions) for t in owned)}")
     return f"{kind}[{' '.join(fields)}]"
+
+
+def _classic_partition_count(data: bytes) -> int | str:
+    if not data:
+        return 0
+    try:
+        return sum(len(p) for p in consumer_protocol.decode_assignment(data).partitions.values())
+    except Exception:  # a trace line must not fail on bytes it cannot read
+        return "?"
