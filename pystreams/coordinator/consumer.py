@@ -26,7 +26,7 @@ from pystreams.assignors.api import (
     TopicMetadata,
 )
 from pystreams.coordinator import records as r
-from pystreams.coordinator.classic_group import ClassicGroupState
+from pystreams.coordinator.classic_group import ClassicGroup, ClassicGroupState
 from pystreams.coordinator.consumer_group import CLASSIC_METADATA_VERSION, CONSUMER, ConsumerGroup, ConsumerMember, GroupState
 from pystreams.coordinator.context import ShardContext
 from pystreams.coordinator.errors import RequestError
@@ -202,7 +202,9 @@ class ConsumerGroupManager:
             before = self.ctx.groups.get(request.group_id)
             group = self._consumer_group(request, now_ms)
             # Converted from a classic group at rest (Stable) or in a rebalance.
-            converted = None if group is None or group is before else before.state is ClassicGroupState.STABLE
+            converted = (
+                before.state is ClassicGroupState.STABLE if isinstance(before, ClassicGroup) and group is not None else None
+            )
             if request.member_epoch in (LEAVE_EPOCH, LEAVE_STATIC_EPOCH):
                 return self._leave(group, request, now_ms)
             if request.member_epoch == 0:
