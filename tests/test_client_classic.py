@@ -76,10 +76,10 @@ def parts(topic: UUID, *numbers: int) -> PartitionSet:
     return PartitionSet.from_pairs(TopicIdPartition(topic, n) for n in numbers)
 
 
-def make(*, assignors=("range",), instance_id=None, resolver=None, **overrides) -> ClassicGroupMember:
+def make(*, assignors=("range",), instance_id=None, resolver=None, rebalance_timeout_ms=REBALANCE, **overrides) -> ClassicGroupMember:
     config = ClassicMemberConfig(
         group_id="g", session_timeout_ms=SESSION, heartbeat_interval_ms=INTERVAL,
-        rebalance_timeout_ms=REBALANCE, retry_backoff_ms=BACKOFF, assignors=assignors,
+        rebalance_timeout_ms=rebalance_timeout_ms, retry_backoff_ms=BACKOFF, assignors=assignors,
         instance_id=instance_id, **overrides,
     )
     return ClassicGroupMember(config, resolver or topics())
@@ -777,6 +777,31 @@ def test_a_cooperative_member_whose_join_goes_unanswered_gives_up_its_partitions
         assert member.owned_partitions == PartitionSet()
         # The JoinGroup stays outstanding (the coordinator may have had it in time): no new one.
         assert member.poll(REBALANCE + 5) == [] and member.take_events() == []
+
+
+def test_a_guarded_member_without_answers_for_a_rebalance_timeout_shorter_than_its_session_gives_up() -> None:
+    """A rebalance may begin right after the coordinator's last answer; with every later answer
+    lost the member never hears of it, and the join phase ends without it a rebalance timeout
+    later (a static member stays in the group and the leader assigns around its old partitions;
+    a dynamic one is dropped), while its session still runs. Found by the simulator's migration
+    profile (seeds 359, 391: a static member at the old generation beside the new owner)."""
+    short = 3 * INTERVAL  # the rebalance timeout, below the session timeout
+    for guarded in (False, True):
+        member = make(instance_id="i-1", rebalance_timeout_ms=short, lose_partitions_on_session_timeout=guarded)
+        to_stable(member, {"foo": [0]})  # SyncGroup sent and answered at 0
+        member.take_events()
+        assert member.next_deadline() <= (short if guarded else INTERVAL)
+        for now in range(INTERVAL, short, INTERVAL):
+            for request in member.poll(now):
+                member.on_request_failed(request, now)
+        assert member.take_events() == [] and member.owned_partitions == parts(FOO, 0)
+        requests = member.poll(short)
+        if not guarded:
+            assert member.take_events() == [] and member.owned_partitions == parts(FOO, 0)
+            continue
+        assert member.take_events() == [CoordinatorUnavailable(TIMED_OUT), PartitionsLost(parts(FOO, 0), TIMED_OUT)]
+        rejoin = only(requests, m.JoinGroupRequest)
+        assert (rejoin.member_id, rejoin.group_instance_id) == ("", "i-1")
 
 
 def test_without_answers_for_a_session_the_member_looks_the_coordinator_up_again() -> None:

@@ -36,7 +36,8 @@ the worker and the simulator run either without knowing which. What it does foll
   timeout of the rebalance that asked for it means the coordinator has moved on without this
   member (Kafka's ``max.poll.interval.ms``): its partitions are lost and it rejoins afresh.
   With ``lose_partitions_on_session_timeout``, no successful answer within the session timeout
-  does the same (off by default: Kafka only looks the coordinator up again), and so does a
+  (or the rebalance timeout, when shorter: a rebalance it never heard of may have ended without
+  it) does the same (off by default: Kafka only looks the coordinator up again), and so does a
   JoinGroup unanswered for a rebalance timeout while a cooperative member keeps its partitions.
   Both also hold while it revokes before leaving: it is still a member then, and is removed
   all the same.
@@ -170,8 +171,9 @@ class ClassicMemberConfig:
     #: (:data:`BUILTIN_ASSIGNORS`) and/or client-side assignors (``ClientAssignor`` objects).
     assignors: Sequence[str | ClientAssignor] = ("range", "cooperative-sticky")
     retry_backoff_ms: int = 100
-    #: Give partitions up (lost) when no request was answered within the session timeout, or a
-    #: JoinGroup within the rebalance timeout: the coordinator may have removed the member
+    #: Give partitions up (lost) when no request was answered within the session timeout (or the
+    #: rebalance timeout, when shorter), or a JoinGroup within the rebalance timeout: the
+    #: coordinator may have removed the member, or had the leader assign around it,
     #: already. Off: Kafka only re-discovers the coordinator, and waits for the JoinGroup.
     lose_partitions_on_session_timeout: bool = False
 
@@ -942,11 +944,19 @@ class ClassicGroupMember:
         return self._state is ClassicState.LEAVING and bool(self._revocations)
 
     def _session_deadline(self) -> int | None:
+        """Guarded, also the rebalance timeout when shorter: a rebalance may begin right after
+        the coordinator's last answer, every later answer (its REBALANCE_IN_PROGRESS) be lost,
+        and the join phase end without this member a rebalance timeout later (Kafka's
+        completeJoin drops a dynamic member that did not rejoin, and has the leader assign
+        around a static one's old partitions), while its session still runs."""
         if self._last_answered_send_ms is None:
             return None
         if self._state not in (ClassicState.COMPLETING_REBALANCE, ClassicState.STABLE) and not self._revoking_before_leave():
             return None
-        return self._last_answered_send_ms + self.config.session_timeout_ms
+        timeout_ms = self.config.session_timeout_ms
+        if self.config.lose_partitions_on_session_timeout:
+            timeout_ms = min(timeout_ms, self.config.rebalance_timeout_ms)
+        return self._last_answered_send_ms + timeout_ms
 
     def _rebalance_deadline(self) -> int | None:
         if self._rebalance_heard_ms is None:
