@@ -804,6 +804,21 @@ def test_a_guarded_member_without_answers_for_a_rebalance_timeout_shorter_than_i
         assert (rejoin.member_id, rejoin.group_instance_id) == ("", "i-1")
 
 
+def test_a_guarded_member_answered_after_a_whole_join_phase_still_syncs() -> None:
+    """The JoinGroup is a long poll: answered a rebalance timeout after it was sent, the member
+    is in the new generation, not out of the group (else every member gives up in turn: the
+    simulator's migration seeds 20 and 69 never converged)."""
+    short = 3 * INTERVAL
+    member = make(rebalance_timeout_ms=short, lose_partitions_on_session_timeout=True)
+    member.subscribe(["foo"])
+    join_request = only(member.poll(0), m.JoinGroupRequest)
+    member.on_response(join_request, join_response(generation=1), short + 10)
+    sync = only(member.poll(short + 10), m.SyncGroupRequest)
+    assert member.take_events() == []
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0]})), short + 20)
+    assert member.classic_state is ClassicState.STABLE and member.owned_partitions == parts(FOO, 0)
+
+
 def test_without_answers_for_a_session_the_member_looks_the_coordinator_up_again() -> None:
     member = make()
     to_stable(member, {"foo": [0]})

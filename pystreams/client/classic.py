@@ -944,17 +944,19 @@ class ClassicGroupMember:
         return self._state is ClassicState.LEAVING and bool(self._revocations)
 
     def _session_deadline(self) -> int | None:
-        """Guarded, also the rebalance timeout when shorter: a rebalance may begin right after
-        the coordinator's last answer, every later answer (its REBALANCE_IN_PROGRESS) be lost,
-        and the join phase end without this member a rebalance timeout later (Kafka's
-        completeJoin drops a dynamic member that did not rejoin, and has the leader assign
-        around a static one's old partitions), while its session still runs."""
+        """Guarded and settled (or revoking before a leave), also the rebalance timeout when
+        shorter: a rebalance may begin right after the coordinator's last answer, every later
+        answer (its REBALANCE_IN_PROGRESS) be lost, and the join phase end without this member a
+        rebalance timeout later (Kafka's completeJoin drops a dynamic member that did not
+        rejoin, and has the leader assign around a static one's old partitions), while its
+        session still runs. Not while completing a rebalance: its last answer is the JoinGroup,
+        which may have waited out a whole join phase at the coordinator."""
         if self._last_answered_send_ms is None:
             return None
         if self._state not in (ClassicState.COMPLETING_REBALANCE, ClassicState.STABLE) and not self._revoking_before_leave():
             return None
         timeout_ms = self.config.session_timeout_ms
-        if self.config.lose_partitions_on_session_timeout:
+        if self.config.lose_partitions_on_session_timeout and self._state is not ClassicState.COMPLETING_REBALANCE:
             timeout_ms = min(timeout_ms, self.config.rebalance_timeout_ms)
         return self._last_answered_send_ms + timeout_ms
 
