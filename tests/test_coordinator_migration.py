@@ -479,6 +479,28 @@ def test_a_classic_static_member_replacing_the_last_kip848_one_downgrades_withou
     h.assert_replay_equals_live()
 
 
+def test_a_static_replacement_downgrade_rebalances_when_a_target_is_not_reached_yet() -> None:
+    """The targets become the classic assignments; one that moves a partition its holder has
+    not revoked yet would be handed to the replacement at once while the holder keeps it until
+    it hears of the new generation: two owners (simulator, migration seed 192). Newer Kafka
+    rebalances on a stale target (KAFKA-19546, KAFKA-20273); so do we on an unreached one."""
+    h = scripted_harness()
+    a, b = upgraded_and_settled(h, instance_id="x")
+    epoch = h.group.members["n"].member_epoch
+    h.scripted.next = {a.member_id: "", b.member_id: "foo-2", "n": "foo-0, foo-1, foo-3"}
+    # n subscribes to more: a new target moves foo-0 from a (which has not revoked it) to n.
+    h.heartbeat("n", epoch, owned_spec="foo-1, foo-3", subscribed_topic_names=["foo", "bar"])
+    assert not h.group.is_reconciled(h.group.members[a.member_id])
+    h.heartbeat("n", -2, instance_id="x")  # it restarts...
+    x = Classic(h, instance_id="x", topics=("bar", "foo"))
+    assert x.join().error_code == 0  # ... with the classic protocol, and the same subscription
+    group = h.group
+    assert isinstance(group, ClassicGroup) and group.state is ClassicGroupState.PREPARING_REBALANCE
+    assert x.sync().error_code == Errors.RebalanceInProgressError.errno  # foo-0 is not handed out
+    assert a.heartbeat() != 0  # a hears of the new generation before anyone gets foo-0
+    h.assert_replay_equals_live()
+
+
 # --- client-side assignors across the migration (the KIP, beyond Kafka) ------------------------
 
 

@@ -13,8 +13,9 @@ GROUP_ID_NOT_FOUND with the reason (Kafka's answer).
 
 **Downgrade.** When the last KIP-848 member leaves or is fenced and only classic members remain
 (or a classic static member replaces it), the group converts back: generation = group epoch,
-each member's classic assignment is its target, and a rebalance starts (none for a static
-replacement). A policy that forbids it is silent: the member is removed as usual.
+each member's classic assignment is its target, and a rebalance starts (for a static
+replacement only when some member has not reached its target, which would otherwise hand a
+partition to a second owner). A policy that forbids it is silent: the member is removed as usual.
 
 Conversions are records, in Kafka's order, so a coordinator that dies mid-migration resumes from
 whichever side the log ends on. Committed offsets are never touched.
@@ -147,12 +148,26 @@ class Migration:
         return True
 
     def downgrade_on_replacement(self, group: ConsumerGroup, now_ms: int) -> bool:
-        """A classic static member replaced the last KIP-848 one: convert, no rebalance."""
+        """A classic static member replaced the last KIP-848 one: convert, and rebalance only
+        when the targets handed over as classic assignments are not what members hold."""
         if not all(member.classic is not None for member in group.members.values()):
             return False
         if not self._downgrade_allowed(group, len(group.members)):
             return False
-        return self._to_classic(group, exclude=None, now_ms=now_ms) is not None
+        settled = group.assignment_epoch == group.group_epoch and all(group.is_reconciled(m) for m in group.members.values())
+        converted = self._to_classic(group, exclude=None, now_ms=now_ms)
+        if converted is None:
+            return False
+        if not settled:
+            # A target not yet reached moves a partition its holder has not revoked: handed
+            # over as a classic assignment, the next SyncGroup gives it to a second owner while
+            # the holder keeps it until it hears of the new generation. Kafka's snapshot skips
+            # the rebalance here; newer Kafka rebalances when the target is stale
+            # (KAFKA-19546, KAFKA-20273), and a target members have not reached is stale for
+            # them too. The replacement's SyncGroup is then told REBALANCE_IN_PROGRESS and
+            # every member rejoins with what it owns.
+            self.classic.start_rebalance(converted, now_ms)
+        return True
 
     def _downgrade_allowed(self, group: ConsumerGroup, remaining: int) -> bool:
         policy = self.ctx.migration_policy(group.group_id)
