@@ -208,6 +208,28 @@ def test_upgrade_of_a_group_in_its_first_rebalance() -> None:
     h.assert_replay_equals_live()
 
 
+def test_upgrade_mid_rebalance_keeps_what_cooperative_members_report_owning_until_they_revoke_it() -> None:
+    """A rebalance begun in CompletingRebalance resets every classic assignment, while
+    cooperative members keep processing what they own and say so in their JoinGroup. Kafka's
+    conversion reads only the assignment, so the joiner was handed those partitions at once:
+    two owners (simulator, migration seeds 118, 200). They are now pending revocation."""
+    h = harness()
+    a, b = classic_pair(h)
+    a.owned, b.owned = {"foo": [0, 1]}, {"foo": [2, 3]}
+    a.join(), b.join()
+    h.advance(0)
+    a.answer(), b.answer()
+    assert h.group.state is ClassicGroupState.COMPLETING_REBALANCE
+    Classic(h).join_fully()  # a newcomer: PreparingRebalance again, assignments reset
+    assert h.group.state is ClassicGroupState.PREPARING_REBALANCE
+    assert h.group.members[a.member_id].assignment == b""
+    response = h.join("n", server_assignor="range")
+    assert response.error_code == 0
+    assert held(h)[a.member_id][1] == "foo-0, foo-1" and held(h)[b.member_id][1] == "foo-2, foo-3"
+    assert not response.assignment or not response.assignment.assigned_topic_partitions
+    h.assert_replay_equals_live()
+
+
 @pytest.mark.parametrize("policy", ["disabled", "downgrade"])
 def test_a_refused_upgrade_is_group_id_not_found_with_the_reason_and_leaves_no_trace(policy: str) -> None:
     h = harness(migration_policy=policy)

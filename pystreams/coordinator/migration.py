@@ -107,11 +107,20 @@ class Migration:
         subscription = cp.decode_subscription(member.metadata(self._protocol_of(group, member)))
         assignment = cp.decode_assignment(member.assignment)
         topics = self.ctx.topics
-        assigned = PartitionSet.from_pairs(
-            (topics[name].topic_id, partition)
-            for name, partitions in assignment.partitions.items() if name in topics
-            for partition in partitions if 0 <= partition < topics[name].num_partitions
-        )
+
+        def known(partitions_by_name) -> PartitionSet:
+            return PartitionSet.from_pairs(
+                (topics[name].topic_id, partition)
+                for name, partitions in partitions_by_name.items() if name in topics
+                for partition in partitions if 0 <= partition < topics[name].num_partitions
+            )
+
+        assigned = known(assignment.partitions)
+        # A cooperative member keeps what it owns through a rebalance, while its assignment is
+        # reset (or, just synced, no longer lists what it is revoking): what it reported owning
+        # in its JoinGroup is still its own until it rejoins without it. Kafka's fromClassicGroup
+        # reads the assignment only, and the joiner is handed those partitions at once.
+        revoking = known(subscription.owned_partitions) - assigned
         classic = r.ClassicMemberMetadataValue(
             session_timeout_ms=member.session_timeout_ms,
             supported_protocols=[r.ClassicProtocolValue(name, metadata) for name, metadata in member.protocols],
@@ -127,6 +136,7 @@ class Migration:
             member_epoch=group.generation,
             previous_member_epoch=group.generation,
             assigned=assigned,
+            revoking=revoking,
             metadata_version=CLASSIC_METADATA_VERSION if assignment.user_data else 0,
             metadata=assignment.user_data or b"",
             classic=classic,
@@ -240,7 +250,8 @@ class Migration:
 
 def _drop_double_owners(group_id: str, members: list[tuple[ConsumerMember, int]]) -> None:
     """A classic leader may have handed a partition to two members; the consumer group gives
-    each partition one holder, so it stays with the first and the others lose it."""
+    each partition one holder, so it stays with the first and the others lose it. A partition
+    assigned to one member and reported owned by another stays with the assignee."""
     held: set = set()
     for index, (member, session) in enumerate(members):
         duplicates = PartitionSet.from_pairs(pair for pair in member.assigned if pair in held)
@@ -251,3 +262,10 @@ def _drop_double_owners(group_id: str, members: list[tuple[ConsumerMember, int]]
             member.assigned = member.assigned - duplicates
             members[index] = (member, session)
         held.update(member.assigned)
+    for index, (member, session) in enumerate(members):
+        claimed = PartitionSet.from_pairs(pair for pair in member.revoking if pair in held)
+        if claimed:
+            member = copy.copy(member)
+            member.revoking = member.revoking - claimed
+            members[index] = (member, session)
+        held.update(member.revoking)
