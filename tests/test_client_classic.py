@@ -819,6 +819,29 @@ def test_a_guarded_member_answered_after_a_whole_join_phase_still_syncs() -> Non
     assert member.classic_state is ClassicState.STABLE and member.owned_partitions == parts(FOO, 0)
 
 
+def test_a_guarded_cooperative_member_not_synced_a_rebalance_timeout_after_its_join_gives_up() -> None:
+    """Once it answers a JoinGroup the coordinator waits a rebalance timeout for the member's
+    successful SyncGroup (a KIP-848 group's sync timer for a classic member, a classic group's
+    pending sync); a SyncGroup told REBALANCE_IN_PROGRESS and a rejoin that never arrives leave
+    that timer running. The member counts from that JoinGroup's send, not its rejoin's (the
+    simulator's migration seeds 179, 277, 290, 353: fenced, its partitions handed on)."""
+    member = make(assignors=("cooperative-sticky",), lose_partitions_on_session_timeout=True)
+    to_stable(member, {"foo": [0, 1]}, protocol="cooperative-sticky")
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL)
+    rejoin = only(member.poll(INTERVAL), m.JoinGroupRequest)
+    member.on_response(rejoin, join_response(generation=2, protocol="cooperative-sticky"), INTERVAL)
+    sync = only(member.poll(INTERVAL), m.SyncGroupRequest)
+    member.on_response(sync, sync_response(error=REBALANCE_IN_PROGRESS, protocol="cooperative-sticky"), 2 * INTERVAL)
+    only(member.poll(2 * INTERVAL), m.JoinGroupRequest)  # never answered
+    assert member.owned_partitions == parts(FOO, 0, 1)
+    member.poll(INTERVAL + REBALANCE - 1)
+    assert member.take_events() == []
+    member.poll(INTERVAL + REBALANCE)  # the first JoinGroup's send + the rebalance timeout
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
+
+
 def test_without_answers_for_a_session_the_member_looks_the_coordinator_up_again() -> None:
     member = make()
     to_stable(member, {"foo": [0]})
