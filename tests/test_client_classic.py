@@ -76,10 +76,10 @@ def parts(topic: UUID, *numbers: int) -> PartitionSet:
     return PartitionSet.from_pairs(TopicIdPartition(topic, n) for n in numbers)
 
 
-def make(*, assignors=("range",), instance_id=None, resolver=None, **overrides) -> ClassicGroupMember:
+def make(*, assignors=("range",), instance_id=None, resolver=None, rebalance_timeout_ms=REBALANCE, **overrides) -> ClassicGroupMember:
     config = ClassicMemberConfig(
         group_id="g", session_timeout_ms=SESSION, heartbeat_interval_ms=INTERVAL,
-        rebalance_timeout_ms=REBALANCE, retry_backoff_ms=BACKOFF, assignors=assignors,
+        rebalance_timeout_ms=rebalance_timeout_ms, retry_backoff_ms=BACKOFF, assignors=assignors,
         instance_id=instance_id, **overrides,
     )
     return ClassicGroupMember(config, resolver or topics())
@@ -777,6 +777,69 @@ def test_a_cooperative_member_whose_join_goes_unanswered_gives_up_its_partitions
         assert member.owned_partitions == PartitionSet()
         # The JoinGroup stays outstanding (the coordinator may have had it in time): no new one.
         assert member.poll(REBALANCE + 5) == [] and member.take_events() == []
+
+
+def test_a_guarded_member_without_answers_for_a_rebalance_timeout_shorter_than_its_session_gives_up() -> None:
+    """A rebalance may begin right after the coordinator's last answer; with every later answer
+    lost the member never hears of it, and the join phase ends without it a rebalance timeout
+    later (a static member stays in the group and the leader assigns around its old partitions;
+    a dynamic one is dropped), while its session still runs. Found by the simulator's migration
+    profile (seeds 359, 391: a static member at the old generation beside the new owner)."""
+    short = 3 * INTERVAL  # the rebalance timeout, below the session timeout
+    for guarded in (False, True):
+        member = make(instance_id="i-1", rebalance_timeout_ms=short, lose_partitions_on_session_timeout=guarded)
+        to_stable(member, {"foo": [0]})  # SyncGroup sent and answered at 0
+        member.take_events()
+        assert member.next_deadline() <= (short if guarded else INTERVAL)
+        for now in range(INTERVAL, short, INTERVAL):
+            for request in member.poll(now):
+                member.on_request_failed(request, now)
+        assert member.take_events() == [] and member.owned_partitions == parts(FOO, 0)
+        requests = member.poll(short)
+        if not guarded:
+            assert member.take_events() == [] and member.owned_partitions == parts(FOO, 0)
+            continue
+        assert member.take_events() == [CoordinatorUnavailable(TIMED_OUT), PartitionsLost(parts(FOO, 0), TIMED_OUT)]
+        rejoin = only(requests, m.JoinGroupRequest)
+        assert (rejoin.member_id, rejoin.group_instance_id) == ("", "i-1")
+
+
+def test_a_guarded_member_answered_after_a_whole_join_phase_still_syncs() -> None:
+    """The JoinGroup is a long poll: answered a rebalance timeout after it was sent, the member
+    is in the new generation, not out of the group (else every member gives up in turn: the
+    simulator's migration seeds 20 and 69 never converged)."""
+    short = 3 * INTERVAL
+    member = make(rebalance_timeout_ms=short, lose_partitions_on_session_timeout=True)
+    member.subscribe(["foo"])
+    join_request = only(member.poll(0), m.JoinGroupRequest)
+    member.on_response(join_request, join_response(generation=1), short + 10)
+    sync = only(member.poll(short + 10), m.SyncGroupRequest)
+    assert member.take_events() == []
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0]})), short + 20)
+    assert member.classic_state is ClassicState.STABLE and member.owned_partitions == parts(FOO, 0)
+
+
+def test_a_guarded_cooperative_member_not_synced_a_rebalance_timeout_after_its_join_gives_up() -> None:
+    """Once it answers a JoinGroup the coordinator waits a rebalance timeout for the member's
+    successful SyncGroup (a KIP-848 group's sync timer for a classic member, a classic group's
+    pending sync); a SyncGroup told REBALANCE_IN_PROGRESS and a rejoin that never arrives leave
+    that timer running. The member counts from that JoinGroup's send, not its rejoin's (the
+    simulator's migration seeds 179, 277, 290, 353: fenced, its partitions handed on)."""
+    member = make(assignors=("cooperative-sticky",), lose_partitions_on_session_timeout=True)
+    to_stable(member, {"foo": [0, 1]}, protocol="cooperative-sticky")
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL)
+    rejoin = only(member.poll(INTERVAL), m.JoinGroupRequest)
+    member.on_response(rejoin, join_response(generation=2, protocol="cooperative-sticky"), INTERVAL)
+    sync = only(member.poll(INTERVAL), m.SyncGroupRequest)
+    member.on_response(sync, sync_response(error=REBALANCE_IN_PROGRESS, protocol="cooperative-sticky"), 2 * INTERVAL)
+    only(member.poll(2 * INTERVAL), m.JoinGroupRequest)  # never answered
+    assert member.owned_partitions == parts(FOO, 0, 1)
+    member.poll(INTERVAL + REBALANCE - 1)
+    assert member.take_events() == []
+    member.poll(INTERVAL + REBALANCE)  # the first JoinGroup's send + the rebalance timeout
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
 
 
 def test_without_answers_for_a_session_the_member_looks_the_coordinator_up_again() -> None:

@@ -208,6 +208,28 @@ def test_upgrade_of_a_group_in_its_first_rebalance() -> None:
     h.assert_replay_equals_live()
 
 
+def test_upgrade_mid_rebalance_keeps_what_cooperative_members_report_owning_until_they_revoke_it() -> None:
+    """A rebalance begun in CompletingRebalance resets every classic assignment, while
+    cooperative members keep processing what they own and say so in their JoinGroup. Kafka's
+    conversion reads only the assignment, so the joiner was handed those partitions at once:
+    two owners (simulator, migration seeds 118, 200). They are now pending revocation."""
+    h = harness()
+    a, b = classic_pair(h)
+    a.owned, b.owned = {"foo": [0, 1]}, {"foo": [2, 3]}
+    a.join(), b.join()
+    h.advance(0)
+    a.answer(), b.answer()
+    assert h.group.state is ClassicGroupState.COMPLETING_REBALANCE
+    Classic(h).join_fully()  # a newcomer: PreparingRebalance again, assignments reset
+    assert h.group.state is ClassicGroupState.PREPARING_REBALANCE
+    assert h.group.members[a.member_id].assignment == b""
+    response = h.join("n", server_assignor="range")
+    assert response.error_code == 0
+    assert held(h)[a.member_id][1] == "foo-0, foo-1" and held(h)[b.member_id][1] == "foo-2, foo-3"
+    assert not response.assignment or not response.assignment.assigned_topic_partitions
+    h.assert_replay_equals_live()
+
+
 @pytest.mark.parametrize("policy", ["disabled", "downgrade"])
 def test_a_refused_upgrade_is_group_id_not_found_with_the_reason_and_leaves_no_trace(policy: str) -> None:
     h = harness(migration_policy=policy)
@@ -476,6 +498,28 @@ def test_a_classic_static_member_replacing_the_last_kip848_one_downgrades_withou
     assert kinds(h.last_records)[-1] == "ClassicGroupMetadata"
     assert decoded(x.sync().assignment) == {"foo": [1, 3]}
     assert a.heartbeat() == 0  # nobody rebalances
+    h.assert_replay_equals_live()
+
+
+def test_a_static_replacement_downgrade_rebalances_when_a_target_is_not_reached_yet() -> None:
+    """The targets become the classic assignments; one that moves a partition its holder has
+    not revoked yet would be handed to the replacement at once while the holder keeps it until
+    it hears of the new generation: two owners (simulator, migration seed 192). Newer Kafka
+    rebalances on a stale target (KAFKA-19546, KAFKA-20273); so do we on an unreached one."""
+    h = scripted_harness()
+    a, b = upgraded_and_settled(h, instance_id="x")
+    epoch = h.group.members["n"].member_epoch
+    h.scripted.next = {a.member_id: "", b.member_id: "foo-2", "n": "foo-0, foo-1, foo-3"}
+    # n subscribes to more: a new target moves foo-0 from a (which has not revoked it) to n.
+    h.heartbeat("n", epoch, owned_spec="foo-1, foo-3", subscribed_topic_names=["foo", "bar"])
+    assert not h.group.is_reconciled(h.group.members[a.member_id])
+    h.heartbeat("n", -2, instance_id="x")  # it restarts...
+    x = Classic(h, instance_id="x", topics=("bar", "foo"))
+    assert x.join().error_code == 0  # ... with the classic protocol, and the same subscription
+    group = h.group
+    assert isinstance(group, ClassicGroup) and group.state is ClassicGroupState.PREPARING_REBALANCE
+    assert x.sync().error_code == Errors.RebalanceInProgressError.errno  # foo-0 is not handed out
+    assert a.heartbeat() != 0  # a hears of the new generation before anyone gets foo-0
     h.assert_replay_equals_live()
 
 

@@ -36,8 +36,11 @@ the worker and the simulator run either without knowing which. What it does foll
   timeout of the rebalance that asked for it means the coordinator has moved on without this
   member (Kafka's ``max.poll.interval.ms``): its partitions are lost and it rejoins afresh.
   With ``lose_partitions_on_session_timeout``, no successful answer within the session timeout
-  does the same (off by default: Kafka only looks the coordinator up again), and so does a
-  JoinGroup unanswered for a rebalance timeout while a cooperative member keeps its partitions.
+  (or the rebalance timeout, when shorter: a rebalance it never heard of may have ended without
+  it) does the same (off by default: Kafka only looks the coordinator up again); and a
+  cooperative member keeping partitions through a rebalance gives them up when it has not
+  rejoined and synced a rebalance timeout after its last answered JoinGroup (or its rejoin, or
+  the rebalance it heard of).
   Both also hold while it revokes before leaving: it is still a member then, and is removed
   all the same.
 
@@ -170,8 +173,9 @@ class ClassicMemberConfig:
     #: (:data:`BUILTIN_ASSIGNORS`) and/or client-side assignors (``ClientAssignor`` objects).
     assignors: Sequence[str | ClientAssignor] = ("range", "cooperative-sticky")
     retry_backoff_ms: int = 100
-    #: Give partitions up (lost) when no request was answered within the session timeout, or a
-    #: JoinGroup within the rebalance timeout: the coordinator may have removed the member
+    #: Give partitions up (lost) when no request was answered within the session timeout (or the
+    #: rebalance timeout, when shorter), or a JoinGroup within the rebalance timeout: the
+    #: coordinator may have removed the member, or had the leader assign around it,
     #: already. Off: Kafka only re-discovers the coordinator, and waits for the JoinGroup.
     lose_partitions_on_session_timeout: bool = False
 
@@ -306,6 +310,9 @@ class ClassicGroupMember:
         #: send time of the last request answered before a heartbeat first said
         #: REBALANCE_IN_PROGRESS (a classic group's rebalance may begin right after that answer).
         self._rebalance_heard_ms: int | None = None
+        #: Send time of the last JoinGroup answered until a SyncGroup succeeds: the coordinator
+        #: answered it (and started waiting for this member's sync) no earlier than that.
+        self._sync_awaited_since_ms: int | None = None
         self._leader: _LeaderMemory | None = None
 
         self._now_ms = 0
@@ -668,6 +675,7 @@ class ClassicGroupMember:
             self._protocol_name = response.protocol_name
             self._leader_id = response.leader or ""
             self._last_answered_send_ms = in_flight.sent_at_ms
+            self._sync_awaited_since_ms = in_flight.sent_at_ms
             self._heartbeat_due_ms = now_ms + self.config.heartbeat_interval_ms
             assignments: dict[str, bytes] = {}
             if self.is_leader and not response.skip_assignment:
@@ -757,6 +765,7 @@ class ClassicGroupMember:
             self._rejoin_reason = ""
             self._needs_join_prepare = True
             self._last_answered_send_ms = in_flight.sent_at_ms
+            self._sync_awaited_since_ms = None
             self._on_join_complete(bytes(response.assignment or b""))
             if self._state is ClassicState.STABLE and self._current_topics() != self._joined_topics:
                 self._request_rejoin("the subscription changed during the rebalance")
@@ -912,6 +921,7 @@ class ClassicGroupMember:
         self._heartbeat_due_ms = None
         self._last_answered_send_ms = None
         self._rebalance_heard_ms = None
+        self._sync_awaited_since_ms = None
         self._needs_join_prepare = True
         self._lost_error = error_code
         self._request_rejoin(f"reset after {error_name(error_code)}")
@@ -942,11 +952,21 @@ class ClassicGroupMember:
         return self._state is ClassicState.LEAVING and bool(self._revocations)
 
     def _session_deadline(self) -> int | None:
+        """Guarded and settled (or revoking before a leave), also the rebalance timeout when
+        shorter: a rebalance may begin right after the coordinator's last answer, every later
+        answer (its REBALANCE_IN_PROGRESS) be lost, and the join phase end without this member a
+        rebalance timeout later (Kafka's completeJoin drops a dynamic member that did not
+        rejoin, and has the leader assign around a static one's old partitions), while its
+        session still runs. Not while completing a rebalance: its last answer is the JoinGroup,
+        which may have waited out a whole join phase at the coordinator."""
         if self._last_answered_send_ms is None:
             return None
         if self._state not in (ClassicState.COMPLETING_REBALANCE, ClassicState.STABLE) and not self._revoking_before_leave():
             return None
-        return self._last_answered_send_ms + self.config.session_timeout_ms
+        timeout_ms = self.config.session_timeout_ms
+        if self.config.lose_partitions_on_session_timeout and self._state is not ClassicState.COMPLETING_REBALANCE:
+            timeout_ms = min(timeout_ms, self.config.rebalance_timeout_ms)
+        return self._last_answered_send_ms + timeout_ms
 
     def _rebalance_deadline(self) -> int | None:
         if self._rebalance_heard_ms is None:
@@ -956,21 +976,25 @@ class ClassicGroupMember:
         return self._rebalance_heard_ms + self.config.rebalance_timeout_ms
 
     def _join_deadline(self) -> int | None:
-        """Guarded, a member still owning partitions while its JoinGroup goes unanswered (KIP-429)
-        may have been removed by now: the coordinator drops a member that has not rejoined a
-        rebalance timeout after the rebalance began, or has not synced one after answering its
-        join; the JoinGroup's own timeout is later still."""
-        if not self.config.lose_partitions_on_session_timeout or self._join is None or not self._owned:
+        """Guarded, a member still owning partitions between a rebalance and its next successful
+        SyncGroup (KIP-429) may have been removed by now: the coordinator drops a member that has
+        not rejoined a rebalance timeout after the rebalance began, or has not synced one after
+        answering its join (the timer a failed SyncGroup and an unanswered rejoin leave running);
+        the JoinGroup's own timeout is later still. Only its partitions go: the answers it waits
+        for may still come, and then it carries on."""
+        if not self.config.lose_partitions_on_session_timeout or not self._owned:
             return None
-        deadline = self._join.sent_at_ms
-        if self._rebalance_heard_ms is not None:
-            deadline = min(deadline, self._rebalance_heard_ms)
-        return deadline + self.config.rebalance_timeout_ms
+        starts = [self._sync_awaited_since_ms] if self._sync_awaited_since_ms is not None else []
+        if self._join is not None:
+            starts.append(self._join.sent_at_ms)
+            if self._rebalance_heard_ms is not None:
+                starts.append(self._rebalance_heard_ms)
+        return min(starts) + self.config.rebalance_timeout_ms if starts else None
 
     def _check_timeouts(self, now_ms: int) -> None:
         join = self._join_deadline()
         if join is not None and now_ms >= join:
-            log.warning("group %s: no answer to the JoinGroup within the rebalance timeout; giving up every partition",
+            log.warning("group %s: not rejoined and synced within the rebalance timeout; giving up every partition",
                         self.config.group_id)
             self._lose_owned(_REQUEST_TIMED_OUT)  # the answer may still come: then carry on
         rebalance = self._rebalance_deadline()
@@ -1029,6 +1053,7 @@ class ClassicGroupMember:
         self._heartbeat_due_ms = None
         self._last_answered_send_ms = None
         self._rebalance_heard_ms = None
+        self._sync_awaited_since_ms = None
         self._rejoin_needed = False
         self._needs_join_prepare = True
         self._leader = None

@@ -13,8 +13,9 @@ GROUP_ID_NOT_FOUND with the reason (Kafka's answer).
 
 **Downgrade.** When the last KIP-848 member leaves or is fenced and only classic members remain
 (or a classic static member replaces it), the group converts back: generation = group epoch,
-each member's classic assignment is its target, and a rebalance starts (none for a static
-replacement). A policy that forbids it is silent: the member is removed as usual.
+each member's classic assignment is its target, and a rebalance starts (for a static
+replacement only when some member has not reached its target, which would otherwise hand a
+partition to a second owner). A policy that forbids it is silent: the member is removed as usual.
 
 Conversions are records, in Kafka's order, so a coordinator that dies mid-migration resumes from
 whichever side the log ends on. Committed offsets are never touched.
@@ -106,11 +107,20 @@ class Migration:
         subscription = cp.decode_subscription(member.metadata(self._protocol_of(group, member)))
         assignment = cp.decode_assignment(member.assignment)
         topics = self.ctx.topics
-        assigned = PartitionSet.from_pairs(
-            (topics[name].topic_id, partition)
-            for name, partitions in assignment.partitions.items() if name in topics
-            for partition in partitions if 0 <= partition < topics[name].num_partitions
-        )
+
+        def known(partitions_by_name) -> PartitionSet:
+            return PartitionSet.from_pairs(
+                (topics[name].topic_id, partition)
+                for name, partitions in partitions_by_name.items() if name in topics
+                for partition in partitions if 0 <= partition < topics[name].num_partitions
+            )
+
+        assigned = known(assignment.partitions)
+        # A cooperative member keeps what it owns through a rebalance, while its assignment is
+        # reset (or, just synced, no longer lists what it is revoking): what it reported owning
+        # in its JoinGroup is still its own until it rejoins without it. Kafka's fromClassicGroup
+        # reads the assignment only, and the joiner is handed those partitions at once.
+        revoking = known(subscription.owned_partitions) - assigned
         classic = r.ClassicMemberMetadataValue(
             session_timeout_ms=member.session_timeout_ms,
             supported_protocols=[r.ClassicProtocolValue(name, metadata) for name, metadata in member.protocols],
@@ -126,6 +136,7 @@ class Migration:
             member_epoch=group.generation,
             previous_member_epoch=group.generation,
             assigned=assigned,
+            revoking=revoking,
             metadata_version=CLASSIC_METADATA_VERSION if assignment.user_data else 0,
             metadata=assignment.user_data or b"",
             classic=classic,
@@ -147,12 +158,26 @@ class Migration:
         return True
 
     def downgrade_on_replacement(self, group: ConsumerGroup, now_ms: int) -> bool:
-        """A classic static member replaced the last KIP-848 one: convert, no rebalance."""
+        """A classic static member replaced the last KIP-848 one: convert, and rebalance only
+        when the targets handed over as classic assignments are not what members hold."""
         if not all(member.classic is not None for member in group.members.values()):
             return False
         if not self._downgrade_allowed(group, len(group.members)):
             return False
-        return self._to_classic(group, exclude=None, now_ms=now_ms) is not None
+        settled = group.assignment_epoch == group.group_epoch and all(group.is_reconciled(m) for m in group.members.values())
+        converted = self._to_classic(group, exclude=None, now_ms=now_ms)
+        if converted is None:
+            return False
+        if not settled:
+            # A target not yet reached moves a partition its holder has not revoked: handed
+            # over as a classic assignment, the next SyncGroup gives it to a second owner while
+            # the holder keeps it until it hears of the new generation. Kafka's snapshot skips
+            # the rebalance here; newer Kafka rebalances when the target is stale
+            # (KAFKA-19546, KAFKA-20273), and a target members have not reached is stale for
+            # them too. The replacement's SyncGroup is then told REBALANCE_IN_PROGRESS and
+            # every member rejoins with what it owns.
+            self.classic.start_rebalance(converted, now_ms)
+        return True
 
     def _downgrade_allowed(self, group: ConsumerGroup, remaining: int) -> bool:
         policy = self.ctx.migration_policy(group.group_id)
@@ -225,7 +250,8 @@ class Migration:
 
 def _drop_double_owners(group_id: str, members: list[tuple[ConsumerMember, int]]) -> None:
     """A classic leader may have handed a partition to two members; the consumer group gives
-    each partition one holder, so it stays with the first and the others lose it."""
+    each partition one holder, so it stays with the first and the others lose it. A partition
+    assigned to one member and reported owned by another stays with the assignee."""
     held: set = set()
     for index, (member, session) in enumerate(members):
         duplicates = PartitionSet.from_pairs(pair for pair in member.assigned if pair in held)
@@ -236,3 +262,10 @@ def _drop_double_owners(group_id: str, members: list[tuple[ConsumerMember, int]]
             member.assigned = member.assigned - duplicates
             members[index] = (member, session)
         held.update(member.assigned)
+    for index, (member, session) in enumerate(members):
+        claimed = PartitionSet.from_pairs(pair for pair in member.revoking if pair in held)
+        if claimed:
+            member = copy.copy(member)
+            member.revoking = member.revoking - claimed
+            members[index] = (member, session)
+        held.update(member.revoking)
