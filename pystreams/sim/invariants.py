@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pystreams.partitions import TopicIdPartition
+from pystreams.partitions import PartitionSet, TopicIdPartition
 from pystreams.coordinator import records as r
 from pystreams.coordinator.classic_group import ClassicGroup
 from pystreams.coordinator.consumer_group import ConsumerGroup
@@ -68,7 +68,7 @@ class CommitContext:
 class InvariantChecker:
     def __init__(self, world: Simulation) -> None:
         self.world = world
-        self._view_of: dict[str, frozenset[TopicIdPartition]] = {}
+        self._view_of: dict[str, PartitionSet | frozenset[TopicIdPartition]] = {}
         self._owner_of: dict[TopicIdPartition, str] = {}
         self._group_epoch: dict[str, int] = {}
         self._assignment_epoch: dict[str, int] = {}

@@ -48,6 +48,8 @@ from pystreams.client.member import (
     PartitionsLost,
     RevokePartitions,
 )
+from kafka.protocol.api_message import ApiMessage
+
 from pystreams.protocol import messages as m
 from pystreams.protocol.registry import api_spec
 from pystreams.sim.assignors import Outcome, SimAssignor
@@ -79,7 +81,7 @@ class ProcessSpec:
 
 @dataclass
 class _Outstanding:
-    request: object
+    request: ApiMessage | None  # None: a commit that was never sent
     kind: str  # "member" | "commit"
     revocation_id: int | None = None
 
@@ -138,14 +140,11 @@ class MemberProcess:
         world, spec = self.world, self.spec
         self.incarnation += 1
         self.running = True
-        assignors = {}
         if spec.client_versions is not None:
             low, high, version = spec.client_versions
             self.assignor = SimAssignor(low, high, version, world.assignor_rng, world.assignor_outcome, world.assignor_slow_ms, world.stats)
-            assignors["client_assignors"] = (self.assignor,)
         else:
             self.assignor = None
-            assignors["server_assignor"] = spec.server_assignor
         timing = world.timing
         if spec.classic_assignor is not None:
             self.assignor = None
@@ -166,7 +165,7 @@ class MemberProcess:
                 world.topic_table,
             )
         else:
-            self.member = self._kip848_member(assignors)
+            self.member = self._kip848_member()
         if spec.regex is not None:
             self.member.subscribe(regex=spec.regex)
         else:
@@ -174,7 +173,7 @@ class MemberProcess:
         world.at(world.now + timing.commit_interval_ms, self._periodic_commit, self.incarnation)
         world.touched(self)
 
-    def _kip848_member(self, assignors: dict) -> GroupMember:
+    def _kip848_member(self) -> GroupMember:
         timing = self.world.timing
         spec = self.spec
         return GroupMember(
@@ -187,7 +186,8 @@ class MemberProcess:
                 # The client's guard, set to the group's session timeout: it gives its partitions
                 # up no later than the coordinator may hand them on.
                 session_timeout_ms=timing.session_timeout_ms,
-                **assignors,
+                server_assignor=spec.server_assignor if self.assignor is None else None,
+                client_assignors=() if self.assignor is None else (self.assignor,),
             )
         )
 
@@ -243,7 +243,7 @@ class MemberProcess:
         self._drain_events()
         self.world.touched(self)
 
-    def _dispatch(self, request: object) -> None:
+    def _dispatch(self, request: ApiMessage) -> None:
         if isinstance(request, (m.ConsumerGroupHeartbeatRequest, m.HeartbeatRequest)):
             self.world.stats["heartbeats"] += 1
         elif isinstance(request, m.JoinGroupRequest):
@@ -260,14 +260,16 @@ class MemberProcess:
                 return
         self._send(request, "member")
 
-    def _send_later(self, incarnation: int, request: object) -> None:
+    def _send_later(self, incarnation: int, request: ApiMessage) -> None:
         if incarnation == self.incarnation:
             self._send(request, "member")
 
-    def _send(self, request: object, kind: str, revocation_id: int | None = None) -> None:
+    def _send(self, request: ApiMessage, kind: str, revocation_id: int | None = None) -> None:
         if isinstance(self.member, ClassicGroupMember):
             # Kafka's consumer speaks the newest version both sides serve (the coordinator's).
-            request.API_VERSION = api_spec(request.API_KEY).max_version  # type: ignore[attr-defined]
+            spec = api_spec(request.API_KEY)
+            assert spec is not None  # the member only sends APIs of the registry
+            request.API_VERSION = spec.max_version
         request_id = next(self._request_ids)
         self._outstanding[request_id] = _Outstanding(request, kind, revocation_id)
         world = self.world
@@ -277,7 +279,7 @@ class MemberProcess:
         world.at(world.now + timeout_ms, self._timed_out, self.incarnation, request_id)
         world.send_to_coordinator(self, self.incarnation, request_id, request)
 
-    def on_answer(self, incarnation: int, request_id: int, request: object, response: object) -> None:
+    def on_answer(self, incarnation: int, request_id: int, request: ApiMessage, response: ApiMessage) -> None:
         if incarnation != self.incarnation or self.member is None:
             return  # an answer to a process that has since crashed or restarted
         outstanding = self._outstanding.pop(request_id, None)
@@ -316,11 +318,12 @@ class MemberProcess:
         if outstanding.kind == "commit":
             self._commit_finished(outstanding)
             return
+        assert outstanding.request is not None  # only commits go unsent
         self.member.on_request_failed(outstanding.request, self.world.now)
         self._drain_events()
         self.world.touched(self)
 
-    def _check_install(self, request: object, response: m.ConsumerGroupInstallAssignmentResponse) -> None:
+    def _check_install(self, request: ApiMessage, response: m.ConsumerGroupInstallAssignmentResponse) -> None:
         broken = self._invalid_installs.pop(id(request), None)
         if broken is not None and broken[0] is request and response.error_code == 0:
             kind = broken[1]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from pystreams.sim.invariants import Violation
 from pystreams.sim.process import ProcessSpec
@@ -214,7 +215,7 @@ class RandomScenario:
         world.at(world.now + self.rng.randint(200, 800), self._roll_next, phase, index + 1)
 
 
-def run_seed(seed: int, profile: str | Profile = "chaos", *, trace: bool = False, timing: Timing | None = None) -> SeedResult:
+def run_seed(seed: int, profile: str | Profile = "chaos", *, trace: bool | Literal["all"] = False, timing: Timing | None = None) -> SeedResult:
     """Run one seed of a profile to the end; the result says what, if anything, went wrong."""
     profile = PROFILES[profile] if isinstance(profile, str) else profile
     world = Simulation(seed, timing, trace=trace)

@@ -16,9 +16,10 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import kafka.errors as Errors
+from kafka.protocol.api_message import ApiMessage
 
 from pystreams.assignors.api import TopicMetadata
 from pystreams.partitions import TopicIdPartition
@@ -85,7 +86,7 @@ CALM = Misbehaviour()
 
 
 class Simulation:
-    def __init__(self, seed: int, timing: Timing | None = None, *, trace: bool = False, group_id: str = "sim-group", max_steps: int = 400_000) -> None:
+    def __init__(self, seed: int, timing: Timing | None = None, *, trace: bool | Literal["all"] = False, group_id: str = "sim-group", max_steps: int = 400_000) -> None:
         self.seed = seed
         self.timing = timing or Timing()
         self.group_id = group_id
@@ -253,10 +254,10 @@ class Simulation:
 
     # ------------------------------------------------------------------ the network and the coordinator
 
-    def send_to_coordinator(self, process: MemberProcess, incarnation: int, request_id: int, request: object) -> None:
+    def send_to_coordinator(self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage) -> None:
         self.network.send(process.name, self._arrive_at_coordinator, process, incarnation, request_id, request, self.coordinator.incarnation, request=True)
 
-    def _arrive_at_coordinator(self, process: MemberProcess, incarnation: int, request_id: int, request: object, coordinator_incarnation: int) -> None:
+    def _arrive_at_coordinator(self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage, coordinator_incarnation: int) -> None:
         node = self.coordinator
         if coordinator_incarnation != node.incarnation:
             self.stats["net.lost_in_failover"] += 1
@@ -276,12 +277,12 @@ class Simulation:
                 return  # a classic long poll: answered when some later event completes it
         self.network.send(process.name, self._arrive_at_member, process, incarnation, request_id, request, response, node.incarnation)
 
-    def _answer_later(self, route: tuple, response: object) -> None:
+    def _answer_later(self, route: tuple, response: ApiMessage) -> None:
         """A deferred request's answer leaves the coordinator now."""
         process, incarnation, request_id, request = route
         self.network.send(process.name, self._arrive_at_member, process, incarnation, request_id, request, response, self.coordinator.incarnation)
 
-    def _arrive_at_member(self, process: MemberProcess, incarnation: int, request_id: int, request: object, response: object, coordinator_incarnation: int) -> None:
+    def _arrive_at_member(self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage, response: ApiMessage, coordinator_incarnation: int) -> None:
         if coordinator_incarnation != self.coordinator.incarnation:
             self.stats["net.lost_in_failover"] += 1  # the connection to that coordinator is gone
             return
@@ -509,7 +510,7 @@ class WorldTopics:
         return sorted(self._world.coordinator.topics)
 
 
-def _loading_response(request: object) -> object:
+def _loading_response(request: ApiMessage) -> ApiMessage:
     """What a coordinator that is still loading its log answers."""
     if isinstance(request, m.ConsumerGroupHeartbeatRequest):
         return m.ConsumerGroupHeartbeatResponse(error_code=_LOADING, member_epoch=-1, heartbeat_interval_ms=0)
