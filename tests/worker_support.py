@@ -2,6 +2,7 @@
 ``pystreams worker`` processes with their logs."""
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -20,7 +21,11 @@ class Cluster:
     ``log="kafka"`` the coordinator keeps its records on the broker, so it can be killed and
     started again (``kill_coordinator``, ``start_coordinator``) without losing a group."""
 
-    def __init__(self, tmp_path: Path, *, log: str = "memory") -> None:
+    #: Heartbeats every 300 ms, sessions of 3 s: group changes take moments in tests.
+    FAST_GROUP_ARGS = ("--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500")
+
+    def __init__(self, tmp_path: Path, *, log: str = "memory", group_args: Sequence[str] = FAST_GROUP_ARGS) -> None:
+        self.group_args = tuple(group_args)
         self.broker = EmbeddedBroker(port=None)
         self.broker.start()
         self.port = free_port()
@@ -39,7 +44,7 @@ class Cluster:
         self.coordinator = subprocess.Popen(
             [sys.executable, "-m", "pystreams", "coordinator", "--log", self.log_kind,
              "--bootstrap-servers", self.broker.bootstrap_servers, "--listen", f"127.0.0.1:{self.port}",
-             "--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500"],
+             *self.group_args],
             stdout=self._log, stderr=subprocess.STDOUT,
         )
         wait_for(lambda: listening(self.port), 20, "the coordinator to listen")
@@ -79,14 +84,14 @@ class Workers:
         self.bootstrap, self.coordinator, self.tmp_path, self.app = bootstrap, coordinator, tmp_path, app
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *extra_args: str) -> subprocess.Popen[bytes]:
+    def start(self, *extra_args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         index = len(self.processes)
         log = (self.tmp_path / f"worker-{index}.log").open("wb")
         process = subprocess.Popen(
             [sys.executable, "-m", "pystreams", "worker", str(self.app), "--bootstrap-servers", self.bootstrap,
              "--coordinator", self.coordinator, "--state-dir", str(self.tmp_path / f"state-{index}"),
              "--commit-interval-ms", str(COMMIT_INTERVAL_MS), *extra_args],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log, stderr=subprocess.STDOUT, env=None if env is None else {**os.environ, **env},
         )
         log.close()
         self.processes.append(process)

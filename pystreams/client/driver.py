@@ -372,11 +372,13 @@ class MemberDriver:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def leave(self, *, permanent: bool = False, timeout_s: float | None = None) -> None:
+    async def leave(self, *, permanent: bool = False, lose: bool = False, timeout_s: float | None = None) -> None:
         """Leave the group: the application gets RevokePartitions for everything it owns, then
         the member heartbeats -1 (or -2 for a static member unless ``permanent``). Returns once
-        left (or the leave heartbeat failed: leaving is best effort, as in Kafka)."""
-        self.member.leave(self._clock_ms(), permanent=permanent)
+        left (or the leave heartbeat failed: leaving is best effort, as in Kafka). With ``lose``
+        the application gets PartitionsLost instead and the leave goes out at once (it failed
+        and cannot commit)."""
+        self.member.leave(self._clock_ms(), permanent=permanent, lose=lose)
         self._take_events()
         self._wake()
         if self.member.state is MemberState.UNSUBSCRIBED:

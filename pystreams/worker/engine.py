@@ -66,6 +66,8 @@ class ErrorHandling:
     processing: ErrorPolicy = ErrorPolicy.FAIL
     dead_letter_topic: str | None = None
     recent_failures: deque[RecordFailure] = field(default_factory=lambda: deque(maxlen=1000))
+    #: Records skipped so far (logged or dead-lettered).
+    skipped: int = 0
 
     def __post_init__(self) -> None:
         uses_dead_letters = ErrorPolicy.DEAD_LETTER in (self.deserialization, self.processing)
@@ -77,6 +79,7 @@ class ErrorHandling:
 
     def record(self, failure: RecordFailure) -> None:
         self.recent_failures.append(failure)
+        self.skipped += 1
 
 
 @dataclass(slots=True)
@@ -110,6 +113,8 @@ class EngineCounters:
     polls: int = 0
     #: Kafka records of input partitions handed to tasks (a packed repartition record is one).
     records_consumed: int = 0
+    #: Records run through the topology (packed entries count each), up to a failing record.
+    records_processed: int = 0
     #: Time spent processing polled records (fetching and waiting excluded).
     process_seconds: float = 0.0
     #: Changelog records applied to standby and warm-up replicas.
@@ -426,10 +431,14 @@ class TaskEngine:
                     heapq.merge(*(expand_packed(records, packed_topics) for _, records in batches), key=_by_timestamp)
                 )
             processed_before = task.records_processed
-            task.process(ordered)
+            try:
+                task.process(ordered)
+            finally:  # a failing record still leaves the ones before it processed
+                processed = task.records_processed - processed_before  # packed records count per entry
+                count += processed
+                counters.records_processed += processed
             for partition, records in batches:
                 task.mark_consumed(partition, records[-1].offset + 1)
-            count += task.records_processed - processed_before  # packed records count per entry
         self._punctuate_wall_clock()
         self._send_repartition_buffers()
         elapsed_s = time.perf_counter() - started

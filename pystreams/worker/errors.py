@@ -54,3 +54,10 @@ class RecordProcessingError(RuntimeError):
 
 class ProduceError(RuntimeError):
     """A record could not be written (sink, repartition topic, changelog or dead letters)."""
+
+
+def skip_hint(kind: ErrorKind) -> str:
+    """How to have records that fail this way skipped rather than stop the worker."""
+    option = "deserialization" if kind is ErrorKind.DESERIALIZATION else "processing"
+    return (f"to skip such records: --{option}-errors log-and-continue, or dead-letter with --dead-letter-topic; "
+            f"App({option}_errors=...) in code")

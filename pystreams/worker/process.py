@@ -70,6 +70,7 @@ from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology
 
 from .engine import EngineConfig, TaskEngine, resolve_against_cluster
+from .errors import RecordProcessingError, skip_hint
 from .progress import LagSnapshot, ReplicaProgressLog, RestoreTracker
 from .warmup import WarmUpTracker
 
@@ -104,6 +105,10 @@ T = TypeVar("T")
 
 class CommitFailed(RuntimeError):
     """The coordinator refused a commit (fenced, unknown member, ...)."""
+
+
+class EngineStopped(RuntimeError):
+    """A command was given to a stream thread whose engine thread has stopped (or failed)."""
 
 
 @dataclass(frozen=True)
@@ -282,10 +287,16 @@ class StreamThread:
         self._start_retry: asyncio.Task[None] | None = None
         self._rebalance_watch: asyncio.Task[None] | None = None
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
+        #: Set (under the lock) once the engine thread takes no more commands: a command queued
+        #: after it would wait forever, so ``_call_engine`` refuses it instead.
+        self._command_lock = threading.Lock()
+        self._engine_stopped = False
+        #: Why the engine thread failed (None: it did not). Such a thread cannot commit: its
+        #: member leaves at once and its tasks are lost, not revoked.
+        self.engine_failure: BaseException | None = None
         self._stop = threading.Event()
         self._engine_started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._engine_loop, name=self.name, daemon=True)
-        self.records_processed = 0
 
     # -- lifecycle (asyncio side) -------------------------------------------------------------
 
@@ -304,8 +315,12 @@ class StreamThread:
         self._stopping = True
         if self._rebalance_watch is not None:
             self._rebalance_watch.cancel()
+        # A failed engine cannot commit: waiting for a revocation it will never complete would
+        # keep its tasks here until the session times out. It loses them and leaves for good
+        # (a static member too), so another member takes them over within a heartbeat or two.
+        failed = self.engine_failure is not None
         try:
-            await self.driver.leave(timeout_s=timeout_s, permanent=permanent)
+            await self.driver.leave(timeout_s=timeout_s, permanent=permanent or failed, lose=failed)
         except TimeoutError:
             log.warning("%s: leaving the group timed out", self.name)
         except Exception:
@@ -319,6 +334,11 @@ class StreamThread:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def records_processed(self) -> int:
+        """Records run through the topology so far, those of a poll that failed midway included."""
+        return self.engine.counters.records_processed
 
     @property
     def running_tasks(self) -> frozenset[TaskId]:
@@ -409,16 +429,20 @@ class StreamThread:
                 try:
                     await self._call_engine(lambda: self.engine.revoke_tasks(stopping))
                     log.info("%s: revoked tasks %s (committed)", self.name, ", ".join(map(str, stopping)))
+                except EngineStopped:
+                    pass  # the stopped engine thread dropped every task itself
                 except Exception:
                     log.exception("%s: committing revoked tasks failed; dropping them", self.name)
-                    await self._call_engine(lambda: self.engine.lose_tasks(stopping))
+                    with contextlib.suppress(EngineStopped):
+                        await self._call_engine(lambda: self.engine.lose_tasks(stopping))
                 self._running = self._running - set(stopping)
         elif isinstance(event, PartitionsLost):
             lost = await self._named(event.partitions)
             self._owned = self._owned - lost
             dropping = self._tasks_touching(lost)
             if dropping:
-                await self._call_engine(lambda: self.engine.lose_tasks(dropping))
+                with contextlib.suppress(EngineStopped):  # a stopped engine dropped them itself
+                    await self._call_engine(lambda: self.engine.lose_tasks(dropping))
                 self._running = self._running - set(dropping)
                 log.warning("%s: lost tasks %s (error %d)", self.name, ", ".join(map(str, dropping)), event.error_code)
         elif isinstance(event, InstanceIdUnreleased):
@@ -562,10 +586,11 @@ class StreamThread:
 
     async def _call_engine(self, command: Callable[[], T]) -> T:
         """Run ``command`` on the engine thread, between two polls."""
-        if not self._thread.is_alive():
-            raise RuntimeError(f"{self.name}: the engine thread is not running")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._commands.put((command, future))
+        with self._command_lock:
+            if self._engine_stopped or not self._thread.is_alive():
+                raise EngineStopped(f"{self.name}: the engine thread is not running")
+            self._commands.put((command, future))
         return await asyncio.wrap_future(future)
 
     # -- offsets (called on the engine thread; executed on the loop) --------------------------
@@ -645,7 +670,7 @@ class StreamThread:
         try:
             while not self._stop.is_set():
                 self._run_commands()
-                self.records_processed += self.engine.poll()
+                self.engine.poll()
                 now = time.monotonic()
                 if now >= next_lag_check:
                     next_lag_check = now + interval_ms / 1000
@@ -661,9 +686,15 @@ class StreamThread:
                     log.exception("%s: periodic commit failed", self.name)
             self._run_commands()
         except BaseException as error:
-            log.exception("%s: the engine failed", self.name)
-            self._on_fatal_threadsafe(f"{self.name}: engine failed: {error!r}")
+            self.engine_failure = error
+            if isinstance(error, RecordProcessingError):  # the failure says all: where, which node, why
+                log.error("%s: the engine failed: %s", self.name, error)
+            else:
+                log.exception("%s: the engine failed", self.name)
+            self._on_fatal_threadsafe(f"{self.name} failed: {describe_engine_failure(error)}")
         finally:
+            with self._command_lock:
+                self._engine_stopped = True
             self._fail_pending_commands()
             with contextlib.suppress(Exception):
                 # Normally nothing is left: leaving revoked (committed) every task.
@@ -696,6 +727,26 @@ class StreamThread:
     def _on_fatal_threadsafe(self, message: str) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed already
             self._loop.call_soon_threadsafe(self._on_fatal, message)
+
+
+def describe_engine_failure(error: BaseException) -> str:
+    """What failed, and for a bad record how to have such records skipped instead."""
+    if isinstance(error, RecordProcessingError):
+        return f"{error} ({skip_hint(error.failure.kind)})"
+    return repr(error)
+
+
+def exit_line(threads: Sequence[StreamThread]) -> str:
+    """What the worker really processed: every record run through the topology (a poll that
+    failed midway counts up to the failing record) and those the error policies skipped."""
+    processed = sum(thread.records_processed for thread in threads)
+    skipped = sum(thread.engine.errors.skipped for thread in threads)
+    line = f"worker: stopped after processing {processed} records"
+    if skipped:
+        line += f" ({skipped} skipped by the error policies)"
+    if any(thread.engine_failure is not None for thread in threads):
+        line += "; what was not committed before the failure is processed again by the tasks' next owners"
+    return line
 
 
 def topology_change_reason(state_dir: Path, topology: Any) -> MemberReason:
@@ -850,10 +901,14 @@ async def _run_threads(
         await stop.wait()
     finally:
         permanent = leaves_for_good(settings.pod_annotations)
-        announce("worker: stopping (committing and leaving the group" + (" for good)" if permanent else ")"))
+        failed = [thread.name for thread in started if thread.engine_failure is not None]
+        if failed:
+            announce(f"worker: stopping ({', '.join(failed)} failed: {'its' if len(failed) == 1 else 'their'} tasks are "
+                     "lost, not committed, and move to other workers at once; the others commit and leave)")
+        else:
+            announce("worker: stopping (committing and leaving the group" + (" for good)" if permanent else ")"))
         await asyncio.gather(*(thread.shutdown(permanent=permanent) for thread in started), return_exceptions=True)
-    processed = sum(thread.records_processed for thread in threads)
-    announce(f"worker: stopped after processing {processed} records")
+    announce(exit_line(threads))
     if fatal:
         for message in fatal:
             announce(f"worker: {message}")

@@ -108,39 +108,45 @@ class StreamTask:
         entry: Any = None
         deserialize_key = deserialize_value = extractor = emit = None
         packed = False
-        for record in records:
-            topic = record.topic
-            if topic != current_topic:
-                current_topic = topic
-                entry = sources[topic]
-                deserialize_key = entry.deserialize_key
-                deserialize_value = entry.deserialize_value
-                extractor = entry.timestamp_extractor
-                emit = entry.emit
-                packed = entry.packed
-                ctx.topic = topic
-            ctx.partition = record.partition
-            ctx.offset = record.offset
-            if packed and packed_version(record.headers) is not None:
-                self._process_packed(record, entry, punctuate_stream_time)
-                continue
-            try:
-                key = deserialize_key(record.key)  # type: ignore[misc]
-                value = deserialize_value(record.value)  # type: ignore[misc]
-                timestamp = record.timestamp if extractor is None else extractor(key, value, record.timestamp)
-            except Exception as error:
-                self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
-                continue
-            stream_time = ctx.stream_time
-            if stream_time is None or timestamp > stream_time:
-                ctx.stream_time = timestamp
-            ctx.timestamp = timestamp
-            try:
-                emit(key, value, timestamp)  # type: ignore[misc]
-            except NodeFailure as failure:
-                self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, record)
-            if punctuate_stream_time is not None:
-                punctuate_stream_time()
+        record: Any = None
+        try:
+            for record in records:
+                topic = record.topic
+                if topic != current_topic:
+                    current_topic = topic
+                    entry = sources[topic]
+                    deserialize_key = entry.deserialize_key
+                    deserialize_value = entry.deserialize_value
+                    extractor = entry.timestamp_extractor
+                    emit = entry.emit
+                    packed = entry.packed
+                    ctx.topic = topic
+                ctx.partition = record.partition
+                ctx.offset = record.offset
+                if packed and packed_version(record.headers) is not None:
+                    self._process_packed(record, entry, punctuate_stream_time)
+                    continue
+                try:
+                    key = deserialize_key(record.key)  # type: ignore[misc]
+                    value = deserialize_value(record.value)  # type: ignore[misc]
+                    timestamp = record.timestamp if extractor is None else extractor(key, value, record.timestamp)
+                except Exception as error:
+                    self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
+                    continue
+                stream_time = ctx.stream_time
+                if stream_time is None or timestamp > stream_time:
+                    ctx.stream_time = timestamp
+                ctx.timestamp = timestamp
+                try:
+                    emit(key, value, timestamp)  # type: ignore[misc]
+                except NodeFailure as failure:
+                    self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, record)
+                if punctuate_stream_time is not None:
+                    punctuate_stream_time()
+        except RecordProcessingError:
+            # The records before the failing one were processed: the exit line counts them.
+            self.records_processed += next(index for index, r in enumerate(records) if r is record)
+            raise
         self.records_processed += len(records)
 
     def _process_packed(self, record: Any, entry: Any, punctuate_stream_time: Callable[[], None] | None) -> None:
