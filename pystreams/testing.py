@@ -136,7 +136,9 @@ class TopologyTestDriver:
     of any topic a pattern source should match; sink topics may be listed too, so output
     records carry the partition a producer would pick. ``initial_wall_clock_ms``: the wall
     clock at start (wall-clock punctuations are scheduled from it). The error policies are the
-    worker's (``fail`` raises ``pystreams.worker.RecordProcessingError`` from ``pipe_input``).
+    app's (``App(processing_errors=...)``, a source's ``deserialization_errors=``), replaced by
+    the ones given here as ``pystreams worker --processing-errors ...`` replaces them; ``fail``
+    raises ``pystreams.worker.RecordProcessingError`` from ``pipe_input``.
     """
 
     def __init__(
@@ -145,8 +147,8 @@ class TopologyTestDriver:
         *,
         partitions: Mapping[str, int] | None = None,
         initial_wall_clock_ms: int = 0,
-        deserialization_errors: ErrorPolicy | str = ErrorPolicy.FAIL,
-        processing_errors: ErrorPolicy | str = ErrorPolicy.FAIL,
+        deserialization_errors: ErrorPolicy | str | None = None,
+        processing_errors: ErrorPolicy | str | None = None,
         dead_letter_topic: str | None = None,
         cache_limits: CacheLimits | None = None,
     ) -> None:
@@ -154,9 +156,10 @@ class TopologyTestDriver:
         self.topology = topology
         self.resolved: ResolvedTopology = resolve(topology, _input_partition_counts(topology, partitions or {}))
         self._partition_counts = {**dict(partitions or {}), **self.resolved.partitions}
-        self._errors = ErrorHandling(
-            ErrorPolicy(deserialization_errors), ErrorPolicy(processing_errors), dead_letter_topic
-        )
+        self._errors = ErrorHandling(topology.errors.overridden(
+            deserialization=deserialization_errors, processing=processing_errors, dead_letter_topic=dead_letter_topic,
+        ))
+        self._errors.policies.check()
         self._state_dir = tempfile.TemporaryDirectory(prefix="pystreams-test-driver-")
         self._sender = _DriverSender(self)
         self._repartition_topics = frozenset(topology.repartition_topics)

@@ -103,3 +103,80 @@ def test_a_worker_whose_processing_fails_leaves_at_once_and_another_takes_over(c
     # A counted the four warm-up events alone, then failed on its first bob event.
     assert re.search(r"^worker: stopped after processing 4 records; ", log_a, re.MULTILINE), log_a
     assert re.search(r"stream-thread-0: lost tasks 0_\d.* \(error 0\)", log_a), log_a
+
+
+def dead_letters(bootstrap: str, topic: str, expected: int, timeout_s: float = 20) -> list:
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
+    found: list = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(found) < expected and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=200).values():
+                found.extend(records)
+    finally:
+        consumer.close()
+    return found
+
+
+@pytest.mark.parametrize("policy", ["fail", "log-and-continue", "dead-letter"])
+def test_a_value_that_is_not_json_does_what_the_deserialization_policy_says(
+    cluster: Cluster, workers: Workers, policy: str
+) -> None:
+    from pystreams.cluster import ClusterMetadata, TopicSpec
+
+    extra = ["--deserialization-errors", policy]
+    if policy == "dead-letter":
+        with ClusterMetadata(cluster.bootstrap) as admin:
+            admin.ensure_topics([TopicSpec("events-dlq", 1)])
+        extra += ["--dead-letter-topic", "events-dlq"]
+    counts = Counts(cluster.bootstrap)
+    try:
+        worker = workers.start(*extra)
+        wait_for(lambda: "started tasks" in workers.log(0), 30, "the worker to start its tasks")
+        send(cluster.bootstrap, [(1, "ann", b'{"n": 1}'), (1, "bad", b"not json {"), (1, "cid", b'{"n": 1}')])
+        if policy == "fail":
+            assert worker.wait(30) == 1
+            log = workers.log(0)
+            # It names the record (topic-partition@offset) and the option that skips such records.
+            assert "deserialization error on events-1@1 in node 'events'" in log, log
+            assert "--deserialization-errors log-and-continue" in log
+            assert "Traceback" not in log  # the failure says it all
+            # ann's event was processed before it; nothing of that poll was committed.
+            assert re.search(r"^worker: stopped after processing 1 records; ", log, re.MULTILINE), log
+            return
+        # Skipped: the records after it are counted, and the worker goes on.
+        wait_for(lambda: {"ann", "cid"} <= set(counts.read()), 30, "the good records to be counted")
+        assert "bad" not in counts.read() and worker.poll() is None
+        log = workers.log(0)
+        assert f"deserialization error on events-1@1 in node 'events'" in log and f"(skipped: {policy})" in log
+    finally:
+        counts.close()
+    assert workers.stop_all() == [0]
+    assert re.search(r"^worker: stopped after processing 3 records \(1 skipped by the error policies\)$",
+                     workers.log(0), re.MULTILINE), workers.log(0)
+    if policy == "dead-letter":
+        (letter,) = dead_letters(cluster.bootstrap, "events-dlq", 1)
+        headers = dict(letter.headers)
+        assert (letter.key, letter.value) == (b"bad", b"not json {")  # the original bytes
+        assert headers["pystreams.error.kind"] == b"deserialization"
+        assert (headers["pystreams.error.topic"], headers["pystreams.error.partition"],
+                headers["pystreams.error.offset"]) == (b"events", b"1", b"1")
+        assert b"bad JSON" in headers["pystreams.error.reason"]
+
+
+def test_processing_errors_are_skipped_by_their_own_policy_while_deserialization_errors_still_fail(
+    cluster: Cluster, workers: Workers
+) -> None:
+    counts = Counts(cluster.bootstrap)
+    try:
+        worker = workers.start("--processing-errors", "log-and-continue", env={"JSON_EVENTS_POISON": "bob"})
+        wait_for(lambda: "started tasks" in workers.log(0), 30, "the worker to start its tasks")
+        send(cluster.bootstrap, [(2, "bob", b'{"n": 1}'), (2, "ann", b'{"n": 1}')])
+        wait_for(lambda: "ann" in counts.read(), 30, "ann's event to be counted")
+        assert "bob" not in counts.read()
+        assert "processing error on events-2@0 in node 'checked': ValueError: poisoned user 'bob'" in workers.log(0)
+        send(cluster.bootstrap, [(2, "bad", b"{{")])
+        assert worker.wait(30) == 1  # deserialization errors keep the app's policy: fail
+    finally:
+        counts.close()
+    assert "deserialization error on events-2@2" in workers.log(0)

@@ -47,7 +47,11 @@ Where the runtimes still differ (``SparkPlan.warnings`` names the nodes concerne
   (folded per key), so intermediate values and output timestamps differ; final tables agree;
 * processors: one instance per task per micro-batch (state lives only in its stores); ``close()``
   is not called; wall-clock punctuations fire only when a micro-batch runs, and not at all in a
-  backfill (``available_now``), which runs without no-data batches so that it ends.
+  backfill (``available_now``), which runs without no-data batches so that it ends;
+* bad records (the error policies, ``record_errors``): a record whose processing fails in one
+  branch of a fan-out stops there on a worker (Kafka Streams' rule), while on Spark the
+  branches of other sinks, being other queries, still process it; a dead letter of a failure
+  inside a stateful step holds the row that step was given, not the source record's bytes.
 """
 from __future__ import annotations
 
@@ -109,6 +113,7 @@ from .operators import (
     side_offset,
     task_operator,
 )
+from .record_errors import RecordErrors
 from .serdes import ShippedSerde, serde_recipe
 
 log = logging.getLogger(__name__)
@@ -202,6 +207,8 @@ class SparkPlan:
     stateful_nodes: tuple[str, ...] = field(default=())
     #: Where this app's results on Spark may differ from a worker's, and why.
     warnings: tuple[str, ...] = field(default=())
+    #: The source node reading each of ``source_topics``.
+    source_nodes: tuple[str, ...] = field(default=())
 
     @property
     def repartition_topics_of_tasks(self) -> tuple[str, ...]:
@@ -251,6 +258,7 @@ class _Compilation:
         self.flows: dict[str, Flow] = {}
         self.sinks: list[SinkPlan] = []
         self.source_topics: list[str] = []
+        self.source_nodes: dict[str, str] = {}
         self.stateful: list[str] = []
         self.repartition_flows: dict[str, Flow] = {}
         self.warnings: list[str] = []
@@ -293,6 +301,7 @@ class _Compilation:
             if not topics:
                 raise _unsupported(node, f"no topic matches the pattern {node.pattern!r}")
         self.source_topics.extend(t for t in topics if t not in self.source_topics)
+        self.source_nodes.update((t, node.name) for t in topics)
         key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
         base = SourcePlan(node.name, tuple(topics))
         self.set_flow(node, Flow(base, key, value, (), key, value, timestamp_extractor=node.timestamp_extractor))
@@ -414,7 +423,8 @@ class _Compilation:
         # The processor's task sees every source record (each moves stream time), so its input
         # is the raw source; the stateless steps before it run inside the task.
         raw = Flow(flow.base, flow.base_key, flow.base_value, (), flow.base_key, flow.base_value)
-        run = ProcessorRun(flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, ())
+        assert isinstance(flow.base, SourcePlan)
+        run = ProcessorRun(flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, (), flow.base.node)
         out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
         inputs = {0: (_shipped_node(node), flow.key_serde, flow.value_serde)}
         step = TaskStep(
@@ -465,7 +475,8 @@ class _Compilation:
         sinks = tuple(_with_topic_index(sink, topics) for sink in self.sinks)
         for warning in dict.fromkeys(self.warnings):
             log.warning("Spark: %s", warning)
-        return SparkPlan(self.topology, topics, sinks, tuple(self.stateful), tuple(dict.fromkeys(self.warnings)))
+        return SparkPlan(self.topology, topics, sinks, tuple(self.stateful), tuple(dict.fromkeys(self.warnings)),
+                         tuple(self.source_nodes[t] for t in topics))
 
 
 _PLANNERS: Mapping[type[NodeBase], Callable[[_Compilation, Node], None]] = {
@@ -629,6 +640,8 @@ class _Builder:
         self.partition_counts = partition_counts
         self.backfill = backfill
         self._built: dict[int, Any] = {}
+        self.topology = plan.topology
+        self.errors = RecordErrors(plan.topology.errors, bootstrap_servers, plan.source_topics, plan.source_nodes)
 
     def source(self, plan: SourcePlan) -> Any:
         """``key, value, ts, topic, partition, offset`` rows of the plan's topics."""
@@ -657,9 +670,12 @@ class _Builder:
             for frame in frames[1:]:
                 union = union.unionByName(frame)
             return union
+        source_node = base.node if isinstance(base, SourcePlan) else None
         run = FlowRun(
             flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, flow.key_serde, flow.value_serde,
             from_source=isinstance(base, SourcePlan), sources=self.sources, task_partitions=task_partitions, lane=lane,
+            errors=self.errors, source_node=source_node,
+            subtopology=self.topology.nodes[source_node or base.node].subtopology,
         )
         if isinstance(base, SourcePlan):
             return self.source(base).mapInArrow(functools.partial(run_flow, run=run), ORDERED_ROWS)
@@ -694,8 +710,9 @@ class _Builder:
 
         # No row for a null key, in a table or an aggregation (the kernels skip them too).
         rows = self._inputs(plan.inputs, KEYED_COLUMNS, by_task=False).where("key IS NOT NULL")
+        step = dataclasses.replace(plan.step, errors=self.errors)
         return rows.groupBy("key").applyInPandasWithState(
-            keyed_update(plan.step), ROWS, "value binary", "update", GroupStateTimeout.NoTimeout
+            keyed_update(step), ROWS, "value binary", "update", GroupStateTimeout.NoTimeout
         )
 
     def task(self, plan: TaskPlan) -> Any:
@@ -705,7 +722,7 @@ class _Builder:
             rows = rows.where("key IS NOT NULL")  # windows and joins skip null keys
         # The same time mode either way, so streaming runs and backfills share a checkpoint.
         time_mode = "ProcessingTime" if plan.processing_time_timers else "None"
-        step = dataclasses.replace(plan.step, wall_clock_timers=not self.backfill)
+        step = dataclasses.replace(plan.step, wall_clock_timers=not self.backfill, errors=self.errors)
         return rows.groupBy("task").transformWithStateInPandas(task_operator(step), ROWS, "Update", time_mode)
 
 
@@ -867,6 +884,7 @@ def to_spark(
     from pyspark.sql import functions as F
 
     topology = app if isinstance(app, Topology) else app.topology()
+    topology.errors.check()
     plan = compile_topology(topology, topics_matching=cluster_pattern_matcher(bootstrap_servers))
     _ship_app_modules(spark, topology)
     source_format = source_format or choose_source_format(spark)

@@ -40,7 +40,7 @@ from pystreams.topology.ir import TaskId, Topology
 from pystreams.topology.resolve import ResolvedTopology, resolve
 from pystreams.topology.stores import TypedStore
 
-from .errors import ErrorKind, ErrorPolicy, RecordFailure
+from .errors import ErrorPolicies, ErrorPolicy, RecordFailure
 from .batch_size import AdaptiveBatchSize
 from .kafka_io import DEFAULT_CONSUMER_CONFIG, ChangelogRestorer, RecordSender, make_consumer, make_producer
 from .packing import expand_packed
@@ -60,22 +60,16 @@ _by_timestamp = attrgetter("timestamp")
 
 @dataclass(slots=True)
 class ErrorHandling:
-    """Which policy applies to which error, and the failures skipped so far (newest last)."""
+    """The error policies in force, and the failures skipped so far (newest last)."""
 
-    deserialization: ErrorPolicy = ErrorPolicy.FAIL
-    processing: ErrorPolicy = ErrorPolicy.FAIL
-    dead_letter_topic: str | None = None
+    policies: ErrorPolicies = field(default_factory=ErrorPolicies)
     recent_failures: deque[RecordFailure] = field(default_factory=lambda: deque(maxlen=1000))
     #: Records skipped so far (logged or dead-lettered).
     skipped: int = 0
 
-    def __post_init__(self) -> None:
-        uses_dead_letters = ErrorPolicy.DEAD_LETTER in (self.deserialization, self.processing)
-        if uses_dead_letters and not self.dead_letter_topic:
-            raise ValueError("the dead-letter error policy needs dead_letter_topic")
-
-    def policy_for(self, kind: ErrorKind) -> ErrorPolicy:
-        return self.deserialization if kind is ErrorKind.DESERIALIZATION else self.processing
+    @property
+    def dead_letter_topic(self) -> str | None:
+        return self.policies.dead_letter_topic
 
     def record(self, failure: RecordFailure) -> None:
         self.recent_failures.append(failure)
@@ -90,8 +84,9 @@ class EngineConfig:
     #: Used by ``run``; callers driving ``poll`` themselves decide when to commit.
     commit_interval_ms: int = 1000
     poll_timeout_ms: int = 100
-    deserialization_errors: ErrorPolicy = ErrorPolicy.FAIL
-    processing_errors: ErrorPolicy = ErrorPolicy.FAIL
+    #: The app's error policies (``topology.errors``) with these replaced (None: the app's).
+    deserialization_errors: ErrorPolicy | None = None
+    processing_errors: ErrorPolicy | None = None
     dead_letter_topic: str | None = None
     cache_limits: CacheLimits = CacheLimits()
     #: Skip checkpoint files until changelogs advanced this much (Kafka Streams: 10,000).
@@ -143,7 +138,11 @@ class TaskEngine:
         self.resolved = resolved
         self.topology = resolved.topology
         self.config = config
-        self.errors = ErrorHandling(config.deserialization_errors, config.processing_errors, config.dead_letter_topic)
+        self.errors = ErrorHandling(resolved.topology.errors.overridden(
+            deserialization=config.deserialization_errors, processing=config.processing_errors,
+            dead_letter_topic=config.dead_letter_topic,
+        ))
+        self.errors.policies.check()
         self._committed_offsets = committed_offsets
         self._commit_offsets = commit_offsets
         #: Periodic commits hand their offsets here and go on processing (the coordinator may be
@@ -180,8 +179,8 @@ class TaskEngine:
             self.ensure_internal_topics()
         client_id = self.config.client_id
         written = [*self.topology.sink_topics, *self.topology.repartition_topics, *self.topology.changelog_topics]
-        if self.config.dead_letter_topic:
-            written.append(self.config.dead_letter_topic)
+        if self.errors.dead_letter_topic:
+            written.append(self.errors.dead_letter_topic)
         self._producer = make_producer(self.config.bootstrap_servers, client_id, {**self.config.client_config, **self.config.producer_config}, written)
         self._repartition_topics = frozenset(self.topology.repartition_topics)
         self._sender = RecordSender(

@@ -70,7 +70,7 @@ from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology
 
 from .engine import EngineConfig, TaskEngine, resolve_against_cluster
-from .errors import RecordProcessingError, skip_hint
+from .errors import MissingDeadLetterTopic, RecordProcessingError, skip_hint
 from .progress import LagSnapshot, ReplicaProgressLog, RestoreTracker
 from .warmup import WarmUpTracker
 
@@ -142,6 +142,10 @@ class WorkerSettings:
     #: A downward-API annotations file read at shutdown: ``pystreams.io/leave-group="true"``
     #: makes a static member leave for good (see :func:`leaves_for_good`).
     pod_annotations: str | None = None
+    #: Error policies replacing the app's (None: the app's own; see ``App``).
+    deserialization_errors: str | None = None
+    processing_errors: str | None = None
+    dead_letter_topic: str | None = None
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -729,6 +733,15 @@ class StreamThread:
             self._loop.call_soon_threadsafe(self._on_fatal, message)
 
 
+def with_error_policies(topology: Any, settings: WorkerSettings) -> Any:
+    """The topology with the settings' error policies replacing the app's (checked)."""
+    errors = topology.errors.overridden(deserialization=settings.deserialization_errors,
+                                        processing=settings.processing_errors,
+                                        dead_letter_topic=settings.dead_letter_topic)
+    errors.check()
+    return dataclasses.replace(topology, errors=errors)
+
+
 def describe_engine_failure(error: BaseException) -> str:
     """What failed, and for a bad record how to have such records skipped instead."""
     if isinstance(error, RecordProcessingError):
@@ -803,7 +816,7 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
     from pystreams.app import load_app
 
     app = load_app(settings.app)
-    topology = app.topology()
+    topology = with_error_policies(app.topology(), settings)
     state_dir = Path(settings.state_dir) if settings.state_dir else default_state_dir(topology.app_id, settings.instance_id)
     threads: list[StreamThread] = []
     started: list[StreamThread] = []
@@ -845,8 +858,12 @@ async def _run_threads(
     # Internal topics exist before anyone subscribes, so the first assignment includes them.
     specs = [TopicSpec(t.name, t.partitions, configs=dict(t.config)) for t in resolved.topics_to_create()]
 
+    dead_letter_topic = topology.errors.dead_letter_topic
+
     def prepare_cluster() -> None:
         with ClusterMetadata(settings.bootstrap_servers, **broker_config) as cluster:
+            if dead_letter_topic and not cluster.fetch_topics([dead_letter_topic]):
+                raise MissingDeadLetterTopic(dead_letter_topic)
             cluster.ensure_topics(specs)
 
     await loop.run_in_executor(None, prepare_cluster)

@@ -38,9 +38,11 @@ from pystreams.topology.kernels import (
     NodeWiring,
     ProcessorInstance,
     ScheduledPunctuation,
+    NodeFailure,
     TaskPosition,
     fan_out,
     fixed_window_key,
+    guard,
 )
 from pystreams.topology.resolve import ResolvedTopology
 from pystreams.topology.stores import TypedStore, typed
@@ -54,15 +56,6 @@ log = logging.getLogger(__name__)
 _WINDOW_BOUNDS = struct.Struct(">qq").pack
 #: Kinds whose emit only moves records on: no work to guard.
 _PASS_THROUGH = frozenset({"source", "merge", "branch-output"})
-
-
-class NodeFailure(Exception):
-    """An exception raised inside a node, annotated with the node's name."""
-
-    def __init__(self, node: str, error: BaseException) -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
-        self.node = node
-        self.error = error
 
 
 class TaskContext(TaskPosition):
@@ -103,18 +96,6 @@ class TaskGraph:
     processors: list[ProcessorInstance] = field(default_factory=list)
     punctuations: list[ScheduledPunctuation] = field(default_factory=list)
     typed_stores: dict[str, TypedStore] = field(default_factory=dict)
-
-
-def _guard(name: str, emit: Emit) -> Emit:
-    def guarded(key: Any, value: Any, timestamp: int) -> None:
-        try:
-            emit(key, value, timestamp)
-        except NodeFailure:
-            raise
-        except Exception as error:
-            raise NodeFailure(name, error) from error
-
-    return guarded
 
 
 class _Forwarder:
@@ -235,7 +216,7 @@ def build_task_graph(
             forwarders[node.stores[0]].target = _table_forwarder(
                 node, spec.key_serde, [nodes[c] for c in child_names], children, forward_send, ctx
             )
-        emits[name] = emit if node.kind in _PASS_THROUGH else _guard(name, emit)
+        emits[name] = emit if node.kind in _PASS_THROUGH else guard(name, emit)
     # Built children first; init and punctuate in processing order, as Kafka Streams does.
     graph.processors = processors[::-1]
     graph.punctuations = [scheduled for processor in graph.processors for scheduled in processor.punctuations]
@@ -301,7 +282,7 @@ def _table_forwarder(
     all_raw = len(raw_sink_topics) == len(child_nodes)
     key_of = store_key_serde.deserialize
     value_of = node.value_serde.deserialize
-    guarded_children = _guard(node.name, children)
+    guarded_children = guard(node.name, children)
 
     if window is None:
 

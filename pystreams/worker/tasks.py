@@ -12,7 +12,7 @@ from pystreams.topology.ir import PunctuationType, TaskId
 from pystreams.topology.kernels import ScheduledPunctuation
 from pystreams.topology.resolve import ResolvedTopology
 
-from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError
+from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError, dead_letter_headers, failure_policy
 from .kafka_io import ChangelogRestorer, ProducerChangelogSink, Sender
 from .packing import UnpackedRecord, packed_version, unpack
 from .processing import NodeFailure, TaskContext, TaskGraph, build_task_graph
@@ -21,9 +21,6 @@ if TYPE_CHECKING:
     from .engine import ErrorHandling
 
 log = logging.getLogger(__name__)
-
-DEAD_LETTER_HEADER_PREFIX = "pystreams.error."
-
 
 class StreamTask:
     """An active task. Create it, ``restore`` it, then feed it records with ``process``."""
@@ -222,23 +219,12 @@ class StreamTask:
             reason=f"{type(error).__name__}: {error}",
         )
         self.records_failed += 1
-        policy = self._errors.policy_for(kind)
-        if policy is ErrorPolicy.FAIL:
-            raise RecordProcessingError(failure) from error
-        log.warning("%s (skipped: %s)", failure.describe(), policy)
+        policy = failure_policy(self._errors.policies, failure, error)  # raises under ``fail``
         self._errors.record(failure)
         if policy is ErrorPolicy.DEAD_LETTER and record is not None:
-            headers = [
-                (DEAD_LETTER_HEADER_PREFIX + "kind", str(kind).encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "topic", record.topic.encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "partition", str(record.partition).encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "offset", str(record.offset).encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "task", str(self.id).encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "node", (node or "").encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "reason", failure.reason.encode()),
-            ]
-            assert self._errors.dead_letter_topic is not None
-            self._sender.send_with_headers(self._errors.dead_letter_topic, record.key, record.value, headers)
+            dead_letter_topic = self._errors.policies.dead_letter_topic
+            assert dead_letter_topic is not None
+            self._sender.send_with_headers(dead_letter_topic, record.key, record.value, dead_letter_headers(failure))
 
     # -- commit and close -----------------------------------------------------------------
 
