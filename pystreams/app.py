@@ -1174,6 +1174,10 @@ class AppLoadError(ImportError):
     while its module ran. The message names the file and line, and the cause."""
 
 
+class AppNotFound(AppLoadError, LookupError):
+    """The module loaded, but it does not hold the one ``App`` asked for."""
+
+
 def load_app(target: str) -> App:
     """Load an app from ``path/to/app.py`` or ``package.module``, optionally ``:attribute``.
 
@@ -1211,14 +1215,14 @@ def load_app(target: str) -> App:
     if attribute:
         found = getattr(module, attribute, None)
         if not isinstance(found, App):
-            raise LookupError(f"{target}: {attribute!r} is not a pystreams App")
+            raise AppNotFound(f"{target}: {attribute!r} is not a pystreams App")
         return found
     named = getattr(module, "app", None)
     if isinstance(named, App):
         return named
     apps = [value for value in vars(module).values() if isinstance(value, App)]
     if len(apps) != 1:
-        raise LookupError(f"{target}: expected one pystreams App, found {len(apps)}; use {location}:NAME")
+        raise AppNotFound(f"{target}: expected one pystreams App, found {len(apps)}; use {location}:NAME")
     return apps[0]
 
 

@@ -179,3 +179,39 @@ def test_a_sources_own_deserialization_policy_wins_over_the_apps_and_the_command
             driver.input_topic("strict", value=serdes.Bytes()).pipe_input("k", b"bad", timestamp=0)
     plan = compile_topology(dataclasses.replace(topology, errors=overridden))
     assert plan.topology.errors.deserialization_policy("lenient").value == "log-and-continue"
+
+
+# -- what `pystreams spark` says when a query stops ------------------------------------------------
+
+#: The text of a StreamingQueryException Spark 4.3 raised for a bad record (abridged): our
+#: message sits between Python frames and Spark's SQLSTATE and query description.
+_FAILED_QUERY_TEXT = """[STREAM_FAILED] Query [id = e91d] terminated with exception: [FOREACH_BATCH_USER_FUNCTION_ERROR]
+Traceback (most recent call last):
+  File "/x/pystreams/spark/operators.py", line 88, in fail
+    raise RecordProcessingError(failure) from error
+pystreams.topology.kernels.RecordProcessingError: task 0_0: deserialization error on events-0@2 in node 'events': SerdeError: bad JSON
+ SQLSTATE: 39000 SQLSTATE: XXKST
+=== Streaming Query ===
+Identifier: pystreams-json_counts-counts-to-event-counts
+"""
+
+
+def test_a_failed_query_is_said_in_one_line_naming_the_record_and_the_way_to_skip_it() -> None:
+    from pystreams.commands.spark import query_failure
+
+    said = query_failure(_FAILED_QUERY_TEXT)
+    assert said is not None and "\n" not in said
+    assert said.startswith("task 0_0: deserialization error on events-0@2 in node 'events': SerdeError: bad JSON (")
+    assert "--deserialization-errors log-and-continue" in said
+    # A failure of anything else is not ours to summarise: the caller prints it whole.
+    assert query_failure("[STREAM_FAILED] java.lang.OutOfMemoryError: Java heap space") is None
+
+
+def test_a_data_loss_found_mid_query_is_said_whole() -> None:
+    from pystreams.commands.spark import query_failure
+    from pystreams.spark.source_offsets import DataLoss, DataLossError
+
+    error = DataLossError([DataLoss("lines", 0, "the recorded position 7 is beyond the end of the log (3)", 3)],
+                          "this query's checkpoint")
+    said = query_failure(f'Traceback:\n  File "x"\npystreams.spark.source_offsets.DataLossError: {error}\n\tat py4j.X')
+    assert said == str(error)

@@ -115,6 +115,7 @@ from .operators import (
 )
 from .record_errors import RecordErrors
 from .serdes import ShippedSerde, serde_recipe
+from .source_offsets import FAIL_ON_DATA_LOSS
 
 log = logging.getLogger(__name__)
 
@@ -632,7 +633,9 @@ class _Builder:
         partition_counts: Mapping[str, int],
         *,
         backfill: bool = False,
+        fail_on_data_loss: bool = True,
     ) -> None:
+        self.fail_on_data_loss = fail_on_data_loss
         self.spark = spark
         self.bootstrap_servers = bootstrap_servers
         self.source_format = source_format
@@ -648,7 +651,8 @@ class _Builder:
         from pyspark.sql import functions as F
 
         if id(plan) not in self._built:
-            options = source_options(self.source_format, self.bootstrap_servers, plan.topics)
+            options = source_options(self.source_format, self.bootstrap_servers, plan.topics,
+                                     fail_on_data_loss=self.fail_on_data_loss)
             raw = self.spark.readStream.format(self.source_format).options(**options).load()
             ts = F.unix_millis("timestamp") if self.source_format == "kafka" else F.col("timestamp")
             self._built[id(plan)] = raw.select(
@@ -772,13 +776,17 @@ def _write_batch_to_kafka(bootstrap_servers: str) -> Callable[[Any, int], None]:
     return write
 
 
-def source_options(source_format: str, bootstrap_servers: str, topics: Iterable[str]) -> dict[str, str]:
+def source_options(source_format: str, bootstrap_servers: str, topics: Iterable[str], *,
+                   fail_on_data_loss: bool = True) -> dict[str, str]:
     """The reader options for ``source_format``: Spark's connector (``kafka``) reads every
-    topic from the earliest offset, as a new worker group does; ours takes the same."""
+    topic from the earliest offset, as a new worker group does; ours takes the same. Both take
+    Spark's ``failOnDataLoss``."""
     topic_list = ",".join(topics)
+    data_loss = {FAIL_ON_DATA_LOSS: str(fail_on_data_loss).lower()}
     if source_format == "kafka":
-        return {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topic_list, "startingOffsets": "earliest"}
-    return {"bootstrap.servers": bootstrap_servers, "topics": topic_list}
+        return {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topic_list, "startingOffsets": "earliest",
+                **data_loss}
+    return {"bootstrap.servers": bootstrap_servers, "topics": topic_list, **data_loss}
 
 
 def choose_source_format(spark: Any) -> str:
@@ -872,12 +880,15 @@ def to_spark(
     bootstrap_servers: str,
     checkpoint: str,
     source_format: str | None = None,
+    fail_on_data_loss: bool = True,
 ) -> SparkJob:
     """Compile ``app`` (a pystreams ``App`` or a ``Topology``) into streaming queries on
     ``spark``; ``job.start()`` runs them (``available_now=True``: a backfill that ends).
 
     ``checkpoint`` holds the source offsets and the aggregation state: restarting with the same
-    directory resumes exactly where the last completed micro-batch ended.
+    directory resumes exactly where the last completed micro-batch ended — unless its offsets do
+    not fit the cluster's logs, which fails the query (``fail_on_data_loss``, Spark's
+    ``failOnDataLoss``; False warns and reads on as Spark's Kafka source would).
     """
     from pathlib import Path
 
@@ -894,7 +905,8 @@ def to_spark(
         built = {}
         for sink in plan.sinks:
             # A fresh builder per query: queries must not share DataFrames of stateful steps.
-            builder = _Builder(spark, bootstrap_servers, source_format, plan, counts, backfill=backfill)
+            builder = _Builder(spark, bootstrap_servers, source_format, plan, counts, backfill=backfill,
+                               fail_on_data_loss=fail_on_data_loss)
             rows = builder.rows(sink.input)
             built[sink.node] = (
                 rows.select(F.lit(sink.topic).alias("topic"), "key", "value", "ts")
