@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from pystreams import serdes
+from pystreams.guarantee import ProcessingGuarantee
 from pystreams.serdes import Serde
 from pystreams.topology.errors import (
     InvalidNameError,
@@ -344,8 +345,11 @@ class App:
         deserialization_errors: str = "fail",
         processing_errors: str = "fail",
         dead_letter_topic: str | None = None,
+        processing_guarantee: str = "at_least_once",
     ) -> None:
         self.app_id = check_name("app", name)
+        #: The workers' default ``processing.guarantee`` (``--processing-guarantee`` overrides it).
+        self.processing_guarantee = ProcessingGuarantee.parse(str(processing_guarantee))
         self.default_key_serde = key_serde or serdes.Text()
         self.default_value_serde = value_serde or serdes.Json()
         self._nodes: dict[str, Node] = {}

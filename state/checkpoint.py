@@ -80,6 +80,16 @@ def write_checkpoint(path: str | os.PathLike[str], offsets: Mapping[TopicPartiti
     _fsync_directory(path.parent)
 
 
+def remove_checkpoint(path: str | os.PathLike[str]) -> None:
+    """Delete the checkpoint durably (the directory is fsynced), if there is one."""
+    path = Path(path)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    _fsync_directory(path.parent)
+
+
 def _fsync_directory(directory: Path) -> None:
     descriptor = os.open(directory, os.O_RDONLY)
     try:

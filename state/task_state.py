@@ -27,7 +27,7 @@ from .changelog import (
     TopicPartition,
     changelog_topic_name,
 )
-from .checkpoint import read_checkpoint, write_checkpoint
+from .checkpoint import read_checkpoint, remove_checkpoint, write_checkpoint
 from .errors import CheckpointCorruptedError, StateError
 from .key_value_store import KeyValueChange, KeyValueStore
 from .restore import ProgressListener, restore_store
@@ -214,12 +214,7 @@ class TaskState:
         ``written_offsets``: for each changelog written since the last checkpoint, the offset
         of the last record the producer acknowledged. Returns whether a file was written (it
         is skipped when nothing changed, or below ``checkpoint_min_records``)."""
-        self._check_open()
-        for changelog, last_offset in (written_offsets or {}).items():
-            store = self._by_changelog.get(changelog)
-            if store is None:
-                raise StateError(f"task {self.task_id} has no store with changelog {changelog}")
-            store.advance_position(last_offset + 1)
+        self.record_written(written_offsets or {})
         offsets = self.changelog_offsets()
         if not force:
             if offsets == self._written_checkpoint:
@@ -231,6 +226,25 @@ class TaskState:
         write_checkpoint(self.directory.checkpoint_path, offsets)
         self._written_checkpoint = offsets
         return True
+
+    def record_written(self, written_offsets: Mapping[TopicPartition, int]) -> None:
+        """Advance the stores' changelog positions past the records the producer acknowledged,
+        without writing a checkpoint (exactly-once: the data is not known clean on disk)."""
+        self._check_open()
+        for changelog, last_offset in written_offsets.items():
+            store = self._by_changelog.get(changelog)
+            if store is None:
+                raise StateError(f"task {self.task_id} has no store with changelog {changelog}")
+            store.advance_position(last_offset + 1)
+
+    def invalidate_checkpoint(self) -> None:
+        """Remove the checkpoint file: the stores are about to take writes that no commit
+        covers yet (exactly-once), so after a crash they must be rebuilt from their changelogs,
+        not trusted. The next ``checkpoint`` (a clean close) writes the file again."""
+        self._check_open()
+        if self._written_checkpoint or self.directory.checkpoint_path.exists():
+            remove_checkpoint(self.directory.checkpoint_path)
+            self._written_checkpoint = {}
 
     def _advanced_enough(self, offsets: Mapping[TopicPartition, int]) -> bool:
         if offsets.keys() - self._written_checkpoint.keys():

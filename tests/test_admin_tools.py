@@ -274,20 +274,22 @@ def test_groups_describe_prints_members_epochs_and_assignments(coordinator: Runn
     described = pystreams("groups", "--coordinator", coordinator.address, "--describe", group_id)
     assert described.returncode == 0, described.stderr
     rows = table_rows(described.stdout)
-    assert rows[0] == ["GROUP", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR", "MEMBERS"]
-    assert rows[1] == [group_id, "Stable", "2", "2", CONFIG.assignors[0], "2"]
-    assert rows[2] == ["MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "EPOCH", "SUBSCRIPTION", "ASSIGNMENT", "TARGET-ASSIGNMENT"]
+    assert rows[0] == ["GROUP", "TYPE", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR", "MEMBERS"]
+    assert rows[1] == [group_id, "consumer", "Stable", "2", "2", CONFIG.assignors[0], "2"]
+    assert rows[2] == ["MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "PROTOCOL", "EPOCH", "SUBSCRIPTION", "ASSIGNMENT",
+                       "TARGET-ASSIGNMENT"]
     member_rows = {row[0]: row for row in rows[3:]}
     assert set(member_rows) == {member.member_id for member in members}
     for member in members:
         partitions = sorted(member.partitions())
         expected = f"foo:{partitions[0]}-{partitions[-1]}"  # the uniform assignor hands out ranges
-        assert member_rows[member.member_id][1:] == ["-", "admin-tools-test", "127.0.0.1", "2", "foo", expected, expected]
+        assert member_rows[member.member_id][1:] == ["-", "admin-tools-test", "127.0.0.1", "consumer", "2", "foo", expected, expected]
 
     as_json = pystreams("groups", "--coordinator", coordinator.address, "--describe", group_id, "--json")
     assert as_json.returncode == 0, as_json.stderr
     document = json.loads(as_json.stdout)
-    assert (document["group_id"], document["group_state"], document["group_epoch"], document["assignor"]) == (group_id, "Stable", 2, CONFIG.assignors[0])
+    assert (document["group_id"], document["group_type"], document["group_state"], document["group_epoch"], document["assignor"]) == (
+        group_id, "consumer", "Stable", 2, CONFIG.assignors[0])
     by_id = {member["member_id"]: member for member in document["members"]}
     for member in members:
         assert by_id[member.member_id]["assignment"] == {"foo": sorted(member.partitions())}

@@ -540,9 +540,10 @@ def test_rolling_upgrade_each_member_gets_the_version_it_understands(dedupe):
 
 def test_member_metadata_goes_out_at_the_version_an_old_member_reads(dedupe):
     """Member metadata has one layout in v1 and v2, so it is sent as v1: if the coordinator
-    ends up picking an old member (range [1, 1]) to compute, it can read everyone's."""
+    ends up picking an old member (range [1, 1]) to compute, it can read everyone's. The range
+    starts at -1: this member reads classic members' metadata (KIP-848's migration rule)."""
     metadata = StickyTaskAssignor(dedupe, process_id=uuid.UUID(int=3), user_endpoint="h:1").metadata()
-    assert (metadata.minimum_version, metadata.maximum_version) == (1, 2)
+    assert (metadata.minimum_version, metadata.maximum_version) == (-1, 2)
     assert metadata.version == 1
     assert decode_member_metadata(1, metadata.data).user_endpoint == "h:1"
 

@@ -130,6 +130,11 @@ def test_v3_members_join_without_a_member_id_round_trip() -> None:
     h = harness()
     a = Classic(h, version=3)
     assert a.join() is DEFERRED  # no MEMBER_ID_REQUIRED before v4
+    # The new group's record is the empty group, even though a member is already in it: the
+    # member is written with its generation. (Written with it, it replayed as a Stable member
+    # without a protocol, and an upgrade then failed on its empty subscription.)
+    assert classic_records(h) == [r.ClassicGroupValue(protocol_type="", generation=0, protocol=None, leader=None, current_state_timestamp=0)]
+    assert h.replayed().groups[GROUP].state is ClassicGroupState.EMPTY
     h.advance(DELAY)
     joined = a.answer()
     assert joined.error_code == 0 and joined.member_id

@@ -602,3 +602,27 @@ def test_the_kips_online_migration_case_study() -> None:
     h.heartbeat("B", g + 2)
     assert h.members() == {"A": (g + 2, "foo-0, foo-1", ""), "B": (g + 2, "foo-3, foo-4", ""), C.member_id: (g + 2, "foo-2, foo-5", "")}
     h.assert_replay_equals_live()
+
+
+def test_a_settled_classic_member_rejoining_with_new_userdata_bumps_and_one_told_to_rejoin_does_not() -> None:
+    """A classic member has no other way to ask for a new assignment than to rejoin with new
+    metadata (a Streams member's task lags, say): when it was settled, that bumps the group epoch.
+    A member rejoining because it was told to only follows the rebalance under way."""
+    h = harness()
+    a, b = classic_pair(h)
+    h.join("n")
+    settle(h, [a, b], ["n"])
+    epoch = h.group.group_epoch
+    a.user_data = b"new lags"
+    assert a.join().error_code == 0
+    assert h.group.group_epoch == epoch + 1
+    assert b.heartbeat() == Errors.RebalanceInProgressError.errno
+    b.user_data = b"other lags"
+    assert b.join().error_code == 0
+    assert h.group.group_epoch == epoch + 1
+    # The same userData again from a settled member changes nothing.
+    settle(h, [a, b], ["n"])
+    epoch = h.group.group_epoch
+    assert a.join().error_code == 0
+    assert h.group.group_epoch == epoch
+    h.assert_replay_equals_live()

@@ -579,6 +579,16 @@ async def test_a_classic_join_waits_for_the_join_phase_and_is_answered_after_its
         assert waited >= 0.15  # held for the initial rebalance delay, not answered at once
         stored = [record for record in log.records(0) if isinstance(record, r.ClassicGroupMetadata)]
         assert stored and stored[-1].value.generation == 0  # the group exists; its generation 1 is not stored before the leader syncs
+        text = coordinator.render_metrics()
+        assert sample(text, 'classic_group_count{state="CompletingRebalance"}') == 1
+        assert sample(text, 'group_count{protocol="classic"}') == 1
+        # A KIP-848 member upgrades the group: counted as a conversion.
+        upgraded = await call(coordinator, HB(group_id="classic", member_id="", member_epoch=0, rebalance_timeout_ms=5_000,
+                                               subscribed_topic_names=["foo"]))
+        assert upgraded.error_code == 0
+        text = coordinator.render_metrics()
+        assert sample(text, 'group_conversions_total{direction="upgrade"}') == 1
+        assert sample(text, "consumer_group_classic_members") == 1
 
 
 @async_test

@@ -293,7 +293,9 @@ def test_coordinator_has_one_replica_probes_and_metrics(rendered) -> None:
         env = _env(container)
         assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
         assert str(ports[container["readinessProbe"]["httpGet"]["port"]]) == env["PYSTREAMS_METRICS_PORT"]
-        assert ports[container["livenessProbe"]["tcpSocket"]["port"]] == int(env["PYSTREAMS_LISTEN"].rsplit(":", 1)[1])
+        for probe in ("livenessProbe", "startupProbe"):
+            assert container[probe]["httpGet"]["path"] == "/healthz"
+            assert str(ports[container[probe]["httpGet"]["port"]]) == env["PYSTREAMS_METRICS_PORT"]
         service = _find(objects, "Service", COORDINATOR)
         assert {p["name"] for p in service["spec"]["ports"]} == {"kafka", "metrics"}
         assert _config(objects, "pystreams-worker-config")["PYSTREAMS_COORDINATOR"] == f"{COORDINATOR}:{ports['kafka']}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import signal
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
-from worker_support import Cluster, Workers, fleet_of, wait_for
+from worker_support import Cluster, CommandTicker, Workers, fleet_of, wait_for
 
 from pystreams.app import load_app
 from pystreams.broker import free_port
@@ -124,39 +123,6 @@ def _serdes():
     return spec.key_serde, spec.value_serde
 
 
-class Trickle:
-    """Keeps writing one small command per partition every 50 ms, recording nothing: the
-    progress topic tells which task processed what and when."""
-
-    FIRST_VERSION = 1_000
-
-    def __init__(self, bootstrap: str, partitions: int) -> None:
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
-        self._partitions = partitions
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.sent = 0
-
-    def _run(self) -> None:
-        version = self.FIRST_VERSION
-        while not self._stop.wait(0.05):
-            version += 1
-            for partition in range(self._partitions):
-                self._producer.send(INPUT, key=b"tick", value=f"{partition * 1_000_000} 1 {version}".encode(),
-                                    partition=partition)
-                self.sent += 1
-
-    def __enter__(self) -> Trickle:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._producer.flush()
-        self._producer.close()
-
-
 def processing_gaps_ms(bootstrap: str, since_ms: int) -> dict[str, int]:
     """Per task, the longest gap between processing times of consecutive trickled commands
     processed from ``since_ms`` on (earlier ones wait behind the fill's changelog flushes)."""
@@ -173,7 +139,7 @@ def processing_gaps_ms(bootstrap: str, since_ms: int) -> dict[str, int]:
             for records in batch.values():
                 for record in records:
                     task, _count, version, processed_at = record.value.decode().split(",")
-                    if int(version) <= Trickle.FIRST_VERSION or int(processed_at) < since_ms:
+                    if int(version) <= CommandTicker.FIRST_VERSION or int(processed_at) < since_ms:
                         continue
                     if task in last:
                         gaps[task] = max(gaps.get(task, 0), int(processed_at) - last[task])
@@ -195,8 +161,13 @@ def test_a_new_worker_warms_a_task_up_before_it_moves_and_the_others_never_stop(
              "two workers to start the four tasks\n" + workers.log_tails())
     for partition in range(partitions):
         fill(cluster.bootstrap, partition, partition * 1_000_000, keys_per_task, version=1)
-    with Trickle(cluster.bootstrap, partitions):
-        time.sleep(2)
+    with CommandTicker(cluster.bootstrap, partitions):
+        # A trickled command processed by every task means the fill before it is processed too
+        # (a partition is processed in order): from here the changelogs only grow by the trickle,
+        # so what is left to restore after WarmUpReady does not depend on how busy the machine is.
+        with ProgressWatch(cluster.bootstrap) as progress:
+            wait_for(lambda: len(progress.tasks_past_the_fill()) == partitions, 90,
+                     "the actives to process the fill\n" + workers.log_tails())
         joined_at_ms = time.time_ns() // 1_000_000
         workers.start(*ha)
         wait_for(lambda: started_tasks(workers.log(2)), 90, "the new worker to take a task\n" + workers.log_tails())
@@ -216,6 +187,30 @@ def test_a_new_worker_warms_a_task_up_before_it_moves_and_the_others_never_stop(
     print(f"\nlongest processing gap per task after the join (ms): {dict(sorted(gaps.items()))}; moved {moved}")
     assert set(gaps) == {f"0_{p}" for p in range(partitions)}, "every task kept processing after the join"
     assert workers.stop_all() == [0, 0, 0]
+
+
+class ProgressWatch:
+    """Reads the progress topic as it grows (it never stops growing while the trickle runs)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
+        self._consumer.assign([KafkaTopicPartition(PROGRESS, p) for p in sorted(self._consumer.partitions_for_topic(PROGRESS) or ())])
+        self._past_the_fill: set[str] = set()
+
+    def tasks_past_the_fill(self) -> set[str]:
+        """The tasks that processed a trickled command (so everything written before it)."""
+        for records in self._consumer.poll(200).values():
+            for record in records:
+                task, _count, version, _processed_at = record.value.decode().split(",")
+                if int(version) > CommandTicker.FIRST_VERSION:
+                    self._past_the_fill.add(task)
+        return self._past_the_fill
+
+    def __enter__(self) -> ProgressWatch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._consumer.close()
 
 
 def tasks_that_processed(bootstrap: str, version: int) -> set[str]:

@@ -42,6 +42,9 @@ class FakeEngine:
     counters: EngineCounters = field(default_factory=EngineCounters)
     records_produced: int = 0
     standby_tasks: dict = field(default_factory=dict)
+    transactions_committed: int = 0
+    transactions_aborted: int = 0
+    aborted_records_dropped: int = 0
 
 
 @dataclass
@@ -116,8 +119,11 @@ def test_readyz_and_healthz_follow_the_stream_threads(tmp_path: Path) -> None:
 
 def test_metrics_expose_what_the_threads_hold(tmp_path: Path) -> None:
     thread = FakeThread("stream-thread-0")
-    thread.engine.counters = EngineCounters(polls=9, records_consumed=120, process_seconds=0.5, standby_records=33)
+    thread.engine.counters = EngineCounters(polls=9, records_consumed=120, process_seconds=0.5, standby_records=33,
+                                            task_migrations=2, tasks_revived=3)
     thread.engine.records_produced = 77
+    thread.engine.transactions_committed, thread.engine.transactions_aborted = 41, 4
+    thread.engine.aborted_records_dropped = 17
     thread.engine.standby_tasks = {TaskId(0, 2): object()}
     thread.records_processed = 125
     thread.running_tasks = frozenset({TaskId(0, 0), TaskId(0, 1)})
@@ -161,6 +167,11 @@ def test_metrics_expose_what_the_threads_hold(tmp_path: Path) -> None:
     assert s[("pystreams_state_volume_free_bytes", ())] > 0
     assert s[("pystreams_worker_ready", ())] == 0
     assert s[("pystreams_commit_latency_seconds_count", t)] == 1
+    assert s[("pystreams_transactions_committed_total", t)] == 41
+    assert s[("pystreams_transactions_aborted_total", t)] == 4
+    assert s[("pystreams_task_migrations_total", t)] == 2
+    assert s[("pystreams_tasks_revived_total", t)] == 3
+    assert s[("pystreams_aborted_records_dropped_total", t)] == 17
     assert ("process_cpu_seconds_total", ()) in s
 
 

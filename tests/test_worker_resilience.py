@@ -5,13 +5,12 @@ coordinator keeps its records in Kafka so it can be killed and started again.
 from __future__ import annotations
 
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from worker_support import Cluster, Workers, fleet_of, wait_for
+from worker_support import Cluster, Trickle, Workers, fleet_of, wait_for
 
 from pystreams.commands.dev import LatestValueReader, count_words, ensure_input_topics, produce_lines
 
@@ -35,27 +34,6 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 @pytest.fixture
 def workers(cluster: Cluster, tmp_path: Path) -> Iterator[Workers]:
     yield from fleet_of(Workers(cluster.bootstrap, cluster.coordinator_address, tmp_path, APP))
-
-
-class Trickle:
-    """Feeds the corpus a few lines at a time from a thread, so input flows throughout."""
-
-    def __init__(self, bootstrap: str, lines: list[str], per_batch: int = 20, pause_s: float = 0.1) -> None:
-        self._bootstrap, self._lines, self._per_batch, self._pause_s = bootstrap, lines, per_batch, pause_s
-        self.sent = 0
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while self.sent < len(self._lines):
-            batch = self._lines[self.sent:self.sent + self._per_batch]
-            produce_lines(self._bootstrap, "text-lines", batch)
-            self.sent += len(batch)
-            time.sleep(self._pause_s)
-
-    def join(self) -> None:
-        self._thread.join(120)
-        assert self.sent == len(self._lines)
 
 
 def read_until(reader: LatestValueReader, expected: dict[str, int], timeout_s: float) -> dict[str, int]:

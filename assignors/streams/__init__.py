@@ -1,9 +1,11 @@
 """The Streams client-side task assignor, its placement of replicas and its KIP-848 metadata."""
 from .metadata import (
+    CLASSIC_METADATA_VERSION,
     MAXIMUM_METADATA_VERSION,
     METADATA_VERSION,
     MINIMUM_METADATA_VERSION,
     AssignmentError,
+    ClassicStreamsMemberMetadata,
     MemberReason,
     MetadataDecodeError,
     StreamsAssignmentMetadata,
@@ -18,10 +20,12 @@ from .sticky import ASSIGNOR_NAME, StickyTaskAssignor
 
 __all__ = [
     "ASSIGNOR_NAME",
+    "CLASSIC_METADATA_VERSION",
     "MAXIMUM_METADATA_VERSION",
     "METADATA_VERSION",
     "MINIMUM_METADATA_VERSION",
     "AssignmentError",
+    "ClassicStreamsMemberMetadata",
     "HaConfig",
     "MemberTasks",
     "ProcessSpec",

@@ -26,6 +26,14 @@ version that member understands):
   once (v1's ``[(topic, partition)]`` repeats each name per partition: at 1,000 members and
   2,000 tasks every member's bytes were about 77 KB).
 
+* **version -1: classic members** (KIP-848 "Kafka Streams Migration"): a member speaking the
+  classic protocol puts its metadata in its subscription's userData, which every assignor sees
+  at version -1, and reads its assignment's userData as -1 too (nothing on the classic wire
+  carries a version). Member metadata -1 is v1's layout plus the member's *reason*, which no
+  other field carries for it; assignment metadata -1 is v2's layout. A member that reads -1
+  advertises the range [-1, 2], which is what lets it compute for a group still holding classic
+  members.
+
 The rest of the code sees one in-memory model, ``StreamsAssignmentMetadata``, whatever version
 the bytes had.
 """
@@ -41,6 +49,10 @@ from pystreams.topology.ir import TaskId
 
 MINIMUM_METADATA_VERSION = 1
 MAXIMUM_METADATA_VERSION = 2
+#: Classic members' metadata (subscription and assignment userData), as KIP-848 numbers it.
+CLASSIC_METADATA_VERSION = -1
+#: The lowest version a member of this code reads, as advertised in its heartbeats.
+LOWEST_READABLE_VERSION = CLASSIC_METADATA_VERSION
 #: The version this code writes when nothing asks for an older one.
 METADATA_VERSION = MAXIMUM_METADATA_VERSION
 #: The version member metadata is sent at. Its layout is the same in v1 and v2 (v2 changed
@@ -91,6 +103,13 @@ class StreamsMemberMetadata(msgspec.Struct, frozen=True, forbid_unknown_fields=F
     task_lags: dict[str, int] = {}
 
 
+class ClassicStreamsMemberMetadata(StreamsMemberMetadata, frozen=True, forbid_unknown_fields=False):
+    """Member metadata -1 (a classic member's subscription userData): v1's layout and the reason
+    the KIP-848 heartbeat carries in a field of its own. A v1 reader ignores ``reason``."""
+
+    reason: int = 0
+
+
 class StreamsAssignmentMetadata(msgspec.Struct, frozen=True):
     """One member's assignment metadata, independent of the version it travelled at."""
 
@@ -138,6 +157,7 @@ class _AssignmentV2(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
 
 
 _member_decoder = msgspec.msgpack.Decoder(StreamsMemberMetadata)
+_classic_member_decoder = msgspec.msgpack.Decoder(ClassicStreamsMemberMetadata)
 _assignment_decoders = {1: msgspec.msgpack.Decoder(_AssignmentV1), 2: msgspec.msgpack.Decoder(_AssignmentV2)}
 _encoder = msgspec.msgpack.Encoder(order="deterministic")
 #: For maps with int keys (built in sorted order: "deterministic" takes str keys only).
@@ -149,8 +169,11 @@ def encode_member_metadata(metadata: StreamsMemberMetadata) -> bytes:
 
 
 def decode_member_metadata(version: int, data: bytes) -> StreamsMemberMetadata:
+    """At -1 the result is a :class:`ClassicStreamsMemberMetadata` (it has the reason)."""
     _check_version(version)
     try:
+        if version == CLASSIC_METADATA_VERSION:
+            return _classic_member_decoder.decode(data)
         return _member_decoder.decode(data)
     except msgspec.DecodeError as error:
         raise MetadataDecodeError(f"not Streams member metadata v{version}: {error}") from error
@@ -173,6 +196,7 @@ class AssignmentMetadataWriter:
 
     def _hosts(self, version: int, standby: bool = False) -> msgspec.Raw:
         """The pre-encoded map at ``version``'s layout, encoded on first use."""
+        version = _layout(version)
         raw = self._encoded.get((version, standby))
         if raw is None:
             hosts = self._standby_by_host if standby else self._by_host
@@ -192,7 +216,7 @@ class AssignmentMetadataWriter:
         error: int = AssignmentError.NONE,
     ) -> bytes:
         _check_version(version)
-        if version == 1:
+        if _layout(version) == 1:
             wire: msgspec.Struct = _AssignmentV1(
                 active_tasks=_task_strings(active),
                 standby_tasks=_by_subtopology(standby),
@@ -222,7 +246,7 @@ def encode_assignment_metadata(metadata: StreamsAssignmentMetadata, version: int
 def decode_assignment_metadata(version: int, data: bytes) -> StreamsAssignmentMetadata:
     _check_version(version)
     try:
-        wire = _assignment_decoders[version].decode(data)
+        wire = _assignment_decoders[_layout(version)].decode(data)
         if isinstance(wire, _AssignmentV1):
             return StreamsAssignmentMetadata(
                 active_tasks=_parse_tasks(wire.active_tasks),
@@ -244,11 +268,16 @@ def decode_assignment_metadata(version: int, data: bytes) -> StreamsAssignmentMe
 
 
 def _check_version(version: int) -> None:
-    if not MINIMUM_METADATA_VERSION <= version <= MAXIMUM_METADATA_VERSION:
+    if version != CLASSIC_METADATA_VERSION and not MINIMUM_METADATA_VERSION <= version <= MAXIMUM_METADATA_VERSION:
         raise MetadataDecodeError(
             f"Streams metadata version {version} is outside the supported range "
-            f"[{MINIMUM_METADATA_VERSION}, {MAXIMUM_METADATA_VERSION}]"
+            f"[{MINIMUM_METADATA_VERSION}, {MAXIMUM_METADATA_VERSION}] (or {CLASSIC_METADATA_VERSION}, classic members)"
         )
+
+
+def _layout(version: int) -> int:
+    """The wire layout of an assignment version: -1 (classic members) is v2's."""
+    return MAXIMUM_METADATA_VERSION if version == CLASSIC_METADATA_VERSION else version
 
 
 def _sorted_hosts(hosts: Mapping[str, Sequence[tuple[str, int]]]) -> HostPartitions:

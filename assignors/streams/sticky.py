@@ -5,14 +5,15 @@ through the resolved topology (a task = a sub-topology on one partition number; 
 partition number of every source topic of its sub-topology), and a task's partitions always go
 to one member together, which is what co-partitioned joins need.
 
-``assign`` decodes each member's metadata at the version the member sent, groups members
+``assign`` decodes each member's metadata at the version the member sent (-1 for classic members,
+whose subscription userData it is: see ``metadata``), groups members
 (stream threads) into processes by process id, and hands the tasks to ``placement.place_tasks``:
 sticky and balanced actives that run only where their state is caught up, standby replicas
 (``HaConfig.num_standby_replicas``, rack-aware) and warm-up replicas where an active should move
 to. A task is *stateful* when its sub-topology has a store with a changelog; a task's current
 owner is the member whose *target* holds most of its partitions. Each member's assignment
 metadata is written at the highest version that member understands, so a rolling upgrade from
-v1 keeps working. ``partitions_by_host`` lists every endpoint's active partitions and
+v1 keeps working; a classic member's at -1, the one version a classic member reads. ``partitions_by_host`` lists every endpoint's active partitions and
 ``standby_partitions_by_host`` its standbys' (v2 only).
 
 Errors (the whole group gets the same one):
@@ -41,11 +42,14 @@ from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology
 
 from .metadata import (
+    CLASSIC_METADATA_VERSION,
+    LOWEST_READABLE_VERSION,
     MAXIMUM_METADATA_VERSION,
     MEMBER_METADATA_VERSION,
     MINIMUM_METADATA_VERSION,
     AssignmentError,
     AssignmentMetadataWriter,
+    ClassicStreamsMemberMetadata,
     MemberReason,
     MetadataDecodeError,
     StreamsAssignmentMetadata,
@@ -68,8 +72,11 @@ class StickyTaskAssignor:
     """See the module docstring. One instance per member (stream thread)."""
 
     name = ASSIGNOR_NAME
-    minimum_version = MINIMUM_METADATA_VERSION
+    minimum_version = LOWEST_READABLE_VERSION
     maximum_version = MAXIMUM_METADATA_VERSION
+    #: Under the classic protocol a Streams group rebalances cooperatively: only moving tasks
+    #: are revoked (KIP-429), as Kafka Streams' own classic assignor does.
+    supported_protocols = ("cooperative",)
 
     def __init__(
         self,
@@ -134,9 +141,20 @@ class StickyTaskAssignor:
             reason=int(reason),
             version=MEMBER_METADATA_VERSION,
             data=encode_member_metadata(self.member_metadata()),
-            minimum_version=MINIMUM_METADATA_VERSION,
+            minimum_version=LOWEST_READABLE_VERSION,
             maximum_version=MAXIMUM_METADATA_VERSION,
         )
+
+    def classic_metadata(self) -> bytes:
+        """What a classic member advertises (its subscription userData, read back at -1): the
+        same metadata, with the reason the classic protocol has no field for."""
+        with self._lock:
+            reason = self._reason
+        meta = self.member_metadata()
+        return encode_member_metadata(ClassicStreamsMemberMetadata(
+            process_id=meta.process_id, user_endpoint=meta.user_endpoint, client_tags=meta.client_tags,
+            topology_hash=meta.topology_hash, task_lags=meta.task_lags, reason=int(reason),
+        ))
 
     def on_assignment(self, error: int, assignment: MemberAssignment, group_epoch: int) -> None:
         """``error`` given to the callback is the group-level error, or else the one the
@@ -181,7 +199,7 @@ class StickyTaskAssignor:
         partitions_of_task = self.task_partitions(spec)
         owner_of = _current_owners(spec, partitions_of_task)
         versions = {mid: _assignment_version(spec.members[mid]) for mid in member_ids}
-        shutdown_by = [mid for mid in member_ids if spec.members[mid].metadata.reason == MemberReason.SHUTDOWN]  # type: ignore[union-attr]
+        shutdown_by = [mid for mid in member_ids if _reason(spec.members[mid], metadata[mid]) == MemberReason.SHUTDOWN]
         if shutdown_by:
             log.warning("members %s asked the application to shut down", shutdown_by)
             return _shutdown(spec, owner_of, versions)
@@ -237,10 +255,19 @@ def _member_metadata(member: MemberSpec) -> StreamsMemberMetadata:
     return decode_member_metadata(member.metadata.version, member.metadata.data)
 
 
+def _reason(member: MemberSpec, metadata: StreamsMemberMetadata) -> int:
+    """A KIP-848 member's reason travels in its own field, a classic member's in its metadata."""
+    if isinstance(metadata, ClassicStreamsMemberMetadata):
+        return metadata.reason
+    return member.metadata.reason if member.metadata is not None else MemberReason.NONE
+
+
 def _assignment_version(member: MemberSpec) -> int:
     """The highest assignment metadata version both this code and the member understand."""
     meta = member.metadata
     assert meta is not None  # _member_metadata refused members without metadata
+    if meta.version == CLASSIC_METADATA_VERSION:
+        return CLASSIC_METADATA_VERSION  # a classic member reads nothing else
     highest = meta.maximum_version or meta.version  # a member that sent no range speaks its version
     return max(MINIMUM_METADATA_VERSION, min(highest, MAXIMUM_METADATA_VERSION))
 

@@ -1,5 +1,7 @@
-"""An asyncio driver that runs a :class:`~pystreams.client.member.GroupMember` over the Kafka
-wire protocol against a group coordinator.
+"""An asyncio driver that runs a group member over the Kafka wire protocol against a group
+coordinator: a KIP-848 :class:`~pystreams.client.member.GroupMember` (``MemberConfig``) or a
+classic :class:`~pystreams.client.classic.ClassicGroupMember` (``ClassicMemberConfig``, with a
+``topics`` resolver); both have the same surface and events.
 
 The member is sans-IO; this module owns the IO around it:
 
@@ -24,10 +26,16 @@ The member is sans-IO; this module owns the IO around it:
   :meth:`MemberDriver.revocation_done` themselves. Events go through a separate task, so the
   member keeps heartbeating while the application commits.
 * **Offsets.** :meth:`MemberDriver.commit_offsets` (OffsetCommit v9 by topic name, v10 by topic
-  id) and :meth:`MemberDriver.fetch_offsets` (OffsetFetch v9/v10) with the member id and epoch.
-  Errors come back per partition, never raised. STALE_MEMBER_EPOCH means "your epoch is behind
-  the coordinator's": ``await driver.next_heartbeat()`` and commit again
-  (:attr:`CommitResult.stale_member_epoch`).
+  id) and :meth:`MemberDriver.fetch_offsets` (OffsetFetch v9/v10) with the member id and epoch
+  (a classic member's generation, and its instance id). Errors come back per partition, never
+  raised. STALE_MEMBER_EPOCH means "your epoch is behind the coordinator's", and a classic
+  group's REBALANCE_IN_PROGRESS "wait for the rebalance to end": ``await driver.next_heartbeat()``
+  and commit again (:attr:`CommitResult.retry_after_heartbeat`).
+* **Classic members.** The JoinGroup is a long poll: its timeout is the rebalance timeout plus
+  5 s (the member says so). Before the member reads a response naming topics its resolver does
+  not know, the resolver is refreshed (``topics.refresh()``, off the loop); with
+  ``metadata_max_age_ms`` it is also refreshed periodically and the member told
+  (``metadata_changed``), so a leader notices new partitions and a regex subscription new topics.
 """
 from __future__ import annotations
 
@@ -44,15 +52,16 @@ import kafka.errors as Errors
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.find_coordinator import CoordinatorType
 
-from pystreams.client.member import (
+from pystreams.client.classic import ClassicGroupMember, ClassicMemberConfig, topic_names_in
+from pystreams.client.events import (
     CoordinatorUnavailable,
-    GroupMember,
     LeftGroup,
-    MemberConfig,
     MemberEvent,
     MemberState,
     RevokePartitions,
 )
+from pystreams.client.member import GroupMember, MemberConfig
+from pystreams.client.topics import TopicResolver
 from pystreams.protocol import messages as m
 from pystreams.protocol.framing import ClientFraming
 from pystreams.protocol.handshake import HandshakeError, ServerInfo, client_handshake
@@ -74,12 +83,19 @@ _VERSIONS: dict[type[ApiMessage], int] = {
     m.ConsumerGroupHeartbeatRequest: 0,
     m.ConsumerGroupPrepareAssignmentRequest: 0,
     m.ConsumerGroupInstallAssignmentRequest: 0,
+    # The classic protocol: KIP-394 (MEMBER_ID_REQUIRED) from JoinGroup v4, KIP-814
+    # (SkipAssignment) at v9; SyncGroup v5 names protocol type and name; LeaveGroup v5 batches.
+    m.JoinGroupRequest: 9,
+    m.SyncGroupRequest: 5,
+    m.HeartbeatRequest: 4,
+    m.LeaveGroupRequest: 5,
 }
 _OFFSET_VERSION_BY_NAME = 9
 _OFFSET_VERSION_BY_ID = 10
 
 _NONE = Errors.NoError.errno
 _STALE_MEMBER_EPOCH = Errors.StaleMemberEpochError.errno
+_REBALANCE_IN_PROGRESS = Errors.RebalanceInProgressError.errno
 _COORDINATOR_MOVED = COORDINATOR_MOVED
 
 
@@ -276,6 +292,13 @@ class CommitResult:
         return any(code == _STALE_MEMBER_EPOCH for code in self.errors.values())
 
     @property
+    def retry_after_heartbeat(self) -> bool:
+        """Worth committing again once the member is current: STALE_MEMBER_EPOCH (KIP-848), or
+        REBALANCE_IN_PROGRESS (a classic group completing a rebalance); ``await
+        driver.next_heartbeat()`` first."""
+        return any(code in (_STALE_MEMBER_EPOCH, _REBALANCE_IN_PROGRESS) for code in self.errors.values())
+
+    @property
     def failed(self) -> dict[OffsetKey, int]:
         return {key: code for key, code in self.errors.items() if code != _NONE}
 
@@ -300,7 +323,7 @@ class DriverClosed(RuntimeError):
 
 
 class MemberDriver:
-    """Runs one :class:`GroupMember` against the coordinator; see the module docstring.
+    """Runs one group member against the coordinator; see the module docstring.
 
     Typical use::
 
@@ -314,9 +337,11 @@ class MemberDriver:
 
     def __init__(
         self,
-        config: MemberConfig,
+        config: MemberConfig | ClassicMemberConfig,
         bootstrap: str | Iterable[str | Address],
         *,
+        topics: TopicResolver | None = None,
+        metadata_max_age_ms: int | None = None,
         on_event: EventHandler | None = None,
         request_timeout_ms: int = 30_000,
         reconnect_backoff_ms: int = 50,
@@ -327,7 +352,15 @@ class MemberDriver:
     ) -> None:
         self.config = config
         self.security = security or ClientSecurity()
-        self.member = GroupMember(config)
+        self.member: GroupMember | ClassicGroupMember
+        if isinstance(config, ClassicMemberConfig):
+            if topics is None:
+                raise ValueError("a classic member needs a topic resolver (topics=...): the classic protocol names topics")
+            self.member = ClassicGroupMember(config, topics)
+        else:
+            self.member = GroupMember(config)
+        self.topics = topics
+        self.metadata_max_age_ms = metadata_max_age_ms
         self.bootstrap = parse_bootstrap(bootstrap)
         self.request_timeout_ms = request_timeout_ms
         self._on_event = on_event
@@ -342,6 +375,7 @@ class MemberDriver:
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._dispatch_task: asyncio.Task[None] | None = None
+        self._metadata_task: asyncio.Task[None] | None = None
         self._pending_events: asyncio.Queue[MemberEvent] = asyncio.Queue()
         self._in_flight: set[asyncio.Task[None]] = set()
         self._heartbeat_waiters: list[asyncio.Future[None]] = []
@@ -364,6 +398,8 @@ class MemberDriver:
             raise RuntimeError("already started")
         self._loop_task = asyncio.create_task(self._run(), name=f"member-driver-{self.config.group_id}")
         self._dispatch_task = asyncio.create_task(self._dispatch_events(), name="member-driver-events")
+        if isinstance(self.member, ClassicGroupMember) and self.metadata_max_age_ms and hasattr(self.topics, "refresh"):
+            self._metadata_task = asyncio.create_task(self._refresh_metadata(), name="member-driver-metadata")
 
     async def __aenter__(self) -> MemberDriver:
         await self.start()
@@ -403,7 +439,7 @@ class MemberDriver:
     async def stop(self) -> None:
         """Stop at once, without leaving (a crash, as far as the coordinator can tell)."""
         self._stopping = True
-        tasks = [t for t in (self._loop_task, self._dispatch_task, *self._in_flight) if t is not None]
+        tasks = [t for t in (self._loop_task, self._dispatch_task, self._metadata_task, *self._in_flight) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -598,15 +634,17 @@ class MemberDriver:
 
     async def _send(self, connection: KafkaConnection, request: ApiMessage) -> None:
         version = _VERSIONS[type(request)]
+        timeout_ms = self.member.request_timeout_ms(request, self.request_timeout_ms)  # type: ignore[arg-type]
         try:
-            response = await connection.send(request, version, self.request_timeout_ms / 1000)
+            response = await connection.send(request, version, timeout_ms / 1000)
         except (TimeoutError, ConnectionLost) as exc:
             log.info("%s to %s failed: %r", type(request).__name__, connection.address, exc)
             self._drop_connection(connection)
-            self.member.on_request_failed(request, self._clock_ms())
+            self.member.on_request_failed(request, self._clock_ms())  # type: ignore[arg-type]
         else:
-            self.member.on_response(request, response, self._clock_ms())
-            if isinstance(response, m.ConsumerGroupHeartbeatResponse) and response.error_code == _NONE:
+            await self._resolve_topics(response)
+            self.member.on_response(request, response, self._clock_ms())  # type: ignore[arg-type]
+            if self._confirms_membership(response):
                 self._backoff.reset()  # the coordinator is healthy again
                 waiters, self._heartbeat_waiters = self._heartbeat_waiters, []
                 for waiter in waiters:
@@ -614,6 +652,40 @@ class MemberDriver:
                         waiter.set_result(None)
         self._take_events()
         self._wake()
+
+    def _confirms_membership(self, response: ApiMessage) -> bool:
+        """A successful heartbeat; for a classic member, one (or a SyncGroup) that finds it
+        stable, since a commit refused during a rebalance must wait for the rebalance to end."""
+        if getattr(response, "error_code", None) != _NONE:
+            return False
+        if isinstance(response, m.ConsumerGroupHeartbeatResponse):
+            return True
+        return isinstance(response, (m.HeartbeatResponse, m.SyncGroupResponse)) and self.member.state is MemberState.STABLE
+
+    async def _resolve_topics(self, response: ApiMessage) -> None:
+        """A classic response may name topics the resolver has not seen (just created): refresh
+        it, off the loop, before the member reads them."""
+        if not isinstance(self.member, ClassicGroupMember) or self.topics is None or not hasattr(self.topics, "refresh"):
+            return
+        names = topic_names_in(response)
+        if names and any(self.topics.topic(name) is None for name in names):
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.topics.refresh)
+            except Exception as error:
+                log.warning("group %s: refreshing topic metadata failed: %r", self.config.group_id, error)
+
+    async def _refresh_metadata(self) -> None:
+        assert self.metadata_max_age_ms and self.topics is not None
+        while True:
+            await asyncio.sleep(self.metadata_max_age_ms / 1000)
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.topics.refresh)  # type: ignore[attr-defined]
+            except Exception as error:
+                log.info("group %s: refreshing topic metadata failed: %r", self.config.group_id, error)
+                continue
+            self.member.metadata_changed()  # type: ignore[union-attr]
+            self._take_events()
+            self._wake()
 
     def _take_events(self) -> None:
         """Move the member's events to the dispatcher; react to the ones the driver owns."""

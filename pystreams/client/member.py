@@ -62,6 +62,23 @@ from pystreams.assignors.api import (
     PartitionAssignorError,
     TopicMetadata,
 )
+from pystreams.client.common import Revocations, Subscription, parse_subscription
+from pystreams.client.events import (
+    IN_GROUP as _IN_GROUP,
+    AssignmentAbandoned,
+    AssignmentInstalled,
+    CoordinatorUnavailable,
+    InstanceIdUnreleased,
+    LeftGroup,
+    MemberEvent,
+    MemberFailed,
+    MemberFatalError,
+    MemberState,
+    PartitionsAssigned,
+    PartitionsLost,
+    RevokePartitions,  # noqa: F401  (re-exported: callers import the events from here too)
+    error_name,
+)
 from pystreams.partitions import NO_PARTITIONS, PartitionSet
 from pystreams.protocol.sentinels import COORDINATOR_MOVED, JOIN_EPOCH, LEAVE_EPOCH, LEAVE_STATIC_EPOCH, RETRIABLE
 
@@ -106,29 +123,6 @@ _COORDINATOR_ERRORS = COORDINATOR_MOVED
 _RETRIABLE_HEARTBEAT_ERRORS = RETRIABLE | frozenset({_STALE_MEMBER_EPOCH})
 
 
-def error_name(code: int) -> str:
-    error = Errors.for_code(code)
-    return getattr(error, "message", None) or error.__name__
-
-
-class MemberState(enum.Enum):
-    UNSUBSCRIBED = "unsubscribed"  # not in the group; no heartbeats
-    JOINING = "joining"  # epoch-0 heartbeat due or in flight
-    STABLE = "stable"  # in the group, nothing to revoke or acknowledge
-    RECONCILING = "reconciling"  # revocation handed to the caller, revocation_done() awaited
-    ACKNOWLEDGING = "acknowledging"  # revocation done; its ack heartbeat not answered yet
-    FENCED = "fenced"  # everything lost; the epoch-0 rejoin heartbeat is due
-    PREPARE_LEAVING = "prepare_leaving"  # leave() called: revoking everything first
-    LEAVING = "leaving"  # the -1/-2 heartbeat is due or in flight
-    FATAL = "fatal"  # unrecoverable (see GroupMember.fatal_error); no more requests
-
-
-# The states in which the member is part of the group and keeps its session alive.
-_IN_GROUP = frozenset(
-    {MemberState.STABLE, MemberState.RECONCILING, MemberState.ACKNOWLEDGING}
-)
-
-
 @dataclass(frozen=True)
 class MemberConfig:
     group_id: str
@@ -165,94 +159,7 @@ class MemberConfig:
             raise ValueError(f"client assignor names must be unique: {names}")
 
 
-# ----------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True)
-class RevokePartitions:
-    """Stop, commit, call on_partitions_revoked, then ``revocation_done(now, revocation_id)``."""
-
-    partitions: PartitionSet
-    revocation_id: int
-
-
-@dataclass(frozen=True)
-class PartitionsAssigned:
-    partitions: PartitionSet
-    member_epoch: int
-
-
-@dataclass(frozen=True)
-class PartitionsLost:
-    partitions: PartitionSet
-    #: FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID, REQUEST_TIMED_OUT (session or revocation guard),
-    #: the fatal error, or 0 when the application gave them up (``leave(lose=True)``).
-    error_code: int
-
-
-@dataclass(frozen=True)
-class MemberFailed:
-    error_code: int
-    message: str
-
-
-@dataclass(frozen=True)
-class LeftGroup:
-    member_epoch_sent: int | None  # -1 / -2, or None when there was no group to leave
-
-
-@dataclass(frozen=True)
-class CoordinatorUnavailable:
-    error_code: int
-
-
-@dataclass(frozen=True)
-class InstanceIdUnreleased:
-    """A static member's join met UNRELEASED_INSTANCE_ID: its previous incarnation (a crashed
-    process) still holds the instance id until its session expires; the join is retried after
-    ``retry_in_ms``. ``attempt`` counts the refusals in a row."""
-
-    instance_id: str
-    attempt: int
-    retry_in_ms: int
-
-
-@dataclass(frozen=True)
-class AssignmentInstalled:
-    group_epoch: int
-
-
-@dataclass(frozen=True)
-class AssignmentAbandoned:
-    api: str  # "prepare" | "install" | "assign"
-    error_code: int
-    message: str
-
-
-MemberEvent = (
-    RevokePartitions
-    | PartitionsAssigned
-    | PartitionsLost
-    | MemberFailed
-    | LeftGroup
-    | CoordinatorUnavailable
-    | InstanceIdUnreleased
-    | AssignmentInstalled
-    | AssignmentAbandoned
-)
-
-
-class MemberFatalError(Exception):
-    """Raised by API calls on a member that has failed; carries the same message as the event."""
-
-
 # ----------------------------------------------------------------------------- internals
-
-
-@dataclass(frozen=True)
-class _Subscription:
-    topics: tuple[str, ...]  # sorted; empty for a regex subscription
-    regex: str  # "" for a topic-name subscription
 
 
 @dataclass(frozen=True)
@@ -331,7 +238,7 @@ class GroupMember:
         self._member_id = ""
         self._member_epoch = JOIN_EPOCH
         self._heartbeat_interval_ms = 5_000  # until the coordinator says otherwise
-        self._subscription: _Subscription | None = None
+        self._subscription: Subscription | None = None
         self._regex_ever_sent = False
         self._closed = False
         self._fatal_error: str | None = None
@@ -339,8 +246,7 @@ class GroupMember:
         self._leave_epoch = LEAVE_EPOCH
 
         self._owned: PartitionSet = NO_PARTITIONS
-        self._revocations: dict[int, PartitionSet] = {}
-        self._next_revocation_id = 1
+        self._revocations = Revocations()
         self._target: _Target | None = None
         self._on_assignment_epoch: int | None = None
 
@@ -385,7 +291,7 @@ class GroupMember:
     @property
     def revoking_partitions(self) -> PartitionSet:
         """Handed to the caller for revocation; still reported to the coordinator as owned."""
-        return NO_PARTITIONS.union(*self._revocations.values())
+        return self._revocations.partitions
 
     @property
     def pending_partitions(self) -> PartitionSet:
@@ -423,21 +329,9 @@ class GroupMember:
         self._raise_if_failed()
         if self._closed:
             raise RuntimeError("the member is closed")
-        if (topics is None) == (regex is None):
-            raise ValueError("subscribe to either topics or regex, exactly one of them")
         if self._state in (MemberState.PREPARE_LEAVING, MemberState.LEAVING):
             raise RuntimeError("the member is leaving the group; subscribe once it has left")
-        if topics is not None:
-            if isinstance(topics, str):
-                raise TypeError("topics must be an iterable of names, not a string")
-            names = tuple(sorted(set(topics)))
-            if not names or not all(names):
-                raise ValueError("topics must be non-empty names; use leave() to unsubscribe")
-            subscription = _Subscription(topics=names, regex="")
-        else:
-            if not regex:
-                raise ValueError("regex must be non-empty")
-            subscription = _Subscription(topics=(), regex=regex)
+        subscription = parse_subscription(topics, regex)
         changed = subscription != self._subscription
         self._subscription = subscription
         if self._state is MemberState.UNSUBSCRIBED:
@@ -459,13 +353,7 @@ class GroupMember:
         Without it, every outstanding revocation is considered done.
         """
         self._advance(now_ms)
-        if revocation_id is None:
-            if not self._revocations:
-                return
-            self._revocations.clear()
-        elif self._revocations.pop(revocation_id, None) is None:
-            return
-        if self._revocations:
+        if not self._revocations.close(revocation_id):
             return
         if self._state is MemberState.PREPARE_LEAVING:
             self._maybe_leave()
@@ -525,6 +413,10 @@ class GroupMember:
         if computation_request is not None:
             requests.append(computation_request)
         return requests
+
+    def request_timeout_ms(self, request: Request, default_ms: int) -> int:
+        """How long the driver may wait for ``request``: every KIP-848 request is short."""
+        return default_ms
 
     def next_deadline(self) -> int | None:
         """When to call poll() next (a time in the past or now means: at once), or None."""
@@ -792,13 +684,10 @@ class GroupMember:
             self._events.append(PartitionsAssigned(newly_assigned, self._member_epoch))
 
     def _start_revocation(self, partitions: PartitionSet) -> None:
-        revocation_id = self._next_revocation_id
-        self._next_revocation_id += 1
-        self._revocations[revocation_id] = partitions
         self._owned = self._owned - partitions
         if self._state in _IN_GROUP:
             self._state = MemberState.RECONCILING
-        self._events.append(RevokePartitions(partitions, revocation_id))
+        self._events.append(self._revocations.open(partitions))
 
     def _lose_everything(self, error_code: int) -> None:
         """Fenced / unknown / expired: give up every partition and rejoin with epoch 0."""

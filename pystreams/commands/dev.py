@@ -272,14 +272,19 @@ def produce_lines(bootstrap: str, topic: str, lines: Iterable[str]) -> int:
 
 class LatestValueReader:
     """Reads a topic of (UTF-8 key, 8-byte big-endian count) from the beginning, keeping the
-    latest value per key — the table a KTable's output topic represents."""
+    latest value per key — the table a KTable's output topic represents. It reads
+    ``read_committed`` behind the transaction filter, so an exactly-once app's aborted writes
+    never show (the embedded broker hands them to plain ``read_committed`` readers)."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
+        from pystreams.worker.committed_consumer import CommittedConsumer
+
         self.topic = topic
-        self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                       auto_offset_reset="earliest", group_id=None)
+        self._consumer = CommittedConsumer(KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                                         auto_offset_reset="earliest", group_id=None,
+                                                         isolation_level="read_committed"))
         self._assigned = False
         self._topic_partition = TopicPartition
         self.latest: dict[str, int] = {}

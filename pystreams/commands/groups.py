@@ -1,8 +1,12 @@
 """``pystreams groups``: list and describe the coordinator's groups, and check a regex subscription.
 
 * ``--list [--type consumer,classic] [--state stable,empty]`` — ListGroups;
-* ``--describe GROUP`` — ConsumerGroupDescribe: state, epochs, assignor, and every member with
-  its epoch, subscription, current and target assignment;
+* ``--describe GROUP`` — the group's type and state, and every member with its protocol,
+  subscription and assignment: a consumer (KIP-848) group through ConsumerGroupDescribe (epochs,
+  assignor, current and target assignments; during an online migration each member's protocol,
+  ``classic`` or ``consumer``, from v1's MemberType), a classic group through DescribeGroups
+  (protocol, and each member's embedded subscription and assignment), as Kafka's admin client
+  falls back from the one to the other;
 * ``--validate-regex PATTERN`` — the RE2 rules the coordinator applies to
   ``SubscribedTopicRegex``; works offline.
 
@@ -15,7 +19,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pystreams.commands import options
@@ -27,6 +31,8 @@ DEFAULT_COORDINATOR = "127.0.0.1:9093"
 GROUP_TYPES = ("consumer", "classic")
 GROUP_STATES = ("empty", "assigning", "reconciling", "stable", "dead",
                 "preparingrebalance", "completingrebalance")  # the last two are classic groups'
+#: ConsumerGroupDescribe v1's MemberType (KAFKA-17750): how each member speaks to the group.
+MEMBER_TYPES = {-1: "unknown", 0: "classic", 1: "consumer"}
 
 
 # --- shared with ``pystreams configs`` ----------------------------------------------------------
@@ -175,11 +181,14 @@ def _list(args: argparse.Namespace, client) -> int:
 
 def format_partitions(topic_partitions: Iterable[Any]) -> str:
     """``foo:0-2,5 bar:1`` — partition ranges by topic name (the topic id when unnamed)."""
-    parts = []
-    for topic in sorted(topic_partitions, key=lambda t: t.topic_name or str(t.topic_id)):
-        if topic.partitions:
-            parts.append(f"{topic.topic_name or topic.topic_id}:{_ranges(sorted(topic.partitions))}")
-    return " ".join(parts) or "-"
+    return format_named({str(t.topic_name or t.topic_id): t.partitions for t in topic_partitions})
+
+
+def format_named(partitions: Mapping[str, Iterable[int]]) -> str:
+    """``foo:0-2,5 bar:1`` from partitions by topic name."""
+    return " ".join(
+        f"{topic}:{_ranges(sorted(numbers))}" for topic, numbers in sorted(partitions.items()) if numbers
+    ) or "-"
 
 
 def _ranges(indexes: list[int]) -> str:
@@ -199,16 +208,24 @@ def _assignment_json(assignment: Any) -> dict[str, list[int]]:
 
 
 def _describe(args: argparse.Namespace, client) -> int:
+    import kafka.errors as Errors
+
     from pystreams.protocol import messages as m
 
     response = client.send(m.ConsumerGroupDescribeRequest(group_ids=[args.describe], include_authorized_operations=False))
     (group,) = response.groups
+    if group.error_code == Errors.GroupIdNotFoundError.errno:
+        # Not a consumer group: perhaps a classic one (Kafka's admin client falls back the same way).
+        (classic,) = client.send(m.DescribeGroupsRequest(groups=[args.describe], include_authorized_operations=False)).groups
+        if not classic.error_code and classic.group_state not in ("Dead", ""):
+            return _describe_classic(args, classic)
     if group.error_code:
         return fail("groups", f"{args.describe}: {error_text(group.error_code, group.error_message)}")
     members = sorted(group.members or [], key=lambda member: member.member_id)
     if args.json:
         print_json({
             "group_id": group.group_id,
+            "group_type": "consumer",
             "group_state": group.group_state,
             "group_epoch": group.group_epoch,
             "assignment_epoch": group.assignment_epoch,
@@ -219,6 +236,7 @@ def _describe(args: argparse.Namespace, client) -> int:
                     "instance_id": member.instance_id,
                     "rack_id": member.rack_id,
                     "member_epoch": member.member_epoch,
+                    "member_type": _member_type(member),
                     "client_id": member.client_id,
                     "client_host": member.client_host,
                     "subscribed_topic_names": list(member.subscribed_topic_names or []),
@@ -230,8 +248,9 @@ def _describe(args: argparse.Namespace, client) -> int:
             ],
         })
         return 0
-    print_table(("GROUP", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR", "MEMBERS"),
-                [(group.group_id, group.group_state, group.group_epoch, group.assignment_epoch, group.assignor_name, len(members))])
+    print_table(("GROUP", "TYPE", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR", "MEMBERS"),
+                [(group.group_id, "consumer", group.group_state, group.group_epoch, group.assignment_epoch,
+                  group.assignor_name, len(members))])
     if not members:
         return 0
     print()
@@ -242,15 +261,85 @@ def _describe(args: argparse.Namespace, client) -> int:
         return " ".join(part for part in (names, regex) if part) or "-"
 
     print_table(
-        ("MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "EPOCH", "SUBSCRIPTION", "ASSIGNMENT", "TARGET-ASSIGNMENT"),
+        ("MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "PROTOCOL", "EPOCH", "SUBSCRIPTION", "ASSIGNMENT",
+         "TARGET-ASSIGNMENT"),
         (
-            (member.member_id, member.instance_id or "-", member.client_id, member.client_host, member.member_epoch,
-             subscription(member), format_partitions(member.assignment.topic_partitions if member.assignment else []),
+            (member.member_id, member.instance_id or "-", member.client_id, member.client_host, _member_type(member),
+             member.member_epoch, subscription(member),
+             format_partitions(member.assignment.topic_partitions if member.assignment else []),
              format_partitions(member.target_assignment.topic_partitions if member.target_assignment else []))
             for member in members
         ),
     )
     return 0
+
+
+def _member_type(member: Any) -> str:
+    """classic / consumer from ConsumerGroupDescribe v1; "unknown" from a v0 coordinator."""
+    return MEMBER_TYPES.get(getattr(member, "member_type", -1), "unknown")
+
+
+def _describe_classic(args: argparse.Namespace, group: Any) -> int:
+    """A classic group, from DescribeGroups: its members' embedded consumer protocol decoded
+    (the subscription comes only while the group is Stable, as Kafka sends it)."""
+    members = sorted(group.members or [], key=lambda member: member.member_id)
+    consumer = group.protocol_type == "consumer"
+    decoded = {member.member_id: _embedded(member) if consumer else (None, None) for member in members}
+    if args.json:
+        print_json({
+            "group_id": group.group_id,
+            "group_type": "classic",
+            "group_state": group.group_state,
+            "protocol_type": group.protocol_type,
+            "protocol": group.protocol_data,
+            "members": [
+                {
+                    "member_id": member.member_id,
+                    "instance_id": member.group_instance_id,
+                    "member_type": "classic",
+                    "client_id": member.client_id,
+                    "client_host": member.client_host,
+                    "subscribed_topic_names": decoded[member.member_id][0],
+                    "assignment": decoded[member.member_id][1],
+                }
+                for member in members
+            ],
+        })
+        return 0
+    print_table(("GROUP", "TYPE", "STATE", "PROTOCOL-TYPE", "PROTOCOL", "MEMBERS"),
+                [(group.group_id, "classic", group.group_state, group.protocol_type or "-", group.protocol_data or "-",
+                  len(members))])
+    if not members:
+        return 0
+    print()
+    print_table(
+        ("MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "PROTOCOL", "SUBSCRIPTION", "ASSIGNMENT"),
+        (
+            (member.member_id, member.group_instance_id or "-", member.client_id, member.client_host, "classic",
+             ",".join(decoded[member.member_id][0] or []) or "-", format_named(decoded[member.member_id][1] or {}))
+            for member in members
+        ),
+    )
+    return 0
+
+
+def _embedded(member: Any) -> tuple[list[str] | None, dict[str, list[int]] | None]:
+    """(subscribed topics, assignment by topic) of a consumer-protocol member; None where the
+    bytes are absent or unreadable."""
+    from pystreams.protocol.consumer_protocol import ConsumerProtocolError, decode_assignment, decode_subscription
+
+    topics = assignment = None
+    try:
+        if member.member_metadata:
+            topics = sorted(decode_subscription(bytes(member.member_metadata)).topics)
+    except ConsumerProtocolError:
+        pass
+    try:
+        decoded = decode_assignment(bytes(member.member_assignment or b""))
+        assignment = {topic: sorted(numbers) for topic, numbers in decoded.partitions.items()}
+    except ConsumerProtocolError:
+        pass
+    return topics, assignment
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,9 +15,10 @@ import signal
 import sys
 
 from pystreams.commands import options
-from pystreams.worker.process import DEFAULT_COMMIT_INTERVAL_MS
+from pystreams.guarantee import ProcessingGuarantee
+from pystreams.worker.process import DEFAULT_COMMIT_INTERVAL_MS, GROUP_PROTOCOLS
 
-HELP = "run an app's stream tasks as a member of its group (KIP-848, client-side task assignment)"
+HELP = "run an app's stream tasks as a member of its group (KIP-848 or classic, client-side task assignment)"
 
 
 
@@ -33,11 +34,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="static membership: leave with -2 and get the same tasks back on restart (env PYSTREAMS_INSTANCE_ID)")
     parser.add_argument("--state-dir", default=env("PYSTREAMS_STATE_DIR") or None,
                         help="where task state lives (env PYSTREAMS_STATE_DIR; default: a temp directory)")
+    parser.add_argument("--group-protocol", type=str.lower, choices=GROUP_PROTOCOLS,
+                        default=(env("PYSTREAMS_GROUP_PROTOCOL") or "consumer").lower(),
+                        help="group.protocol: consumer (KIP-848) or classic (JoinGroup/SyncGroup, cooperative); a fleet "
+                             "migrates online by restarting workers one at a time with the other value "
+                             "(env PYSTREAMS_GROUP_PROTOCOL; default consumer)")
+    parser.add_argument("--session-timeout-ms", type=options.positive_int, default=env("PYSTREAMS_SESSION_TIMEOUT_MS", "45000"),
+                        help="session.timeout.ms of a classic member (a KIP-848 group's is the coordinator's) "
+                             "(env PYSTREAMS_SESSION_TIMEOUT_MS; default 45000)")
+    parser.add_argument("--heartbeat-interval-ms", type=options.positive_int,
+                        default=env("PYSTREAMS_HEARTBEAT_INTERVAL_MS", "3000"),
+                        help="heartbeat.interval.ms of a classic member (env PYSTREAMS_HEARTBEAT_INTERVAL_MS; default 3000)")
     parser.add_argument("--threads", type=options.positive_int, default=env("PYSTREAMS_THREADS", "1"),
                         help="stream threads, one group member each (env PYSTREAMS_THREADS; default 1)")
     parser.add_argument("--commit-interval-ms", type=options.positive_int,
-                        default=env("PYSTREAMS_COMMIT_INTERVAL_MS", str(DEFAULT_COMMIT_INTERVAL_MS)),
-                        help=f"commit.interval.ms (env PYSTREAMS_COMMIT_INTERVAL_MS; default {DEFAULT_COMMIT_INTERVAL_MS})")
+                        default=env("PYSTREAMS_COMMIT_INTERVAL_MS") or None,
+                        help=f"commit.interval.ms (env PYSTREAMS_COMMIT_INTERVAL_MS; default {DEFAULT_COMMIT_INTERVAL_MS}, "
+                             f"{ProcessingGuarantee.EXACTLY_ONCE_V2.default_commit_interval_ms} under exactly_once_v2)")
+    parser.add_argument("--processing-guarantee", type=_guarantee, default=env("PYSTREAMS_PROCESSING_GUARANTEE") or None,
+                        metavar="{at_least_once,exactly_once_v2}",
+                        help="processing.guarantee: exactly_once_v2 commits outputs, state changes and input positions "
+                             "in one Kafka transaction (env PYSTREAMS_PROCESSING_GUARANTEE; default: the app's "
+                             "processing_guarantee, at_least_once unless it says otherwise)")
     parser.add_argument("--user-endpoint", default=env("PYSTREAMS_USER_ENDPOINT", ""),
                         help="HOST:PORT advertised for interactive queries (env PYSTREAMS_USER_ENDPOINT)")
     parser.add_argument("--num-standby-replicas", type=options.non_negative_int, default=env("PYSTREAMS_NUM_STANDBY_REPLICAS", "0"),
@@ -72,6 +90,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "at once (env PYSTREAMS_POD_ANNOTATIONS)")
     parser.add_argument("--log-level", default=env("PYSTREAMS_LOG_LEVEL", "INFO"),
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(env PYSTREAMS_LOG_LEVEL)")
+
+
+def _guarantee(text: str) -> ProcessingGuarantee:
+    try:
+        return ProcessingGuarantee.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _client_tags_from_env(text: str) -> dict[str, str]:
@@ -118,7 +143,11 @@ def run(args: argparse.Namespace) -> int:
             instance_id=args.instance_id,
             state_dir=args.state_dir,
             threads=int(args.threads),
-            commit_interval_ms=int(args.commit_interval_ms),
+            commit_interval_ms=None if args.commit_interval_ms is None else int(args.commit_interval_ms),
+            processing_guarantee=None if args.processing_guarantee is None else _guarantee(str(args.processing_guarantee)),
+            group_protocol=args.group_protocol,
+            session_timeout_ms=int(args.session_timeout_ms),
+            heartbeat_interval_ms=int(args.heartbeat_interval_ms),
             user_endpoint=args.user_endpoint,
             ha=HaConfig(
                 num_standby_replicas=int(args.num_standby_replicas),

@@ -128,7 +128,10 @@ class ClassicGroupManager:
         else:
             response = self._join_new_member(group, request, version, now_ms)
         if is_new_group and self.ctx.savepoint()[0] == savepoint[0]:
-            self._write(group)  # the group exists because a record says so
+            # The group exists because a record says so: an empty one (Kafka's
+            # newEmptyGroupMetadataRecord). Its members are written once a generation forms;
+            # one written now would replay as a Stable member without a protocol.
+            self.ctx.emit(r.ClassicGroupMetadata(group.group_id, ClassicGroup(group.group_id, current_state_timestamp=now_ms).record_value()))
         return response
 
     def _accept_joining_member(self, group: ClassicGroup, member_id: str) -> bool:

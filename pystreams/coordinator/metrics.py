@@ -156,22 +156,21 @@ class CoordinatorMetrics:
 # --- export -------------------------------------------------------------------------------------
 
 
-def _counter(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]], prefix: str = PREFIX) -> CounterMetricFamily:
+def _family(kind: type, name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]], prefix: str = PREFIX) -> Any:
     samples = list(samples)
     labels = sorted(samples[0][0]) if samples and samples[0][0] else []
-    family = CounterMetricFamily(prefix + name, help_text, labels=labels)
+    family = kind(prefix + name, help_text, labels=labels)
     for values, value in samples:
         family.add_metric([values[label] for label in labels], value)
     return family
 
 
 def _gauge(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]], prefix: str = PREFIX) -> GaugeMetricFamily:
-    samples = list(samples)
-    labels = sorted(samples[0][0]) if samples and samples[0][0] else []
-    family = GaugeMetricFamily(prefix + name, help_text, labels=labels)
-    for values, value in samples:
-        family.add_metric([values[label] for label in labels], value)
-    return family
+    return _family(GaugeMetricFamily, name, help_text, samples, prefix)
+
+
+def _counter(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]], prefix: str = PREFIX) -> CounterMetricFamily:
+    return _family(CounterMetricFamily, name, help_text, samples, prefix)
 
 
 class CoordinatorCollector(Collector):

@@ -4,16 +4,21 @@ were assigned (the group member driver decides; this engine executes).
     engine = TaskEngine(resolved, EngineConfig(bootstrap, state_dir),
                         committed_offsets=fetch_from_coordinator)
     engine.start()                      # clients; internal topics created
-    engine.add_tasks(tasks)             # open state, restore from changelogs, seek inputs
+    engine.add_tasks(tasks)             # open state, take over positions, restore, seek inputs
     while running:
         engine.poll()                   # fetch → process → punctuate
-        if time_to_commit:
-            offsets = engine.prepare_commit()   # flush stores → repartition buffers → producer
-            await member.commit_offsets(offsets)  # the caller, with its member epoch
-            engine.complete_commit()            # checkpoint changelog offsets
+        engine.maybe_commit()           # every commit_interval_ms
     engine.revoke_tasks(tasks)          # commit, then close; returns the offsets committed
     engine.lose_tasks(tasks)            # drop, no commit
     engine.close()
+
+How a commit works is the commit strategy's business (:mod:`pystreams.worker.commits`), chosen
+by ``EngineConfig.processing_guarantee``: at-least-once flushes outputs, then commits offsets
+(``commit_offsets``, or ``commit_offsets_in_background`` for periodic commits), then
+checkpoints; exactly-once commits one Kafka transaction per commit with the input positions in
+it, and raises :class:`~pystreams.worker.commits.TaskMigratedError` from ``poll``,
+``maybe_commit``, ``add_tasks``, ``revoke_tasks`` or ``lose_tasks`` when another owner took the
+tasks over (every task was dropped without committing).
 
 The engine is synchronous and single-threaded: an asyncio caller runs it in one worker thread.
 """
@@ -24,7 +29,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -33,6 +38,7 @@ from typing import Any
 from kafka import TopicPartition as KafkaTopicPartition
 
 from pystreams.cluster import ClusterMetadata, TopicSpec
+from pystreams.guarantee import ProcessingGuarantee
 from pystreams.state import CacheLimits, RestoreProgress, TopicPartition
 from pystreams.state.errors import TaskDirectoryLockedError
 from pystreams.state.task_state import read_local_task_offsets
@@ -42,18 +48,39 @@ from pystreams.topology.stores import TypedStore
 
 from .errors import ErrorPolicies, ErrorPolicy, RecordFailure
 from .batch_size import AdaptiveBatchSize
+from .commits import (
+    AtLeastOnceCommits,
+    CommittedOffsetsReader,
+    ExactlyOnceCommits,
+    OffsetCommitter,
+    TaskMigratedError,
+)
 from .kafka_io import DEFAULT_CONSUMER_CONFIG, ChangelogRestorer, RecordSender, make_consumer, make_producer
 from .packing import expand_packed
+from .positions import positions_partition_count, positions_topic
 from .standby import StandbyTask, StandbyUpdater, stateful_tasks
 from .tasks import StreamTask
+from .transaction import CommitOutcome, TransactionError, classify
+from .transaction import TransactionErrorKind
 
 log = logging.getLogger(__name__)
 
-#: Reads committed input offsets (our coordinator's OffsetFetch); partitions without a
-#: committed offset are left out and start from the earliest offset.
-CommittedOffsetsReader = Callable[[Sequence[TopicPartition]], Mapping[TopicPartition, int]]
-#: Commits input offsets (to our coordinator, with the member epoch).
-OffsetCommitter = Callable[[Mapping[TopicPartition, int]], None]
+__all__ = [
+    "CommittedOffsetsReader",
+    "EngineConfig",
+    "ErrorHandling",
+    "OffsetCommitter",
+    "TaskEngine",
+    "TaskMigratedError",
+    "internal_topic_specs",
+    "resolve_against_cluster",
+]
+
+#: Kafka Streams' transaction.timeout.ms under exactly-once: on Apache Kafka, the open
+#: transaction of a producer that died unfenced is aborted after this long.
+EXACTLY_ONCE_TRANSACTION_TIMEOUT_MS = 10_000
+#: How long a task that could not be rebuilt after an aborted transaction waits to retry.
+_REVIVE_RETRY_S = 1.0
 
 _by_timestamp = attrgetter("timestamp")
 
@@ -98,6 +125,10 @@ class EngineConfig:
     client_config: Mapping[str, Any] = field(default_factory=dict)
     #: A poll's records are sized to take about this long to process (see batch_size.py).
     poll_batch_target_ms: float = 100.0
+    processing_guarantee: ProcessingGuarantee = ProcessingGuarantee.AT_LEAST_ONCE
+    #: Exactly-once: the transactional.id of this engine's producer (a stream thread's stable
+    #: identity, see ``process.transactional_id_for``); default: the application id and client id.
+    transactional_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -114,6 +145,23 @@ class EngineCounters:
     process_seconds: float = 0.0
     #: Changelog records applied to standby and warm-up replicas.
     standby_records: int = 0
+    #: Exactly-once: times another owner took this engine's tasks over (all dropped uncommitted).
+    task_migrations: int = 0
+    #: Exactly-once: tasks rebuilt from their changelogs after an aborted transaction.
+    tasks_revived: int = 0
+
+
+def internal_topic_specs(resolved: ResolvedTopology, guarantee: ProcessingGuarantee) -> list[TopicSpec]:
+    """The topics an app's workers create: repartition topics, changelogs and, under
+    exactly-once, the input positions topic (compacted: the latest record per task is what
+    counts)."""
+    specs = [TopicSpec(t.name, t.partitions, configs=dict(t.config)) for t in resolved.topics_to_create()]
+    if guarantee.exactly_once:
+        specs.append(TopicSpec(
+            positions_topic(resolved.topology.app_id), positions_partition_count(resolved),
+            configs={"cleanup.policy": "compact"},
+        ))
+    return specs
 
 
 def resolve_against_cluster(topology: Topology, bootstrap_servers: str, client_config: Mapping[str, Any] | None = None) -> ResolvedTopology:
@@ -143,11 +191,26 @@ class TaskEngine:
             dead_letter_topic=config.dead_letter_topic,
         ))
         self.errors.policies.check()
-        self._committed_offsets = committed_offsets
-        self._commit_offsets = commit_offsets
-        #: Periodic commits hand their offsets here and go on processing (the coordinator may be
-        #: away for a while); commits that end a task's ownership always wait (``commit_offsets``).
-        self._commit_offsets_in_background = commit_offsets_in_background
+        self.guarantee = config.processing_guarantee
+        self._commits: AtLeastOnceCommits | ExactlyOnceCommits
+        if self.guarantee.exactly_once:
+            self.transactional_id = config.transactional_id or f"{self.topology.app_id}-{config.client_id}"
+            self._commits = ExactlyOnceCommits(
+                transactional_id=self.transactional_id,
+                positions_topic=positions_topic(self.topology.app_id),
+                make_positions_consumer=lambda: self._new_consumer("positions", filtered=False, committed_only=False),
+                make_fencing_producer=self._new_fencing_producer,
+                committed_offsets=committed_offsets,
+                commit_offsets=commit_offsets,
+                transaction_timeout_ms=EXACTLY_ONCE_TRANSACTION_TIMEOUT_MS,
+            )
+        else:
+            self.transactional_id = None
+            self._commits = AtLeastOnceCommits(
+                committed_offsets=committed_offsets,
+                commit_offsets=commit_offsets,
+                commit_offsets_in_background=commit_offsets_in_background,
+            )
         self._on_restore_progress = on_restore_progress
         #: Told how long each commit took (seconds): flush, offsets committed, checkpoint.
         self._on_commit = on_commit
@@ -164,6 +227,9 @@ class TaskEngine:
         self._stateful = stateful_tasks(resolved)
         self._sender: RecordSender | None = None
         self._repartition_topics: frozenset[str] = frozenset()
+        #: Exactly-once: tasks whose transaction was aborted, to rebuild before the next poll.
+        self._to_revive: set[TaskId] = set()
+        self._revive_after = 0.0
         self._last_commit = time.monotonic()
         self._batch_size = AdaptiveBatchSize(
             maximum=int({**DEFAULT_CONSUMER_CONFIG, **config.consumer_config}["max_poll_records"]),
@@ -181,29 +247,52 @@ class TaskEngine:
         written = [*self.topology.sink_topics, *self.topology.repartition_topics, *self.topology.changelog_topics]
         if self.errors.dead_letter_topic:
             written.append(self.errors.dead_letter_topic)
-        self._producer = make_producer(self.config.bootstrap_servers, client_id, {**self.config.client_config, **self.config.producer_config}, written)
+        if self.guarantee.exactly_once:
+            written.append(positions_topic(self.topology.app_id))
+        producer_config = {**self.config.client_config, **self.config.producer_config}
+
+        def new_producer(overrides: dict[str, Any]) -> Any:
+            return make_producer(self.config.bootstrap_servers, client_id, {**producer_config, **overrides}, written)
+
+        self._producer = self._commits.open_producer(new_producer, self._producer_replaced)
         self._repartition_topics = frozenset(self.topology.repartition_topics)
         self._sender = RecordSender(
             self._producer, {topic: self.resolved.partitions[topic] for topic in self._repartition_topics}
         )
-        self._consumer = make_consumer(self.config.bootstrap_servers, client_id, {**self.config.client_config, **self.config.consumer_config})
-        restore_consumer = make_consumer(
-            self.config.bootstrap_servers, f"{client_id}-restore", {**self.config.client_config, **self.config.consumer_config}
-        )
-        self._restorer = ChangelogRestorer(restore_consumer)
-        self._standby_updater = StandbyUpdater(
-            make_consumer(self.config.bootstrap_servers, f"{client_id}-standby", {**self.config.client_config, **self.config.consumer_config})
+        self._consumer = self._new_consumer("")
+        end_consumer = self._new_consumer("restore-ends", committed_only=False) if self.guarantee.exactly_once else None
+        self._restorer = ChangelogRestorer(self._new_consumer("restore"), end_consumer=end_consumer)
+        self._standby_updater = StandbyUpdater(self._new_consumer("standby"))
+
+    def _new_consumer(self, role: str, *, filtered: bool = True, committed_only: bool = True) -> Any:
+        """A consumer with the guarantee's settings: under exactly-once ``read_committed`` (unless
+        ``committed_only`` is False) and behind the transaction filter (unless ``filtered`` is
+        False; the positions reader wraps its own)."""
+        client_id = f"{self.config.client_id}-{role}" if role else self.config.client_id
+        overrides = {**self.config.client_config, **self.config.consumer_config}
+        if committed_only:
+            overrides.update(self._commits.consumer_overrides)
+        consumer = make_consumer(self.config.bootstrap_servers, client_id, overrides)
+        return self._commits.wrap_consumer(consumer) if filtered else consumer
+
+    def _new_fencing_producer(self, transactional_id: str) -> Any:
+        from kafka import KafkaProducer
+
+        return KafkaProducer(
+            bootstrap_servers=self.config.bootstrap_servers, client_id=f"{self.config.client_id}-fencer",
+            transactional_id=transactional_id, enable_idempotence=True, **self.config.client_config,
         )
 
+    def _producer_replaced(self, producer: Any) -> None:
+        self._producer = producer
+        if self._sender is not None:
+            self._sender.replace_producer(producer)
+
     def ensure_internal_topics(self) -> None:
-        """Repartition topics (cleanup.policy=delete) and changelogs (compacted), sized by
-        the resolved topology."""
-        specs = [
-            TopicSpec(topic.name, topic.partitions, configs=dict(topic.config))
-            for topic in self.resolved.topics_to_create()
-        ]
+        """Repartition topics (cleanup.policy=delete), changelogs (compacted) and, under
+        exactly-once, the input positions, sized by the resolved topology."""
         with ClusterMetadata(self.config.bootstrap_servers, **self.config.client_config) as cluster:
-            cluster.ensure_topics(specs)
+            cluster.ensure_topics(internal_topic_specs(self.resolved, self.guarantee))
 
     def close(self) -> None:
         """Revoke every task (committing), then close the clients."""
@@ -211,9 +300,9 @@ class TaskEngine:
             if self._tasks and self._sender is not None:
                 self.revoke_tasks(list(self._tasks))
         finally:
-            for client in (self._consumer, self._producer):
-                if client is not None:
-                    client.close()
+            self._commits.close()
+            if self._consumer is not None:
+                self._consumer.close()
             if self._standby_updater is not None:
                 for task_id in list(self._standby_updater.tasks):
                     self._close_standby(task_id)
@@ -235,19 +324,26 @@ class TaskEngine:
     def tasks(self) -> Mapping[TaskId, StreamTask]:
         return self._tasks
 
-    def add_tasks(self, task_ids: Iterable[TaskId]) -> dict[TaskId, dict[str, int]]:
-        """Open, restore (to the changelog end, reporting progress) and start the tasks;
-        returns the records restored per task and store, for the tasks started. A task whose
-        state directory is locked by another engine on the same directory (a sibling stream
-        thread's replica of it, not closed yet) is left out: the caller starts it later."""
+    def add_tasks(self, task_ids: Iterable[TaskId], *, _reviving: bool = False) -> dict[TaskId, dict[str, int]]:
+        """Open the tasks, find where their inputs resume (under exactly-once: take them over
+        from their previous owners), restore their stores (to the changelog end, reporting
+        progress) and start them; returns the records restored per task and store. A task
+        whose state directory is locked by another engine on the same directory (a sibling
+        stream thread's replica of it, not closed yet) is left out: the caller starts it later.
+        If any task fails to start, none of them does (what was restored is kept)."""
         assert self._restorer is not None and self._sender is not None, "start() the engine first"
-        restored: dict[TaskId, dict[str, int]] = {}
-        new_tasks = []
-        for task_id in sorted(set(task_ids) - self._tasks.keys()):
+        self._commits.ensure_open()
+        wanted = sorted(set(task_ids) - self._tasks.keys())
+        if wanted and self.guarantee.exactly_once and self._tasks:
+            # This thread's transaction must not stay open through a restore, which may take long:
+            # it would hold back every read_committed reader of what the running tasks wrote.
+            self._commit_all()
+        new_tasks: list[StreamTask] = []
+        for task_id in wanted:
             # Promotion: the replica's checkpoint is where the active's restore starts.
             self._close_standby(task_id)
             try:
-                task = StreamTask(
+                new_tasks.append(StreamTask(
                     self.resolved,
                     task_id,
                     state_dir=self.config.state_dir,
@@ -256,36 +352,49 @@ class TaskEngine:
                     cache_limits=self.config.cache_limits,
                     checkpoint_min_records=self.config.checkpoint_min_records,
                     on_restore_progress=self._on_restore_progress,
-                )
+                ))
             except TaskDirectoryLockedError as error:
                 log.info("task %s not started yet: %s", task_id, error)
-                continue
-            try:
-                restored[task_id] = task.restore(self._restorer)
+        if not new_tasks:
+            return {}
+        restored: dict[TaskId, dict[str, int]] = {}
+        try:
+            # Positions first: under exactly-once the takeover fences a previous owner, whose
+            # open transaction would otherwise hold the changelogs back from the restore.
+            positions = self._commits.resume(new_tasks, reviving=_reviving)
+            for task in new_tasks:
+                restored[task.id] = task.restore(self._restorer)
                 task.initialize()
-            except BaseException:
-                # Nothing was processed: keep what was restored (checkpointed on close) so a
-                # retry resumes the restore instead of starting over.
+        except BaseException:
+            # Nothing was processed: keep what was restored (checkpointed on close) so a
+            # retry resumes the restore instead of starting over.
+            for task in new_tasks:
                 task.close_clean()
-                raise
-            self._tasks[task_id] = task
-            new_tasks.append(task)
+            raise
+        for task in new_tasks:
+            self._tasks[task.id] = task
             for partition in task.input_partitions:
                 self._task_of_partition[partition] = task
-        new_partitions = [p for task in new_tasks for p in task.input_partitions]
-        if new_partitions:
-            self._assign_inputs()
-            committed = dict(self._committed_offsets(new_partitions)) if self._committed_offsets else {}
-            log.info("input resumes at %s", ", ".join(
-                f"{p.topic}-{p.partition}@{committed.get(p, 'beginning')}" for p in sorted(new_partitions)))
-            for partition in new_partitions:
-                offset = committed.get(partition)
+        self._assign_inputs()
+        log.info("input resumes at %s", ", ".join(
+            f"{p.topic}-{p.partition}@{positions[t.id].get(p, 'beginning')}" for t in new_tasks for p in sorted(t.input_partitions)))
+        for task in new_tasks:
+            for partition in task.input_partitions:
+                offset = positions[task.id].get(partition)
                 kafka_partition = KafkaTopicPartition(*partition)
                 if offset is None:
                     self._consumer.seek_to_beginning(kafka_partition)
                 else:
                     self._consumer.seek(kafka_partition, offset)
-                    self._task_of_partition[partition].mark_consumed(partition, offset)
+                    task.mark_consumed(partition, offset)
+        if self._commits.tasks_started(new_tasks):
+            # Exactly-once: the claims commit before the tasks process anything, so a crash
+            # from now on names this thread as the owner to fence.
+            outcome = self._commit_all()
+            if outcome is not CommitOutcome.COMMITTED:
+                claimed = [t.id for t in new_tasks if t.id in self._tasks]
+                self._drop(claimed)
+                raise RuntimeError(f"tasks {', '.join(map(str, claimed))} not started: their claim did not commit ({outcome.value})")
         return restored
 
     # -- standby and warm-up replicas ---------------------------------------------------------
@@ -305,7 +414,7 @@ class TaskEngine:
             return
         for task_id in [t for t in updater.tasks if t not in self._wanted_standbys or t in self._tasks]:
             self._close_standby(task_id)
-        for task_id in sorted(self._wanted_standbys - self._tasks.keys() - updater.tasks.keys()):
+        for task_id in sorted(self._wanted_standbys - self._tasks.keys() - updater.tasks.keys() - self._to_revive):
             try:
                 standby = StandbyTask(
                     self.resolved, task_id, state_dir=self.config.state_dir,
@@ -349,28 +458,68 @@ class TaskEngine:
         return lags
 
     def revoke_tasks(self, task_ids: Iterable[TaskId]) -> dict[TopicPartition, int]:
-        """Commit the tasks, then close them; returns the input offsets committed."""
+        """Commit the tasks (under exactly-once: every task, releasing these), then close them;
+        returns the input offsets committed."""
+        task_ids = [t for t in task_ids if t in self._tasks or t in self._to_revive]
+        self._to_revive -= set(task_ids)  # rebuilt for nothing: they are leaving
         tasks = [self._tasks[t] for t in task_ids if t in self._tasks]
         if not tasks:
             return {}
-        offsets = self._commit(tasks)
+        offsets = {p: o for task in tasks for p, o in task.next_offsets.items()}
+        outcome = self._commit(tasks, releasing={t.id for t in tasks})
+        if outcome is CommitOutcome.ABORTED:
+            assert self._sender is not None
+            try:
+                self._commits.release(self._sender, [t.id for t in tasks])
+            except Exception:
+                log.warning("releasing tasks %s after their aborted commit failed; their next owner fences this thread",
+                            ", ".join(str(t.id) for t in tasks), exc_info=True)
         for task in tasks:
-            task.close_clean()
+            if task.id not in self._tasks:
+                continue  # dropped by the commit's failure
+            if outcome is CommitOutcome.COMMITTED:
+                task.close_clean()
+            else:
+                task.close_dirty()  # its last outputs were aborted: the next owner redoes them
             self._forget(task)
         self._assign_inputs()
         self._reconcile_standbys()  # a demoted active may stay here as a replica
-        return offsets
+        return offsets if outcome is CommitOutcome.COMMITTED else {}
 
     def lose_tasks(self, task_ids: Iterable[TaskId]) -> None:
-        """Drop the tasks without committing (another member may own them already)."""
+        """Drop the tasks without committing (another member may own them already). Under
+        exactly-once the thread's open transaction goes with them, and the other tasks that
+        wrote into it are rebuilt."""
+        lost = set(task_ids)
+        self._to_revive -= lost
+        tasks = [self._tasks[t] for t in sorted(lost) if t in self._tasks]
+        if not tasks:
+            return
+        if self.guarantee.exactly_once:
+            assert self._sender is not None
+            dirty = [t for t in self._tasks.values() if t.dirty]
+            outcome = self._commits.abort(self._sender) if dirty else CommitOutcome.ABORTED
+            if outcome is CommitOutcome.MIGRATED:
+                self._migrated("the abort of its transaction found the producer fenced")
+            self._drop([t.id for t in tasks])
+            self._schedule_revive([t for t in dirty if t.id not in lost])
+        else:
+            self._drop([t.id for t in tasks])
+        self._reconcile_standbys()
+
+    def _drop(self, task_ids: Iterable[TaskId]) -> None:
+        """Close tasks without committing: cached writes are dropped and the local state is
+        wiped (RocksDB may hold writes that no commit covers)."""
+        dropped = []
         for task_id in task_ids:
             task = self._tasks.get(task_id)
             if task is None:
                 continue
             task.close_dirty()
             self._forget(task)
+            dropped.append(task_id)
+        self._commits.forget(dropped)
         self._assign_inputs()
-        self._reconcile_standbys()
 
     def _forget(self, task: StreamTask) -> None:
         del self._tasks[task.id]
@@ -382,12 +531,51 @@ class TaskEngine:
         if self._consumer is not None:
             self._consumer.assign([KafkaTopicPartition(*p) for p in self._task_of_partition])
 
+    # -- exactly-once failures ------------------------------------------------------------------
+
+    def _migrated(self, reason: str) -> None:
+        """Another owner has the tasks: drop them all, uncommitted, and say so."""
+        dropped = sorted(self._tasks) + sorted(self._to_revive)
+        self._to_revive.clear()
+        self._drop(list(self._tasks))
+        self.counters.task_migrations += 1
+        raise TaskMigratedError(f"tasks {', '.join(map(str, dropped)) or '(none)'} dropped without committing: {reason}")
+
+    def _schedule_revive(self, tasks: Iterable[StreamTask]) -> None:
+        """Tasks whose state holds writes of an aborted transaction: closed (wiped) now,
+        rebuilt from their changelogs and positions before the next poll."""
+        ids = [t.id for t in tasks if t.id in self._tasks]
+        if not ids:
+            return
+        log.warning("rebuilding tasks %s: their last writes were aborted", ", ".join(map(str, ids)))
+        self._drop(ids)
+        self._to_revive.update(ids)
+
+    def _revive(self) -> None:
+        if time.monotonic() < self._revive_after:
+            return
+        ids = sorted(self._to_revive)
+        try:
+            self.add_tasks(ids, _reviving=True)
+        except TaskMigratedError:
+            self._to_revive.clear()
+            self._migrated("a task's positions were written by another owner after this thread's")
+        except Exception:
+            log.exception("rebuilding tasks %s failed; retrying", ", ".join(map(str, ids)))
+            self._revive_after = time.monotonic() + _REVIVE_RETRY_S
+            return
+        started = set(ids) & self._tasks.keys()
+        self.counters.tasks_revived += len(started)
+        self._to_revive -= started
+
     # -- processing -----------------------------------------------------------------------
 
     def poll(self, timeout_ms: int | None = None) -> int:
         """Fetch once, process what came, run due wall-clock punctuations; returns the number
         of records processed."""
         timeout = timeout_ms if timeout_ms is not None else self.config.poll_timeout_ms
+        if self._to_revive:
+            self._revive()
         updater = self._standby_updater
         if updater is not None and self._wanted_standbys - updater.tasks.keys() - self._tasks.keys():
             self._reconcile_standbys()
@@ -403,9 +591,29 @@ class TaskEngine:
             self._punctuate_wall_clock()
             self._send_repartition_buffers()
             return 0
+        try:
+            self._commits.ensure_open()
+        except TransactionError:
+            raise  # fatal: authorization, configuration
+        except Exception as error:
+            self._migrated(f"its transaction could not be opened ({error!r})")
         if following:
             counters.standby_records += updater.poll(0)
         fetched = self._consumer.poll(timeout_ms=timeout, max_records=self._batch_size.limit)
+        try:
+            return self._process(fetched)
+        except TaskMigratedError:
+            raise
+        except Exception as error:
+            if self.guarantee.exactly_once and classify(error) is TransactionErrorKind.FENCED:
+                # kafka-python refuses sends once the producer is fenced: the tasks are someone else's.
+                assert self._sender is not None
+                self._commits.abort(self._sender)
+                self._migrated(f"its producer was fenced ({error!r})")
+            raise
+
+    def _process(self, fetched: Mapping[Any, list[Any]]) -> int:
+        counters = self.counters
         started = time.perf_counter()
         count = 0
         kafka_records = 0  # what max_records counts: a packed repartition record is one
@@ -458,47 +666,48 @@ class TaskEngine:
 
     # -- commit ---------------------------------------------------------------------------
 
-    def prepare_commit(self, tasks: Iterable[StreamTask] | None = None) -> dict[TopicPartition, int]:
-        """Flush store caches (folded changelog writes and forwards), then the repartition
-        buffers and the producer (``RecordSender.flush``); returns the input offsets to commit.
-        Call ``complete_commit`` once they are committed."""
-        assert self._sender is not None
-        selected = list(self._tasks.values() if tasks is None else tasks)
-        for task in selected:
-            task.flush()
-        self._sender.flush()
-        offsets: dict[TopicPartition, int] = {}
-        for task in selected:
-            offsets.update(task.next_offsets)
-        return offsets
-
-    def complete_commit(self, tasks: Iterable[StreamTask] | None = None) -> None:
-        """Checkpoint the changelog offsets the stores now reflect."""
-        for task in list(self._tasks.values() if tasks is None else tasks):
-            task.checkpoint()
-        if tasks is None:
-            for standby in self.standby_tasks.values():
-                standby.checkpoint()
-        self._last_commit = time.monotonic()
-
     def commit(self) -> dict[TopicPartition, int]:
-        """``prepare_commit``, the committer given to the engine (if any), ``complete_commit``."""
-        return self._commit(list(self._tasks.values()))
+        """Commit every task now; returns the input offsets committed."""
+        offsets = {p: o for task in self._tasks.values() for p, o in task.next_offsets.items()}
+        outcome = self._commit_all()
+        return offsets if outcome is CommitOutcome.COMMITTED else {}
 
-    def _commit(self, tasks: list[StreamTask], *, in_background: bool = False) -> dict[TopicPartition, int]:
+    def _commit_all(self, *, background: bool = False) -> CommitOutcome:
+        return self._commit(list(self._tasks.values()), background=background)
+
+    def _commit(self, tasks: list[StreamTask], *, releasing: Collection[TaskId] = (), background: bool = False) -> CommitOutcome:
+        """Commit ``tasks`` (under exactly-once the thread's transaction covers every task, so
+        all of them are committed) and checkpoint replicas; then deal with the outcome: tasks
+        whose writes were aborted are rebuilt, migrated ones raise TaskMigratedError."""
+        assert self._sender is not None
+        if not self._tasks:
+            self._last_commit = time.monotonic()
+            return CommitOutcome.COMMITTED
         started = time.perf_counter()
-        offsets = self.prepare_commit(tasks)
-        committer = self._commit_offsets_in_background if in_background and self._commit_offsets_in_background else self._commit_offsets
-        if committer is not None and offsets:
-            committer(offsets)
-        self.complete_commit(tasks)
-        if self._on_commit is not None:
-            self._on_commit(time.perf_counter() - started)
-        return offsets
+        if self.guarantee.exactly_once:
+            tasks = list(self._tasks.values())
+        try:
+            outcome = self._commits.commit(self._sender, tasks, releasing=releasing, background=background)
+        except Exception:
+            if self.guarantee.exactly_once:  # the transaction was aborted: rebuild what wrote into it
+                self._schedule_revive([t for t in self._tasks.values() if t.dirty and t.id not in releasing])
+            raise
+        self._last_commit = time.monotonic()
+        if outcome is CommitOutcome.COMMITTED:
+            if len(tasks) == len(self._tasks):
+                for standby in self.standby_tasks.values():
+                    standby.checkpoint()
+            if self._on_commit is not None:
+                self._on_commit(time.perf_counter() - started)
+        elif outcome is CommitOutcome.MIGRATED:
+            self._migrated("the coordinator or a newer producer fenced this thread")
+        else:
+            self._schedule_revive([t for t in self._tasks.values() if t.dirty and t.id not in releasing])
+        return outcome
 
-    def maybe_commit(self) -> dict[TopicPartition, int] | None:
+    def maybe_commit(self) -> CommitOutcome | None:
         if (time.monotonic() - self._last_commit) * 1000 >= self.config.commit_interval_ms:
-            return self._commit(list(self._tasks.values()), in_background=True)
+            return self._commit_all(background=True)
         return None
 
     def run(self, *, until: Callable[[], bool] | None = None, timeout_s: float | None = None) -> int:
@@ -539,6 +748,22 @@ class TaskEngine:
         """Records the producer confirmed written (outputs, changelogs, packed repartition
         records), counted when a flush checks them."""
         return self._sender.records_sent if self._sender is not None else 0
+
+    @property
+    def transactions_committed(self) -> int:
+        """Exactly-once: transactions this engine's producers committed."""
+        return self._commits.transactions_committed
+
+    @property
+    def transactions_aborted(self) -> int:
+        return self._commits.transactions_aborted
+
+    @property
+    def aborted_records_dropped(self) -> int:
+        """Exactly-once: records of aborted transactions the fetch-side filter dropped (since
+        each partition was last sought): what the embedded broker hands read_committed readers."""
+        consumers = [self._consumer, getattr(self._standby_updater, "_consumer", None), getattr(self._restorer, "_consumer", None)]
+        return sum(getattr(c, "aborted_records", 0) for c in consumers if c is not None)
 
     def input_lags(self) -> dict[TaskId, int]:
         """Records each active task is behind the end of its input partitions: the high

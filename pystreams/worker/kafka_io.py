@@ -102,6 +102,18 @@ class RecordSender:
         self._send = producer.send
         self.repartition_buffers = RepartitionBuffers(repartition_partitions or {})
 
+    def replace_producer(self, producer: KafkaProducer) -> None:
+        """Send through ``producer`` from now on (exactly-once replaces a fenced one); what
+        was pending on the old one is forgotten (its transaction is gone)."""
+        self.producer = producer
+        self._send = producer.send
+        self.discard()
+
+    def discard(self) -> None:
+        """Forget unsent repartition buffers and unchecked sends (an aborted transaction)."""
+        self._pending = []
+        self.repartition_buffers.clear()
+
     def repartition_sink(self, topic: str) -> RepartitionSink:
         return self.repartition_buffers.sink(topic)
 
@@ -183,25 +195,37 @@ class ProducerChangelogSink:
         self._last_send.clear()
 
 
-class ChangelogRestorer:
-    """Reads changelog partitions for restore with its own manual-assignment consumer."""
+def _held(consumer: Any, tp: KafkaTopicPartition) -> int:
+    """Records a filtered consumer fetched that wait for their transaction's marker."""
+    held = getattr(consumer, "held", None)
+    return held(tp) if held is not None else 0
 
-    def __init__(self, consumer: KafkaConsumer, *, fetch_timeout_s: float = 30.0) -> None:
+
+class ChangelogRestorer:
+    """Reads changelog partitions for restore with its own manual-assignment consumer.
+
+    Under exactly-once the reading consumer is ``read_committed`` with the transaction filter,
+    and ``end_consumer`` (``read_uncommitted``) finds the ends: the embedded broker answers a
+    ``read_committed`` ListOffsets with 0 while any transaction is open on the partition."""
+
+    def __init__(self, consumer: Any, *, fetch_timeout_s: float = 30.0, end_consumer: Any = None) -> None:
         self._consumer = consumer
+        self._end_consumer = consumer if end_consumer is None else end_consumer
         self._fetch_timeout_s = fetch_timeout_s
 
     def true_end_offset(self, changelog: TopicPartition) -> int:
         """One past the last record of the partition, checked by fetching the last batch."""
         tp = KafkaTopicPartition(*changelog)
-        self._consumer.assign([tp])
-        reported = self._consumer.end_offsets([tp])[tp]
+        consumer = self._end_consumer
+        consumer.assign([tp])
+        reported = consumer.end_offsets([tp])[tp]
         if reported <= 0:
             return 0
-        self._consumer.seek(tp, reported - 1)
+        consumer.seek(tp, reported - 1)
         deadline = time.monotonic() + self._fetch_timeout_s
         while time.monotonic() < deadline:
-            batch = self._consumer.poll(timeout_ms=200).get(tp)
-            position = self._consumer.position(tp)
+            batch = consumer.poll(timeout_ms=200).get(tp)
+            position = consumer.position(tp)
             # A fetch returns whole batches: after one, the position is past the last record.
             # (Without records — the end is a compacted gap or a marker — the position still
             # moves past what was fetched.)
@@ -209,29 +233,56 @@ class ChangelogRestorer:
                 return max(reported, position)
         raise TimeoutError(f"could not fetch the end of changelog {changelog.topic}-{changelog.partition}")
 
+    #: Exactly-once: a read_committed restore that makes no progress this long goes on through
+    #: the end consumer (read_uncommitted) behind the transaction filter, which waits for the same
+    #: markers. The embedded broker was seen holding its last stable offset back for tens of
+    #: seconds after the transactions below it had ended.
+    STALL_FALLBACK_S = 5.0
+
     def read(
         self, changelog: TopicPartition, start_offset: int | None, end_offset: int
     ) -> Iterator[Sequence[ChangelogRecord]]:
         """Batches of changelog records from ``start_offset`` (None: the beginning) up to
         ``end_offset`` exclusive."""
         tp = KafkaTopicPartition(*changelog)
-        self._consumer.assign([tp])
-        if start_offset is None:
-            self._consumer.seek_to_beginning(tp)
-        else:
-            self._consumer.seek(tp, start_offset)
+        consumer = self._consumer
+        self._start(consumer, tp, start_offset)
         deadline = time.monotonic() + self._fetch_timeout_s
-        while self._consumer.position(tp) < end_offset:
-            records = self._consumer.poll(timeout_ms=200).get(tp)
+        stalled_since = time.monotonic()
+        next_offset = start_offset
+        while consumer.position(tp) < end_offset or _held(consumer, tp):
+            records = consumer.poll(timeout_ms=200).get(tp)
             if not records:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if (now - stalled_since > self.STALL_FALLBACK_S and consumer is not self._end_consumer
+                        and hasattr(self._end_consumer, "held")):
+                    log.warning("restoring %s-%d: read_committed makes no progress at offset %d (end %d); reading on "
+                                "read_uncommitted behind the transaction filter", changelog.topic, changelog.partition,
+                                consumer.position(tp), end_offset)
+                    consumer = self._end_consumer
+                    self._start(consumer, tp, next_offset)
+                    stalled_since = now
+                if now > deadline:
                     raise TimeoutError(
                         f"restoring {changelog.topic}-{changelog.partition}: stuck at offset "
-                        f"{self._consumer.position(tp)} before the end {end_offset}"
+                        f"{consumer.position(tp)} before the end {end_offset}"
+                        + (f" ({_held(consumer, tp)} records of a transaction not resolved yet)" if _held(consumer, tp) else "")
                     )
                 continue
             deadline = time.monotonic() + self._fetch_timeout_s
+            stalled_since = time.monotonic()
+            next_offset = records[-1].offset + 1
             yield [ChangelogRecord(r.offset, r.key, r.value) for r in records if r.offset < end_offset]
+
+    @staticmethod
+    def _start(consumer: Any, tp: KafkaTopicPartition, offset: int | None) -> None:
+        consumer.assign([tp])
+        if offset is None:
+            consumer.seek_to_beginning(tp)
+        else:
+            consumer.seek(tp, offset)
 
     def close(self) -> None:
         self._consumer.close()
+        if self._end_consumer is not self._consumer:
+            self._end_consumer.close()

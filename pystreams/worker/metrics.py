@@ -27,6 +27,11 @@ pystreams_standby_records_total {thread}           update-total of standby tasks
 pystreams_standby_lag_records {thread,task,kind}   standby/warm-up changelog lag
 pystreams_rebalance_duration_seconds {thread}      rebalance-latency (histogram; _count = rebalances)
 pystreams_stream_thread_state {thread,state}       stream thread state (1 for the current one)
+pystreams_transactions_committed_total {thread}    exactly-once: commit-total of the thread's producer
+pystreams_transactions_aborted_total {thread}      exactly-once: aborted transactions (tasks rebuilt)
+pystreams_task_migrations_total {thread}           exactly-once: TaskMigrated (fenced; tasks dropped)
+pystreams_tasks_revived_total {thread}             exactly-once: TaskCorrupted (rebuilt from changelogs)
+pystreams_aborted_records_dropped_total {thread}   records of aborted transactions the fetch filter dropped
 pystreams_state_bytes {task}                       RocksDB size: bytes on disk per task directory
 pystreams_state_volume_free_bytes / _size_bytes    the state directory's file system
 pystreams_worker_ready                             what /readyz answers (1 ready, 0 not)
@@ -71,7 +76,7 @@ class WorkerMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.commit_latency = Histogram(
             PREFIX + "commit_latency_seconds", "Time to commit a stream thread's tasks: flush stores and "
-            "producer, commit offsets, checkpoint", ["thread"], buckets=_COMMIT_BUCKETS, registry=self.registry,
+            "producer, commit offsets, checkpoint (exactly-once: the whole transaction)", ["thread"], buckets=_COMMIT_BUCKETS, registry=self.registry,
         )
         self.rebalance_duration = Histogram(
             PREFIX + "rebalance_duration_seconds", "From a membership change reaching a stream thread until its "
@@ -146,6 +151,7 @@ class _WorkerCollector(Collector):
         yield from self._lags(threads)
         yield from self._restores(threads)
         yield from self._states(threads)
+        yield from self._transactions(threads)
         yield from self._state_sizes()
         ready = GaugeMetricFamily(PREFIX + "worker_ready", "1 when every stream thread has its active tasks restored and running")
         ready.add_metric([], 1.0 if self._ready() else 0.0)
@@ -214,6 +220,27 @@ class _WorkerCollector(Collector):
             active.add_metric([thread.name], len(thread.running_tasks))
             replicas.add_metric([thread.name], len(thread.engine.standby_tasks))
         yield from (state, active, replicas)
+
+    @staticmethod
+    def _transactions(threads: Iterable[StreamThread]) -> Iterator[Metric]:
+        committed = CounterMetricFamily(PREFIX + "transactions_committed", "Exactly-once: transactions committed "
+                                        "(one per commit of a stream thread)", labels=["thread"])
+        aborted = CounterMetricFamily(PREFIX + "transactions_aborted", "Exactly-once: transactions aborted; the "
+                                      "tasks that wrote into them are rebuilt", labels=["thread"])
+        migrations = CounterMetricFamily(PREFIX + "task_migrations", "Exactly-once: times another owner took the "
+                                         "thread's tasks over (fenced); they were dropped uncommitted", labels=["thread"])
+        revived = CounterMetricFamily(PREFIX + "tasks_revived", "Exactly-once: tasks rebuilt from their changelogs "
+                                      "after an aborted transaction", labels=["thread"])
+        dropped = CounterMetricFamily(PREFIX + "aborted_records_dropped", "Records of aborted transactions the "
+                                      "fetch-side filter dropped", labels=["thread"])
+        for thread in threads:
+            engine, label = thread.engine, [thread.name]
+            committed.add_metric(label, engine.transactions_committed)
+            aborted.add_metric(label, engine.transactions_aborted)
+            migrations.add_metric(label, engine.counters.task_migrations)
+            revived.add_metric(label, engine.counters.tasks_revived)
+            dropped.add_metric(label, engine.aborted_records_dropped)
+        yield from (committed, aborted, migrations, revived, dropped)
 
     def _state_sizes(self) -> Iterator[Metric]:
         sizes = GaugeMetricFamily(PREFIX + "state_bytes", "Bytes on disk of each task's state directory (RocksDB "

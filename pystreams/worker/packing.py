@@ -140,6 +140,13 @@ class RepartitionBuffers:
                     entries.clear()  # in place: the sinks hold this list
 
 
+    def clear(self) -> None:
+        """Drop every buffered entry unsent (their transaction was aborted)."""
+        for buffers in self._buffers.values():
+            for entries in buffers:
+                entries.clear()  # in place: the sinks hold these lists
+
+
 def _pack(entries: list[PackedEntry]) -> list[bytes]:
     packed = _encode_entries(entries)
     if len(packed) <= MAX_PACKED_BYTES or len(entries) == 1:

@@ -1,6 +1,14 @@
 """The stream-worker process: group membership (KIP-848, client-side task assignment) around
 the synchronous :class:`~pystreams.worker.engine.TaskEngine`.
 
+**Group protocol** (Kafka's ``group.protocol``): ``consumer`` (the default) makes each stream
+thread a KIP-848 member; ``classic`` makes it a classic member (JoinGroup/SyncGroup) whose
+subscription userData carries the same Streams metadata, whose elected leader runs the same
+task assignor, and which rebalances cooperatively (only moving tasks are revoked). Both members
+hand the stream thread the same events, so nothing below depends on the protocol; a fleet can
+run classic, roll to consumer one worker at a time (the coordinator converts the group) and
+roll back.
+
 Design — **one asyncio loop, one engine thread per stream thread.**
 
 * The process's main thread runs one asyncio loop. It drives one :class:`MemberDriver` per
@@ -19,6 +27,18 @@ Design — **one asyncio loop, one engine thread per stream thread.**
   with its member id and epoch (OffsetCommit v9, by topic name). STALE_MEMBER_EPOCH → wait for
   the next heartbeat (which brings the new epoch) and commit again. The loop is never blocked
   by the engine, so these hops cannot deadlock.
+* Which callbacks the engine gets depends on ``processing.guarantee`` (the engine's commit
+  strategy does the rest): at-least-once gets a background committer for periodic commits and
+  a blocking one for revocations; exactly-once gets the *membership gate* — the offsets go to
+  the coordinator synchronously inside each commit, before the Kafka transaction commits, and a
+  refusal (fenced or unknown member) aborts it. A coordinator that does not answer within
+  ``_GATE_TIMEOUT_S`` does not stop commits (the positions in the transaction keep them exact):
+  the offsets follow in the background until it answers again.
+* Exactly-once gives each stream thread a transactional producer whose ``transactional.id`` is
+  stable across restarts (:func:`transactional_id_for`): the static instance id, else a process
+  id persisted in the state directory. When the engine reports the thread's tasks migrated
+  (fenced), the thread drops them, waits for a heartbeat to hear what it owns now, and starts
+  those tasks again.
 
 Tasks start only when *all* their input partitions are owned (co-partitioning: the assignor
 hands them out together; during an incremental hand-off they may arrive in several events),
@@ -52,6 +72,8 @@ from pystreams.assignors.streams import AssignmentError, MemberReason, StickyTas
 from pystreams.assignors.streams.placement import HaConfig
 from pystreams.partitions import TopicIdPartition
 from pystreams.protocol.security import ClientSecurity
+from pystreams.assignors.api import TopicMetadata
+from pystreams.client.classic import ClassicMemberConfig
 from pystreams.client.driver import MemberDriver
 from pystreams.client.member import (
     LeftGroup,
@@ -64,14 +86,18 @@ from pystreams.client.member import (
     PartitionsLost,
     RevokePartitions,
 )
-from pystreams.cluster import ClusterMetadata, TopicSpec
+from pystreams.cluster import ClusterMetadata
+from pystreams.guarantee import ProcessingGuarantee
 from pystreams.state import TopicPartition
 from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology
 
-from .engine import EngineConfig, TaskEngine, resolve_against_cluster
+from .commits import TaskMigratedError
+from .engine import EngineConfig, TaskEngine, internal_topic_specs, resolve_against_cluster
 from .errors import MissingDeadLetterTopic, RecordProcessingError, skip_hint
+from .identity import ProcessIdentity, transactional_id_for
 from .progress import LagSnapshot, ReplicaProgressLog, RestoreTracker
+from .transaction import MembershipLost
 from .warmup import WarmUpTracker
 
 if TYPE_CHECKING:  # aiohttp and prometheus_client load only for a worker that serves HTTP
@@ -81,13 +107,20 @@ if TYPE_CHECKING:  # aiohttp and prometheus_client load only for a worker that s
 log = logging.getLogger(__name__)
 
 #: Kafka Streams commits every 30 s; this project's demos and tests want results sooner, and
-#: a short interval also bounds what a crash makes the next owner reprocess.
-DEFAULT_COMMIT_INTERVAL_MS = 1000
+#: a short interval also bounds what a crash makes the next owner reprocess. Under exactly-once
+#: the default is 100 ms (``ProcessingGuarantee.default_commit_interval_ms``).
+DEFAULT_COMMIT_INTERVAL_MS = ProcessingGuarantee.AT_LEAST_ONCE.default_commit_interval_ms
 #: How long a commit or offset fetch (made from the engine thread) may wait for the loop.
 _OFFSETS_CALL_TIMEOUT_S = 30.0
 #: A static member refused this long is more likely a duplicate instance id than a crash-restart.
 _UNRELEASED_ALARM_S = 120.0
 _STALE_EPOCH_RETRIES = 5
+#: Exactly-once: how long a commit waits for the coordinator's word before going on without it.
+_GATE_TIMEOUT_S = 5.0
+#: How long a task that failed to start waits before the next try.
+_START_RETRY_S = 1.0
+#: OffsetCommit errors that mean the member no longer owns what it commits.
+_MEMBERSHIP_ERRORS = frozenset({22, 25, 82, 110})  # ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, FENCED_MEMBER_EPOCH
 #: How soon a task whose state a sibling thread's replica still locks is started again.
 _LOCKED_TASK_RETRY_S = 0.2
 #: How long a worker that asked the application to shut down waits to hear the answer.
@@ -99,6 +132,11 @@ LEAVE_TIMEOUT_S = 30.0
 _REBALANCE_WATCH_S = 0.1
 #: Member states in which the member is in the group with an assignment it acts on.
 _IN_GROUP = frozenset({MemberState.STABLE, MemberState.RECONCILING, MemberState.ACKNOWLEDGING})
+#: Kafka's ``group.protocol`` values.
+GROUP_PROTOCOLS = ("consumer", "classic")
+#: How often a classic member's topic metadata is refreshed (a regex subscription and the
+#: leader's partition watch read it); KIP-848 members leave this to the coordinator.
+_CLASSIC_METADATA_MAX_AGE_MS = 30_000
 
 T = TypeVar("T")
 
@@ -111,6 +149,10 @@ class EngineStopped(RuntimeError):
     """A command was given to a stream thread whose engine thread has stopped (or failed)."""
 
 
+class CoordinatorAway(CommitFailed):
+    """Exactly-once: the coordinator did not answer the membership gate in time."""
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     app: str  # path/to/app.py or module[:attribute]
@@ -119,9 +161,18 @@ class WorkerSettings:
     instance_id: str | None = None
     state_dir: str | None = None
     threads: int = 1
-    commit_interval_ms: int = DEFAULT_COMMIT_INTERVAL_MS
+    #: None: the guarantee's default (1 s at-least-once, 100 ms exactly-once).
+    commit_interval_ms: int | None = None
+    #: None: the app's ``processing_guarantee`` (at-least-once unless it says otherwise).
+    processing_guarantee: ProcessingGuarantee | None = None
     user_endpoint: str = ""
     rebalance_timeout_ms: int = 60_000
+    #: ``group.protocol``: "consumer" (KIP-848) or "classic" (JoinGroup/SyncGroup).
+    group_protocol: str = "consumer"
+    #: Classic members only (a KIP-848 group's are the coordinator's): ``session.timeout.ms``
+    #: and ``heartbeat.interval.ms``, Kafka's consumer defaults.
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 3_000
     #: Standby replicas, warm-ups and placement (Kafka Streams' config names, dots as _).
     ha: HaConfig = HaConfig()
     #: e.g. {"zone": "eu-1a"}: matched against ``ha.rack_aware_assignment_tags``.
@@ -150,10 +201,14 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.threads < 1:
             raise ValueError("threads must be at least 1")
-        if self.commit_interval_ms < 1:
+        if self.commit_interval_ms is not None and self.commit_interval_ms < 1:
             raise ValueError("commit interval must be positive")
         if self.instance_id == "":
             raise ValueError("instance id, when given, must be non-empty")
+        if self.group_protocol not in GROUP_PROTOCOLS:
+            raise ValueError(f"group protocol must be one of {', '.join(GROUP_PROTOCOLS)}, not {self.group_protocol!r}")
+        if not 0 < self.heartbeat_interval_ms < self.session_timeout_ms:
+            raise ValueError("the heartbeat interval must be positive and below the session timeout")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
             raise ValueError(f"http port out of range 0-65535: {self.http_port}")
         endpoint_port = self.user_endpoint.rpartition(":")[2]
@@ -174,12 +229,14 @@ def subscription_for(resolved: ResolvedTopology) -> tuple[list[str] | None, str 
 
 
 class TopicNames:
-    """Topic id → name, from the cluster (the coordinator derives ids the same way)."""
+    """Topic ids, names and partition counts, from the cluster (the coordinator derives ids the
+    same way). A classic member's topic resolver too (``pystreams.client.topics``)."""
 
     def __init__(self, bootstrap_servers: str, client_config: Mapping[str, Any] | None = None) -> None:
         self._bootstrap_servers = bootstrap_servers
         self._client_config = dict(client_config or {})
         self._names: dict[uuid.UUID, str] = {}
+        self._topics: dict[str, TopicMetadata] = {}
         self._lock = threading.Lock()
 
     def refresh(self) -> None:
@@ -187,10 +244,22 @@ class TopicNames:
             topics = cluster.fetch_topics()
         with self._lock:
             self._names.update({meta.topic_id: name for name, meta in topics.items()})
+            self._topics = {
+                name: TopicMetadata(topic_id=meta.topic_id, name=name, num_partitions=meta.num_partitions)
+                for name, meta in topics.items()
+            }
 
     def name_of(self, topic_id: uuid.UUID) -> str | None:
         with self._lock:
             return self._names.get(topic_id)
+
+    def topic(self, name: str) -> TopicMetadata | None:
+        with self._lock:
+            return self._topics.get(name)
+
+    def topic_names(self) -> list[str]:
+        with self._lock:
+            return list(self._topics)
 
 
 class StreamThread:
@@ -209,6 +278,7 @@ class StreamThread:
         on_fatal: Callable[[str], None],
         on_shutdown_requested: Callable[[], None] = lambda: None,
         metrics: WorkerMetrics | None = None,
+        transactional_identity: uuid.UUID | None = None,
     ) -> None:
         self.index = index
         self.resolved = resolved
@@ -227,6 +297,14 @@ class StreamThread:
         self._rebalance_duration = metrics.rebalance_duration.labels(self.name) if metrics is not None else None
         self._rebalance_started: float | None = None
         self._stopping = False
+        guarantee = settings.processing_guarantee or ProcessingGuarantee.AT_LEAST_ONCE
+        self.exactly_once = guarantee.exactly_once
+        instance_id = settings.instance_id
+        if instance_id is not None and settings.threads > 1:
+            instance_id = f"{instance_id}-{index}"
+        self.transactional_id = transactional_id_for(
+            app_id, instance_id=settings.instance_id, process_id=transactional_identity or process_id, thread_index=index,
+        ) if self.exactly_once else None
         self.engine = TaskEngine(
             resolved,
             EngineConfig(
@@ -235,13 +313,15 @@ class StreamThread:
                 # thread of this process finds its state (the task lock keeps it exclusive).
                 state_dir=state_dir,
                 client_id=f"{app_id}-{process_id.hex[:8]}-{self.name}",
-                commit_interval_ms=settings.commit_interval_ms,
+                commit_interval_ms=settings.commit_interval_ms or guarantee.default_commit_interval_ms,
                 create_internal_topics=False,  # the process created them before joining
                 client_config=settings.broker_security.kafka_python_config(),
+                processing_guarantee=guarantee,
+                transactional_id=self.transactional_id,
             ),
             committed_offsets=self._read_committed_blocking,
-            commit_offsets=self._commit_blocking,
-            commit_offsets_in_background=self._commit_in_background,
+            commit_offsets=self._confirm_membership if self.exactly_once else self._commit_blocking,
+            commit_offsets_in_background=None if self.exactly_once else self._commit_in_background,
             on_restore_progress=self.restores,
             on_commit=commit_latency.observe if commit_latency is not None else None,
         )
@@ -258,18 +338,11 @@ class StreamThread:
         self.assignment: StreamsAssignmentMetadata | None = None
         #: Tasks being restored right now (queries answer "not available yet" for them).
         self.restoring: frozenset[TaskId] = frozenset()
-        instance_id = settings.instance_id
-        if instance_id is not None and settings.threads > 1:
-            instance_id = f"{instance_id}-{index}"
         self.driver = MemberDriver(
-            MemberConfig(
-                group_id=app_id,
-                client_id=f"{app_id}-{self.name}",
-                instance_id=instance_id,
-                rebalance_timeout_ms=settings.rebalance_timeout_ms,
-                client_assignors=[self.assignor],
-            ),
+            self._member_config(app_id, instance_id),
             settings.coordinator,
+            topics=topic_names,
+            metadata_max_age_ms=_CLASSIC_METADATA_MAX_AGE_MS,
             on_event=self._on_event,
             security=settings.coordinator_security,
         )
@@ -288,6 +361,9 @@ class StreamThread:
         self._next_background_commit: dict[TopicPartition, int] = {}
         self._background_lock = threading.Lock()
         self._background_failures = 0
+        #: Exactly-once: the coordinator missed a gate; offsets go in the background until it answers.
+        self._gate_bypassed = False
+        self._migration_recovery: asyncio.Task[None] | None = None
         self._start_retry: asyncio.Task[None] | None = None
         self._rebalance_watch: asyncio.Task[None] | None = None
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
@@ -301,6 +377,27 @@ class StreamThread:
         self._stop = threading.Event()
         self._engine_started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._engine_loop, name=self.name, daemon=True)
+
+    def _member_config(self, app_id: str, instance_id: str | None) -> MemberConfig | ClassicMemberConfig:
+        settings = self._settings
+        client_id = f"{app_id}-{self.name}"
+        if settings.group_protocol == "classic":
+            return ClassicMemberConfig(
+                group_id=app_id,
+                client_id=client_id,
+                instance_id=instance_id,
+                session_timeout_ms=settings.session_timeout_ms,
+                heartbeat_interval_ms=settings.heartbeat_interval_ms,
+                rebalance_timeout_ms=settings.rebalance_timeout_ms,
+                assignors=[self.assignor],
+            )
+        return MemberConfig(
+            group_id=app_id,
+            client_id=client_id,
+            instance_id=instance_id,
+            rebalance_timeout_ms=settings.rebalance_timeout_ms,
+            client_assignors=[self.assignor],
+        )
 
     # -- lifecycle (asyncio side) -------------------------------------------------------------
 
@@ -435,18 +532,18 @@ class StreamThread:
                     log.info("%s: revoked tasks %s (committed)", self.name, ", ".join(map(str, stopping)))
                 except EngineStopped:
                     pass  # the stopped engine thread dropped every task itself
+                except TaskMigratedError as error:
+                    self._tasks_migrated(error)
                 except Exception:
                     log.exception("%s: committing revoked tasks failed; dropping them", self.name)
-                    with contextlib.suppress(EngineStopped):
-                        await self._call_engine(lambda: self.engine.lose_tasks(stopping))
+                    await self._lose(stopping)
                 self._running = self._running - set(stopping)
         elif isinstance(event, PartitionsLost):
             lost = await self._named(event.partitions)
             self._owned = self._owned - lost
             dropping = self._tasks_touching(lost)
             if dropping:
-                with contextlib.suppress(EngineStopped):  # a stopped engine dropped them itself
-                    await self._call_engine(lambda: self.engine.lose_tasks(dropping))
+                await self._lose(dropping)
                 self._running = self._running - set(dropping)
                 log.warning("%s: lost tasks %s (error %d)", self.name, ", ".join(map(str, dropping)), event.error_code)
         elif isinstance(event, InstanceIdUnreleased):
@@ -455,6 +552,29 @@ class StreamThread:
             self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
         elif isinstance(event, LeftGroup):
             log.info("%s: left the group (epoch %s)", self.name, event.member_epoch_sent)
+
+    async def _lose(self, tasks: list[TaskId]) -> None:
+        try:
+            await self._call_engine(lambda: self.engine.lose_tasks(tasks))
+        except EngineStopped:
+            pass  # the stopped engine thread dropped every task itself
+        except TaskMigratedError as error:
+            self._tasks_migrated(error)
+
+    def _tasks_migrated(self, error: TaskMigratedError) -> None:
+        """Exactly-once, on the loop: the engine dropped every task uncommitted because another
+        owner took over. Ask the coordinator what this member owns now, then start that."""
+        log.warning("%s: %s; asking the group what this member owns now", self.name, error)
+        self._running = frozenset()
+        if self._migration_recovery is None or self._migration_recovery.done():
+            self._migration_recovery = asyncio.get_running_loop().create_task(self._recover_from_migration())
+
+    async def _recover_from_migration(self) -> None:
+        with contextlib.suppress(Exception):
+            # A fenced member hears so here (and its events drop what it owned) before anything starts.
+            await self.driver.next_heartbeat()
+        async with self._membership_lock:
+            await self._start_owned_tasks()
 
     def _log_unreleased_instance_id(self, event: InstanceIdUnreleased) -> None:
         now = time.monotonic()
@@ -483,6 +603,16 @@ class StreamThread:
         self.restoring = self.restoring | set(ready)
         try:
             restored = await self._call_engine(lambda: self.engine.add_tasks(ready))
+        except TaskMigratedError as error:
+            self._tasks_migrated(error)
+            return
+        except Exception:
+            if self._stopping:
+                raise
+            log.exception("%s: starting tasks %s failed; trying again in %.0f s", self.name, ", ".join(map(str, ready)), _START_RETRY_S)
+            if self._start_retry is None or self._start_retry.done():
+                self._start_retry = asyncio.get_running_loop().create_task(self._retry_start_owned_tasks(_START_RETRY_S))
+            return
         finally:
             self.restoring = self.restoring - set(ready)
         started = sorted(restored)
@@ -499,8 +629,8 @@ class StreamThread:
         candidates = {task for p in owned if (task := self._task_of_partition.get(p)) is not None} - self._running
         return sorted(t for t in candidates if all(TopicPartition(*p) in owned for p in self.resolved.input_partitions(t)))
 
-    async def _retry_start_owned_tasks(self) -> None:
-        await asyncio.sleep(_LOCKED_TASK_RETRY_S)
+    async def _retry_start_owned_tasks(self, delay_s: float = _LOCKED_TASK_RETRY_S) -> None:
+        await asyncio.sleep(delay_s)
         async with self._membership_lock:
             self._start_retry = None
             try:
@@ -626,6 +756,7 @@ class StreamThread:
                 if self._background_failures:
                     log.info("%s: offsets committed again after %d failed attempt(s)", self.name, self._background_failures)
                 self._background_failures = 0
+                self._gate_bypassed = False
             except Exception as error:
                 # The offsets stay uncommitted for now: the next periodic commit carries newer ones.
                 self._background_failures += 1
@@ -636,16 +767,49 @@ class StreamThread:
                     return
                 offsets, self._next_background_commit = self._next_background_commit, {}
 
+    def _confirm_membership(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Exactly-once's gate, inside each commit before the transaction commits: the offsets
+        go to the coordinator with the member epoch and wait for its answer. MembershipLost
+        when it refuses the member; CoordinatorAway when it does not answer in time (then the
+        following commits do not wait for it: their offsets go in the background until one
+        gets through)."""
+        with self._background_lock:
+            bypassed = self._gate_bypassed
+            if not bypassed:
+                self._next_background_commit.clear()  # these offsets supersede them
+            in_flight = self._background_commit
+        if bypassed:
+            self._commit_in_background(offsets)
+            raise CoordinatorAway("the coordinator is away; offsets follow in the background")
+        if in_flight is not None:
+            with contextlib.suppress(Exception):
+                in_flight.result(_GATE_TIMEOUT_S)
+        future = asyncio.run_coroutine_threadsafe(self._commit(offsets), self._loop)
+        try:
+            future.result(_GATE_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            self._gate_bypassed = True
+            raise CoordinatorAway(f"no answer from the coordinator within {_GATE_TIMEOUT_S:g} s") from None
+        except MembershipLost:
+            raise
+        except CommitFailed:
+            self._gate_bypassed = True
+            raise
+
     async def _commit(self, offsets: Mapping[TopicPartition, int]) -> None:
         keyed = {(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
         for _ in range(_STALE_EPOCH_RETRIES):
             result = await self.driver.commit_offsets(keyed)
             if result.ok:
                 return
-            if not result.stale_member_epoch:
+            if _MEMBERSHIP_ERRORS & set(result.failed.values()):
+                raise MembershipLost(f"the coordinator refused the member's offsets: {result.failed}")
+            if not result.retry_after_heartbeat:
                 raise CommitFailed(f"commit refused: {result.failed}")
-            await self.driver.next_heartbeat()  # brings the current epoch; then commit again
-        raise CommitFailed("commit kept failing with STALE_MEMBER_EPOCH")
+            # Brings the current epoch (or, in a classic group, the end of its rebalance).
+            await self.driver.next_heartbeat()
+        raise CommitFailed("commit kept failing with STALE_MEMBER_EPOCH or REBALANCE_IN_PROGRESS")
 
     def _read_committed_blocking(self, partitions: Sequence[TopicPartition]) -> Mapping[TopicPartition, int]:
         return asyncio.run_coroutine_threadsafe(self._read_committed(partitions), self._loop).result(_OFFSETS_CALL_TIMEOUT_S)
@@ -674,7 +838,10 @@ class StreamThread:
         try:
             while not self._stop.is_set():
                 self._run_commands()
-                self.engine.poll()
+                try:
+                    self.engine.poll()
+                except TaskMigratedError as error:
+                    self._tasks_migrated_threadsafe(error)
                 now = time.monotonic()
                 if now >= next_lag_check:
                     next_lag_check = now + interval_ms / 1000
@@ -685,6 +852,8 @@ class StreamThread:
                         log.exception("%s: checking lags failed", self.name)
                 try:
                     self.engine.maybe_commit()
+                except TaskMigratedError as error:
+                    self._tasks_migrated_threadsafe(error)
                 except Exception:
                     # Flushing the outputs failed; the offsets stay uncommitted (at-least-once).
                     log.exception("%s: periodic commit failed", self.name)
@@ -727,6 +896,10 @@ class StreamThread:
                 return
             if future.set_running_or_notify_cancel():
                 future.set_exception(RuntimeError(f"{self.name}: the engine thread stopped"))
+
+    def _tasks_migrated_threadsafe(self, error: TaskMigratedError) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed already
+            self._loop.call_soon_threadsafe(self._tasks_migrated, error)
 
     def _on_fatal_threadsafe(self, message: str) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed already
@@ -817,6 +990,11 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
 
     app = load_app(settings.app)
     topology = with_error_policies(app.topology(), settings)
+    guarantee = settings.processing_guarantee or app.processing_guarantee
+    settings = dataclasses.replace(
+        settings, processing_guarantee=guarantee,
+        commit_interval_ms=settings.commit_interval_ms or guarantee.default_commit_interval_ms,
+    )
     state_dir = Path(settings.state_dir) if settings.state_dir else default_state_dir(topology.app_id, settings.instance_id)
     threads: list[StreamThread] = []
     started: list[StreamThread] = []
@@ -856,7 +1034,8 @@ async def _run_threads(
     broker_config = settings.broker_security.kafka_python_config()
     resolved = await loop.run_in_executor(None, resolve_against_cluster, topology, settings.bootstrap_servers, broker_config)
     # Internal topics exist before anyone subscribes, so the first assignment includes them.
-    specs = [TopicSpec(t.name, t.partitions, configs=dict(t.config)) for t in resolved.topics_to_create()]
+    guarantee = settings.processing_guarantee or ProcessingGuarantee.AT_LEAST_ONCE
+    specs = internal_topic_specs(resolved, guarantee)
 
     dead_letter_topic = topology.errors.dead_letter_topic
 
@@ -871,6 +1050,8 @@ async def _run_threads(
     await loop.run_in_executor(None, topic_names.refresh)
 
     process_id = uuid.uuid4()
+    # Exactly-once: the transactional ids outlive the process (see identity.py).
+    identity = ProcessIdentity(state_dir, topology.app_id) if guarantee.exactly_once else None
     fatal: list[str] = []
 
     def on_fatal(message: str) -> None:
@@ -895,7 +1076,7 @@ async def _run_threads(
         StreamThread(
             index, resolved, settings, process_id=process_id, state_dir=state_dir,
             topic_names=topic_names, loop=loop, on_fatal=on_fatal, on_shutdown_requested=on_shutdown_requested,
-            metrics=metrics,
+            metrics=metrics, transactional_identity=identity.process_id if identity is not None else None,
         )
         for index in range(settings.threads)
     )
@@ -913,7 +1094,8 @@ async def _run_threads(
             started.append(thread)
         announce(
             f"worker: app {topology.app_id!r}, {len(resolved.tasks)} tasks, {settings.threads} stream thread(s), "
-            f"process {process_id}, group {topology.app_id!r} at {settings.coordinator}"
+            f"process {process_id}, group {topology.app_id!r} at {settings.coordinator} "
+            f"(group protocol {settings.group_protocol}), {guarantee.value} (commit every {settings.commit_interval_ms} ms)"
         )
         await stop.wait()
     finally:
@@ -925,6 +1107,8 @@ async def _run_threads(
         else:
             announce("worker: stopping (committing and leaving the group" + (" for good)" if permanent else ")"))
         await asyncio.gather(*(thread.shutdown(permanent=permanent) for thread in started), return_exceptions=True)
+        if identity is not None:
+            identity.close()
     announce(exit_line(threads))
     if fatal:
         for message in fatal:

@@ -65,6 +65,9 @@ class StreamTask:
         self.next_offsets: dict[TopicPartition, int] = {}
         self.records_processed = 0
         self.records_failed = 0
+        #: Processed or punctuated since its last commit: under exactly-once, an aborted
+        #: transaction leaves such a task with state no commit covers (it is rebuilt).
+        self.dirty = False
         punctuations = self.graph.punctuations
         self._stream_punctuations = [p for p in punctuations if p.punctuation.type is PunctuationType.STREAM_TIME]
         self._wall_punctuations = [p for p in punctuations if p.punctuation.type is PunctuationType.WALL_CLOCK_TIME]
@@ -98,6 +101,7 @@ class StreamTask:
     def process(self, records: Sequence[Any]) -> None:
         """Run consumer records (of this task's input partitions, in the order to process
         them) through the graph."""
+        self.dirty = True
         ctx = self.ctx
         sources = self.graph.sources
         punctuate_stream_time = self._punctuate_stream_time if self._stream_punctuations else None
@@ -198,6 +202,7 @@ class StreamTask:
                 self._fire(scheduled, now_ms)
 
     def _fire(self, scheduled: ScheduledPunctuation, now: int) -> None:
+        self.dirty = True  # a punctuation may write: the next commit must include this task
         try:
             scheduled.fire(now)
         except Exception as error:
@@ -235,6 +240,13 @@ class StreamTask:
     def checkpoint(self) -> None:
         """After the producer flushed: record the changelog offsets the stores reflect."""
         self.state.checkpoint(self.changelog_sink.take_written_offsets())
+        self.dirty = False
+
+    def committed(self) -> None:
+        """After a transaction with this task's writes committed (exactly-once): advance the
+        stores' changelog positions; no checkpoint file (see ``TaskState.invalidate_checkpoint``)."""
+        self.state.record_written(self.changelog_sink.take_written_offsets())
+        self.dirty = False
 
     def close_processors(self) -> None:
         if not self._initialized:

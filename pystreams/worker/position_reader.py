@@ -1,0 +1,106 @@
+"""Reading the positions topic when tasks start under exactly-once, and taking tasks over from
+their previous owners (the rule is :func:`pystreams.worker.positions.plan_takeover`).
+
+The reader's consumer is ``read_uncommitted`` with the transaction filter: it releases committed
+records like a ``read_committed`` consumer would, and also shows the *open* transactions (the
+filter holds their records), whose writers a takeover must know about. Partitions stay assigned
+and are read on from where the last takeover stopped.
+
+"The end" of a partition is re-established after every fence: a fresh ListOffsets, then reading
+until the consumer's position reaches it. A fetch returns whole batches, so reaching the
+reported offset means the last batch at that moment was read, even on the embedded broker,
+whose ListOffsets reports the last batch's base offset + 1.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from kafka import TopicPartition as KafkaTopicPartition
+
+from pystreams.topology.ir import TaskId
+
+from .committed_consumer import CommittedConsumer
+from .positions import Fence, Lost, PositionTable, Resume, Takeover, Wait, pending_writers, plan_takeover, positions_partition
+
+log = logging.getLogger(__name__)
+
+
+class TakeoverTimeout(TimeoutError):
+    """The positions could not be read to a settled state in time (the caller retries)."""
+
+
+class PositionReader:
+    def __init__(
+        self,
+        consumer: CommittedConsumer,
+        topic: str,
+        *,
+        fence: Callable[[str], None],
+        timeout_s: float = 60.0,
+    ) -> None:
+        self._consumer = consumer
+        self.topic = topic
+        self._fence = fence
+        self._timeout_s = timeout_s
+        self._tables: dict[int, PositionTable] = {}
+        #: Writers this thread fenced (never fenced twice, and a revival may resume after them).
+        self.fenced: set[str] = set()
+
+    def takeover(self, task_ids: Sequence[TaskId], *, me: str, reviving: bool = False) -> dict[TaskId, Resume | Lost]:
+        """For each task: where it resumes (Resume) or that another owner has it (Lost, only
+        when ``reviving``). Fences previous owners that did not release a task cleanly."""
+        partitions = sorted({positions_partition(t) for t in task_ids})
+        self._assign(partitions)
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            self._read_to_end(partitions, deadline)
+            pending = {p: pending_writers(
+                (r.key, r.value) for _, records in self._consumer.pending(KafkaTopicPartition(self.topic, p)) for r in records
+            ) for p in partitions}
+            plans: dict[TaskId, Takeover] = {}
+            for task_id in task_ids:
+                partition = positions_partition(task_id)
+                plans[task_id] = plan_takeover(
+                    self._tables[partition].latest.get(task_id), pending[partition].get(task_id, set()),
+                    me=me, fenced=self.fenced, reviving=reviving,
+                )
+            to_fence = sorted({w for plan in plans.values() if isinstance(plan, Fence) for w in plan.writers})
+            waiting = [t for t, plan in plans.items() if isinstance(plan, Wait)]
+            if to_fence:
+                for writer in to_fence:
+                    log.warning("fencing %s: it owned a task now ours and did not release it (crashed, or a zombie)", writer)
+                    self._fence(writer)
+                    self.fenced.add(writer)
+                continue
+            if waiting:
+                if time.monotonic() > deadline:
+                    raise TakeoverTimeout(f"open transactions of fenced writers still hold the positions of {', '.join(map(str, waiting))}")
+                time.sleep(0.05)
+                continue
+            return {t: plan for t, plan in plans.items() if isinstance(plan, (Resume, Lost))}
+
+    def _assign(self, partitions: Iterable[int]) -> None:
+        new = [p for p in partitions if p not in self._tables]
+        if not new:
+            return
+        for partition in new:
+            self._tables[partition] = PositionTable()
+        self._consumer.assign([KafkaTopicPartition(self.topic, p) for p in sorted(self._tables)])
+        self._consumer.seek_to_beginning(*[KafkaTopicPartition(self.topic, p) for p in new])
+
+    def _read_to_end(self, partitions: Sequence[int], deadline: float) -> None:
+        tps = [KafkaTopicPartition(self.topic, p) for p in partitions]
+        ends = self._consumer.end_offsets(tps)
+        while True:
+            behind = [tp for tp in tps if self._consumer.position(tp) < ends[tp]]
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise TakeoverTimeout(f"could not read {self.topic} to its end ({', '.join(f'{tp.partition}@{ends[tp]}' for tp in behind)})")
+            for tp, records in self._consumer.poll(timeout_ms=200).items():
+                self._tables[tp.partition].apply((r.key, r.value) for r in records)
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,856 @@
+"""The classic member state machine (``client.classic``), driven with hand-built coordinator
+responses: Kafka's consumer rules for JoinGroup / SyncGroup / Heartbeat / LeaveGroup, eager and
+cooperative rebalances, static members, the leader's assignment, and the same member inside a
+KIP-848 group during an online migration."""
+from __future__ import annotations
+
+from uuid import UUID
+
+import kafka.errors as Errors
+import pytest
+
+from pystreams.assignors.api import (
+    AssignmentSpec,
+    AssignorMetadata,
+    GroupAssignment,
+    MemberAssignment,
+    PartitionAssignorError,
+    TopicMetadata,
+)
+from pystreams.client.classic import (
+    JOIN_GROUP_TIMEOUT_LAPSE_MS,
+    ClassicGroupMember,
+    ClassicMemberConfig,
+    ClassicState,
+    RebalanceProtocol,
+    topic_names_in,
+)
+from pystreams.client.classic_leader import JoinedMember, assign_group
+from pystreams.client.events import (
+    CoordinatorUnavailable,
+    LeftGroup,
+    MemberFailed,
+    MemberFatalError,
+    MemberState,
+    PartitionsAssigned,
+    PartitionsLost,
+    RevokePartitions,
+)
+from pystreams.client.topics import StaticTopics
+from pystreams.partitions import PartitionSet, TopicIdPartition
+from pystreams.protocol import messages as m
+from pystreams.protocol.consumer_protocol import (
+    Assignment,
+    Subscription,
+    decode_assignment,
+    decode_subscription,
+    encode_assignment,
+    encode_subscription,
+    named_partitions,
+)
+
+FOO = UUID(int=0xF00)
+BAR = UUID(int=0xBA2)
+INTERVAL = 1_000
+SESSION = 10_000
+REBALANCE = 30_000
+BACKOFF = 100
+
+NONE = 0
+UNKNOWN_MEMBER = Errors.UnknownMemberIdError.errno
+ILLEGAL_GENERATION = Errors.IllegalGenerationError.errno
+REBALANCE_IN_PROGRESS = Errors.RebalanceInProgressError.errno
+MEMBER_ID_REQUIRED = Errors.MemberIdRequiredError.errno
+FENCED_INSTANCE = Errors.FencedInstanceIdError.errno
+NOT_COORDINATOR = Errors.NotCoordinatorError.errno
+COORDINATOR_NOT_AVAILABLE = Errors.CoordinatorNotAvailableError.errno
+LOAD_IN_PROGRESS = Errors.CoordinatorLoadInProgressError.errno
+TIMED_OUT = Errors.RequestTimedOutError.errno
+
+
+def topics() -> StaticTopics:
+    return StaticTopics([TopicMetadata(FOO, "foo", 4), TopicMetadata(BAR, "bar", 2)])
+
+
+def parts(topic: UUID, *numbers: int) -> PartitionSet:
+    return PartitionSet.from_pairs(TopicIdPartition(topic, n) for n in numbers)
+
+
+def make(*, assignors=("range",), instance_id=None, resolver=None, **overrides) -> ClassicGroupMember:
+    config = ClassicMemberConfig(
+        group_id="g", session_timeout_ms=SESSION, heartbeat_interval_ms=INTERVAL,
+        rebalance_timeout_ms=REBALANCE, retry_backoff_ms=BACKOFF, assignors=assignors,
+        instance_id=instance_id, **overrides,
+    )
+    return ClassicGroupMember(config, resolver or topics())
+
+
+def assignment_bytes(partitions: dict[str, list[int]], *, user_data: bytes | None = None, version: int = 3) -> bytes:
+    return encode_assignment(Assignment(named_partitions(partitions.items()), user_data), version)
+
+
+def join_response(*, generation=1, member_id="m1", leader="leader", protocol="range", error=NONE,
+                  members=(), skip=False, protocol_type="consumer") -> m.JoinGroupResponse:
+    return m.JoinGroupResponse(
+        error_code=error, generation_id=generation, protocol_type=protocol_type, protocol_name=protocol,
+        leader=leader, skip_assignment=skip, member_id=member_id,
+        members=[m.JoinGroupResponse.JoinGroupResponseMember(member_id=mid, group_instance_id=iid, metadata=data)
+                 for mid, iid, data in members],
+    )
+
+
+def sync_response(assignment: bytes = b"", *, error=NONE, protocol="range") -> m.SyncGroupResponse:
+    return m.SyncGroupResponse(error_code=error, protocol_type="consumer", protocol_name=protocol, assignment=assignment)
+
+
+def only(requests, kind):
+    assert [type(r) for r in requests] == [kind], requests
+    return requests[0]
+
+
+def join(member: ClassicGroupMember, now: int, response: m.JoinGroupResponse) -> m.SyncGroupRequest:
+    request = only(member.poll(now), m.JoinGroupRequest)
+    member.on_response(request, response, now)
+    return only(member.poll(now), m.SyncGroupRequest)
+
+
+def to_stable(member: ClassicGroupMember, assigned: dict[str, list[int]], *, now=0, generation=1,
+              member_id="m1", protocol="range") -> None:
+    """Subscribe (if needed), join as a follower and sync ``assigned``."""
+    if member.classic_state is ClassicState.UNJOINED and member.state is MemberState.UNSUBSCRIBED:
+        member.subscribe(["foo", "bar"])
+    sync = join(member, now, join_response(generation=generation, member_id=member_id, protocol=protocol))
+    member.on_response(sync, sync_response(assignment_bytes(assigned), protocol=protocol), now)
+    assert member.classic_state is ClassicState.STABLE
+
+
+def subscription_of(request: m.JoinGroupRequest, index: int = 0) -> Subscription:
+    return decode_subscription(bytes(request.protocols[index].metadata))
+
+
+# ----------------------------------------------------------------------------- joining
+
+
+def test_first_join_sends_a_v3_subscription_per_assignor_then_rejoins_with_the_required_member_id() -> None:
+    member = make(assignors=("range", "cooperative-sticky"), rack_id="r1")
+    assert member.state is MemberState.UNSUBSCRIBED and member.poll(0) == []
+    member.subscribe(["foo", "bar"])
+    assert member.state is MemberState.JOINING
+    request = only(member.poll(0), m.JoinGroupRequest)
+    assert (request.group_id, request.member_id, request.group_instance_id, request.protocol_type) == ("g", "", None, "consumer")
+    assert (request.session_timeout_ms, request.rebalance_timeout_ms) == (SESSION, REBALANCE)
+    assert [p.name for p in request.protocols] == ["range", "cooperative-sticky"]
+    subscription = subscription_of(request)
+    assert subscription == Subscription(topics=("bar", "foo"), user_data=None, owned_partitions=named_partitions([]),
+                                        generation_id=-1, rack_id="r1", version=3)
+    # No second JoinGroup while one is in flight.
+    assert member.poll(5) == []
+    # KIP-394: the coordinator reserves an id; the member rejoins with it at once, having lost nothing.
+    member.on_response(request, join_response(error=MEMBER_ID_REQUIRED, member_id="m-reserved", generation=-1), 5)
+    assert member.take_events() == []
+    again = only(member.poll(5), m.JoinGroupRequest)
+    assert again.member_id == "m-reserved"
+    assert member.next_deadline() is None or member.next_deadline() > 5
+
+
+def test_a_follower_syncs_without_assignments_and_takes_what_sync_group_hands_it() -> None:
+    member = make()
+    member.subscribe(["foo"])
+    sync = join(member, 0, join_response(generation=7, member_id="m1", leader="other"))
+    assert (sync.generation_id, sync.member_id, sync.protocol_type, sync.protocol_name, sync.assignments) == (7, "m1", "consumer", "range", [])
+    assert member.member_epoch == 7 and member.classic_state is ClassicState.COMPLETING_REBALANCE
+    assert not member.is_leader
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0, 2]})), 10)
+    assert member.take_events() == [PartitionsAssigned(parts(FOO, 0, 2), 7)]
+    assert member.state is MemberState.STABLE and member.owned_partitions == parts(FOO, 0, 2)
+
+
+def test_the_join_group_long_poll_outlasts_the_rebalance_timeout() -> None:
+    member = make()
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    assert member.request_timeout_ms(request, 30_000) == max(30_000, REBALANCE + JOIN_GROUP_TIMEOUT_LAPSE_MS)
+    assert member.request_timeout_ms(request, 60_000) == 60_000
+    heartbeat = m.HeartbeatRequest(group_id="g", generation_id=1, member_id="m", group_instance_id=None)
+    assert member.request_timeout_ms(heartbeat, 30_000) == 30_000
+
+
+def test_heartbeats_run_from_the_join_answer_at_the_interval_and_not_during_a_join() -> None:
+    member = make()
+    member.subscribe(["foo"])
+    join_request = only(member.poll(0), m.JoinGroupRequest)
+    assert member.poll(INTERVAL * 3) == []  # the join is in flight: no heartbeat
+    member.on_response(join_request, join_response(), 100)
+    sync = only(member.poll(100), m.SyncGroupRequest)
+    assert member.next_deadline() == 100 + INTERVAL
+    heartbeat = only(member.poll(100 + INTERVAL), m.HeartbeatRequest)  # also while the sync is in flight
+    assert (heartbeat.generation_id, heartbeat.member_id, heartbeat.group_instance_id) == (1, "m1", None)
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [1]})), 1200)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=NONE), 1200)
+    assert member.next_deadline() == 100 + 2 * INTERVAL  # the interval counts from the send
+
+
+# ----------------------------------------------------------------------------- rebalances
+
+
+def test_eager_rebalance_revokes_everything_before_rejoining() -> None:
+    member = make()
+    to_stable(member, {"foo": [0, 1], "bar": [0]})
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL)
+    assert member.poll(INTERVAL) == []  # no JoinGroup before the revocation is done
+    [revoke] = member.take_events()
+    assert revoke == RevokePartitions(parts(FOO, 0, 1) | parts(BAR, 0), revoke.revocation_id)
+    assert member.state is MemberState.RECONCILING and member.owned_partitions == PartitionSet()
+    # Heartbeats go on meanwhile, so the session stays alive.
+    assert isinstance(only(member.poll(2 * INTERVAL), m.HeartbeatRequest), m.HeartbeatRequest)
+    member.revocation_done(2 * INTERVAL, revoke.revocation_id)
+    rejoin = only(member.poll(2 * INTERVAL), m.JoinGroupRequest)
+    assert rejoin.member_id == "m1"
+    assert subscription_of(rejoin).owned_partitions == {} and subscription_of(rejoin).generation_id == 1
+    member.on_response(rejoin, join_response(generation=2), 2 * INTERVAL)
+    sync = only(member.poll(2 * INTERVAL), m.SyncGroupRequest)
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0]})), 2 * INTERVAL)
+    assert member.take_events() == [PartitionsAssigned(parts(FOO, 0), 2)]
+
+
+def test_cooperative_rebalance_keeps_what_stays_and_revokes_only_what_moves_then_rejoins() -> None:
+    member = make(assignors=("cooperative-sticky",))
+    assert member.rebalance_protocol is RebalanceProtocol.COOPERATIVE
+    to_stable(member, {"foo": [0, 1, 2, 3]}, protocol="cooperative-sticky")
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL)
+    rejoin = only(member.poll(INTERVAL), m.JoinGroupRequest)  # at once: nothing to revoke first
+    assert member.take_events() == []
+    assert subscription_of(rejoin).owned_partitions == {"foo": frozenset({0, 1, 2, 3})}
+    member.on_response(rejoin, join_response(generation=2, protocol="cooperative-sticky"), INTERVAL)
+    sync = only(member.poll(INTERVAL), m.SyncGroupRequest)
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0, 1]}), protocol="cooperative-sticky"), INTERVAL)
+    [revoke] = member.take_events()
+    assert revoke.partitions == parts(FOO, 2, 3)
+    assert member.owned_partitions == parts(FOO, 0, 1)  # kept, and processed all along
+    assert member.poll(INTERVAL) == []  # the follow-up join waits for the revocation
+    member.revocation_done(INTERVAL + 5, revoke.revocation_id)
+    follow_up = only(member.poll(INTERVAL + 5), m.JoinGroupRequest)
+    assert follow_up.reason == "need to revoke partitions and re-join"
+    assert subscription_of(follow_up).owned_partitions == {"foo": frozenset({0, 1})}
+    assert subscription_of(follow_up).generation_id == 2
+
+
+def test_cooperative_member_revokes_partitions_of_topics_it_no_longer_subscribes_to_before_joining() -> None:
+    member = make(assignors=("cooperative-sticky",))
+    to_stable(member, {"foo": [0], "bar": [1]}, protocol="cooperative-sticky")
+    member.take_events()
+    member.subscribe(["foo"])
+    assert member.poll(0) == []
+    [revoke] = member.take_events()
+    assert revoke.partitions == parts(BAR, 1) and member.owned_partitions == parts(FOO, 0)
+    member.revocation_done(1, revoke.revocation_id)
+    rejoin = only(member.poll(1), m.JoinGroupRequest)
+    assert subscription_of(rejoin).topics == ("foo",)
+    assert subscription_of(rejoin).owned_partitions == {"foo": frozenset({0})}
+
+
+def test_an_assignment_outside_the_current_subscription_is_not_applied_and_the_member_rejoins() -> None:
+    member = make()
+    member.subscribe(["foo", "bar"])
+    sync = join(member, 0, join_response())
+    member.subscribe(["foo"])  # changed while the rebalance completes
+    member.on_response(sync, sync_response(assignment_bytes({"bar": [0]})), 1)
+    assert member.take_events() == [] and member.owned_partitions == PartitionSet()
+    rejoin = only(member.poll(1), m.JoinGroupRequest)
+    assert subscription_of(rejoin).topics == ("foo",)
+
+
+def test_a_reason_from_a_client_side_assignor_makes_the_member_rejoin_with_its_new_metadata() -> None:
+    assignor = RecordingAssignor()
+    member = make(assignors=(assignor,))
+    member.subscribe(["foo"])
+    first = only(member.poll(0), m.JoinGroupRequest)
+    assert subscription_of(first).user_data == b"classic-v0"
+    sync = only_sync_after(member, first, join_response(protocol="recording"))
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0]}, user_data=b"task-info"), protocol="recording"), 1)
+    assert assignor.heard == [(0, {FOO: frozenset({0})}, -1, b"task-info", 1)]
+    member.request_heartbeat()  # lags changed, reason still 0: no rebalance
+    assignor.data = b"classic-v1"
+    member.request_heartbeat()
+    assert only(member.poll(1), m.HeartbeatRequest)
+    assignor.reason = 2  # e.g. WarmUpReady
+    member.request_heartbeat()
+    assert member.state is MemberState.ACKNOWLEDGING
+    rejoin = [r for r in member.poll(2) if isinstance(r, m.JoinGroupRequest)]
+    assert len(rejoin) == 1 and subscription_of(rejoin[0]).user_data == b"classic-v1"
+
+
+def only_sync_after(member, join_request, response, now=0):
+    member.on_response(join_request, response, now)
+    return only(member.poll(now), m.SyncGroupRequest)
+
+
+class RecordingAssignor:
+    """A client-side assignor that records what it is told and gives everyone partition 0."""
+
+    name = "recording"
+    minimum_version = -1
+    maximum_version = 0
+
+    def __init__(self) -> None:
+        self.reason = 0
+        self.data = b"classic-v0"
+        self.heard: list[tuple] = []
+        self.specs: list[AssignmentSpec] = []
+        self.fail = False
+
+    def metadata(self) -> AssignorMetadata:
+        return AssignorMetadata(reason=self.reason, version=0, data=b"kip848:" + self.data, minimum_version=-1, maximum_version=0)
+
+    def classic_metadata(self) -> bytes:
+        return self.data
+
+    def assign(self, spec: AssignmentSpec) -> GroupAssignment:
+        self.specs.append(spec)
+        if self.fail:
+            raise PartitionAssignorError("cannot")
+        first = sorted(spec.members)[0]
+        return GroupAssignment(members={
+            mid: MemberAssignment(partitions={FOO: frozenset({0})} if mid == first else {}, metadata_version=-1,
+                                  metadata=f"for-{mid}".encode())
+            for mid in spec.members
+        })
+
+    def on_assignment(self, error: int, assignment: MemberAssignment, group_epoch: int) -> None:
+        self.heard.append((error, dict(assignment.partitions), assignment.metadata_version, assignment.metadata, group_epoch))
+
+
+# ----------------------------------------------------------------------------- the leader
+
+
+def member_entry(member_id: str, topics_: tuple[str, ...], *, owned=None, user_data=None, version=3, instance=None, generation=-1):
+    data = encode_subscription(Subscription(topics=topics_, user_data=user_data,
+                                            owned_partitions=named_partitions((owned or {}).items()),
+                                            generation_id=generation), version)
+    return (member_id, instance, data)
+
+
+def test_the_leader_runs_range_over_every_members_subscription_and_writes_each_at_its_version() -> None:
+    member = make()
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    members = [member_entry("a", ("foo",)), member_entry("b", ("foo", "bar"), version=0)]
+    member.on_response(request, join_response(member_id="a", leader="a", members=members), 0)
+    assert member.is_leader
+    sync = only(member.poll(0), m.SyncGroupRequest)
+    out = {a.member_id: bytes(a.assignment) for a in sync.assignments}
+    assert decode_assignment(out["a"]).partitions == {"foo": frozenset({0, 1})}
+    assert decode_assignment(out["b"]).partitions == {"foo": frozenset({2, 3}), "bar": frozenset({0, 1})}
+    assert decode_assignment(out["b"]).version == 0  # b speaks v0: it is answered in v0
+
+
+def test_a_static_leader_told_to_skip_the_assignment_sends_none() -> None:
+    member = make(instance_id="i-1")
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    assert request.group_instance_id == "i-1"
+    member.on_response(request, join_response(member_id="a", leader="a", skip=True, members=[member_entry("a", ("foo",))]), 0)
+    assert only(member.poll(0), m.SyncGroupRequest).assignments == []
+
+
+def test_cooperative_two_phase_move_withholds_a_partition_until_its_owner_released_it() -> None:
+    resolver = topics()
+    uniform_leader = ClassicMemberConfig(group_id="g", assignors=("cooperative-sticky",))
+    assignor = ClassicGroupMember(uniform_leader, resolver)._protocols[0].assignor
+    old = JoinedMember("a", None, decode_subscription(member_entry("a", ("foo",), owned={"foo": [0, 1, 2, 3]})[2]))
+    new = JoinedMember("b", None, decode_subscription(member_entry("b", ("foo",))[2]))
+    first = assign_group(assignor, client_side=False, members=[old, new], topics=resolver, protocol=RebalanceProtocol.COOPERATIVE)
+    moving = first.targets["b"]
+    assert len(moving) == 2 and first.targets["a"] | moving == parts(FOO, 0, 1, 2, 3)
+    # Phase one: b gets nothing a still owns; a is told to keep only its half.
+    assert decode_assignment(first.assignments["b"]).partitions == {}
+    kept = decode_assignment(first.assignments["a"]).partitions
+    assert kept == {"foo": frozenset(p.partition for p in first.targets["a"])}
+    # a revokes the rest and rejoins; phase two hands the freed half to b.
+    old_after = JoinedMember("a", None, decode_subscription(member_entry("a", ("foo",), owned={"foo": sorted(kept["foo"])})[2]))
+    new_after = JoinedMember("b", None, decode_subscription(member_entry("b", ("foo",))[2]))
+    second = assign_group(assignor, client_side=False, members=[old_after, new_after], topics=resolver,
+                          protocol=RebalanceProtocol.COOPERATIVE, previous_targets=first.targets)
+    assert decode_assignment(second.assignments["b"]).partitions == {"foo": frozenset(p.partition for p in moving)}
+    assert decode_assignment(second.assignments["a"]).partitions == kept
+    # Eager hands everything at once (its members revoked all before joining).
+    eager = assign_group(assignor, client_side=False, members=[old, new], topics=resolver, protocol=RebalanceProtocol.EAGER)
+    assert decode_assignment(eager.assignments["b"]).partitions == {"foo": frozenset(p.partition for p in eager.targets["b"])}
+
+
+def test_a_partition_two_members_claim_goes_to_nobody_until_both_let_go() -> None:
+    resolver = topics()
+    assignor = ClassicGroupMember(ClassicMemberConfig(group_id="g", assignors=("cooperative-sticky",)), resolver)._protocols[0].assignor
+    both = [JoinedMember(mid, None, decode_subscription(member_entry(mid, ("foo",), owned={"foo": [0]})[2])) for mid in "ab"]
+    result = assign_group(assignor, client_side=False, members=both, topics=resolver, protocol=RebalanceProtocol.COOPERATIVE)
+    for mid in "ab":
+        assert 0 not in decode_assignment(result.assignments[mid]).partitions.get("foo", frozenset())
+
+
+def test_a_client_side_assignor_sees_classic_metadata_at_version_minus_one_and_its_metadata_becomes_user_data() -> None:
+    assignor = RecordingAssignor()
+    member = make(assignors=(assignor,))
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    members = [member_entry("a", ("foo",), user_data=b"meta-a"), member_entry("b", ("foo",), user_data=b"meta-b", instance="i-b")]
+    member.on_response(request, join_response(member_id="a", leader="a", protocol="recording", members=members), 0)
+    sync = only(member.poll(0), m.SyncGroupRequest)
+    [spec] = assignor.specs
+    assert spec.members["a"].metadata == AssignorMetadata(reason=0, version=-1, data=b"meta-a", minimum_version=-1, maximum_version=-1)
+    assert spec.members["b"].instance_id == "i-b" and spec.members["b"].subscribed_topic_ids == frozenset({FOO})
+    assert set(spec.topics) == {FOO}
+    out = {a.member_id: decode_assignment(bytes(a.assignment)) for a in sync.assignments}
+    assert (out["a"].partitions, out["a"].user_data) == ({"foo": frozenset({0})}, b"for-a")
+    assert (out["b"].partitions, out["b"].user_data) == ({}, b"for-b")
+
+
+def test_an_assignor_failure_keeps_every_member_on_what_it_owns() -> None:
+    assignor = RecordingAssignor()
+    assignor.fail = True
+    member = make(assignors=(assignor,))
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    members = [member_entry("a", ("foo",), owned={"foo": [3]}), member_entry("b", ("foo",), owned={"foo": [1]})]
+    member.on_response(request, join_response(member_id="a", leader="a", protocol="recording", members=members), 0)
+    sync = only(member.poll(0), m.SyncGroupRequest)
+    out = {a.member_id: decode_assignment(bytes(a.assignment)).partitions for a in sync.assignments}
+    assert out == {"a": {"foo": frozenset({3})}, "b": {"foo": frozenset({1})}}
+
+
+def test_a_member_with_an_unreadable_subscription_gets_nothing_and_the_rest_are_assigned() -> None:
+    member = make()
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    members = [member_entry("a", ("foo",)), ("broken", None, b"\x00\x01\x00")]
+    member.on_response(request, join_response(member_id="a", leader="a", members=members), 0)
+    sync = only(member.poll(0), m.SyncGroupRequest)
+    out = {a.member_id: decode_assignment(bytes(a.assignment)).partitions for a in sync.assignments}
+    assert out == {"a": {"foo": frozenset({0, 1, 2, 3})}, "broken": {}}
+
+
+def test_the_leader_rebalances_when_a_subscribed_topic_grows() -> None:
+    resolver = topics()
+    member = make(resolver=resolver, assignors=("cooperative-sticky",))
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    member.on_response(request, join_response(member_id="a", leader="a", members=[member_entry("a", ("foo",))],
+                                              protocol="cooperative-sticky"), 0)
+    sync = only(member.poll(0), m.SyncGroupRequest)
+    member.on_response(sync, sync_response(bytes(sync.assignments[0].assignment), protocol="cooperative-sticky"), 0)
+    member.metadata_changed()
+    assert member.state is MemberState.STABLE  # nothing changed
+    resolver.add(TopicMetadata(FOO, "foo", 6))
+    member.metadata_changed()
+    assert isinstance(only(member.poll(1), m.JoinGroupRequest), m.JoinGroupRequest)
+
+
+def test_a_regex_subscription_is_matched_against_the_resolver_and_follows_new_topics() -> None:
+    resolver = topics()
+    resolver.add(TopicMetadata(UUID(int=9), "__internal-foo", 1))
+    member = make(resolver=resolver, assignors=("cooperative-sticky",))
+    member.subscribe(regex=".*o.*")
+    request = only(member.poll(0), m.JoinGroupRequest)
+    assert subscription_of(request).topics == ("foo",)  # internal topics never match
+    member.on_response(request, join_response(protocol="cooperative-sticky"), 0)
+    member.on_response(only(member.poll(0), m.SyncGroupRequest),
+                       sync_response(assignment_bytes({"foo": [0]}), protocol="cooperative-sticky"), 0)
+    resolver.add(TopicMetadata(UUID(int=7), "orders", 1))
+    member.metadata_changed()
+    rejoin = only(member.poll(1), m.JoinGroupRequest)
+    assert subscription_of(rejoin).topics == ("foo", "orders")
+    with pytest.raises(ValueError, match="invalid subscription regex"):
+        make().subscribe(regex="orders-(")
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("code", [
+    FENCED_INSTANCE,
+    Errors.GroupMaxSizeReachedError.errno,
+    Errors.InconsistentGroupProtocolError.errno,
+    Errors.InvalidSessionTimeoutError.errno,
+    Errors.InvalidGroupIdError.errno,
+    Errors.GroupAuthorizationFailedError.errno,
+    Errors.UnsupportedVersionError.errno,
+])
+def test_fatal_join_group_errors_fail_the_member_with_the_reason(code: int) -> None:
+    member = make(instance_id="i-1")
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    member.on_response(request, join_response(error=code, member_id="", generation=-1), 0)
+    [failed] = member.take_events()
+    assert isinstance(failed, MemberFailed) and failed.error_code == code
+    assert "JoinGroup failed with" in failed.message and "fatal" in failed.message
+    assert member.state is MemberState.FATAL and member.fatal_error == failed.message
+    assert member.poll(10_000) == [] and member.next_deadline() is None
+    with pytest.raises(MemberFatalError):
+        member.subscribe(["foo"])
+
+
+def test_join_group_unknown_member_resets_the_member_id_and_rejoins_at_once() -> None:
+    member = make()
+    to_stable(member, {"foo": [0]})
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL)
+    assert member.poll(INTERVAL) == []  # eager: the revocation comes first
+    [revoke] = member.take_events()
+    member.revocation_done(INTERVAL, revoke.revocation_id)
+    rejoin = only(member.poll(INTERVAL), m.JoinGroupRequest)
+    member.on_response(rejoin, join_response(error=UNKNOWN_MEMBER, member_id="", generation=-1), INTERVAL)
+    again = only(member.poll(INTERVAL), m.JoinGroupRequest)
+    assert again.member_id == "" and subscription_of(again).generation_id == -1
+
+
+@pytest.mark.parametrize("code,event", [(NOT_COORDINATOR, True), (COORDINATOR_NOT_AVAILABLE, True), (LOAD_IN_PROGRESS, False)])
+def test_join_group_coordinator_errors_retry_after_the_backoff(code: int, event: bool) -> None:
+    member = make()
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    member.on_response(request, join_response(error=code, member_id="", generation=-1), 0)
+    assert member.take_events() == ([CoordinatorUnavailable(code)] if event else [])
+    assert member.poll(BACKOFF - 1) == [] and member.next_deadline() == BACKOFF
+    assert isinstance(only(member.poll(BACKOFF), m.JoinGroupRequest), m.JoinGroupRequest)
+
+
+def test_join_group_rebalance_in_progress_and_failures_retry() -> None:
+    member = make()
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    member.on_response(request, join_response(error=REBALANCE_IN_PROGRESS, member_id="", generation=-1), 0)
+    again = only(member.poll(0), m.JoinGroupRequest)  # at once
+    member.on_request_failed(again, 50)
+    assert member.poll(50) == []
+    assert isinstance(only(member.poll(50 + BACKOFF), m.JoinGroupRequest), m.JoinGroupRequest)
+
+
+def test_sync_group_rebalance_in_progress_rejoins_at_once_keeping_generation_and_id() -> None:
+    member = make()
+    member.subscribe(["foo"])
+    sync = join(member, 0, join_response(generation=3, member_id="m1"))
+    member.on_response(sync, sync_response(error=REBALANCE_IN_PROGRESS), 1)
+    rejoin = only(member.poll(1), m.JoinGroupRequest)
+    assert (rejoin.member_id, subscription_of(rejoin).generation_id) == ("m1", 3)
+
+
+@pytest.mark.parametrize("code,keeps_id", [(UNKNOWN_MEMBER, False), (ILLEGAL_GENERATION, True)])
+def test_sync_group_unknown_member_or_illegal_generation_loses_partitions_and_resets(code: int, keeps_id: bool) -> None:
+    member = make(assignors=("cooperative-sticky",))
+    to_stable(member, {"foo": [0, 1]}, protocol="cooperative-sticky")
+    member.take_events()
+    member.request_rejoin("test")
+    rejoin = only(member.poll(1), m.JoinGroupRequest)
+    member.on_response(rejoin, join_response(generation=2, protocol="cooperative-sticky"), 1)
+    sync = only(member.poll(1), m.SyncGroupRequest)
+    member.on_response(sync, sync_response(error=code, protocol="cooperative-sticky"), 2)
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), code)]
+    again = only(member.poll(2), m.JoinGroupRequest)
+    assert again.member_id == ("m1" if keeps_id else "")
+    assert subscription_of(again).generation_id == -1 and subscription_of(again).owned_partitions == {}
+
+
+def test_sync_group_fenced_instance_is_fatal_and_coordinator_errors_rejoin_after_the_backoff() -> None:
+    fenced = make(instance_id="i-1")
+    fenced.subscribe(["foo"])
+    sync = join(fenced, 0, join_response())
+    fenced.on_response(sync, sync_response(error=FENCED_INSTANCE), 1)
+    assert fenced.state is MemberState.FATAL and "another member uses instance id 'i-1'" in fenced.fatal_error
+
+    moved = make()
+    moved.subscribe(["foo"])
+    sync = join(moved, 0, join_response())
+    moved.on_response(sync, sync_response(error=NOT_COORDINATOR), 1)
+    assert moved.take_events() == [CoordinatorUnavailable(NOT_COORDINATOR)]
+    assert [type(r) for r in moved.poll(1)] in ([], [m.HeartbeatRequest])
+    assert m.JoinGroupRequest in [type(r) for r in moved.poll(1 + BACKOFF)]
+
+
+def test_inconsistent_protocol_answers_and_unreadable_assignments_are_fatal_with_their_reason() -> None:
+    named = make()
+    named.subscribe(["foo"])
+    sync = join(named, 0, join_response())
+    named.on_response(sync, sync_response(assignment_bytes({"foo": [0]}), protocol="roundrobin"), 1)
+    assert "SyncGroup answered protocol 'roundrobin', not 'range'" in named.fatal_error
+
+    typed = make()
+    typed.subscribe(["foo"])
+    request = only(typed.poll(0), m.JoinGroupRequest)
+    typed.on_response(request, join_response(protocol_type="connect"), 0)
+    assert "protocol type 'connect'" in typed.fatal_error
+
+    garbled = make()
+    garbled.subscribe(["foo"])
+    sync = join(garbled, 0, join_response())
+    garbled.on_response(sync, sync_response(b"\x00\x00\x00"), 1)
+    assert "the assignment from SyncGroup cannot be read" in garbled.fatal_error
+
+    unknown = make()
+    unknown.subscribe(["foo"])
+    request = only(unknown.poll(0), m.JoinGroupRequest)
+    unknown.on_response(request, join_response(member_id="a", leader="a", protocol="sticky", members=[member_entry("a", ("foo",))]), 0)
+    assert "selected protocol 'sticky'" in unknown.fatal_error
+
+
+def test_an_empty_assignment_is_no_partitions() -> None:
+    member = make()
+    member.subscribe(["foo"])
+    sync = join(member, 0, join_response())
+    member.on_response(sync, sync_response(b""), 1)
+    assert member.state is MemberState.STABLE and member.owned_partitions == PartitionSet()
+
+
+@pytest.mark.parametrize("code,keeps_id", [(UNKNOWN_MEMBER, False), (ILLEGAL_GENERATION, True)])
+def test_heartbeat_unknown_member_or_illegal_generation_loses_everything_and_rejoins(code: int, keeps_id: bool) -> None:
+    member = make()
+    to_stable(member, {"foo": [0, 1]})
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=code), INTERVAL)
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), code)]
+    assert member.state is MemberState.JOINING and member.member_epoch == -1
+    rejoin = only(member.poll(INTERVAL), m.JoinGroupRequest)
+    assert rejoin.member_id == ("m1" if keeps_id else "")
+
+
+def test_heartbeat_fenced_instance_is_fatal() -> None:
+    member = make(instance_id="i-1")
+    to_stable(member, {"foo": [0]})
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=FENCED_INSTANCE), INTERVAL)
+    events = member.take_events()
+    assert events[0] == PartitionsLost(parts(FOO, 0), FENCED_INSTANCE) and isinstance(events[1], MemberFailed)
+    assert member.state is MemberState.FATAL
+
+
+def test_heartbeat_answers_for_an_older_generation_are_ignored() -> None:
+    member = make(assignors=("cooperative-sticky",))
+    to_stable(member, {"foo": [0]}, protocol="cooperative-sticky")
+    member.take_events()
+    old_heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.request_rejoin("test")
+    rejoin = only(member.poll(INTERVAL), m.JoinGroupRequest)
+    member.on_response(rejoin, join_response(generation=2, protocol="cooperative-sticky"), INTERVAL)
+    member.on_response(old_heartbeat, m.HeartbeatResponse(error_code=ILLEGAL_GENERATION), INTERVAL)
+    assert member.take_events() == [] and member.member_epoch == 2
+
+
+def test_heartbeat_rebalance_in_progress_is_ignored_while_completing_and_other_errors_retry() -> None:
+    member = make()
+    member.subscribe(["foo"])
+    sync = join(member, 0, join_response())
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL)
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0]})), INTERVAL)
+    assert member.state is MemberState.STABLE  # not asked to rejoin
+    heartbeat = only(member.poll(2 * INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=NOT_COORDINATOR), 2 * INTERVAL)
+    assert CoordinatorUnavailable(NOT_COORDINATOR) in member.take_events()
+    assert member.next_deadline() == 2 * INTERVAL + BACKOFF
+    heartbeat = only(member.poll(2 * INTERVAL + BACKOFF), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=Errors.GroupAuthorizationFailedError.errno), 2 * INTERVAL + BACKOFF)
+    assert member.state is MemberState.STABLE and member.next_deadline() == 2 * INTERVAL + 2 * BACKOFF
+
+
+# ----------------------------------------------------------------------------- guards
+
+
+def test_a_revocation_not_done_within_the_rebalance_timeout_loses_everything_and_rejoins_afresh() -> None:
+    member = make()
+    to_stable(member, {"foo": [0, 1]})
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL + 10)
+    assert member.poll(INTERVAL + 10) == []
+    [revoke] = member.take_events()
+    assert member.next_deadline() <= INTERVAL + REBALANCE
+    # Heartbeats keep going (and keep being answered) while the application is stuck.
+    now = 2 * INTERVAL
+    while now < INTERVAL + REBALANCE:
+        for request in member.poll(now):
+            member.on_response(request, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), now)
+        now += INTERVAL
+    requests = member.poll(INTERVAL + REBALANCE)
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
+    rejoin = only(requests, m.JoinGroupRequest)
+    assert rejoin.member_id == ""
+    member.revocation_done(now, revoke.revocation_id)  # too late: ignored
+    assert member.take_events() == []
+
+
+def test_without_answers_for_a_session_the_member_looks_the_coordinator_up_again() -> None:
+    member = make()
+    to_stable(member, {"foo": [0]})
+    member.take_events()
+    for now in range(INTERVAL, SESSION, INTERVAL):
+        for request in member.poll(now):
+            member.on_request_failed(request, now)
+    member.poll(SESSION)
+    assert member.take_events() == [CoordinatorUnavailable(TIMED_OUT)]
+    assert member.owned_partitions == parts(FOO, 0)  # Kafka's behaviour: kept
+
+    guarded = make(lose_partitions_on_session_timeout=True)
+    to_stable(guarded, {"foo": [0]})
+    guarded.take_events()
+    requests = guarded.poll(SESSION)
+    assert guarded.take_events() == [CoordinatorUnavailable(TIMED_OUT), PartitionsLost(parts(FOO, 0), TIMED_OUT)]
+    assert only(requests, m.JoinGroupRequest).member_id == ""
+
+
+# ----------------------------------------------------------------------------- leaving
+
+
+def test_a_dynamic_member_revokes_then_sends_leave_group() -> None:
+    member = make()
+    to_stable(member, {"foo": [0]})
+    member.take_events()
+    member.leave(5)
+    [revoke] = member.take_events()
+    assert member.state is MemberState.PREPARE_LEAVING and member.poll(5) == []
+    member.revocation_done(6, revoke.revocation_id)
+    leave = only(member.poll(6), m.LeaveGroupRequest)
+    assert [(e.member_id, e.group_instance_id) for e in leave.members] == [("m1", None)]
+    member.on_response(leave, m.LeaveGroupResponse(error_code=NONE, members=[]), 7)
+    assert member.take_events() == [LeftGroup(-1)]
+    assert member.state is MemberState.UNSUBSCRIBED and member.member_id == ""
+
+
+def test_a_static_member_keeps_its_session_on_close_unless_leaving_for_good() -> None:
+    member = make(instance_id="i-1")
+    to_stable(member, {"foo": [0]})
+    member.take_events()
+    member.close(5)
+    [revoke] = member.take_events()
+    member.revocation_done(6, revoke.revocation_id)
+    assert member.poll(6) == []  # no LeaveGroup: the session keeps its assignment for its return
+    assert member.take_events() == [LeftGroup(-2)]
+    with pytest.raises(RuntimeError, match="closed"):
+        member.subscribe(["foo"])
+
+    for_good = make(instance_id="i-2")
+    to_stable(for_good, {"foo": [0]})
+    for_good.take_events()
+    for_good.leave(5, permanent=True)
+    [revoke] = for_good.take_events()
+    for_good.revocation_done(6, revoke.revocation_id)
+    leave = only(for_good.poll(6), m.LeaveGroupRequest)
+    assert [(e.member_id, e.group_instance_id) for e in leave.members] == [("m1", "i-2")]
+    for_good.on_request_failed(leave, 7)  # best effort
+    assert for_good.take_events() == [LeftGroup(-1)]
+
+
+def test_a_member_that_cannot_commit_loses_its_partitions_and_sends_leave_group_at_once() -> None:
+    # Its processing failed: no revocation is waited for, and a static member leaves for good.
+    member = make(instance_id="i-1")
+    to_stable(member, {"foo": [0, 1]})
+    member.take_events()
+    member.leave(5, permanent=True, lose=True)
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), 0)]
+    assert member.owned_partitions == frozenset()
+    leave = only(member.poll(5), m.LeaveGroupRequest)
+    assert [(e.member_id, e.group_instance_id) for e in leave.members] == [("m1", "i-1")]
+    member.on_response(leave, m.LeaveGroupResponse(error_code=NONE, members=[]), 6)
+    assert member.take_events() == [LeftGroup(-1)]
+
+
+def test_leaving_before_joining_sends_nothing() -> None:
+    member = make()
+    member.subscribe(["foo"])
+    member.leave(0)
+    assert member.poll(0) == [] and member.take_events() == [LeftGroup(None)]
+
+
+# ----------------------------------------------------------------------------- inside a KIP-848 group
+
+
+def test_inside_a_consumer_group_a_cooperative_member_reconciles_through_rejoins() -> None:
+    """Kafka's testReconciliationInJoiningConsumerGroupWithCooperativeProtocol, from the member's
+    side: the coordinator answers as for a follower, generation = member epoch; the member holds
+    foo-0..3 at epoch 10 and its target at epoch 11 is foo-0,1 plus bar-0, which another member
+    still holds."""
+    member = make(assignors=("cooperative-sticky",))
+    to_stable(member, {"foo": [0, 1, 2, 3]}, generation=10, protocol="cooperative-sticky")
+    member.take_events()
+    # The group epoch moved: Heartbeat says REBALANCE_IN_PROGRESS.
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL)
+    rejoin = only(member.poll(INTERVAL), m.JoinGroupRequest)
+    assert subscription_of(rejoin).owned_partitions == {"foo": frozenset({0, 1, 2, 3})}
+    # UNREVOKED_PARTITIONS: still epoch 10; SyncGroup gives current ∩ target, encoded at v1.
+    member.on_response(rejoin, join_response(generation=10, leader="", protocol="cooperative-sticky"), INTERVAL)
+    sync = only(member.poll(INTERVAL), m.SyncGroupRequest)
+    assert sync.generation_id == 10 and sync.assignments == []
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0, 1]}, version=1), protocol="cooperative-sticky"), INTERVAL)
+    [revoke] = member.take_events()
+    assert revoke.partitions == parts(FOO, 2, 3)
+    member.revocation_done(INTERVAL + 1, revoke.revocation_id)
+    # The rejoin advances it to epoch 11 (UNRELEASED_PARTITIONS: bar-0 not released yet).
+    again = only(member.poll(INTERVAL + 1), m.JoinGroupRequest)
+    member.on_response(again, join_response(generation=11, leader="", protocol="cooperative-sticky"), INTERVAL + 1)
+    sync = only(member.poll(INTERVAL + 1), m.SyncGroupRequest)
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0, 1]}), protocol="cooperative-sticky"), INTERVAL + 1)
+    assert member.take_events() == [] and member.member_epoch == 11
+    # bar-0 is released: Heartbeat says REBALANCE_IN_PROGRESS again; the rejoin collects it.
+    now = 2 * INTERVAL + 1
+    heartbeat = only(member.poll(now), m.HeartbeatRequest)
+    assert heartbeat.generation_id == 11
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), now)
+    last = only(member.poll(now), m.JoinGroupRequest)
+    member.on_response(last, join_response(generation=11, leader="", protocol="cooperative-sticky"), now)
+    sync = only(member.poll(now), m.SyncGroupRequest)
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0, 1], "bar": [0]}), protocol="cooperative-sticky"), now)
+    assert member.take_events() == [PartitionsAssigned(parts(BAR, 0), 11)]
+    assert member.owned_partitions == parts(FOO, 0, 1) | parts(BAR, 0) and member.state is MemberState.STABLE
+
+
+def test_inside_a_consumer_group_an_eager_member_revokes_all_and_advances_on_rejoin() -> None:
+    member = make()
+    to_stable(member, {"foo": [0, 1]}, generation=10)
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL)
+    assert member.poll(INTERVAL) == []
+    [revoke] = member.take_events()
+    assert revoke.partitions == parts(FOO, 0, 1)
+    member.revocation_done(INTERVAL, revoke.revocation_id)
+    rejoin = only(member.poll(INTERVAL), m.JoinGroupRequest)
+    assert subscription_of(rejoin).owned_partitions == {}
+    member.on_response(rejoin, join_response(generation=11, leader=""), INTERVAL)
+    sync = only(member.poll(INTERVAL), m.SyncGroupRequest)
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0]}, version=3)), INTERVAL)
+    assert member.take_events() == [PartitionsAssigned(parts(FOO, 0), 11)]
+
+
+# ----------------------------------------------------------------------------- configuration and helpers
+
+
+def test_the_rebalance_protocol_is_the_best_every_assignor_supports() -> None:
+    assert ClassicMemberConfig(group_id="g").rebalance_protocol is RebalanceProtocol.EAGER  # range + cooperative-sticky
+    assert ClassicMemberConfig(group_id="g", assignors=("cooperative-sticky", "uniform")).rebalance_protocol is RebalanceProtocol.COOPERATIVE
+    assert ClassicMemberConfig(group_id="g", assignors=(RecordingAssignor(),)).rebalance_protocol is RebalanceProtocol.COOPERATIVE
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"group_id": ""}, "group_id"),
+    ({"group_id": "g", "assignors": ()}, "at least one assignor"),
+    ({"group_id": "g", "assignors": ("roundrobin",)}, "unknown assignor"),
+    ({"group_id": "g", "assignors": ("range", "range")}, "unique"),
+    ({"group_id": "g", "heartbeat_interval_ms": 5000, "session_timeout_ms": 5000}, "heartbeat_interval_ms"),
+    ({"group_id": "g", "instance_id": ""}, "instance_id"),
+])
+def test_bad_configuration_is_refused_with_the_reason(kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        ClassicMemberConfig(**kwargs)
+
+
+def test_topic_names_in_lists_what_a_response_makes_the_member_resolve() -> None:
+    members = [member_entry("a", ("foo",), owned={"bar": [1]}), ("b", None, b"junk")]
+    assert topic_names_in(join_response(members=members)) == {"foo", "bar"}
+    assert topic_names_in(sync_response(assignment_bytes({"baz": [0]}))) == {"baz"}
+    assert topic_names_in(sync_response(error=REBALANCE_IN_PROGRESS)) == set()
+    assert topic_names_in(m.HeartbeatResponse(error_code=0)) == set()
