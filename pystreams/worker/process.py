@@ -895,7 +895,7 @@ class StreamThread:
             except queue.Empty:
                 return
             if future.set_running_or_notify_cancel():
-                future.set_exception(RuntimeError(f"{self.name}: the engine thread stopped"))
+                future.set_exception(EngineStopped(f"{self.name}: the engine thread stopped"))
 
     def _tasks_migrated_threadsafe(self, error: TaskMigratedError) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed already
