@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from worker_support import Cluster, Workers, fleet_of, wait_for
 
+from pystreams.broker import EmbeddedBroker, free_port
 from pystreams.commands.dev import ensure_input_topics
 
 pytestmark = pytest.mark.integration
@@ -180,3 +183,34 @@ def test_processing_errors_are_skipped_by_their_own_policy_while_deserialization
     finally:
         counts.close()
     assert "deserialization error on events-2@2" in workers.log(0)
+
+
+# -- a wrong --coordinator address ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", ["nothing-listens", "a-kafka-broker"])
+def test_a_worker_given_a_wrong_coordinator_address_says_what_is_there_and_gives_up(tmp_path: Path, given: str) -> None:
+    broker = EmbeddedBroker(port=None)
+    broker.start()
+    try:
+        ensure_input_topics(broker.bootstrap_servers, ["events"], partitions=1)
+        address = f"127.0.0.1:{free_port()}" if given == "nothing-listens" else broker.bootstrap_servers
+        done = subprocess.run(
+            [sys.executable, "-m", "pystreams", "worker", str(APP), "--bootstrap-servers", broker.bootstrap_servers,
+             "--coordinator", address, "--state-dir", str(tmp_path / "state"), "--coordinator-connect-timeout-ms", "3000"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=90,
+        )
+    finally:
+        broker.stop()
+    output = done.stdout
+    assert done.returncode == 1, output
+    said = (f"nothing listens at {address} — is the coordinator running?" if given == "nothing-listens"
+            else f"{address} is a Kafka broker, not a pystreams coordinator")
+    levels = [line.split()[2] for line in output.splitlines() if said in line and line[:2] == "20"]
+    if given == "nothing-listens":
+        assert levels[0] == "INFO" and "WARNING" in levels, output  # a coordinator may just be starting
+    else:
+        assert levels[0] == "WARNING", output  # retrying will not make a broker a coordinator
+    last_said = [line for line in output.splitlines() if line.startswith("worker: ")][-1]
+    assert last_said.startswith(f"worker: stream-thread-0: no coordinator reached within 3 s, giving up: {said}"), output
+    assert "Traceback" not in output

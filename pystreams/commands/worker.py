@@ -30,6 +30,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the Kafka cluster holding the data (env PYSTREAMS_BOOTSTRAP_SERVERS)")
     parser.add_argument("--coordinator", default=env("PYSTREAMS_COORDINATOR"),
                         help="HOST:PORT of the group coordinator (env PYSTREAMS_COORDINATOR)")
+    parser.add_argument("--coordinator-connect-timeout-ms", type=options.non_negative_int,
+                        default=env("PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS", "60000"),
+                        help="exit when the coordinator was never reached within this long (nothing listens there, "
+                             "or it is a Kafka broker); 0 retries forever; a worker that once reached it always "
+                             "retries (env PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS; default 60000)")
     parser.add_argument("--instance-id", default=env("PYSTREAMS_INSTANCE_ID") or None,
                         help="static membership: leave with -2 and get the same tasks back on restart (env PYSTREAMS_INSTANCE_ID)")
     parser.add_argument("--state-dir", default=env("PYSTREAMS_STATE_DIR") or None,
@@ -140,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             app=args.app,
             bootstrap_servers=args.bootstrap_servers,
             coordinator=args.coordinator,
+            coordinator_connect_timeout_ms=int(args.coordinator_connect_timeout_ms) or None,
             instance_id=args.instance_id,
             state_dir=args.state_dir,
             threads=int(args.threads),

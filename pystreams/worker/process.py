@@ -158,6 +158,9 @@ class WorkerSettings:
     app: str  # path/to/app.py or module[:attribute]
     bootstrap_servers: str  # the Kafka cluster (data)
     coordinator: str  # where the group coordinator is bootstrapped
+    #: Give up (exit 1) when no coordinator was ever reached within this long; None: retry
+    #: forever. A worker that once reached it keeps retrying (the coordinator restarts).
+    coordinator_connect_timeout_ms: int | None = 60_000
     instance_id: str | None = None
     state_dir: str | None = None
     threads: int = 1
@@ -345,6 +348,7 @@ class StreamThread:
             metadata_max_age_ms=_CLASSIC_METADATA_MAX_AGE_MS,
             on_event=self._on_event,
             security=settings.coordinator_security,
+            connect_timeout_ms=settings.coordinator_connect_timeout_ms,
         )
         self._task_of_partition: dict[TopicPartition, TaskId] = {
             TopicPartition(*pair): task for task in resolved.tasks for pair in resolved.input_partitions(task)
@@ -549,7 +553,10 @@ class StreamThread:
         elif isinstance(event, InstanceIdUnreleased):
             self._log_unreleased_instance_id(event)
         elif isinstance(event, MemberFailed):
-            self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
+            if self.driver.gave_up is not None:  # the message says it all (cause and fix)
+                self._on_fatal(f"{self.name}: {event.message}")
+            else:
+                self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
         elif isinstance(event, LeftGroup):
             log.info("%s: left the group (epoch %s)", self.name, event.member_epoch_sent)
 
