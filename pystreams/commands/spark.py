@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     # Everything that can be checked without a Spark session is, before paying for one: nodes
     # Spark cannot run, the checkpoint's offsets against the cluster, pyspark and Java.
     plan = compile_topology(topology, topics_matching=cluster_pattern_matcher(args.bootstrap_servers))
+    check_source_topics(args.bootstrap_servers, plan.source_topics)
     checkpoint = args.checkpoint or str(Path(".pystreams-spark") / topology.app_id)
     if args.fail_on_data_loss:
         check_checkpoint(checkpoint, args.bootstrap_servers, plan.source_topics)
@@ -164,6 +165,17 @@ def query_failure(text: str) -> str | None:
         kind = ErrorKind.DESERIALIZATION if "deserialization error" in message else ErrorKind.PROCESSING
         message += f" ({skip_hint(kind)})"
     return message
+
+
+def check_source_topics(bootstrap_servers: str, topics: tuple[str, ...]) -> None:
+    """Spark's source would fail on a missing topic only once the session runs, in a stack trace."""
+    from pystreams.cluster import ClusterMetadata
+    from pystreams.commands.explain import CommandError, missing_topics_message
+
+    with ClusterMetadata(bootstrap_servers) as cluster:
+        missing = set(topics) - set(cluster.fetch_topics(topics))
+    if missing:
+        raise CommandError(missing_topics_message(missing, bootstrap_servers))
 
 
 def check_checkpoint(checkpoint: str, bootstrap_servers: str, topics: tuple[str, ...]) -> None:
