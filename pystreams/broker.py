@@ -30,6 +30,7 @@ __all__ = [
     "BrokerStartError",
     "EmbeddedBroker",
     "free_port",
+    "port_is_free",
     "responds_to_kafka",
     "running_brokers",
     "stop_all_brokers",
@@ -56,6 +57,11 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (a port in TIME_WAIT counts as free)."""
+    return _port_is_bindable(host, port)
 
 
 def _port_is_bindable(host: str, port: int) -> bool:

@@ -8,6 +8,7 @@ example's, so sharing them between tests would mix their data.
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -113,6 +114,26 @@ def test_sigkill_reprocesses_at_most_the_uncommitted_records(cluster: tuple[str,
     excess = sum(counts.values()) - sum(expected.values())
     assert 0 <= excess <= first_half_words
     assert workers.stop_all()[0] == 0
+
+
+@pytest.mark.parametrize("role", ["broker", "coordinator"])
+def test_pystreams_dev_with_a_port_taken_says_which_and_how_to_choose_another_and_starts_nothing(role: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        ports = {"broker": ["--broker-port", str(taken), "--coordinator-port", "0"],
+                 "coordinator": ["--broker-port", "0", "--coordinator-port", str(taken)]}[role]
+        result = subprocess.run([sys.executable, "-m", "pystreams", "dev", *ports], capture_output=True, text=True,
+                                timeout=60, cwd=ROOT)
+    assert result.returncode == 1
+    assert result.stdout == ""  # no broker was started, so none is stopped
+    assert result.stderr.splitlines() == [
+        f"pystreams dev: port {taken} on 127.0.0.1, the {role}'s, is taken ("
+        + ("another `pystreams dev`, or a Kafka broker?" if role == "broker"
+           else "another `pystreams dev` or `pystreams coordinator`?")
+        + f"); choose another with --{role}-port PORT, or --{role}-port 0 for a free one"
+    ]
 
 
 def test_pystreams_dev_counts_the_corpus_end_to_end() -> None:
