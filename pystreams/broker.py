@@ -4,8 +4,9 @@ Used by the test suite, by ``pystreams broker`` and by anyone who wants a throw-
 loopback. It is memory-only, so stopping it loses every topic; that is why :meth:`stop` does
 not bother with a graceful shutdown (Tansu's SIGTERM waits ~5 s while clients are connected).
 
-Known differences from Apache Kafka are listed in docs/DESIGN.md ("Facts verified on these
-machines"); design tests around them rather than trusting this broker blindly.
+Known differences from Apache Kafka (end offsets one batch short, no compaction, unfiltered
+``read_committed``, ...) are listed in docs/broker-quirks.md; design code and tests around them
+rather than trusting this broker blindly.
 """
 from __future__ import annotations
 
