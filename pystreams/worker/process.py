@@ -693,20 +693,26 @@ class StreamThread:
                 self._loop.call_soon_threadsafe(self.driver.request_heartbeat)
 
     async def read_store(self, task: TaskId, store: str, key: bytes, *, include_standby: bool) -> tuple[bool, bytes | None]:
-        """Interactive queries: (whether this thread has the task, the value bytes), read on
-        the engine thread. Standby replicas answer only when ``include_standby``."""
-        def read() -> tuple[bool, bytes | None]:
+        """Interactive queries: (whether this thread has the task, the value bytes of ``key``)."""
+        return await self.read_store_with(task, store, lambda kv: kv.get(key), include_standby=include_standby)
+
+    async def read_store_with(self, task: TaskId, store: str, read: Callable[[Any], T], *,
+                              include_standby: bool) -> tuple[bool, T | None]:
+        """Interactive queries: (whether this thread has the task, ``read(the task's store)``),
+        run on the engine thread (``read`` must not keep iterators: the store moves on). Standby
+        replicas answer only when ``include_standby``."""
+        def run() -> tuple[bool, T | None]:
             active = self.engine.tasks.get(task)
             if active is not None and task not in self.restoring:
-                return True, active.graph.typed_stores[store].raw.get(key)
+                return True, read(active.graph.typed_stores[store].raw)
             standby = self.engine.standby_tasks.get(task) if include_standby else None
             if standby is not None:
-                return True, standby.state.store(store).get(key)
+                return True, read(standby.state.store(store))
             return False, None
 
         if task not in self._running and not (include_standby and task in self.engine.standby_tasks):
             return False, None
-        return await self._call_engine(read)
+        return await self._call_engine(run)
 
     def _tasks_touching(self, partitions: Iterable[TopicPartition]) -> list[TaskId]:
         touched = {self._task_of_partition[p] for p in partitions if p in self._task_of_partition}
