@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 import tempfile
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +104,10 @@ class _DriverSender:
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None:
         self._driver._written(topic, key, value, timestamp_ms, ())
+
+    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None,
+                         partitioner: Callable[[bytes, int], int]) -> None:
+        self._driver._written(topic, key, value, timestamp_ms, (), partitioner)
 
     def send_with_headers(
         self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
@@ -344,12 +348,13 @@ class TopologyTestDriver:
             raise ValueError(f"sinks write {topic!r} with different serdes; pass key= and value=")
         return next(iter(serde_pairs))
 
-    def _partition_for(self, key: bytes | None, count: int) -> int:
+    def _partition_for(self, key: bytes | None, count: int,
+                       partitioner: Callable[[bytes, int], int] = partition_for_key) -> int:
         if count == 1:
             return 0
         if key is None:
             return self._null_key_partitions.randrange(count)
-        return partition_for_key(key, count)
+        return partitioner(key, count)
 
     def _written(
         self,
@@ -358,9 +363,10 @@ class TopologyTestDriver:
         value: bytes | None,
         timestamp: int | None,
         headers: tuple[tuple[str, bytes], ...],
+        partitioner: Callable[[bytes, int], int] = partition_for_key,
     ) -> None:
         count = self._partition_counts.get(topic, 1)
-        record = _Written(topic, self._partition_for(key, count), key, value,
+        record = _Written(topic, self._partition_for(key, count, partitioner), key, value,
                           timestamp if timestamp is not None else self.wall_clock_ms, headers)
         if topic in self._repartition_topics:
             self._pending.append(record)

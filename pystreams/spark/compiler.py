@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pystreams.topology.errors import TopologyError
+from pystreams.topology.kernels import sink_partitioner
 from pystreams.topology.ir import (
     AggregateNode,
     AggregationNode,
@@ -744,7 +745,21 @@ def cluster_partition_counts(bootstrap_servers: str, topology: Topology) -> dict
 # -- the query ------------------------------------------------------------------------------------
 
 
-def _write_batch_to_kafka(bootstrap_servers: str) -> Callable[[Any, int], None]:
+def send_rows(producer: Any, rows: Iterable[tuple[str, bytes | None, bytes | None, int | None]],
+              partitioner: Callable[[bytes, int], int] | None) -> None:
+    """Send (topic, key, value, timestamp) rows; a keyed row goes to ``partitioner``'s partition
+    when there is one (a windowed sink's), else where the producer's default puts it."""
+    for topic, key, value, ts in rows:
+        partition = None
+        if partitioner is not None and key is not None:
+            partition = partitioner(key, len(producer.partitions_for(topic)))
+        producer.send(topic, key=key, value=value, partition=partition, timestamp_ms=ts if ts is not None and ts >= 0 else None)
+
+
+def _write_batch_to_kafka(bootstrap_servers: str,
+                          partitioner: Callable[[bytes, int], int] | None = None) -> Callable[[Any, int], None]:
+    """Each micro-batch's rows to Kafka; a key's partition is ``partitioner``'s (the sink's:
+    ``kernels.sink_partitioner``, the worker's rule) or the producer's default."""
     def produce(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         from kafka import KafkaProducer
@@ -760,8 +775,7 @@ def _write_batch_to_kafka(bootstrap_servers: str) -> Callable[[Any, int], None]:
         try:
             for batch in batches:
                 columns = [batch.column(i).to_pylist() for i in range(4)]
-                for topic, key, value, ts in zip(*columns, strict=True):
-                    producer.send(topic, key=key, value=value, timestamp_ms=ts if ts is not None and ts >= 0 else None)
+                send_rows(producer, zip(*columns, strict=True), partitioner)
                 written += batch.num_rows
             # Spark marks the batch done when foreachBatch returns: everything must be acked.
             producer.flush()
@@ -911,7 +925,7 @@ def to_spark(
             built[sink.node] = (
                 rows.select(F.lit(sink.topic).alias("topic"), "key", "value", "ts")
                 .writeStream.queryName(f"pystreams-{topology.app_id}-{sink.node}")
-                .foreachBatch(_write_batch_to_kafka(bootstrap_servers))
+                .foreachBatch(_write_batch_to_kafka(bootstrap_servers, sink_partitioner(topology.nodes[sink.node])))
                 # Update mode: aggregations emit each changed key once per batch; stateless rows pass.
                 .outputMode("update")
                 .option("checkpointLocation", str(Path(checkpoint) / sink.node))
