@@ -308,10 +308,16 @@ def join_pair(side: JoinSide, value: Any, other: Any) -> tuple[Any, Any]:
 
 
 def next_punctuation_due(due: int | None, now: int, interval_ms: int) -> int:
-    """When a punctuation that fired at ``now`` is due next (``due``: when it was due, None if
-    never scheduled): missed intervals are skipped, not replayed."""
-    next_due = (due if due is not None else now) + interval_ms
-    return next_due if next_due > now else now + interval_ms
+    """When a punctuation that fired at ``now`` is due next — Kafka Streams'
+    ``PunctuationSchedule.next``: the next point after ``now`` on the schedule's grid (``due``
+    + k * interval), so missed intervals are skipped, not replayed, and the grid is kept.
+    ``due`` None: a stream-time schedule's first firing; Kafka Streams starts those at 0
+    (``StreamTask.schedule``), so their grid is aligned to the epoch."""
+    base = 0 if due is None else due
+    next_due = base + interval_ms
+    if now >= next_due:
+        next_due = base + ((now - base) // interval_ms + 1) * interval_ms
+    return next_due
 
 
 @dataclass(slots=True)
