@@ -380,18 +380,26 @@ async def test_unreachable_bootstrap_backs_off_then_connects() -> None:
         await harness.stop()
 
 
-def unreachable_driver(bootstrap: str, **options: object) -> MemberDriver:
+async def given_up_at(bootstrap: str, connect_timeout_ms: int) -> MemberFailed:
+    """Run a member toward ``bootstrap`` until its driver gives up; the MemberFailed it got."""
     driver = MemberDriver(MemberConfig(group_id="g", server_assignor="uniform"), bootstrap, request_timeout_ms=1_000,
-                          reconnect_backoff_ms=10, reconnect_backoff_max_ms=50, random=lambda: 0.5, **options)
+                          reconnect_backoff_ms=10, reconnect_backoff_max_ms=50, random=lambda: 0.5,
+                          connect_timeout_ms=connect_timeout_ms)
     driver.subscribe(topics=["foo"])
-    return driver
 
+    async def next_failure() -> MemberFailed:
+        while True:
+            event = await driver.events.get()
+            if isinstance(event, MemberFailed):
+                return event
 
-async def next_failure(driver: MemberDriver) -> MemberFailed:
-    while True:
-        event = await driver.events.get()
-        if isinstance(event, MemberFailed):
-            return event
+    try:
+        await driver.start()
+        failed = await asyncio.wait_for(next_failure(), GUARD_S)
+    finally:
+        await driver.close(timeout_s=1)
+    assert driver.gave_up == failed.message
+    return failed
 
 
 @async_test
@@ -399,15 +407,10 @@ async def test_nothing_listening_is_said_at_info_then_warning_and_given_up_after
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     port = free_port()
-    driver = unreachable_driver(f"127.0.0.1:{port}", connect_timeout_ms=600)
     caplog.set_level(logging.INFO, logger="pystreams.client.driver")
-    try:
-        await driver.start()
-        failed = await asyncio.wait_for(next_failure(driver), GUARD_S)
-    finally:
-        await driver.close(timeout_s=1)
+    failed = await given_up_at(f"127.0.0.1:{port}", connect_timeout_ms=600)
     said = f"nothing listens at 127.0.0.1:{port} — is the coordinator running?"
-    assert said in failed.message and "giving up" in failed.message and driver.gave_up == failed.message
+    assert said in failed.message and "giving up" in failed.message
     levels = [r.levelno for r in caplog.records if said in r.getMessage()]
     # Escalates once failing lasted half the connect timeout; the end is the event's to say.
     assert levels[0] == logging.INFO and logging.WARNING in levels and logging.ERROR not in levels
@@ -418,13 +421,8 @@ async def test_nothing_listening_is_said_at_info_then_warning_and_given_up_after
 async def test_a_kafka_broker_given_as_the_coordinator_is_named_as_one_at_once(
     kafka_bootstrap: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    driver = unreachable_driver(kafka_bootstrap, connect_timeout_ms=400)
     caplog.set_level(logging.INFO, logger="pystreams.client.driver")
-    try:
-        await driver.start()
-        failed = await asyncio.wait_for(next_failure(driver), GUARD_S)
-    finally:
-        await driver.close(timeout_s=1)
+    failed = await given_up_at(kafka_bootstrap, connect_timeout_ms=400)
     said = f"{kafka_bootstrap} is a Kafka broker, not a pystreams coordinator"
     assert said in failed.message and "--coordinator" in failed.message
     first = next(r for r in caplog.records if said in r.getMessage())
