@@ -107,3 +107,18 @@ def test_a_query_reading_two_sources_has_both_checked(tmp_path) -> None:
     left, right = SourceOffsets({"left:0": 4}, "c1"), SourceOffsets({"right:0": 9}, "c1")
     (offsets / "0").write_text("v1\n{}\n" + json.dumps(left.to_json()) + "\n" + json.dumps(right.to_json()) + "\n")
     assert checkpoint_offsets(tmp_path) == {"joined (batch 0, source 0)": left, "joined (batch 0, source 1)": right}
+
+
+def test_a_partition_the_broker_names_no_first_offset_for_starts_at_zero() -> None:
+    # The embedded broker may answer ListOffsets EARLIEST with -1 for a log with no records
+    # yet; kafka-python then leaves it out and its beginning_offsets raises KeyError.
+    from pystreams.spark.kafka_source import first_offsets
+
+    class Consumer:
+        def beginning_offsets(self, partitions: list[str]) -> dict[str, int]:
+            answers = {"lines-0": 4, "lines-1": -1}
+            found = {p: answers[p] for p in partitions if answers[p] != -1}
+            return {p: found[p] for p in partitions}  # KeyError for the one left out, as kafka-python
+
+    assert first_offsets(Consumer(), ["lines-0"]) == {"lines-0": 4}
+    assert first_offsets(Consumer(), ["lines-0", "lines-1"]) == {"lines-0": 4, "lines-1": 0}

@@ -80,7 +80,7 @@ def true_end_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]
     nothing new and the answer stands.
     """
     reported = consumer.end_offsets(list(partitions))
-    beginnings = consumer.beginning_offsets(list(partitions))
+    beginnings = first_offsets(consumer, partitions)
     ends = dict(reported)
     probe = [p for p in partitions if reported[p] > beginnings[p]]
     if not probe:
@@ -103,12 +103,28 @@ def true_end_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]
     return ends
 
 
+def first_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]:
+    """``beginning_offsets``, except that a partition the broker names no first offset for is
+    empty and starts at 0: the embedded broker may answer -1 for a log with no records yet,
+    which kafka-python leaves out of its answer (a KeyError). Apache Kafka always names one."""
+    try:
+        return dict(consumer.beginning_offsets(list(partitions)))
+    except KeyError:
+        found = {}
+        for partition in partitions:
+            try:
+                found.update(consumer.beginning_offsets([partition]))
+            except KeyError:
+                found[partition] = 0
+        return found
+
+
 def log_view(cluster: Any, consumer: Any, partitions: Sequence[Any], ends: Mapping[str, int] | None = None) -> LogView:
     """The logs of ``partitions`` now (``cluster``: a ``ClusterMetadata``): the cluster id,
     topic ids, first offsets and, unless given, true end offsets."""
     topics = sorted({p.topic for p in partitions})
     metadata = cluster.fetch_topics(topics)
-    starts = {partition_key(p.topic, p.partition): o for p, o in consumer.beginning_offsets(list(partitions)).items()}
+    starts = {partition_key(p.topic, p.partition): o for p, o in first_offsets(consumer, partitions).items()}
     if ends is None:
         ends = {partition_key(p.topic, p.partition): o for p, o in true_end_offsets(consumer, partitions).items()}
     return LogView(cluster.cluster_id(), {name: str(meta.topic_id) for name, meta in metadata.items()}, starts,
