@@ -122,3 +122,26 @@ def test_a_partition_the_broker_names_no_first_offset_for_starts_at_zero() -> No
 
     assert first_offsets(Consumer(), ["lines-0"]) == {"lines-0": 4}
     assert first_offsets(Consumer(), ["lines-0", "lines-1"]) == {"lines-0": 4, "lines-1": 0}
+
+
+def test_the_true_end_of_a_log_whose_last_batch_is_larger_than_a_poll(kafka_bootstrap: str, unique_topic) -> None:
+    # The embedded broker reports the last batch's base offset + 1 as the end; a poll may hand
+    # over only part of that batch (max_poll_records), so the end is the fetch's high watermark.
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from pystreams.cluster import ClusterMetadata, TopicSpec
+    from pystreams.spark.kafka_source import true_end_offsets
+
+    topic = unique_topic("true-end")
+    with ClusterMetadata(kafka_bootstrap) as cluster:
+        cluster.ensure_topics([TopicSpec(topic, 1)])
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=1_000, batch_size=1 << 20)
+    for n in range(1_200):  # one batch, as a worker's flush writes them
+        producer.send(topic, value=b"%d" % n, partition=0)
+    producer.flush()
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=None, max_poll_records=100)
+    try:
+        assert true_end_offsets(consumer, [TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 1_200}
+    finally:
+        consumer.close()

@@ -76,8 +76,9 @@ def true_end_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]
     """The next offset to be written per partition, found by fetching.
 
     Some brokers (the embedded one) answer ListOffsets LATEST with the last batch's base
-    offset + 1; reading that last batch gives the real end. On Apache Kafka the fetch returns
-    nothing new and the answer stands.
+    offset + 1; fetching that last batch gives the real end: the high watermark of the fetch
+    response (a poll may hand over only part of a large batch, so its last record is not
+    enough). On Apache Kafka the fetch returns nothing new and the answer stands.
     """
     reported = consumer.end_offsets(list(partitions))
     beginnings = first_offsets(consumer, partitions)
@@ -93,7 +94,7 @@ def true_end_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]
     while waiting and time.monotonic() < deadline:
         for p, records in consumer.poll(timeout_ms=200).items():
             if records:
-                ends[p] = max(ends[p], records[-1].offset + 1)
+                ends[p] = max(ends[p], records[-1].offset + 1, consumer.highwater(p) or 0)
                 waiting.discard(p)
         # A partition whose records were deleted or compacted away returns nothing: its
         # position still moves past the gap.
