@@ -56,6 +56,8 @@ from pystreams.topology.ir import (
     BranchNode,
     BranchOutputNode,
     CountNode,
+    ErrorPolicies,
+    ErrorPolicy,
     FilterNode,
     FlatMapNode,
     FlatMapValuesNode,
@@ -325,6 +327,14 @@ class App:
     """One stream-processing application: its id, default serdes and declared topology.
 
     ``name`` is the application id: it prefixes internal topics and names the consumer group.
+
+    What a bad record does, with Kafka Streams' handlers' names (``"fail"``, the default,
+    ``"log-and-continue"`` or ``"dead-letter"``): ``deserialization_errors`` for records whose
+    key or value cannot be deserialized (``default.deserialization.exception.handler``; a
+    source may set its own), ``processing_errors`` for exceptions raised by the app's
+    functions (``processing.exception.handler``), and ``dead_letter_topic`` where dead letters
+    go (``errors.dead.letter.queue.topic.name``). ``pystreams worker`` and ``pystreams spark``
+    options replace the app-wide ones.
     """
 
     def __init__(
@@ -333,6 +343,9 @@ class App:
         *,
         key_serde: Serde | None = None,
         value_serde: Serde | None = None,
+        deserialization_errors: str = "fail",
+        processing_errors: str = "fail",
+        dead_letter_topic: str | None = None,
         processing_guarantee: str = "at_least_once",
     ) -> None:
         self.app_id = check_name("app", name)
@@ -343,6 +356,12 @@ class App:
         self._nodes: dict[str, Node] = {}
         self._stores: dict[str, Store] = {}
         self._sources_by_topic: dict[str, str] = {}
+        self.error_policies = ErrorPolicies(
+            _policy(deserialization_errors, "deserialization_errors"), _policy(processing_errors, "processing_errors"),
+            None if dead_letter_topic is None else check_name("topic", dead_letter_topic),
+        )
+        #: Sources with a deserialization policy of their own.
+        self._source_policies: dict[str, ErrorPolicy] = {}
 
     def __repr__(self) -> str:
         return f"<App {self.app_id!r}: {len(self._nodes)} nodes>"
@@ -353,7 +372,9 @@ class App:
         """Validate the declarations and build the IR (raises ``TopologyError``)."""
         from pystreams.topology.builder import build
 
-        return build(self.app_id, list(self._nodes.values()), list(self._stores.values()))
+        errors = ErrorPolicies(self.error_policies.deserialization, self.error_policies.processing,
+                               self.error_policies.dead_letter_topic, self._source_policies)
+        return build(self.app_id, list(self._nodes.values()), list(self._stores.values()), errors)
 
     def query(
         self,
@@ -369,17 +390,68 @@ class App:
         has no value. ``endpoints``: any worker's user endpoint(s), HOST:PORT (default: env
         PYSTREAMS_QUERY_ENDPOINTS, comma-separated). ``stale=True`` also reads standby
         replicas. Raises ``pystreams.queries.NotAvailableYet`` while the key's task restores or
-        moves for longer than ``timeout_s``."""
-        from pystreams.queries import KeyNotFound, QueryClient, QueryError, endpoints_from
+        moves for longer than ``timeout_s``.
 
-        spec = self.topology().stores.get(store)
-        if spec is None:
-            raise QueryError(f"app {self.app_id!r} has no store named {store!r}")
-        client = QueryClient(endpoints_from(endpoints))
+        Keys are given as the app uses them — the store's key serde serializes them: for a
+        key-value store the table's key; for window and session stores the grouping key
+        (``query_windows``, ``query_sessions``), never a ``Windowed``."""
+        from pystreams.queries import KeyNotFound
+
+        spec, client = self._query_client(store, endpoints)
         try:
             return client.get(store, key, spec.key_serde, spec.value_serde, timeout_s=timeout_s, stale=stale)
         except KeyNotFound:
             return None
+
+    def query_windows(self, store: str, key: Any, time_from: int | None = None, time_to: int | None = None, *,
+                      endpoints: str | Sequence[str] | None = None, timeout_s: float = 10.0,
+                      stale: bool = False) -> list[tuple[int, Any]]:
+        """Window store: ``(window start ms, value)`` of the windows of ``key`` (the grouping
+        key) whose start lies in ``[time_from, time_to]`` (None: unbounded), oldest first —
+        Kafka Streams' ``ReadOnlyWindowStore.fetch(key, timeFrom, timeTo)``."""
+        spec, client = self._query_client(store, endpoints)
+        windows = client.fetch_windows_bytes(store, spec.key_serde.serialize(key), time_from, time_to,
+                                             timeout_s=timeout_s, stale=stale)
+        return [(start, spec.value_serde.deserialize(value)) for start, value in windows]
+
+    def query_sessions(self, store: str, key: Any, *, endpoints: str | Sequence[str] | None = None,
+                       timeout_s: float = 10.0, stale: bool = False) -> list[tuple[Windowed, Any]]:
+        """Session store: ``(Windowed(key, start, end), value)`` of every session of ``key``
+        (the grouping key) — Kafka Streams' ``ReadOnlySessionStore.fetch(key)``."""
+        spec, client = self._query_client(store, endpoints)
+        sessions = client.fetch_sessions_bytes(store, spec.key_serde.serialize(key), timeout_s=timeout_s, stale=stale)
+        return [(Windowed(key, start, end), spec.value_serde.deserialize(value)) for start, end, value in sessions]
+
+    def query_range(self, store: str, key_from: Any = None, key_to: Any = None, *,
+                    endpoints: str | Sequence[str] | None = None, timeout_s: float = 10.0,
+                    stale: bool = False) -> list[tuple[Any, Any]]:
+        """Key-value store: ``(key, value)`` of the keys in ``[key_from, key_to]`` (both
+        inclusive; None: unbounded) from every task — Kafka Streams' ``range``/``all``.
+        Keys compare as their serialized bytes (text: by code point; ``Int``: negatives after
+        positives), and come back in that order."""
+        spec, client = self._query_client(store, endpoints)
+        serialize = spec.key_serde.serialize
+        entries = client.scan_bytes(store, key_from=None if key_from is None else serialize(key_from),
+                                    key_to=None if key_to is None else serialize(key_to), timeout_s=timeout_s,
+                                    stale=stale)
+        return [(spec.key_serde.deserialize(k), spec.value_serde.deserialize(v)) for k, v in entries]
+
+    def query_prefix(self, store: str, prefix: Any, *, endpoints: str | Sequence[str] | None = None,
+                     timeout_s: float = 10.0, stale: bool = False) -> list[tuple[Any, Any]]:
+        """Key-value store: ``(key, value)`` of the keys whose serialized bytes start with
+        ``prefix`` serialized by the store's key serde (for text keys: a text prefix) — Kafka
+        Streams' ``prefixScan``; ordered by serialized key."""
+        spec, client = self._query_client(store, endpoints)
+        entries = client.scan_bytes(store, prefix=spec.key_serde.serialize(prefix), timeout_s=timeout_s, stale=stale)
+        return [(spec.key_serde.deserialize(k), spec.value_serde.deserialize(v)) for k, v in entries]
+
+    def _query_client(self, store: str, endpoints: str | Sequence[str] | None) -> tuple[Any, Any]:
+        from pystreams.queries import QueryClient, QueryError, endpoints_from
+
+        spec = self.topology().stores.get(store)
+        if spec is None:
+            raise QueryError(f"app {self.app_id!r} has no store named {store!r}")
+        return spec, QueryClient(endpoints_from(endpoints))
 
     # ----------------------------------------------------------------- sources
 
@@ -392,11 +464,14 @@ class App:
         value: Serde | None = None,
         timestamp: TimestampExtractor | None = None,
         name: str | None = None,
+        deserialization_errors: str | None = None,
     ) -> Stream:
         """A stream read from a topic (or several), or from every topic matching an RE2 pattern.
 
         ``timestamp(key, value, record_timestamp_ms) -> ms`` sets event time; without it the
-        record's own timestamp is used.
+        record's own timestamp is used. ``deserialization_errors`` (``"fail"``,
+        ``"log-and-continue"``, ``"dead-letter"``): this source's own policy for records it
+        cannot deserialize, instead of the app's.
         """
         if (topic is None) == (pattern is None):
             raise TopologyError(f"source {name or topic or pattern!r}: give exactly one of a topic or pattern=")
@@ -421,6 +496,7 @@ class App:
             timestamp_extractor=None if timestamp is None else _callable(timestamp, "timestamp extractor"),
         )
         self._add_source(node)
+        self._set_source_policy(node_name, deserialization_errors)
         return Stream(self, node_name)
 
     def table(
@@ -432,8 +508,10 @@ class App:
         value: Serde | None = None,
         timestamp: TimestampExtractor | None = None,
         name: str | None = None,
+        deserialization_errors: str | None = None,
     ) -> Table:
-        """A table read from a topic: the latest value per key, kept in ``store``."""
+        """A table read from a topic: the latest value per key, kept in ``store``
+        (``deserialization_errors``: as for ``topic``)."""
         node_name = name or topic
         store_name = store or node_name
         node = TableSourceNode(
@@ -445,6 +523,7 @@ class App:
             store=store_name,
         )
         self._add_source(node)
+        self._set_source_policy(node_name, deserialization_errors)
         self._add_store(
             Store(
                 name=store_name,
@@ -854,6 +933,10 @@ class App:
         for topic in node.topics:
             self._sources_by_topic[topic] = node.name
 
+    def _set_source_policy(self, node_name: str, policy: str | None) -> None:
+        if policy is not None:
+            self._source_policies[node_name] = _policy(policy, f"source {node_name!r}: deserialization_errors")
+
     def _add_store(self, store: Store) -> None:
         check_name("store", store.name)
         existing = self._stores.get(store.name)
@@ -1126,6 +1209,13 @@ def _keeps_keys(key: Serde | None, key_changing: bool) -> bool:
     return key is None and not key_changing
 
 
+def _policy(policy: str, what: str) -> ErrorPolicy:
+    try:
+        return ErrorPolicy(policy)
+    except ValueError:
+        raise TopologyError(f"{what} must be one of {[p.value for p in ErrorPolicy]}, got {policy!r}") from None
+
+
 def _join_how(how: str, node_name: str) -> JoinHow:
     try:
         return JoinHow(how)
@@ -1135,37 +1225,77 @@ def _join_how(how: str, node_name: str) -> JoinHow:
         ) from None
 
 
+class AppLoadError(ImportError):
+    """The app could not be loaded: no such file or module, a syntax error, or an exception
+    while its module ran. The message names the file and line, and the cause."""
+
+
+class AppNotFound(AppLoadError, LookupError):
+    """The module loaded, but it does not hold the one ``App`` asked for."""
+
+
 def load_app(target: str) -> App:
     """Load an app from ``path/to/app.py`` or ``package.module``, optionally ``:attribute``.
 
     Without an attribute: the module's ``app`` if it is an ``App``, else its only ``App``.
     A file's directory goes on ``sys.path`` first, as when Python runs it as a script.
+    Raises :class:`AppLoadError` (with the file, line and cause) when it cannot.
     """
     location, _, attribute = target.partition(":") if not Path(target).exists() else (target, "", "")
     if location.endswith(".py") or Path(location).exists():
         path = Path(location).resolve()
         if not path.is_file():
-            raise FileNotFoundError(f"no app file {location}")
+            raise AppLoadError(f"no app file {location} (give path/to/app.py or package.module[:NAME])")
         module_name = f"pystreams_app_{path.stem}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path} as a Python module")
+            raise AppLoadError(f"cannot load {location} as a Python module")
         module = importlib.util.module_from_spec(spec)
         if str(path.parent) not in sys.path:
             sys.path.insert(0, str(path.parent))
         sys.modules[module_name] = module  # so dataclasses, pickling and msgspec can find it
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as error:
+            sys.modules.pop(module_name, None)
+            raise AppLoadError(_load_failure(location, path, error)) from error
     else:
-        module = importlib.import_module(location)
+        try:
+            module = importlib.import_module(location)
+        except ModuleNotFoundError as error:
+            if error.name is not None and location.startswith(error.name):
+                raise AppLoadError(f"no app file or module {location!r} ({error})") from error
+            raise AppLoadError(f"app module {location}: {type(error).__name__}: {error}") from error
+        except SyntaxError as error:
+            raise AppLoadError(_load_failure(location, Path(error.filename or location), error)) from error
     if attribute:
         found = getattr(module, attribute, None)
         if not isinstance(found, App):
-            raise LookupError(f"{target}: {attribute!r} is not a pystreams App")
+            raise AppNotFound(f"{target}: {attribute!r} is not a pystreams App")
         return found
     named = getattr(module, "app", None)
     if isinstance(named, App):
         return named
     apps = [value for value in vars(module).values() if isinstance(value, App)]
     if len(apps) != 1:
-        raise LookupError(f"{target}: expected one pystreams App, found {len(apps)}; use {location}:NAME")
+        raise AppNotFound(f"{target}: expected one pystreams App, found {len(apps)}; use {location}:NAME")
     return apps[0]
+
+
+def _load_failure(location: str, path: Path, error: BaseException) -> str:
+    """``APP line N: the cause`` for an app whose module failed to run (the line in the app
+    file itself, where the traceback passes through it)."""
+    if isinstance(error, SyntaxError):
+        where = f"{location} line {error.lineno}" if error.lineno else location
+        text = (error.text or "").rstrip("\n")
+        pointer = ""
+        if text.strip() and error.offset:
+            stripped = text.lstrip()
+            pointer = f"\n    {stripped}\n    {' ' * max(0, error.offset - 1 - (len(text) - len(stripped)))}^"
+        return f"{where}: {type(error).__name__}: {error.msg}{pointer}\n(fix the app file)"
+    import traceback
+
+    line = next((frame.lineno for frame in reversed(traceback.extract_tb(error.__traceback__))
+                 if Path(frame.filename).resolve() == path.resolve()), None)
+    where = f"{location} line {line}" if line else location
+    return f"{where}: loading the app raised {type(error).__name__}: {error}"

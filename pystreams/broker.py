@@ -4,8 +4,9 @@ Used by the test suite, by ``pystreams broker`` and by anyone who wants a throw-
 loopback. It is memory-only, so stopping it loses every topic; that is why :meth:`stop` does
 not bother with a graceful shutdown (Tansu's SIGTERM waits ~5 s while clients are connected).
 
-Known differences from Apache Kafka are listed in docs/DESIGN.md ("Facts verified on these
-machines"); design tests around them rather than trusting this broker blindly.
+Known differences from Apache Kafka (end offsets one batch short, no compaction, unfiltered
+``read_committed``, ...) are listed in docs/broker-quirks.md; design code and tests around them
+rather than trusting this broker blindly.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ __all__ = [
     "BrokerStartError",
     "EmbeddedBroker",
     "free_port",
+    "port_is_free",
     "responds_to_kafka",
     "running_brokers",
     "stop_all_brokers",
@@ -56,6 +58,11 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (a port in TIME_WAIT counts as free)."""
+    return _port_is_bindable(host, port)
 
 
 def _port_is_bindable(host: str, port: int) -> bool:

@@ -1,7 +1,9 @@
 """The ``pystreams`` command line: one subcommand per module, imported only when it runs.
 
 Each command module exposes ``configure(parser)`` and ``run(args) -> int``; keep heavy imports
-inside ``run`` so ``pystreams --help`` stays fast.
+inside ``run`` so ``pystreams --help`` stays fast. The usual mistakes (``commands.explain``)
+end a command with one or two lines saying what to do, and exit status 1; ``--verbose`` (or a
+DEBUG log level) adds the traceback.
 """
 from __future__ import annotations
 
@@ -34,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=help_text, description=help_text)
         module.configure(command)
+        command.add_argument("--verbose", action="store_true",
+                             help="print the full traceback of an error (also with --log-level DEBUG)")
         command.set_defaults(_run=module.run)
     return parser
 
@@ -44,6 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except Exception as error:
+        from pystreams.commands.explain import explain, report, verbose
+
+        message = explain(error)
+        if message is None:
+            raise  # not a usual mistake: the traceback is what a bug report needs
+        report(args.command, error, message, show_traceback=verbose(args))
+        return 1
 
 
 if __name__ == "__main__":

@@ -142,6 +142,11 @@ class ClusterMetadata:
 
     # -- reading ------------------------------------------------------------------------------
 
+    def cluster_id(self) -> str | None:
+        """The cluster's id (DescribeCluster), which tells one cluster from another."""
+        with self._lock:
+            return self._client().describe_cluster().get("cluster_id")
+
     def fetch_topics(
         self, names: Iterable[str] | None = None, *, include_internal: bool = False
     ) -> dict[str, TopicMetadata]:

@@ -12,6 +12,7 @@ import json
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
@@ -87,37 +88,108 @@ class QueryClient:
         raise QueryError("no worker answered for the routing metadata: " + "; ".join(failures))
 
     def get_bytes(self, store: str, key: bytes, *, timeout_s: float = 10.0, stale: bool = False) -> bytes:
-        """The value bytes of ``key`` (serialized) in ``store``."""
+        """The value bytes of ``key`` (serialized) in key-value store ``store``."""
+        return self._ask_owner(store, key, "", {}, timeout_s=timeout_s, stale=stale)
+
+    def fetch_windows_bytes(self, store: str, key: bytes, time_from: int | None = None, time_to: int | None = None,
+                            *, timeout_s: float = 10.0, stale: bool = False) -> list[tuple[int, bytes]]:
+        """Window store: (window start, value bytes) of ``key``'s windows whose start lies in
+        ``[time_from, time_to]`` (None: unbounded), oldest first (Kafka Streams' ``fetch``)."""
+        query = {name: str(t) for name, t in (("from", time_from), ("to", time_to)) if t is not None}
+        body = self._ask_owner(store, key, "/windows", query, timeout_s=timeout_s, stale=stale)
+        return [(start, bytes.fromhex(value)) for start, value in json.loads(body)["windows"]]
+
+    def fetch_sessions_bytes(self, store: str, key: bytes, *, timeout_s: float = 10.0,
+                             stale: bool = False) -> list[tuple[int, int, bytes]]:
+        """Session store: (start, end, value bytes) of every session of ``key``."""
+        body = self._ask_owner(store, key, "/sessions", {}, timeout_s=timeout_s, stale=stale)
+        return [(start, end, bytes.fromhex(value)) for start, end, value in json.loads(body)["sessions"]]
+
+    def scan_bytes(self, store: str, *, key_from: bytes | None = None, key_to: bytes | None = None,
+                   prefix: bytes | None = None, timeout_s: float = 10.0, stale: bool = False) -> list[tuple[bytes, bytes]]:
+        """Key-value store: the entries with ``key_from <= key <= key_to`` (None: unbounded),
+        or with keys starting with ``prefix``, from every task, ordered by serialized key."""
+        if prefix is not None:
+            query = {"prefix": prefix.hex()}
+        else:
+            query = {name: key.hex() for name, key in (("from", key_from), ("to", key_to)) if key is not None}
         deadline = time.monotonic() + timeout_s
-        reason = "no routing metadata yet"
         while True:
             metadata = self.metadata()
-            if store not in metadata["stores"]:
-                raise QueryError(f"store {store!r} is not queryable (queryable: {sorted(metadata['stores'])})")
-            placement = metadata["stores"][store]
+            placement = self._placement(metadata, store)
+            by_host: dict[str, list[int]] = {}
+            unhosted = []
+            for partition in range(placement["partitions"]):
+                hosts = self._hosts(metadata, placement, partition, stale)
+                if hosts:
+                    by_host.setdefault(hosts[0], []).append(partition)
+                else:
+                    unhosted.append(partition)
+            reason = f"no worker hosts partitions {unhosted} of {placement['topic']} yet" if unhosted else ""
+            entries: list[tuple[bytes, bytes]] = []
+            for host, partitions in sorted(by_host.items()):
+                if reason:
+                    break
+                answer = self._request(host, f"/v1/stores/{store}",
+                                       {**query, "partitions": ",".join(map(str, partitions)), **_stale(stale)})
+                if isinstance(answer, str):
+                    reason = answer
+                    break
+                entries.extend((bytes.fromhex(k), bytes.fromhex(v)) for k, v in json.loads(answer)["entries"])
+            if not reason:
+                return sorted(entries)
+            if time.monotonic() >= deadline:
+                raise NotAvailableYet(f"store {store!r}: not available yet ({reason})")
+            time.sleep(0.2)
+
+    # -- routing --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _placement(metadata: dict[str, Any], store: str) -> dict[str, Any]:
+        if store not in metadata["stores"]:
+            raise QueryError(f"store {store!r} is not queryable (queryable: {sorted(metadata['stores'])})")
+        return metadata["stores"][store]
+
+    @staticmethod
+    def _hosts(metadata: dict[str, Any], placement: dict[str, Any], partition: int, stale: bool) -> list[str]:
+        """The workers hosting ``partition``'s task: the active first, then (stale) standbys."""
+        wanted = [placement["topic"], partition]
+        hosts = [host for host, pairs in sorted(metadata["active"].items()) if wanted in pairs]
+        if stale:
+            hosts += [host for host, pairs in sorted(metadata["standby"].items()) if wanted in pairs]
+        return hosts
+
+    def _request(self, host: str, path: str, query: dict[str, str]) -> bytes | str:
+        """The body of a 200; a reason (str) to retry on; raises for what retrying cannot fix."""
+        try:
+            status, body = _http_get(f"http://{host}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else ""),
+                                     self.request_timeout_s)
+        except OSError as error:
+            return f"{host}: {error}"
+        if status == 200:
+            return body
+        if status == 404:
+            raise KeyNotFound(_message(body))
+        if status != 503:
+            raise QueryError(f"{host}: {_message(body)}")
+        return f"{host}: {_message(body)}"
+
+    def _ask_owner(self, store: str, key: bytes, suffix: str, query: dict[str, str], *, timeout_s: float,
+                   stale: bool) -> bytes:
+        """Ask the worker hosting ``key``'s task (then, ``stale``, its standbys) until one
+        answers or the deadline passes (NotAvailableYet)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            metadata = self.metadata()
+            placement = self._placement(metadata, store)
             partition = partition_for_key(key, placement["partitions"])
-            wanted = [placement["topic"], partition]
-            hosts = [host for host, pairs in sorted(metadata["active"].items()) if wanted in pairs]
-            if stale:
-                hosts += [host for host, pairs in sorted(metadata["standby"].items()) if wanted in pairs]
-            if not hosts:
-                reason = f"no worker hosts partition {partition} of {placement['topic']} yet"
+            hosts = self._hosts(metadata, placement, partition, stale)
+            reason = "" if hosts else f"no worker hosts partition {partition} of {placement['topic']} yet"
             for host in hosts:
-                try:
-                    status, body = _http_get(
-                        f"http://{host}/v1/stores/{store}/{key.hex()}" + ("?stale=1" if stale else ""),
-                        self.request_timeout_s,
-                    )
-                except OSError as error:
-                    reason = f"{host}: {error}"
-                    continue
-                if status == 200:
-                    return body
-                if status == 404:
-                    raise KeyNotFound(_message(body))
-                reason = f"{host}: {_message(body)}"
-                if status != 503:
-                    raise QueryError(reason)
+                answer = self._request(host, f"/v1/stores/{store}/{key.hex()}{suffix}", {**query, **_stale(stale)})
+                if isinstance(answer, bytes):
+                    return answer
+                reason = answer
             if time.monotonic() >= deadline:
                 raise NotAvailableYet(f"store {store!r}: not available yet ({reason})")
             time.sleep(0.2)
@@ -127,3 +199,7 @@ class QueryClient:
         if key_bytes is None:  # Kafka Streams refuses a null key the same way, before routing
             raise ValueError(f"store {store!r}: an interactive query needs a key, not None")
         return value_serde.deserialize(self.get_bytes(store, key_bytes, **options))
+
+
+def _stale(stale: bool) -> dict[str, str]:
+    return {"stale": "1"} if stale else {}

@@ -223,6 +223,12 @@ class WindowedKey(Serde):
         inner = self.inner.serialize(value.key) or b""
         return inner + self._BOUNDS.pack(value.start_ms, value.end_ms)
 
+    @classmethod
+    def base_key_bytes(cls, data: bytes) -> bytes:
+        """The serialized user key of a serialized windowed key (Kafka Streams'
+        ``serializeBaseKey``): what the windowed partitioner hashes."""
+        return data[: -cls._BOUNDS.size]
+
     def _from_bytes(self, data: bytes) -> Windowed:
         if len(data) < self._BOUNDS.size:
             raise SerdeError(f"{self.name} needs at least {self._BOUNDS.size} bytes, got {len(data)}")

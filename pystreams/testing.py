@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 import tempfile
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +105,10 @@ class _DriverSender:
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None:
         self._driver._written(topic, key, value, timestamp_ms, ())
 
+    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None,
+                         partitioner: Callable[[bytes, int], int]) -> None:
+        self._driver._written(topic, key, value, timestamp_ms, (), partitioner)
+
     def send_with_headers(
         self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
     ) -> None:
@@ -136,7 +140,9 @@ class TopologyTestDriver:
     of any topic a pattern source should match; sink topics may be listed too, so output
     records carry the partition a producer would pick. ``initial_wall_clock_ms``: the wall
     clock at start (wall-clock punctuations are scheduled from it). The error policies are the
-    worker's (``fail`` raises ``pystreams.worker.RecordProcessingError`` from ``pipe_input``).
+    app's (``App(processing_errors=...)``, a source's ``deserialization_errors=``), replaced by
+    the ones given here as ``pystreams worker --processing-errors ...`` replaces them; ``fail``
+    raises ``pystreams.worker.RecordProcessingError`` from ``pipe_input``.
     """
 
     def __init__(
@@ -145,8 +151,8 @@ class TopologyTestDriver:
         *,
         partitions: Mapping[str, int] | None = None,
         initial_wall_clock_ms: int = 0,
-        deserialization_errors: ErrorPolicy | str = ErrorPolicy.FAIL,
-        processing_errors: ErrorPolicy | str = ErrorPolicy.FAIL,
+        deserialization_errors: ErrorPolicy | str | None = None,
+        processing_errors: ErrorPolicy | str | None = None,
         dead_letter_topic: str | None = None,
         cache_limits: CacheLimits | None = None,
     ) -> None:
@@ -154,9 +160,10 @@ class TopologyTestDriver:
         self.topology = topology
         self.resolved: ResolvedTopology = resolve(topology, _input_partition_counts(topology, partitions or {}))
         self._partition_counts = {**dict(partitions or {}), **self.resolved.partitions}
-        self._errors = ErrorHandling(
-            ErrorPolicy(deserialization_errors), ErrorPolicy(processing_errors), dead_letter_topic
-        )
+        self._errors = ErrorHandling(topology.errors.overridden(
+            deserialization=deserialization_errors, processing=processing_errors, dead_letter_topic=dead_letter_topic,
+        ))
+        self._errors.policies.check()
         self._state_dir = tempfile.TemporaryDirectory(prefix="pystreams-test-driver-")
         self._sender = _DriverSender(self)
         self._repartition_topics = frozenset(topology.repartition_topics)
@@ -341,12 +348,13 @@ class TopologyTestDriver:
             raise ValueError(f"sinks write {topic!r} with different serdes; pass key= and value=")
         return next(iter(serde_pairs))
 
-    def _partition_for(self, key: bytes | None, count: int) -> int:
+    def _partition_for(self, key: bytes | None, count: int,
+                       partitioner: Callable[[bytes, int], int] = partition_for_key) -> int:
         if count == 1:
             return 0
         if key is None:
             return self._null_key_partitions.randrange(count)
-        return partition_for_key(key, count)
+        return partitioner(key, count)
 
     def _written(
         self,
@@ -355,9 +363,10 @@ class TopologyTestDriver:
         value: bytes | None,
         timestamp: int | None,
         headers: tuple[tuple[str, bytes], ...],
+        partitioner: Callable[[bytes, int], int] = partition_for_key,
     ) -> None:
         count = self._partition_counts.get(topic, 1)
-        record = _Written(topic, self._partition_for(key, count), key, value,
+        record = _Written(topic, self._partition_for(key, count, partitioner), key, value,
                           timestamp if timestamp is not None else self.wall_clock_ms, headers)
         if topic in self._repartition_topics:
             self._pending.append(record)

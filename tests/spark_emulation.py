@@ -9,6 +9,7 @@ in milliseconds.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from pystreams.spark.operators import (
     run_flow,
     side_offset,
 )
+from pystreams.spark.record_errors import RecordErrors
 from pystreams.spark.state import TaskState
 
 Row = tuple[bytes | None, bytes | None, int]
@@ -88,8 +90,12 @@ class SparkEmulator:
     """Runs ``plan`` batch by batch. ``partition_counts``: every repartition topic a task step
     groups by (``resolve``'s counts)."""
 
-    def __init__(self, plan: SparkPlan, partition_counts: Mapping[str, int], *, now_ms: int = 0) -> None:
+    def __init__(self, plan: SparkPlan, partition_counts: Mapping[str, int], *, now_ms: int = 0,
+                 bootstrap_servers: str = "") -> None:
         self.plan = plan
+        #: As the Spark job's builder makes them: the topology's error policies, dead letters
+        #: written to ``bootstrap_servers``.
+        self.errors = RecordErrors(plan.topology.errors, bootstrap_servers, plan.source_topics, plan.source_nodes)
         self.partition_counts = partition_counts
         self.now_ms = now_ms
         self.sources = {topic: index for index, topic in enumerate(plan.source_topics)}
@@ -128,10 +134,12 @@ class _Batch:
             if not flow.ordered:
                 frames = [frame[["key", "value", "ts"]] for frame in frames]
             return pd.concat(frames, ignore_index=True)
+        source_node = base.node if isinstance(base, SourcePlan) else None
         run = FlowRun(
             flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, flow.key_serde, flow.value_serde,
             from_source=isinstance(base, SourcePlan), sources=self.emulator.sources, task_partitions=task_partitions,
-            lane=lane,
+            lane=lane, errors=self.emulator.errors, source_node=source_node,
+            subtopology=self.emulator.plan.topology.nodes[source_node or base.node].subtopology,
         )
         if isinstance(base, SourcePlan):
             batches = []
@@ -174,7 +182,7 @@ class _Batch:
     def keyed(self, plan: KeyedPlan) -> pd.DataFrame:
         rows = self._inputs(plan, KEYED_COLUMNS, by_task=False)
         rows = rows[rows["key"].notna()]
-        update = keyed_update(plan.step)
+        update = keyed_update(dataclasses.replace(plan.step, errors=self.emulator.errors))
         out = []
         for key, group in rows.groupby("key", sort=True):
             state = GroupState(self.emulator._group_states.get((plan.node, key)))
@@ -183,7 +191,7 @@ class _Batch:
         return _frame_of_frames(out)
 
     def task(self, plan: TaskPlan) -> pd.DataFrame:
-        runner = TaskRunner(plan.step)
+        runner = TaskRunner(dataclasses.replace(plan.step, errors=self.emulator.errors))
         rows = self._inputs(plan, runner.columns, by_task=True)
         if plan.step.processor is None:
             rows = rows[rows["key"].notna()]

@@ -18,6 +18,7 @@ from pystreams.topology.ir import JoinHow, JoinSide, NodeKind, StoreKind, Stream
 from pystreams import serdes
 from pystreams.app import (
     App,
+    AppLoadError,
     Branches,
     HoppingWindow,
     JoinWindow,
@@ -321,8 +322,23 @@ def test_load_app_from_a_file_and_attribute(tmp_path):
     single = tmp_path / "single.py"
     single.write_text("from pystreams.app import App\nwhatever = App('only')\nwhatever.topic('x')\n")
     assert load_app(str(single)).app_id == "only"
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(AppLoadError, match="no app file .*absent.py"):
         load_app(str(tmp_path / "absent.py"))
+
+
+def test_an_app_that_does_not_load_says_where_and_why(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("from pystreams.app import App\napp = App('x')\nlines = app.topic('t'\n")
+    with pytest.raises(AppLoadError) as syntax:
+        load_app(str(broken))
+    assert str(syntax.value).startswith(f"{broken} line 3: SyntaxError: '(' was never closed")
+    assert "lines = app.topic('t'" in str(syntax.value)
+    failing = tmp_path / "failing.py"
+    failing.write_text("from pystreams.app import App\napp = App('x')\n\nlimit = int('ten')\n")
+    with pytest.raises(AppLoadError, match=r"failing.py line 4: loading the app raised ValueError: invalid literal"):
+        load_app(str(failing))
+    with pytest.raises(AppLoadError, match="no app file or module 'no_such_app_module'"):
+        load_app("no_such_app_module")
 
 
 def test_async_functions_are_refused(app):

@@ -903,6 +903,20 @@ def test_a_static_member_keeps_its_session_on_close_unless_leaving_for_good() ->
     assert for_good.take_events() == [LeftGroup(-1)]
 
 
+def test_a_member_that_cannot_commit_loses_its_partitions_and_sends_leave_group_at_once() -> None:
+    # Its processing failed: no revocation is waited for, and a static member leaves for good.
+    member = make(instance_id="i-1")
+    to_stable(member, {"foo": [0, 1]})
+    member.take_events()
+    member.leave(5, permanent=True, lose=True)
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), 0)]
+    assert member.owned_partitions == frozenset()
+    leave = only(member.poll(5), m.LeaveGroupRequest)
+    assert [(e.member_id, e.group_instance_id) for e in leave.members] == [("m1", "i-1")]
+    member.on_response(leave, m.LeaveGroupResponse(error_code=NONE, members=[]), 6)
+    assert member.take_events() == [LeftGroup(-1)]
+
+
 def test_leaving_before_joining_sends_nothing() -> None:
     member = make()
     member.subscribe(["foo"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -19,6 +20,7 @@ from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
 
 from pystreams.assignors.api import TopicMetadata
+from pystreams.broker import free_port
 from pystreams.partitions import TopicIdPartition
 from pystreams.client.driver import Backoff, CommitResult, MemberDriver, parse_bootstrap
 from test_coordinator_failover import processes  # noqa: F401  (fixture: coordinator processes, killed in teardown)
@@ -26,6 +28,7 @@ from pystreams.client.member import (
     LeftGroup,
     MemberConfig,
     MemberEvent,
+    MemberFailed,
     MemberState,
     PartitionsAssigned,
     PartitionsLost,
@@ -372,6 +375,81 @@ async def test_unreachable_bootstrap_backs_off_then_connects() -> None:
         await harness.start(port)
         await eventually(lambda: balanced({"x": driver}, ownership), "connected and assigned")
         assert driver._backoff.attempts == 0  # reset by a successful heartbeat
+    finally:
+        await driver.close(timeout_s=2)
+        await harness.stop()
+
+
+async def given_up_at(bootstrap: str, connect_timeout_ms: int) -> MemberFailed:
+    """Run a member toward ``bootstrap`` until its driver gives up; the MemberFailed it got."""
+    driver = MemberDriver(MemberConfig(group_id="g", server_assignor="uniform"), bootstrap, request_timeout_ms=1_000,
+                          reconnect_backoff_ms=10, reconnect_backoff_max_ms=50, random=lambda: 0.5,
+                          connect_timeout_ms=connect_timeout_ms)
+    driver.subscribe(topics=["foo"])
+
+    async def next_failure() -> MemberFailed:
+        while True:
+            event = await driver.events.get()
+            if isinstance(event, MemberFailed):
+                return event
+
+    try:
+        await driver.start()
+        failed = await asyncio.wait_for(next_failure(), GUARD_S)
+    finally:
+        await driver.close(timeout_s=1)
+    assert driver.gave_up == failed.message
+    return failed
+
+
+@async_test
+async def test_nothing_listening_is_said_at_info_then_warning_and_given_up_after_the_connect_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    caplog.set_level(logging.INFO, logger="pystreams.client.driver")
+    failed = await given_up_at(f"127.0.0.1:{port}", connect_timeout_ms=600)
+    said = f"nothing listens at 127.0.0.1:{port} — is the coordinator running?"
+    assert said in failed.message and "giving up" in failed.message
+    levels = [r.levelno for r in caplog.records if said in r.getMessage()]
+    # Escalates once failing lasted half the connect timeout; the end is the event's to say.
+    assert levels[0] == logging.INFO and logging.WARNING in levels and logging.ERROR not in levels
+    assert levels.count(logging.INFO) == 1  # the same reason is said once until it becomes a warning
+
+
+@async_test
+async def test_a_kafka_broker_given_as_the_coordinator_is_named_as_one_at_once(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="pystreams.client.driver")
+    failed = await given_up_at(kafka_bootstrap, connect_timeout_ms=400)
+    said = f"{kafka_bootstrap} is a Kafka broker, not a pystreams coordinator"
+    assert said in failed.message and "--coordinator" in failed.message
+    first = next(r for r in caplog.records if said in r.getMessage())
+    assert first.levelno == logging.WARNING  # retrying will not make a broker a coordinator
+
+
+@async_test
+async def test_a_member_that_once_reached_its_coordinator_keeps_retrying_past_the_connect_timeout() -> None:
+    harness = Harness(MemoryLog(1))
+    await harness.start()
+    port = harness.port
+    ownership = Ownership()
+    driver = MemberDriver(
+        MemberConfig(group_id="g", server_assignor="uniform"), harness.bootstrap,
+        on_event=ownership.handler("x", lambda: driver), request_timeout_ms=1_000,
+        reconnect_backoff_ms=10, reconnect_backoff_max_ms=50, connect_timeout_ms=300,
+    )
+    driver.subscribe(topics=["foo"])
+    try:
+        await driver.start()
+        await eventually(lambda: balanced({"x": driver}, ownership), "joined")
+        await harness.stop()  # the coordinator restarts: it is away for longer than the timeout
+        await asyncio.sleep(1.0)
+        assert driver.gave_up is None and not any(isinstance(e, MemberFailed) for e in ownership.events["x"])
+        harness = Harness(MemoryLog(1))
+        await harness.start(port)
+        await eventually(lambda: driver.coordinator == ("127.0.0.1", port), "reconnected")
     finally:
         await driver.close(timeout_s=2)
         await harness.stop()

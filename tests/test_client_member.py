@@ -631,6 +631,26 @@ def test_leave_revokes_then_sends_minus_one():
     assert m.poll(10 * INTERVAL) == []
 
 
+def test_a_member_that_cannot_commit_loses_its_partitions_and_leaves_at_once():
+    # Its processing failed: nothing can be committed, so no revocation is waited for (the
+    # one under way included); the leave heartbeat goes out at once, -1 even for a static member.
+    m = member(instance_id="pod-3")
+    join(m, 0, epoch=5, assigned=parts(FOO, 0, 1, 2))
+    m.take_events()
+    request = only_heartbeat(m, INTERVAL)
+    m.on_response(request, hb_response(epoch=5, assigned=parts(FOO, 0, 1)), INTERVAL)
+    (revoke,) = m.take_events()
+    assert revoke.partitions == parts(FOO, 2)
+    m.leave(INTERVAL + 10, permanent=True, lose=True)
+    assert m.take_events() == [PartitionsLost(parts(FOO, 0, 1, 2), 0)]
+    assert m.owned_partitions == frozenset() and m.revoking_partitions == frozenset()
+    leave = only_heartbeat(m, INTERVAL + 10)
+    assert leave.member_epoch == -1
+    m.on_response(leave, hb_response(epoch=-1, interval=0), INTERVAL + 20)
+    assert m.state is MemberState.UNSUBSCRIBED
+    assert m.take_events() == [LeftGroup(-1)]
+
+
 def test_static_member_leaves_temporarily_with_minus_two():
     m = member(instance_id="pod-3")
     join(m, 0, epoch=5)

@@ -117,8 +117,32 @@ class FakeStreamThread:
             return True, self.standby[task][store].get(key)
         return False, None
 
+    async def read_store_with(self, task: TaskId, store: str, read, *, include_standby: bool):
+        # Scans only (the dicts stand in for key-value stores): key order, as a store gives it.
+        self.reads.append((task, store, b"", include_standby))
+        if task in self.active and task not in self.restoring_tasks:
+            return True, read(SortedKeyValues(self.active[task][store]))
+        if include_standby and task in self.standby:
+            return True, read(SortedKeyValues(self.standby[task][store]))
+        return False, None
+
+
     def tasks_read(self, *, include_standby: bool | None = None) -> set[TaskId]:
         return {task for task, _, _, stale in self.reads if include_standby is None or stale == include_standby}
+
+
+class SortedKeyValues:
+    """A dict read as a key-value store's range and prefix scans read."""
+
+    def __init__(self, entries: dict[bytes, bytes]) -> None:
+        self.entries = dict(sorted(entries.items()))
+
+    def range(self, key_from: bytes | None, key_to: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        return ((k, v) for k, v in self.entries.items()
+                if (key_from is None or k >= key_from) and (key_to is None or k <= key_to))
+
+    def prefix_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return ((k, v) for k, v in self.entries.items() if k.startswith(prefix))
 
 
 def _store_contents(tasks: Iterable[TaskId], value_of: Callable[[int], int]) -> dict[TaskId, dict[str, dict[bytes, bytes]]]:
@@ -273,7 +297,7 @@ def test_get_bytes_returns_the_stores_serialized_value(cluster):
 def test_metadata_endpoint_serves_the_assignments_routing_table(cluster):
     metadata = QueryClient([cluster.endpoints["b"]]).metadata()
     assert metadata["endpoint"] == cluster.endpoints["b"]
-    assert metadata["stores"] == {STORE: {"topic": INPUT_TOPIC, "partitions": PARTITIONS}}
+    assert metadata["stores"] == {STORE: {"topic": INPUT_TOPIC, "partitions": PARTITIONS, "kind": "key-value", "subtopology": SUBTOPOLOGY}}
     assert metadata["active"] == {
         cluster.endpoints[name]: [[INPUT_TOPIC, t.partition] for t in tasks] for name, tasks in ACTIVE_TASKS.items()
     }
@@ -498,7 +522,9 @@ def test_app_query_and_cli_read_standbys_only_with_stale(cluster, capsys):
         (f"/v1/stores/{STORE}/abc", "hex"),  # odd length
         (f"/v1/stores/no-such-store/{'6b30'}", "no store named 'no-such-store'"),
         ("/v1/nothing-here", "unknown path"),
-        (f"/v1/stores/{STORE}", "unknown path"),
+        (f"/v1/stores/{STORE}?from=zz", "from must be the serialized key's bytes in hex"),
+        (f"/v1/stores/{STORE}?partitions=9", "partitions must lie in 0..3"),
+        (f"/v1/stores/{STORE}/6b30/windows", "'keys' is a key-value store; ask it for one key"),
         (f"/v1/stores/{STORE}/6b30/extra", "unknown path"),
     ],
 )
@@ -537,21 +563,44 @@ def test_client_raises_query_error_for_a_store_that_is_not_queryable(cluster):
     assert not isinstance(raised.value, NotAvailableYet)
 
 
-def test_window_and_session_stores_are_not_queryable(loop):
+def test_window_stores_answer_for_a_keys_windows_only(loop):
     topology = load_app(str(ROOT / "examples" / "clicks_windowed.py")).topology()
     resolved = resolve(topology, {"clicks.web": 2})
-    assert queryable_stores(resolved) == {}
+    window_store = next(name for name, spec in topology.stores.items() if spec.kind.value == "window")
+    assert queryable_stores(resolved)[window_store]["kind"] == "window"
     server = _start_server(loop, resolved, [])
     try:
-        window_store = next(name for name, spec in topology.stores.items() if spec.kind.value == "window")
         status, _, body = raw_get(server.endpoint, f"/v1/stores/{window_store}/6b30")
-        assert status == 400 and "not a key-value store" in json.loads(body)["error"]
+        assert status == 400
+        assert json.loads(body)["error"] == (f"store {window_store!r} is a window store; ask it for a key's windows "
+                                             "(/v1/stores/STORE/KEYHEX/windows?from=MS&to=MS)")
+        status, _, body = raw_get(server.endpoint, f"/v1/stores/{window_store}/6b30/windows?from=x")
+        assert status == 400 and "from must be a timestamp in epoch milliseconds" in json.loads(body)["error"]
         # A worker without an assignment yet serves empty routing, not an error.
         status, _, body = raw_get(server.endpoint, "/v1/metadata")
         assert status == 200
-        assert json.loads(body) == {"endpoint": server.endpoint, "stores": {}, "active": {}, "standby": {}}
+        assert json.loads(body)["active"] == {} and json.loads(body)["standby"] == {}
     finally:
         asyncio.run_coroutine_threadsafe(server.stop(), loop).result(5)
+
+
+def test_range_and_prefix_scans_gather_every_task_in_key_order(cluster):
+    client = QueryClient([cluster.endpoints["a"]])
+    everything = client.scan_bytes(STORE)
+    expected = sorted((KEY_SERDE.serialize(PRESENT[p]), VALUE_SERDE.serialize(active_value(p))) for p in PRESENT)
+    assert everything == expected  # from both workers, each asked once for its own tasks
+    keys = [k for k, _ in expected]
+    assert client.scan_bytes(STORE, key_from=keys[1], key_to=keys[2]) == expected[1:3]  # both ends inclusive
+    assert client.scan_bytes(STORE, key_to=keys[0]) == expected[:1]
+    assert client.scan_bytes(STORE, prefix=b"k") == expected and client.scan_bytes(STORE, prefix=b"x") == []
+
+
+def test_a_scan_waits_for_a_restoring_task_then_answers(cluster):
+    cluster.threads["b"].restoring_tasks.add(TASKS[2])
+    with pytest.raises(NotAvailableYet, match="restoring"):
+        QueryClient([cluster.endpoints["a"]]).scan_bytes(STORE, timeout_s=0.3)
+    cluster.threads["b"].restoring_checks_left = 2
+    assert len(QueryClient([cluster.endpoints["a"]]).scan_bytes(STORE, timeout_s=5)) == PARTITIONS
 
 
 def test_query_server_needs_host_and_port():
@@ -566,7 +615,8 @@ def test_query_server_needs_host_and_port():
 @pytest.mark.parametrize("partitions", [1, PARTITIONS, 7])
 def test_queryable_stores_names_the_topic_and_partition_count_that_place_keys(partitions):
     resolved = resolve(TOPOLOGY, {INPUT_TOPIC: partitions})
-    assert queryable_stores(resolved) == {STORE: {"topic": INPUT_TOPIC, "partitions": partitions}}
+    assert queryable_stores(resolved) == {
+        STORE: {"topic": INPUT_TOPIC, "partitions": partitions, "kind": "key-value", "subtopology": SUBTOPOLOGY}}
 
 
 def test_cli_exits_2_for_a_key_its_store_cannot_hold_before_asking_any_worker(tmp_path, capsys):

@@ -80,9 +80,21 @@ def test_stream_time_punctuations_follow_the_highest_timestamp_and_skip_missed_i
             events.pipe_input("k", "x", timestamp=timestamp)
         fired = [entry for entry in SEEN if entry[0] == "stream"]
         # A punctuation sees its own time and no current record; 1030 does not move stream time;
-        # at 1450 the intervals due at 1200..1400 are skipped: it fires once, next due at 1550.
+        # at 1450 the intervals due at 1200..1400 are skipped: it fires once, next due at 1500.
         assert fired == [("stream", 1000, 1000, None, None), ("stream", 1100, 1100, None, None),
                          ("stream", 1450, 1450, None, None)]
+
+
+def test_stream_time_punctuations_fire_on_kafka_streams_epoch_aligned_schedule() -> None:
+    # Kafka Streams schedules a stream-time punctuation from 0 (StreamTask.schedule): it fires at
+    # the first record, then whenever stream time reaches the next multiple of the interval; after
+    # a gap it fires once and the schedule continues on the same grid.
+    with TopologyTestDriver(tracker_app()) as driver:
+        events = driver.input_topic("in")
+        for timestamp in (1050, 1099, 1120, 1199, 1450, 1499, 1510):
+            events.pipe_input("k", "x", timestamp=timestamp)
+        fired = [entry[1] for entry in SEEN if entry[0] == "stream"]
+        assert fired == [1050, 1120, 1450, 1510]
 
 
 def test_wall_clock_punctuations_run_only_as_the_wall_clock_moves() -> None:
@@ -93,6 +105,8 @@ def test_wall_clock_punctuations_run_only_as_the_wall_clock_moves() -> None:
         driver.advance_wall_clock(1)
         driver.advance_wall_clock(3_500)
         assert [entry for entry in SEEN if entry[0] == "wall"] == [("wall", 6_000), ("wall", 9_500)]
+        driver.advance_wall_clock(500)  # 10_000: the schedule's grid (6_000 + k * 1_000), not 9_500 + 1_000
+        assert [entry for entry in SEEN if entry[0] == "wall"][-1] == ("wall", 10_000)
 
 
 class Snooper(Processor):

@@ -7,6 +7,7 @@ from typing import Any
 from pystreams import serdes
 from pystreams.app import App, HoppingWindow, SessionWindow, TumblingWindow
 from pystreams.testing import TopologyTestDriver
+from pystreams.topology.kernels import partition_for_key
 from pystreams.topology.windows import Windowed
 
 S = 1000
@@ -128,3 +129,54 @@ def test_a_count_over_sessions_sums_the_merged_sessions() -> None:
             Windowed("u", 0, 2 * S): 2,
             Windowed("u", 11 * S, 24 * S): 4,
         }
+
+
+# -- where windowed results go ---------------------------------------------------------------------
+
+USERS = [f"user-{n}" for n in range(40)]
+
+
+def test_windowed_results_are_partitioned_by_the_user_key_as_kafka_streams_does() -> None:
+    # Kafka Streams' WindowedStreamPartitioner hashes the user key only, so every window of one
+    # user is in one partition; the default partitioner would hash key and window bounds.
+    app = App("windowed")
+    app.count(app.topic("in", value=serdes.Text()), store="counts", window=TumblingWindow(size=60 * S)).to("out")
+    placed: dict[str, set[int]] = {}
+    with TopologyTestDriver(app, partitions={"in": 3, "out": 4}) as driver:
+        source = driver.input_topic("in")
+        for minute in range(3):
+            for user in USERS:
+                source.pipe_input(user, "x", timestamp=minute * 60 * S)
+        records = driver.output_topic("out").read_records()
+    for record in records:
+        placed.setdefault(record.key.key, set()).add(record.partition)
+    assert placed == {user: {partition_for_key(user.encode(), 4)} for user in USERS}
+    by_default = {partition_for_key(serdes.WindowedKey(serdes.Text()).serialize(r.key), 4) for r in records
+                  if r.key.key == USERS[0]}
+    assert len(by_default) > 1  # the old rule would have spread one user's windows
+
+
+def test_spark_sinks_place_keyed_rows_with_the_sinks_partitioner() -> None:
+    from pystreams.spark.compiler import send_rows
+    from pystreams.topology.kernels import windowed_partition_for_key
+
+    class Producer:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, bytes | None, int | None]] = []
+
+        def partitions_for(self, topic: str) -> set[int]:
+            return {0, 1, 2, 3}
+
+        def send(self, topic: str, *, key: bytes | None, value: bytes | None, partition: int | None,
+                 timestamp_ms: int | None) -> None:
+            self.sent.append((topic, key, partition))
+
+    windowed = serdes.WindowedKey(serdes.Text())
+    keys = [windowed.serialize(Windowed(user, minute * 60 * S, (minute + 1) * 60 * S)) for user in USERS for minute in range(3)]
+    producer = Producer()
+    send_rows(producer, [("out", key, b"1", 5) for key in keys] + [("out", None, b"1", 5)], windowed_partition_for_key)
+    assert [p for _, _, p in producer.sent[:-1]] == [partition_for_key(windowed.deserialize(k).key.encode(), 4) for k in keys]
+    assert producer.sent[-1] == ("out", None, None)  # no key: the producer spreads it
+    plain = Producer()
+    send_rows(plain, [("out", b"k", b"1", 5)], None)
+    assert plain.sent == [("out", b"k", None)]  # no partitioner: the producer's default

@@ -120,8 +120,10 @@ def test_each_source_gets_the_options_it_reads() -> None:
         "kafka.bootstrap.servers": "host:9092",
         "subscribe": "a,b",
         "startingOffsets": "earliest",
+        "failOnDataLoss": "true",
     }
-    assert source_options("pystreams_kafka", "host:9092", ("a", "b")) == {"bootstrap.servers": "host:9092", "topics": "a,b"}
+    assert source_options("pystreams_kafka", "host:9092", ("a", "b"), fail_on_data_loss=False) == {
+        "bootstrap.servers": "host:9092", "topics": "a,b", "failOnDataLoss": "false"}
 
 
 # -- the plan: per key where no stream time matters, per task where it does ------------------------

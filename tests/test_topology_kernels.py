@@ -167,10 +167,14 @@ def test_a_branch_routes_by_label_drops_on_none_and_names_the_branches_on_a_bad_
 # -- punctuations and the processor context -------------------------------------------------------
 
 
-def test_missed_punctuation_intervals_are_skipped_not_replayed() -> None:
+def test_punctuations_keep_kafka_streams_schedule_skipping_missed_intervals() -> None:
+    # PunctuationSchedule.next: the schedule's grid is kept (a stream-time schedule starts at 0,
+    # so it is aligned to the epoch); a late punctuation skips the intervals it missed.
     assert next_punctuation_due(None, 1000, 100) == 1100
+    assert next_punctuation_due(None, 1050, 100) == 1100  # not 1150: the grid is 0, 100, 200, ...
     assert next_punctuation_due(1100, 1100, 100) == 1200
-    assert next_punctuation_due(1100, 1550, 100) == 1650
+    assert next_punctuation_due(1100, 1550, 100) == 1600  # 1200..1500 missed, skipped: not 1650
+    assert next_punctuation_due(6_000, 9_500, 1_000) == 10_000  # a wall-clock grid from its start
 
 
 def test_a_punctuation_sees_no_current_record_and_its_own_time() -> None:

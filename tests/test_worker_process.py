@@ -8,6 +8,7 @@ example's, so sharing them between tests would mix their data.
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -115,6 +116,26 @@ def test_sigkill_reprocesses_at_most_the_uncommitted_records(cluster: tuple[str,
     assert workers.stop_all()[0] == 0
 
 
+@pytest.mark.parametrize("role", ["broker", "coordinator"])
+def test_pystreams_dev_with_a_port_taken_says_which_and_how_to_choose_another_and_starts_nothing(role: str) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        ports = {"broker": ["--broker-port", str(taken), "--coordinator-port", "0"],
+                 "coordinator": ["--broker-port", "0", "--coordinator-port", str(taken)]}[role]
+        result = subprocess.run([sys.executable, "-m", "pystreams", "dev", *ports], capture_output=True, text=True,
+                                timeout=60, cwd=ROOT)
+    assert result.returncode == 1
+    assert result.stdout == ""  # no broker was started, so none is stopped
+    assert result.stderr.splitlines() == [
+        f"pystreams dev: port {taken} on 127.0.0.1, the {role}'s, is taken ("
+        + ("another `pystreams dev`, or a Kafka broker?" if role == "broker"
+           else "another `pystreams dev` or `pystreams coordinator`?")
+        + f"); choose another with --{role}-port PORT, or --{role}-port 0 for a free one"
+    ]
+
+
 def test_pystreams_dev_counts_the_corpus_end_to_end() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "pystreams", "dev", str(APP), "--broker-port", "0", "--listen", "127.0.0.1:0",
@@ -125,3 +146,51 @@ def test_pystreams_dev_counts_the_corpus_end_to_end() -> None:
     assert CHECK_OK_PREFIX in result.stdout
     assert "worker 0: exited with status 0" in result.stdout
     assert "worker 1: exited with status 0" in result.stdout
+
+
+WINDOWED_APP = """
+from datetime import timedelta
+from pystreams import serdes
+from pystreams.app import App, TumblingWindow
+app = App("windowed_partitions")
+visits = app.topic("visits", key=serdes.Text(), value=serdes.Text())
+visits.count(store="per-minute", window=TumblingWindow(size=timedelta(minutes=1))).to("visits-per-minute")
+"""
+
+
+def test_a_workers_windowed_results_are_partitioned_by_the_user_key(tmp_path: Path) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    from pystreams.serdes import Text, WindowedKey
+    from pystreams.topology.kernels import partition_for_key
+
+    (tmp_path / "windowed.py").write_text(WINDOWED_APP)
+    users = [f"user-{n}" for n in range(20)]
+    running = Cluster(tmp_path)
+    try:
+        ensure_input_topics(running.bootstrap, ["visits"], partitions=2)
+        ensure_input_topics(running.bootstrap, ["visits-per-minute"], partitions=4)
+        producer = KafkaProducer(bootstrap_servers=running.bootstrap)
+        for minute in range(3):
+            for user in users:
+                producer.send("visits", key=user.encode(), value=b"/", timestamp_ms=1_700_000_040_000 + minute * 60_000)
+        producer.close()
+        for workers in fleet_of(Workers(running.bootstrap, running.coordinator_address, tmp_path, tmp_path / "windowed.py")):
+            workers.start()
+            consumer = KafkaConsumer("visits-per-minute", bootstrap_servers=running.bootstrap, group_id=None,
+                                     auto_offset_reset="earliest")
+            placed: dict[str, set[int]] = {}
+            windows: set[tuple[str, int]] = set()
+            deadline = time.monotonic() + 60
+            while len(windows) < 3 * len(users) and time.monotonic() < deadline:
+                for records in consumer.poll(timeout_ms=300).values():
+                    for record in records:
+                        windowed = WindowedKey(Text()).deserialize(record.key)
+                        placed.setdefault(windowed.key, set()).add(record.partition)
+                        windows.add((windowed.key, windowed.start_ms))
+            consumer.close()
+            assert len(windows) == 3 * len(users), workers.log_tails()
+    finally:
+        running.stop()
+    # Every window of a user in the partition of the user key alone (WindowedStreamPartitioner).
+    assert placed == {user: {partition_for_key(user.encode(), 4)} for user in users}

@@ -2,6 +2,7 @@
 ``pystreams worker`` processes with their logs."""
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -23,9 +24,14 @@ class Cluster:
     ``log="kafka"`` the coordinator keeps its records on the broker, so it can be killed and
     started again (``kill_coordinator``, ``start_coordinator``) without losing a group."""
 
-    def __init__(self, tmp_path: Path, *, log: str = "memory", bootstrap: str | None = None) -> None:
+    #: Heartbeats every 300 ms, sessions of 3 s: group changes take moments in tests.
+    FAST_GROUP_ARGS = ("--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500")
+
+    def __init__(self, tmp_path: Path, *, log: str = "memory", bootstrap: str | None = None,
+                 group_args: Sequence[str] = FAST_GROUP_ARGS) -> None:
         # ``bootstrap``: an existing Kafka cluster (Apache Kafka in Docker) instead of a fresh
         # embedded broker; the test then owns nothing of it but its own topics.
+        self.group_args = tuple(group_args)
         self.broker: EmbeddedBroker | None = None
         if bootstrap is None:
             self.broker = EmbeddedBroker(port=None)
@@ -47,7 +53,7 @@ class Cluster:
         self.coordinator = subprocess.Popen(
             [sys.executable, "-m", "pystreams", "coordinator", "--log", self.log_kind,
              "--bootstrap-servers", self.bootstrap, "--listen", f"127.0.0.1:{self.port}",
-             "--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500"],
+             *self.group_args],
             stdout=self._log, stderr=subprocess.STDOUT,
         )
         wait_for(lambda: listening(self.port), 20, "the coordinator to listen")
@@ -88,9 +94,10 @@ class Workers:
         self.bootstrap, self.coordinator, self.tmp_path, self.app = bootstrap, coordinator, tmp_path, app
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *extra_args: str, state_of: int | None = None) -> subprocess.Popen[bytes]:
+    def start(self, *extra_args: str, state_of: int | None = None,
+              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start a worker (logging to ``worker-<index>.log``); ``state_of`` reuses the state
-        directory of an earlier worker, as a restarted one would."""
+        directory of an earlier worker, as a restarted one would; ``env`` adds variables."""
         index = len(self.processes)
         log = (self.tmp_path / f"worker-{index}.log").open("wb")
         state = index if state_of is None else state_of
@@ -98,7 +105,7 @@ class Workers:
             [sys.executable, "-m", "pystreams", "worker", str(self.app), "--bootstrap-servers", self.bootstrap,
              "--coordinator", self.coordinator, "--state-dir", str(self.tmp_path / f"state-{state}"),
              "--commit-interval-ms", str(COMMIT_INTERVAL_MS), *extra_args],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log, stderr=subprocess.STDOUT, env=None if env is None else {**os.environ, **env},
         )
         log.close()
         self.processes.append(process)

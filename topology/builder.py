@@ -41,6 +41,7 @@ from .hashing import canonical_form, topology_hash
 from .ir import (
     KEYED_INPUT_KINDS,
     CopartitionGroup,
+    ErrorPolicies,
     InternalTopic,
     JoinSide,
     Node,
@@ -67,9 +68,13 @@ WINDOW_CHANGELOG_EXTRA_RETENTION_MS = 24 * 60 * 60 * 1000
 REPARTITION_TOPIC_CONFIG = {"cleanup.policy": "delete", "segment.ms": "600000", "retention.ms": "-1"}
 
 
-def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store]) -> Topology:
+def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store], errors: ErrorPolicies | None = None) -> Topology:
     check_name("app", app_id)
     declared = _index(nodes)
+    errors = errors or ErrorPolicies()
+    for source in errors.sources:
+        if source not in declared or not declared[source].is_source:
+            raise TopologyError(f"an error policy names {source!r}, which is not a source node", nodes=[source])
     store_index = {store.name: store for store in stores}
     _check_references(declared, store_index)
     ordered = _insert_repartitions(app_id, declared)
@@ -99,6 +104,7 @@ def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store]) -> Topolo
         sink_topics=tuple(sorted({n.topics[0] for n in node_list if n.kind is NodeKind.SINK and not n.internal})),
         copartition_groups=tuple(groups),
         hash=topology_hash(canonical),
+        errors=errors,
     )
 
 

@@ -142,6 +142,65 @@ class PunctuationType(enum.StrEnum):
     WALL_CLOCK_TIME = "wall-clock-time"
 
 
+class ErrorPolicy(enum.StrEnum):
+    """What a record that cannot be deserialized or processed does, with Kafka Streams'
+    handlers' meanings: ``fail`` stops processing (nothing after the last commit is committed;
+    the task's next owner meets the record again), ``log-and-continue`` logs and skips it,
+    ``dead-letter`` writes its original bytes to the dead-letter topic, with headers saying
+    where it came from and why, then skips it."""
+
+    FAIL = "fail"
+    LOG_AND_CONTINUE = "log-and-continue"
+    DEAD_LETTER = "dead-letter"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorPolicies:
+    """An app's error policies: Kafka Streams' ``default.deserialization.exception.handler``,
+    ``processing.exception.handler`` and ``errors.dead.letter.queue.topic.name``, plus a
+    deserialization policy of its own per source node (``sources``), which wins over the
+    app's for that source's records. Runtime settings (``pystreams worker
+    --deserialization-errors ...``) replace the app's defaults, not a source's own policy."""
+
+    deserialization: ErrorPolicy = ErrorPolicy.FAIL
+    processing: ErrorPolicy = ErrorPolicy.FAIL
+    dead_letter_topic: str | None = None
+    sources: Mapping[str, ErrorPolicy] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("deserialization", "processing"):
+            object.__setattr__(self, name, ErrorPolicy(getattr(self, name)))
+        object.__setattr__(self, "sources", {node: ErrorPolicy(p) for node, p in self.sources.items()})
+
+    def check(self) -> None:
+        """Runtimes call this before running: the dead-letter policy needs its topic, which
+        may come from the app or from the command line."""
+        dead_letters = [self.deserialization, self.processing, *self.sources.values()]
+        if ErrorPolicy.DEAD_LETTER in dead_letters and not self.dead_letter_topic:
+            from .errors import TopologyError
+
+            raise TopologyError("the dead-letter error policy needs a dead-letter topic (--dead-letter-topic, "
+                                "or dead_letter_topic= in App(...))")
+
+    def deserialization_policy(self, source_node: str | None) -> ErrorPolicy:
+        return self.sources.get(source_node, self.deserialization) if source_node else self.deserialization
+
+    def overridden(
+        self,
+        *,
+        deserialization: ErrorPolicy | str | None = None,
+        processing: ErrorPolicy | str | None = None,
+        dead_letter_topic: str | None = None,
+    ) -> ErrorPolicies:
+        """These policies with the app-wide ones given here replaced (None: kept)."""
+        return ErrorPolicies(
+            deserialization=ErrorPolicy(deserialization) if deserialization is not None else self.deserialization,
+            processing=ErrorPolicy(processing) if processing is not None else self.processing,
+            dead_letter_topic=dead_letter_topic if dead_letter_topic is not None else self.dead_letter_topic,
+            sources=self.sources,
+        )
+
+
 class TopicRole(enum.StrEnum):
     SOURCE = "source"
     SINK = "sink"
@@ -571,6 +630,8 @@ class Topology:
     copartition_groups: tuple[CopartitionGroup, ...]
     #: Stable across processes; changes whenever the structure changes (KIP-848 TopologyHash).
     hash: UUID = field(default=UUID(int=0))
+    #: What bad records do (not part of the structure: no effect on the hash).
+    errors: ErrorPolicies = field(default_factory=ErrorPolicies)
 
     def node(self, name: str) -> Node:
         return self.nodes[name]

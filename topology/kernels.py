@@ -13,8 +13,10 @@ Two layers:
 The worker compiles each task's nodes with the kernels over its RocksDB stores
 (``pystreams.worker.processing``); the Spark runtime runs the same kernels in its operators
 (stateless steps inside ``mapInArrow``, stateful nodes per task over Spark state); the test
-driver (``pystreams.testing``) runs the worker's tasks. Sinks, repartitions and what happens
-to an exception are the runtimes' own.
+driver (``pystreams.testing``) runs the worker's tasks. Sinks and repartitions are the
+runtimes' own; which partition a sink's record goes to (Kafka's default partitioner, Kafka
+Streams' windowed partitioner) and what a record that cannot be deserialized or processed does
+(the error policies: fail, log-and-continue, dead-letter with its headers) are rules here.
 
 Stream time is Kafka Streams': the highest timestamp seen, per task (a processor's context and
 punctuations) or per windowed node of a task (what decides that a window has closed). Times
@@ -23,12 +25,16 @@ are epoch milliseconds.
 from __future__ import annotations
 
 import copy
+import enum
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import msgspec
+from kafka.partitioner.default import murmur2
+
+from pystreams import serdes
 
 from .ir import (
     AggregateNode,
@@ -36,6 +42,8 @@ from .ir import (
     BranchNode,
     BranchOutputNode,
     CountNode,
+    ErrorPolicies,
+    ErrorPolicy,
     FilterNode,
     FlatMapNode,
     FlatMapValuesNode,
@@ -300,10 +308,16 @@ def join_pair(side: JoinSide, value: Any, other: Any) -> tuple[Any, Any]:
 
 
 def next_punctuation_due(due: int | None, now: int, interval_ms: int) -> int:
-    """When a punctuation that fired at ``now`` is due next (``due``: when it was due, None if
-    never scheduled): missed intervals are skipped, not replayed."""
-    next_due = (due if due is not None else now) + interval_ms
-    return next_due if next_due > now else now + interval_ms
+    """When a punctuation that fired at ``now`` is due next — Kafka Streams'
+    ``PunctuationSchedule.next``: the next point after ``now`` on the schedule's grid (``due``
+    + k * interval), so missed intervals are skipped, not replayed, and the grid is kept.
+    ``due`` None: a stream-time schedule's first firing; Kafka Streams starts those at 0
+    (``StreamTask.schedule``), so their grid is aligned to the epoch."""
+    base = 0 if due is None else due
+    next_due = base + interval_ms
+    if now >= next_due:
+        next_due = base + ((now - base) // interval_ms + 1) * interval_ms
+    return next_due
 
 
 @dataclass(slots=True)
@@ -749,3 +763,123 @@ NODE_KERNELS: Mapping[type[NodeBase], Kernel] = {
     StreamStreamJoinNode: _stream_stream_join,
     ProcessorNode: _processor,
 }
+
+
+# ============================================================================ partitioners
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner (Java's and kafka-python's) gives ``key``."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def windowed_partition_for_key(windowed_key: bytes, partitions: int) -> int:
+    """Kafka Streams' ``WindowedStreamPartitioner``: a windowed key's partition is its *user*
+    key's (the serialized key without the window bounds), so every window of one key lands in
+    one partition and a consumer of one user's windows reads one partition."""
+    return partition_for_key(serdes.WindowedKey.base_key_bytes(windowed_key), partitions)
+
+
+def sink_partitioner(node: NodeBase) -> Callable[[bytes, int], int] | None:
+    """How a sink picks the partition of a (non-null) key's record: None for the producer's
+    default partitioner, else Kafka Streams' windowed partitioner for windowed keys."""
+    return windowed_partition_for_key if isinstance(node.key_serde, serdes.WindowedKey) else None
+
+
+# ============================================================================ bad records
+
+
+class ErrorKind(enum.StrEnum):
+    DESERIALIZATION = "deserialization"
+    PROCESSING = "processing"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordFailure:
+    """One failed record: where it was read from and why it failed (``topic`` None: the record
+    was forwarded by a store flush or a punctuation, not read)."""
+
+    kind: ErrorKind
+    task_id: str
+    topic: str | None
+    partition: int | None
+    offset: int | None
+    node: str | None
+    reason: str
+
+    def describe(self) -> str:
+        where = (
+            f"{self.topic}-{self.partition}@{self.offset}"
+            if self.topic is not None
+            else "a record forwarded from a store flush"
+        )
+        node = f" in node {self.node!r}" if self.node else ""
+        return f"task {self.task_id}: {self.kind} error on {where}{node}: {self.reason}"
+
+
+class RecordProcessingError(RuntimeError):
+    """Raised under the ``fail`` policy; carries the failure (topic, partition, offset, node)."""
+
+    def __init__(self, failure: RecordFailure) -> None:
+        super().__init__(failure.describe())
+        self.failure = failure
+
+
+class NodeFailure(Exception):
+    """An exception raised inside a node, annotated with the node's name."""
+
+    def __init__(self, node: str, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.node = node
+        self.error = error
+
+
+def guard(name: str, emit: Emit) -> Emit:
+    """``emit`` whose exceptions (the user's code failing) name node ``name``."""
+
+    def guarded(key: Any, value: Any, timestamp: int) -> None:
+        try:
+            emit(key, value, timestamp)
+        except NodeFailure:
+            raise
+        except Exception as error:
+            raise NodeFailure(name, error) from error
+
+    return guarded
+
+
+#: Headers of a dead letter: ``pystreams.error.kind``, ``.topic``, ``.partition``, ``.offset``,
+#: ``.task``, ``.node``, ``.reason``.
+DEAD_LETTER_HEADER_PREFIX = "pystreams.error."
+
+
+def dead_letter_headers(failure: RecordFailure) -> list[tuple[str, bytes]]:
+    """Where a dead letter came from and why it failed; its key and value are the record's
+    original bytes."""
+    fields = (("kind", str(failure.kind)), ("topic", failure.topic or ""), ("partition", str(failure.partition)),
+              ("offset", str(failure.offset)), ("task", failure.task_id), ("node", failure.node or ""),
+              ("reason", failure.reason))
+    return [(DEAD_LETTER_HEADER_PREFIX + name, text.encode()) for name, text in fields]
+
+
+def failure_policy(errors: ErrorPolicies, failure: RecordFailure, error: BaseException | None = None) -> ErrorPolicy:
+    """Apply the error policy to a failed record, as Kafka Streams' handlers do: ``fail``
+    raises :class:`RecordProcessingError`; the others log the failure (a warning naming topic,
+    partition, offset, node and reason) and return the policy, the runtime then skips the
+    record — after writing it to ``errors.dead_letter_topic`` with
+    :func:`dead_letter_headers` for ``dead-letter`` (when it was read, not forwarded)."""
+    if failure.kind is ErrorKind.DESERIALIZATION:
+        policy = errors.deserialization_policy(failure.node)
+    else:
+        policy = errors.processing
+    if policy is ErrorPolicy.FAIL:
+        raise RecordProcessingError(failure) from error
+    log.warning("%s (skipped: %s)", failure.describe(), policy)
+    return policy
+
+
+def skip_hint(kind: ErrorKind) -> str:
+    """How to have records that fail this way skipped rather than stop processing."""
+    option = "deserialization" if kind is ErrorKind.DESERIALIZATION else "processing"
+    return (f"to skip such records: --{option}-errors log-and-continue, or dead-letter with --dead-letter-topic; "
+            f"App({option}_errors=...) in code")

@@ -83,7 +83,21 @@ class Processor:
 
 
 def punctuate(every: Duration, on: PunctuationType | str = PunctuationType.STREAM_TIME) -> Callable[[F], F]:
-    """Mark a processor method ``method(self, timestamp_ms)`` to run every ``every``."""
+    """Mark a processor method ``method(self, timestamp_ms)`` to run every ``every``, on Kafka
+    Streams' schedule (``StreamTask.schedule`` and ``PunctuationSchedule``):
+
+    * ``STREAM_TIME``: the schedule starts at 0, so it is aligned to the epoch: the method runs
+      at the task's first record, then each time the task's stream time (its highest record
+      timestamp) reaches the next multiple of ``every``; it is checked after every record, and
+      ``timestamp_ms`` is the stream time then (which may be past the multiple). No records,
+      no punctuations.
+    * ``WALL_CLOCK_TIME``: the schedule starts one interval after the task starts, and the
+      method runs as the wall clock passes each point of that grid (``timestamp_ms``: the
+      wall clock then).
+
+    Either way, points missed during a gap (no records, a slow poll) are skipped, not replayed:
+    the method runs once and the schedule continues on the same grid. Both runtimes keep this
+    schedule; Spark's ``--once`` backfill runs no wall-clock punctuations."""
     interval_ms = to_millis(every, "punctuation interval", allow_zero=False)
     punctuation_type = PunctuationType(on)
 

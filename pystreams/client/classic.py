@@ -451,9 +451,11 @@ class ClassicGroupMember:
             return
         self._assign_pending()
 
-    def leave(self, now_ms: int, *, permanent: bool = False) -> None:
+    def leave(self, now_ms: int, *, permanent: bool = False, lose: bool = False) -> None:
         """Revoke everything, then LeaveGroup — except a static member, which keeps its session
-        (and its assignment) for its return unless it leaves for good (``permanent``)."""
+        (and its assignment) for its return unless it leaves for good (``permanent``). With
+        ``lose`` (the application failed and cannot commit) the partitions are lost, not
+        revoked (PartitionsLost, error 0), and the LeaveGroup goes out at once."""
         self._advance(now_ms)
         if self._state in (ClassicState.LEAVING, ClassicState.FATAL) or self._subscription is None:
             return
@@ -473,7 +475,9 @@ class ClassicGroupMember:
         self._sync_request = None
         self._rejoin_needed = False
         self._pending_assigned = NO_PARTITIONS
-        if self._owned:
+        if lose:
+            self._lose_owned(0)
+        elif self._owned:
             if reset:
                 self._lose_owned(self._lost_error)
             else:

@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import logging
 import random as random_module
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from pystreams.client.events import (
     CoordinatorUnavailable,
     LeftGroup,
     MemberEvent,
+    MemberFailed,
     MemberState,
     RevokePartitions,
 )
@@ -349,8 +351,22 @@ class MemberDriver:
         clock_ms: Callable[[], int] = monotonic_ms,
         random: Callable[[], float] = random_module.random,
         security: ClientSecurity | None = None,
+        connect_timeout_ms: int | None = None,
+        warn_after_ms: int = 10_000,
     ) -> None:
         self.config = config
+        #: Give up (MemberFailed) when no coordinator was ever reached within this long (None:
+        #: never). A member that once connected keeps retrying: its coordinator restarts.
+        self.connect_timeout_ms = connect_timeout_ms
+        #: Failing to connect is logged at INFO, then at WARNING once it lasted this long (or
+        #: half the connect timeout); an address that is a Kafka broker is a WARNING at once.
+        self.warn_after_ms = warn_after_ms if connect_timeout_ms is None else min(warn_after_ms, connect_timeout_ms // 2)
+        self._connected_once = False
+        self._failing_since_ms: int | None = None
+        self._last_warning_ms: int | None = None
+        self._last_reason: str | None = None
+        #: Why the driver gave up finding a coordinator (None: it did not).
+        self.gave_up: str | None = None
         self.security = security or ClientSecurity()
         self.member: GroupMember | ClassicGroupMember
         if isinstance(config, ClassicMemberConfig):
@@ -408,22 +424,24 @@ class MemberDriver:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def leave(self, *, permanent: bool = False, timeout_s: float | None = None) -> None:
+    async def leave(self, *, permanent: bool = False, lose: bool = False, timeout_s: float | None = None) -> None:
         """Leave the group: the application gets RevokePartitions for everything it owns, then
         the member heartbeats -1 (or -2 for a static member unless ``permanent``). Returns once
-        left (or the leave heartbeat failed: leaving is best effort, as in Kafka)."""
-        self.member.leave(self._clock_ms(), permanent=permanent)
+        left (or the leave heartbeat failed: leaving is best effort, as in Kafka). With ``lose``
+        the application gets PartitionsLost instead and the leave goes out at once (it failed
+        and cannot commit)."""
+        self.member.leave(self._clock_ms(), permanent=permanent, lose=lose)
         self._take_events()
         self._wake()
-        if self.member.state is MemberState.UNSUBSCRIBED:
-            return
+        if self.member.state is MemberState.UNSUBSCRIBED or self.gave_up is not None:
+            return  # not in a group, or no coordinator to tell
         timeout = self.request_timeout_ms / 1000 * 2 if timeout_s is None else timeout_s
         async with asyncio.timeout(timeout):
             await self._left.wait()
 
     async def close(self, *, timeout_s: float | None = None) -> None:
         """Leave if in the group (bounded by ``timeout_s``), then stop every task and the connection."""
-        if self._loop_task is not None and not self._stopping:
+        if self._loop_task is not None and not self._stopping and self.gave_up is None:
             if self.member.state not in (MemberState.UNSUBSCRIBED, MemberState.FATAL):
                 self.member.close(self._clock_ms())
                 self._take_events()
@@ -597,7 +615,7 @@ class MemberDriver:
     async def _run(self) -> None:
         try:
             while not self._stopping:
-                if self.member.state is MemberState.FATAL:
+                if self.member.state is MemberState.FATAL or self.gave_up is not None:
                     return
                 if self._wants_coordinator() and self._connection is None:
                     await self._connect()
@@ -727,27 +745,63 @@ class MemberDriver:
         try:
             connection = await self._find_and_connect()
         except (OSError, TimeoutError, ConnectionLost, _CoordinatorLookupError, HandshakeError) as exc:
+            now = self._clock_ms()
+            if self._failing_since_ms is None:
+                self._failing_since_ms = now
+            failing_ms = now - self._failing_since_ms
+            reason = str(exc) if isinstance(exc, _CoordinatorLookupError) else repr(exc)
+            if not self._connected_once and self.connect_timeout_ms is not None and failing_ms >= self.connect_timeout_ms:
+                self._give_up(f"no coordinator reached within {self.connect_timeout_ms / 1000:g} s, giving up: {reason}")
+                return
             delay_ms = self._backoff.next_ms()
-            log.info("group %s: no coordinator (%r); retrying in %d ms", self.config.group_id, exc, delay_ms)
+            log.log(self._connect_failure_level(exc, reason, now, failing_ms),
+                    "group %s: no coordinator: %s; retrying in %d ms", self.config.group_id, reason, delay_ms)
             await asyncio.sleep(delay_ms / 1000)
             return
+        if self._failing_since_ms is not None:
+            log.info("group %s: coordinator reached at %s:%d", self.config.group_id, *connection.address)
+        self._connected_once = True
+        self._failing_since_ms = self._last_warning_ms = self._last_reason = None
         self._connection = connection
         self.coordinator = connection.address
         self._connected.set()
 
+    def _connect_failure_level(self, exc: BaseException, reason: str, now: int, failing_ms: int) -> int:
+        """INFO (once per reason) while a coordinator may just be starting; WARNING (at most
+        every ``warn_after_ms``) once it lasts, or at once for an address that cannot be one;
+        DEBUG for the retries in between."""
+        wrong_server = isinstance(exc, _CoordinatorLookupError) and exc.wrong_server
+        if not wrong_server and failing_ms < self.warn_after_ms:
+            new_reason, self._last_reason = reason != self._last_reason, reason
+            return logging.INFO if new_reason else logging.DEBUG
+        if self._last_warning_ms is not None and now - self._last_warning_ms < self.warn_after_ms:
+            return logging.DEBUG
+        self._last_warning_ms = now
+        return logging.WARNING
+
+    def _give_up(self, message: str) -> None:
+        """Stop looking for a coordinator: the application gets MemberFailed with ``message``
+        (and says it: the driver does not, so that it is said once)."""
+        self.gave_up = message
+        self._pending_events.put_nowait(MemberFailed(Errors.CoordinatorNotAvailableError.errno, message))
+
     async def _find_and_connect(self) -> KafkaConnection:
         timeout_s = self.request_timeout_ms / 1000
-        last_error: BaseException = _CoordinatorLookupError("no bootstrap address answered")
+        failures: list[_CoordinatorLookupError] = []
         # Start from a different bootstrap address each round, so a dead first one costs less.
         start = self._backoff.attempts % len(self.bootstrap)
         for address in self.bootstrap[start:] + self.bootstrap[:start]:
             try:
                 bootstrap_connection = await KafkaConnection.open(address, self._client_id, timeout_s, self.security)
-            except (OSError, TimeoutError) as exc:
-                last_error = exc
+            except (OSError, TimeoutError, ConnectionLost, HandshakeError) as exc:
+                failures.append(_CoordinatorLookupError.at(address, exc, timeout_s))
                 continue
             keep = False
             try:
+                if bootstrap_connection.server is not None and not bootstrap_connection.server.is_pystreams_coordinator:
+                    raise _CoordinatorLookupError(
+                        f"{address[0]}:{address[1]} is a Kafka broker, not a pystreams coordinator: point --coordinator "
+                        "at the address `pystreams coordinator` listens on (its --listen)", wrong_server=True)
                 self.find_coordinator_count += 1
                 response = await bootstrap_connection.send(
                     m.FindCoordinatorRequest(key_type=CoordinatorType.GROUP, coordinator_keys=[self.config.group_id]),
@@ -766,21 +820,44 @@ class MemberDriver:
                 if connection.server is not None and not connection.server.is_pystreams_coordinator:
                     connection.close()
                     raise _CoordinatorLookupError(
-                        f"{coordinator[0]}:{coordinator[1]} is a Kafka broker, not a pystreams coordinator "
-                        "(point --coordinator at `pystreams coordinator`)"
-                    )
+                        f"{coordinator[0]}:{coordinator[1]} (named by FindCoordinator at {address[0]}:{address[1]}) is "
+                        "a Kafka broker, not a pystreams coordinator", wrong_server=True)
                 keep = connection is bootstrap_connection
                 return connection
-            except (OSError, TimeoutError, ConnectionLost, _CoordinatorLookupError, HandshakeError) as exc:
-                last_error = exc
+            except _CoordinatorLookupError as exc:
+                failures.append(exc)
+            except (OSError, TimeoutError, ConnectionLost, HandshakeError) as exc:
+                failures.append(_CoordinatorLookupError.at(address, exc, timeout_s))
             finally:
                 if not keep:
                     bootstrap_connection.close()
-        raise last_error
+        if len(failures) == 1:
+            raise failures[0]
+        raise _CoordinatorLookupError("; ".join(map(str, failures)), wrong_server=all(f.wrong_server for f in failures))
 
 
 class _CoordinatorLookupError(Exception):
-    pass
+    """Why no coordinator was found, said for a user; ``wrong_server``: the address answers
+    but is no coordinator (a Kafka broker), which retrying will not change."""
+
+    def __init__(self, message: str, *, wrong_server: bool = False) -> None:
+        super().__init__(message)
+        self.wrong_server = wrong_server
+
+    @classmethod
+    def at(cls, address: Address, error: BaseException, timeout_s: float) -> _CoordinatorLookupError:
+        where = f"{address[0]}:{address[1]}"
+        if isinstance(error, ConnectionRefusedError):
+            return cls(f"nothing listens at {where} — is the coordinator running? (`pystreams coordinator`, "
+                       "or `pystreams dev`; --coordinator names its address)")
+        if isinstance(error, socket.gaierror):
+            return cls(f"cannot resolve the host of {where} ({error.strerror}); check --coordinator")
+        if isinstance(error, TimeoutError):
+            return cls(f"{where} did not answer within {timeout_s:g} s (a firewall, or a host that is down?)")
+        if isinstance(error, (ConnectionLost, HandshakeError)):
+            return cls(f"{where} does not talk like a pystreams coordinator ({error}); is it the coordinator's "
+                       "Kafka-protocol port, and do TLS/SASL settings match its listener?")
+        return cls(f"cannot connect to {where}: {error}")
 
 
 def _split_by_key_kind(offsets: Mapping[OffsetKey, int]) -> dict[int, dict[OffsetKey, int]]:

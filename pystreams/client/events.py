@@ -57,7 +57,7 @@ class PartitionsAssigned:
 class PartitionsLost:
     partitions: PartitionSet
     #: FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID, REQUEST_TIMED_OUT (session or revocation guard),
-    #: or the fatal error.
+    #: the fatal error, or 0 when the application gave them up (``leave(lose=True)``).
     error_code: int
 
 

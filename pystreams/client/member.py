@@ -364,10 +364,13 @@ class GroupMember:
             self._heartbeat_asap = True  # KIP: acknowledge in the very next heartbeat
             self._reconcile()
 
-    def leave(self, now_ms: int, *, permanent: bool = False) -> None:
+    def leave(self, now_ms: int, *, permanent: bool = False, lose: bool = False) -> None:
         """Leave the group: revoke everything (RevokePartitions), then heartbeat -1.
 
         A static member (instance id set) leaves temporarily with -2 unless ``permanent``.
+        With ``lose`` (the application can no longer commit: its processing failed) the
+        partitions are lost, not revoked — PartitionsLost with error 0, revocations under way
+        included — and the leave heartbeat goes out at once, so they move without waiting.
         """
         self._advance(now_ms)
         if self._state in (
@@ -382,7 +385,13 @@ class GroupMember:
         self._abandon_computation(None)
         self._ack_pending = False
         self._state = MemberState.PREPARE_LEAVING
-        if self._owned:
+        if lose:
+            lost = self._owned | self.revoking_partitions
+            self._owned = NO_PARTITIONS
+            self._revocations.clear()
+            if lost:
+                self._events.append(PartitionsLost(lost, 0))
+        elif self._owned:
             self._start_revocation(self._owned)
         self._maybe_leave()
 

@@ -3,7 +3,8 @@ work — and, given an app, worker processes running it.
 
 Starts the broker (Tansu, memory storage: everything is gone when it stops), then a coordinator
 whose record log is a topic of that broker, prints both addresses, and stops both cleanly on
-Ctrl-C or SIGTERM. Everything a local run needs is started inside :func:`_serve_dev`, one
+Ctrl-C or SIGTERM. A port already taken (``--broker-port``, default 9092; ``--coordinator-port``,
+default 9093) is said in one line before anything starts, with how to choose another. Everything a local run needs is started inside :func:`_serve_dev`, one
 component after another in a single ``AsyncExitStack``.
 
 With an app (``pystreams dev examples/wordcount.py``) it also starts ``--workers`` worker
@@ -36,6 +37,7 @@ from pystreams.commands import coordinator as coordinator_command
 HELP = "start the embedded Kafka broker and a coordinator together for local development"
 
 BROKER_PORT_ENV = "PYSTREAMS_BROKER_PORT"
+COORDINATOR_PORT_ENV = "PYSTREAMS_COORDINATOR_PORT"
 DEFAULT_BROKER_PORT = 9092
 
 #: The line that announces the broker; the coordinator's lines follow coordinator_command's.
@@ -68,6 +70,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="text fed to text-lines for a word-count app (default: data/corpus.txt next to the app)")
     parser.add_argument("--timeout-s", type=float, default=300.0,
                         help="give up waiting for the corpus to be fully counted after this long (default: 300)")
+    parser.add_argument(
+        "--coordinator-port", type=options.port, default=os.environ.get(COORDINATOR_PORT_ENV) or None,
+        help=f"port of the coordinator on the --listen host (shorthand for --listen HOST:PORT); 0 picks a free port "
+             f"(default: {coordinator_command.DEFAULT_LISTEN.rpartition(':')[2]}, env {COORDINATOR_PORT_ENV})",
+    )
     coordinator_command.add_coordinator_options(parser, cluster=False)
 
 
@@ -77,6 +84,15 @@ def run(args: argparse.Namespace) -> int:
     coordinator_command._configure_logging(args.log_level)
     if args.app is not None:
         _speed_up_defaults_for_apps(args)
+    try:
+        taken = taken_ports(args)
+    except ValueError as error:
+        print(f"pystreams dev: {error}", file=sys.stderr)
+        return 2
+    if taken:
+        for line in taken:  # before anything starts: nothing to stop, nothing else to say
+            print(f"pystreams dev: {line}", file=sys.stderr)
+        return 1
     broker = EmbeddedBroker(port=args.broker_port or None)
     try:
         try:
@@ -97,6 +113,27 @@ def run(args: argparse.Namespace) -> int:
     finally:
         print("stopping the broker", flush=True)
         broker.stop()
+
+
+def taken_ports(args: argparse.Namespace) -> list[str]:
+    """What stands in the way of the broker's and the coordinator's ports, one line each saying
+    which port and how to choose another (``--coordinator-port`` is folded into ``--listen``)."""
+    from pystreams.broker import LOOPBACK, port_is_free
+    from pystreams.protocol.security import Listener
+
+    listener = Listener.parse(args.listen)
+    if args.coordinator_port is not None:
+        listener = Listener(listener.protocol, listener.host, args.coordinator_port)
+        args.listen = str(listener)
+    lines = []
+    if args.broker_port and not port_is_free(LOOPBACK, args.broker_port):
+        lines.append(f"port {args.broker_port} on {LOOPBACK}, the broker's, is taken (another `pystreams dev`, or a "
+                     "Kafka broker?); choose another with --broker-port PORT, or --broker-port 0 for a free one")
+    if listener.port and not port_is_free(listener.host, listener.port):
+        lines.append(f"port {listener.port} on {listener.host}, the coordinator's, is taken (another `pystreams dev` or "
+                     "`pystreams coordinator`?); choose another with --coordinator-port PORT, or --coordinator-port 0 "
+                     "for a free one")
+    return lines
 
 
 def _speed_up_defaults_for_apps(args: argparse.Namespace) -> None:

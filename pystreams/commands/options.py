@@ -69,6 +69,40 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+# --- error policies (Kafka Streams' exception handlers) ------------------------------------------
+
+ERROR_POLICIES = ("fail", "log-and-continue", "dead-letter")
+
+
+def error_policy(text: str) -> str:
+    if text not in ERROR_POLICIES:
+        raise argparse.ArgumentTypeError(f"not an error policy: {text!r} (choose from {', '.join(ERROR_POLICIES)})")
+    return text
+
+
+def add_error_policy_options(parser: argparse.ArgumentParser) -> None:
+    """``--deserialization-errors``, ``--processing-errors`` and ``--dead-letter-topic``; each
+    also reads ``PYSTREAMS_*``. Unset: the app's own (``App(...)``, default ``fail``)."""
+    import os
+
+    group = parser.add_argument_group(
+        "bad records", "what a record that cannot be deserialized or processed does (Kafka Streams' "
+        "exception handlers): fail stops (the record is met again by the task's next owner), "
+        "log-and-continue skips it with a warning, dead-letter writes it to --dead-letter-topic and skips it; "
+        "unset: the app's own (App(...), default fail); a source's own policy wins over these")
+    group.add_argument("--deserialization-errors", type=error_policy, metavar="{" + ",".join(ERROR_POLICIES) + "}",
+                       default=os.environ.get("PYSTREAMS_DESERIALIZATION_ERRORS") or None,
+                       help="default.deserialization.exception.handler (env PYSTREAMS_DESERIALIZATION_ERRORS)")
+    group.add_argument("--processing-errors", type=error_policy, metavar="{" + ",".join(ERROR_POLICIES) + "}",
+                       default=os.environ.get("PYSTREAMS_PROCESSING_ERRORS") or None,
+                       help="processing.exception.handler: exceptions of the app's functions "
+                            "(env PYSTREAMS_PROCESSING_ERRORS)")
+    group.add_argument("--dead-letter-topic", default=os.environ.get("PYSTREAMS_DEAD_LETTER_TOPIC") or None,
+                       metavar="TOPIC", help="errors.dead.letter.queue.topic.name: where dead letters go, with "
+                                            "headers pystreams.error.* saying where from and why; it must exist "
+                                            "(env PYSTREAMS_DEAD_LETTER_TOPIC)")
+
+
 # --- client security (kafka-python's names) -------------------------------------------------------
 
 _SECURITY_FIELDS = (

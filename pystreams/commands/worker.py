@@ -30,6 +30,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the Kafka cluster holding the data (env PYSTREAMS_BOOTSTRAP_SERVERS)")
     parser.add_argument("--coordinator", default=env("PYSTREAMS_COORDINATOR"),
                         help="HOST:PORT of the group coordinator (env PYSTREAMS_COORDINATOR)")
+    parser.add_argument("--coordinator-connect-timeout-ms", type=options.non_negative_int,
+                        default=env("PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS", "60000"),
+                        help="exit when the coordinator was never reached within this long (nothing listens there, "
+                             "or it is a Kafka broker); 0 retries forever; a worker that once reached it always "
+                             "retries (env PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS; default 60000)")
     parser.add_argument("--instance-id", default=env("PYSTREAMS_INSTANCE_ID") or None,
                         help="static membership: leave with -2 and get the same tasks back on restart (env PYSTREAMS_INSTANCE_ID)")
     parser.add_argument("--state-dir", default=env("PYSTREAMS_STATE_DIR") or None,
@@ -75,6 +80,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         default=env("PYSTREAMS_SHUTDOWN_APPLICATION_ON_ERROR", "") in ("1", "true"),
                         help="a fatal error here asks every worker of the app to shut down "
                              "(env PYSTREAMS_SHUTDOWN_APPLICATION_ON_ERROR)")
+    options.add_error_policy_options(parser)
     options.add_client_security_options(parser)
     options.add_client_security_options(parser, prefix="broker-", what="the Kafka brokers (unset: as toward the coordinator)")
     parser.add_argument("--http-port", type=options.port, default=env("PYSTREAMS_HTTP_PORT") or None,
@@ -119,6 +125,9 @@ def _client_tags_from_env(text: str) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from pystreams.assignors.streams.placement import HaConfig
+    from pystreams.commands.explain import CommandError, check_writable_directory, missing_topics_message
+    from pystreams.topology.errors import MissingSourceError
+    from pystreams.worker.errors import MissingDeadLetterTopic
     from pystreams.worker.process import WorkerSettings, run_worker
 
     if not args.app:
@@ -136,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
             app=args.app,
             bootstrap_servers=args.bootstrap_servers,
             coordinator=args.coordinator,
+            coordinator_connect_timeout_ms=int(args.coordinator_connect_timeout_ms) or None,
             instance_id=args.instance_id,
             state_dir=args.state_dir,
             threads=int(args.threads),
@@ -158,10 +168,15 @@ def run(args: argparse.Namespace) -> int:
             http_port=None if args.http_port is None else int(args.http_port),
             http_host=args.http_host,
             pod_annotations=args.pod_annotations,
+            deserialization_errors=args.deserialization_errors,
+            processing_errors=args.processing_errors,
+            dead_letter_topic=args.dead_letter_topic,
         )
     except ValueError as error:
         print(f"pystreams worker: {error}", file=sys.stderr)
         return 2
+    if args.state_dir:
+        check_writable_directory(args.state_dir, "--state-dir")
     logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
@@ -179,6 +194,11 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(main())
     except KeyboardInterrupt:
         return 130
+    except MissingSourceError as error:
+        raise CommandError(missing_topics_message(error.topics, args.bootstrap_servers)) from error
+    except MissingDeadLetterTopic as error:
+        raise CommandError(missing_topics_message([error.topic], args.bootstrap_servers,
+                                                  role="dead-letter topic")) from error
 
 
 def main(argv: list[str] | None = None) -> int:

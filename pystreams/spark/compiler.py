@@ -47,7 +47,11 @@ Where the runtimes still differ (``SparkPlan.warnings`` names the nodes concerne
   (folded per key), so intermediate values and output timestamps differ; final tables agree;
 * processors: one instance per task per micro-batch (state lives only in its stores); ``close()``
   is not called; wall-clock punctuations fire only when a micro-batch runs, and not at all in a
-  backfill (``available_now``), which runs without no-data batches so that it ends.
+  backfill (``available_now``), which runs without no-data batches so that it ends;
+* bad records (the error policies, ``record_errors``): a record whose processing fails in one
+  branch of a fan-out stops there on a worker (Kafka Streams' rule), while on Spark the
+  branches of other sinks, being other queries, still process it; a dead letter of a failure
+  inside a stateful step holds the row that step was given, not the source record's bytes.
 """
 from __future__ import annotations
 
@@ -60,6 +64,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pystreams.topology.errors import TopologyError
+from pystreams.topology.kernels import sink_partitioner
 from pystreams.topology.ir import (
     AggregateNode,
     AggregationNode,
@@ -109,7 +114,9 @@ from .operators import (
     side_offset,
     task_operator,
 )
+from .record_errors import RecordErrors
 from .serdes import ShippedSerde, serde_recipe
+from .source_offsets import FAIL_ON_DATA_LOSS
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +209,8 @@ class SparkPlan:
     stateful_nodes: tuple[str, ...] = field(default=())
     #: Where this app's results on Spark may differ from a worker's, and why.
     warnings: tuple[str, ...] = field(default=())
+    #: The source node reading each of ``source_topics``.
+    source_nodes: tuple[str, ...] = field(default=())
 
     @property
     def repartition_topics_of_tasks(self) -> tuple[str, ...]:
@@ -251,6 +260,7 @@ class _Compilation:
         self.flows: dict[str, Flow] = {}
         self.sinks: list[SinkPlan] = []
         self.source_topics: list[str] = []
+        self.source_nodes: dict[str, str] = {}
         self.stateful: list[str] = []
         self.repartition_flows: dict[str, Flow] = {}
         self.warnings: list[str] = []
@@ -293,6 +303,7 @@ class _Compilation:
             if not topics:
                 raise _unsupported(node, f"no topic matches the pattern {node.pattern!r}")
         self.source_topics.extend(t for t in topics if t not in self.source_topics)
+        self.source_nodes.update((t, node.name) for t in topics)
         key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
         base = SourcePlan(node.name, tuple(topics))
         self.set_flow(node, Flow(base, key, value, (), key, value, timestamp_extractor=node.timestamp_extractor))
@@ -414,7 +425,8 @@ class _Compilation:
         # The processor's task sees every source record (each moves stream time), so its input
         # is the raw source; the stateless steps before it run inside the task.
         raw = Flow(flow.base, flow.base_key, flow.base_value, (), flow.base_key, flow.base_value)
-        run = ProcessorRun(flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, ())
+        assert isinstance(flow.base, SourcePlan)
+        run = ProcessorRun(flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, (), flow.base.node)
         out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
         inputs = {0: (_shipped_node(node), flow.key_serde, flow.value_serde)}
         step = TaskStep(
@@ -465,7 +477,8 @@ class _Compilation:
         sinks = tuple(_with_topic_index(sink, topics) for sink in self.sinks)
         for warning in dict.fromkeys(self.warnings):
             log.warning("Spark: %s", warning)
-        return SparkPlan(self.topology, topics, sinks, tuple(self.stateful), tuple(dict.fromkeys(self.warnings)))
+        return SparkPlan(self.topology, topics, sinks, tuple(self.stateful), tuple(dict.fromkeys(self.warnings)),
+                         tuple(self.source_nodes[t] for t in topics))
 
 
 _PLANNERS: Mapping[type[NodeBase], Callable[[_Compilation, Node], None]] = {
@@ -621,7 +634,9 @@ class _Builder:
         partition_counts: Mapping[str, int],
         *,
         backfill: bool = False,
+        fail_on_data_loss: bool = True,
     ) -> None:
+        self.fail_on_data_loss = fail_on_data_loss
         self.spark = spark
         self.bootstrap_servers = bootstrap_servers
         self.source_format = source_format
@@ -629,13 +644,16 @@ class _Builder:
         self.partition_counts = partition_counts
         self.backfill = backfill
         self._built: dict[int, Any] = {}
+        self.topology = plan.topology
+        self.errors = RecordErrors(plan.topology.errors, bootstrap_servers, plan.source_topics, plan.source_nodes)
 
     def source(self, plan: SourcePlan) -> Any:
         """``key, value, ts, topic, partition, offset`` rows of the plan's topics."""
         from pyspark.sql import functions as F
 
         if id(plan) not in self._built:
-            options = source_options(self.source_format, self.bootstrap_servers, plan.topics)
+            options = source_options(self.source_format, self.bootstrap_servers, plan.topics,
+                                     fail_on_data_loss=self.fail_on_data_loss)
             raw = self.spark.readStream.format(self.source_format).options(**options).load()
             ts = F.unix_millis("timestamp") if self.source_format == "kafka" else F.col("timestamp")
             self._built[id(plan)] = raw.select(
@@ -657,9 +675,12 @@ class _Builder:
             for frame in frames[1:]:
                 union = union.unionByName(frame)
             return union
+        source_node = base.node if isinstance(base, SourcePlan) else None
         run = FlowRun(
             flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, flow.key_serde, flow.value_serde,
             from_source=isinstance(base, SourcePlan), sources=self.sources, task_partitions=task_partitions, lane=lane,
+            errors=self.errors, source_node=source_node,
+            subtopology=self.topology.nodes[source_node or base.node].subtopology,
         )
         if isinstance(base, SourcePlan):
             return self.source(base).mapInArrow(functools.partial(run_flow, run=run), ORDERED_ROWS)
@@ -694,8 +715,9 @@ class _Builder:
 
         # No row for a null key, in a table or an aggregation (the kernels skip them too).
         rows = self._inputs(plan.inputs, KEYED_COLUMNS, by_task=False).where("key IS NOT NULL")
+        step = dataclasses.replace(plan.step, errors=self.errors)
         return rows.groupBy("key").applyInPandasWithState(
-            keyed_update(plan.step), ROWS, "value binary", "update", GroupStateTimeout.NoTimeout
+            keyed_update(step), ROWS, "value binary", "update", GroupStateTimeout.NoTimeout
         )
 
     def task(self, plan: TaskPlan) -> Any:
@@ -705,7 +727,7 @@ class _Builder:
             rows = rows.where("key IS NOT NULL")  # windows and joins skip null keys
         # The same time mode either way, so streaming runs and backfills share a checkpoint.
         time_mode = "ProcessingTime" if plan.processing_time_timers else "None"
-        step = dataclasses.replace(plan.step, wall_clock_timers=not self.backfill)
+        step = dataclasses.replace(plan.step, wall_clock_timers=not self.backfill, errors=self.errors)
         return rows.groupBy("task").transformWithStateInPandas(task_operator(step), ROWS, "Update", time_mode)
 
 
@@ -723,7 +745,21 @@ def cluster_partition_counts(bootstrap_servers: str, topology: Topology) -> dict
 # -- the query ------------------------------------------------------------------------------------
 
 
-def _write_batch_to_kafka(bootstrap_servers: str) -> Callable[[Any, int], None]:
+def send_rows(producer: Any, rows: Iterable[tuple[str, bytes | None, bytes | None, int | None]],
+              partitioner: Callable[[bytes, int], int] | None) -> None:
+    """Send (topic, key, value, timestamp) rows; a keyed row goes to ``partitioner``'s partition
+    when there is one (a windowed sink's), else where the producer's default puts it."""
+    for topic, key, value, ts in rows:
+        partition = None
+        if partitioner is not None and key is not None:
+            partition = partitioner(key, len(producer.partitions_for(topic)))
+        producer.send(topic, key=key, value=value, partition=partition, timestamp_ms=ts if ts is not None and ts >= 0 else None)
+
+
+def _write_batch_to_kafka(bootstrap_servers: str,
+                          partitioner: Callable[[bytes, int], int] | None = None) -> Callable[[Any, int], None]:
+    """Each micro-batch's rows to Kafka; a key's partition is ``partitioner``'s (the sink's:
+    ``kernels.sink_partitioner``, the worker's rule) or the producer's default."""
     def produce(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         from kafka import KafkaProducer
@@ -739,8 +775,7 @@ def _write_batch_to_kafka(bootstrap_servers: str) -> Callable[[Any, int], None]:
         try:
             for batch in batches:
                 columns = [batch.column(i).to_pylist() for i in range(4)]
-                for topic, key, value, ts in zip(*columns, strict=True):
-                    producer.send(topic, key=key, value=value, timestamp_ms=ts if ts is not None and ts >= 0 else None)
+                send_rows(producer, zip(*columns, strict=True), partitioner)
                 written += batch.num_rows
             # Spark marks the batch done when foreachBatch returns: everything must be acked.
             producer.flush()
@@ -755,13 +790,17 @@ def _write_batch_to_kafka(bootstrap_servers: str) -> Callable[[Any, int], None]:
     return write
 
 
-def source_options(source_format: str, bootstrap_servers: str, topics: Iterable[str]) -> dict[str, str]:
+def source_options(source_format: str, bootstrap_servers: str, topics: Iterable[str], *,
+                   fail_on_data_loss: bool = True) -> dict[str, str]:
     """The reader options for ``source_format``: Spark's connector (``kafka``) reads every
-    topic from the earliest offset, as a new worker group does; ours takes the same."""
+    topic from the earliest offset, as a new worker group does; ours takes the same. Both take
+    Spark's ``failOnDataLoss``."""
     topic_list = ",".join(topics)
+    data_loss = {FAIL_ON_DATA_LOSS: str(fail_on_data_loss).lower()}
     if source_format == "kafka":
-        return {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topic_list, "startingOffsets": "earliest"}
-    return {"bootstrap.servers": bootstrap_servers, "topics": topic_list}
+        return {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topic_list, "startingOffsets": "earliest",
+                **data_loss}
+    return {"bootstrap.servers": bootstrap_servers, "topics": topic_list, **data_loss}
 
 
 def choose_source_format(spark: Any) -> str:
@@ -855,18 +894,22 @@ def to_spark(
     bootstrap_servers: str,
     checkpoint: str,
     source_format: str | None = None,
+    fail_on_data_loss: bool = True,
 ) -> SparkJob:
     """Compile ``app`` (a pystreams ``App`` or a ``Topology``) into streaming queries on
     ``spark``; ``job.start()`` runs them (``available_now=True``: a backfill that ends).
 
     ``checkpoint`` holds the source offsets and the aggregation state: restarting with the same
-    directory resumes exactly where the last completed micro-batch ended.
+    directory resumes exactly where the last completed micro-batch ended — unless its offsets do
+    not fit the cluster's logs, which fails the query (``fail_on_data_loss``, Spark's
+    ``failOnDataLoss``; False warns and reads on as Spark's Kafka source would).
     """
     from pathlib import Path
 
     from pyspark.sql import functions as F
 
     topology = app if isinstance(app, Topology) else app.topology()
+    topology.errors.check()
     plan = compile_topology(topology, topics_matching=cluster_pattern_matcher(bootstrap_servers))
     _ship_app_modules(spark, topology)
     source_format = source_format or choose_source_format(spark)
@@ -876,12 +919,13 @@ def to_spark(
         built = {}
         for sink in plan.sinks:
             # A fresh builder per query: queries must not share DataFrames of stateful steps.
-            builder = _Builder(spark, bootstrap_servers, source_format, plan, counts, backfill=backfill)
+            builder = _Builder(spark, bootstrap_servers, source_format, plan, counts, backfill=backfill,
+                               fail_on_data_loss=fail_on_data_loss)
             rows = builder.rows(sink.input)
             built[sink.node] = (
                 rows.select(F.lit(sink.topic).alias("topic"), "key", "value", "ts")
                 .writeStream.queryName(f"pystreams-{topology.app_id}-{sink.node}")
-                .foreachBatch(_write_batch_to_kafka(bootstrap_servers))
+                .foreachBatch(_write_batch_to_kafka(bootstrap_servers, sink_partitioner(topology.nodes[sink.node])))
                 # Update mode: aggregations emit each changed key once per batch; stateless rows pass.
                 .outputMode("update")
                 .option("checkpointLocation", str(Path(checkpoint) / sink.node))

@@ -1,10 +1,12 @@
 """A Spark Python data source that reads Kafka topics with kafka-python.
 
 Used when Spark's own Kafka connector is not on the classpath (see ``builtin_kafka_available``).
-Offsets are a dict ``{"topic:partition": next offset}``; Spark stores them in the query's
-checkpoint, so a restarted query resumes exactly where the last committed batch ended. One
-Spark input partition reads one Kafka partition's offset range, so records of a partition
-stay in order.
+Offsets are ``source_offsets.SourceOffsets``: the next offset per partition, with the cluster
+id and topic ids they belong to. Spark stores them in the query's checkpoint, so a restarted
+query resumes exactly where the last committed batch ended — once they are checked against the
+cluster's logs as they are now (``failOnDataLoss``, as Spark's own Kafka source names it). One
+Spark input partition reads one Kafka partition's offset range, so records of a partition stay
+in order.
 
 Rows: ``key binary, value binary, topic string, partition int, offset long, timestamp long``
 (timestamps are epoch milliseconds, as everywhere in pystreams).
@@ -19,6 +21,15 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from .source_offsets import (
+    FAIL_ON_DATA_LOSS,
+    LogView,
+    SourceOffsets,
+    partition_key,
+    resume_positions,
+    split_partition_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +47,6 @@ def builtin_kafka_available(spark: Any) -> bool:
         return True
     except Exception:
         return False
-
-
-def partition_key(topic: str, partition: int) -> str:
-    # Kafka topic names cannot contain ':' so the split is unambiguous.
-    return f"{topic}:{partition}"
-
-
-def split_partition_key(key: str) -> tuple[str, int]:
-    topic, _, partition = key.rpartition(":")
-    return topic, int(partition)
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,12 @@ def true_end_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]
     """The next offset to be written per partition, found by fetching.
 
     Some brokers (the embedded one) answer ListOffsets LATEST with the last batch's base
-    offset + 1; reading that last batch gives the real end. On Apache Kafka the fetch returns
-    nothing new and the answer stands.
+    offset + 1; fetching that last batch gives the real end: the high watermark of the fetch
+    response (a poll may hand over only part of a large batch, so its last record is not
+    enough). On Apache Kafka the fetch returns nothing new and the answer stands.
     """
     reported = consumer.end_offsets(list(partitions))
-    beginnings = consumer.beginning_offsets(list(partitions))
+    beginnings = first_offsets(consumer, partitions)
     ends = dict(reported)
     probe = [p for p in partitions if reported[p] > beginnings[p]]
     if not probe:
@@ -92,7 +94,7 @@ def true_end_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]
     while waiting and time.monotonic() < deadline:
         for p, records in consumer.poll(timeout_ms=200).items():
             if records:
-                ends[p] = max(ends[p], records[-1].offset + 1)
+                ends[p] = max(ends[p], records[-1].offset + 1, consumer.highwater(p) or 0)
                 waiting.discard(p)
         # A partition whose records were deleted or compacted away returns nothing: its
         # position still moves past the gap.
@@ -102,23 +104,66 @@ def true_end_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]
     return ends
 
 
+def first_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]:
+    """``beginning_offsets``, except that a partition the broker names no first offset for is
+    empty and starts at 0: the embedded broker may answer -1 for a log with no records yet,
+    which kafka-python leaves out of its answer (a KeyError). Apache Kafka always names one."""
+    try:
+        return dict(consumer.beginning_offsets(list(partitions)))
+    except KeyError:
+        found = {}
+        for partition in partitions:
+            try:
+                found.update(consumer.beginning_offsets([partition]))
+            except KeyError:
+                found[partition] = 0
+        return found
+
+
+def log_view(cluster: Any, consumer: Any, partitions: Sequence[Any], ends: Mapping[str, int] | None = None) -> LogView:
+    """The logs of ``partitions`` now (``cluster``: a ``ClusterMetadata``): the cluster id,
+    topic ids, first offsets and, unless given, true end offsets."""
+    topics = sorted({p.topic for p in partitions})
+    metadata = cluster.fetch_topics(topics)
+    starts = {partition_key(p.topic, p.partition): o for p, o in first_offsets(consumer, partitions).items()}
+    if ends is None:
+        ends = {partition_key(p.topic, p.partition): o for p, o in true_end_offsets(consumer, partitions).items()}
+    return LogView(cluster.cluster_id(), {name: str(meta.topic_id) for name, meta in metadata.items()}, starts,
+                   dict(ends))
+
+
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.bootstrap_servers = options["bootstrap.servers"]
         self.topics = tuple(t for t in options["topics"].split(",") if t)
+        self.fail_on_data_loss = options.get(FAIL_ON_DATA_LOSS, "true").strip().lower() != "false"
         self._frozen_end: dict[str, int] | None = None
         self._metadata: Any = None
+        self._cluster: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # The reader is shipped to executors; its driver-side consumer stays behind.
+        # The reader is shipped to executors; its driver-side clients stay behind.
         state = dict(self.__dict__)
-        state["_metadata"] = None
+        state["_metadata"] = state["_cluster"] = None
         return state
 
     def _driver_consumer(self) -> Any:
         if self._metadata is None:
             self._metadata = _consumer(self.bootstrap_servers)
         return self._metadata
+
+    def _view(self, ends: Mapping[str, int] | None = None) -> LogView:
+        if self._cluster is None:
+            from pystreams.cluster import ClusterMetadata
+
+            self._cluster = ClusterMetadata(self.bootstrap_servers, client_id="pystreams-spark-source-metadata")
+        return log_view(self._cluster, self._driver_consumer(), self._partitions(), ends)
+
+    def _resume_positions(self, start: Mapping[str, Any], view: LogView) -> dict[str, int]:
+        """Where the read after ``start`` begins: ``DataLossError`` when its log is not the
+        cluster's any more, unless failOnDataLoss is off (then a warning, and Spark's way on)."""
+        return resume_positions(SourceOffsets.from_json(start), view, fail_on_data_loss=self.fail_on_data_loss,
+                                where="this query's checkpoint")
 
     def _partitions(self) -> list[Any]:
         from kafka import TopicPartition
@@ -138,9 +183,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {partition_key(p.topic, p.partition): offset for p, offset in ends.items()}
 
     def initialOffset(self) -> dict:
-        consumer = self._driver_consumer()
-        beginnings = consumer.beginning_offsets(self._partitions())
-        return {partition_key(p.topic, p.partition): offset for p, offset in beginnings.items()}
+        view = self._view(ends={})
+        return SourceOffsets(view.starts, view.cluster_id, view.topic_ids).to_json()
 
     def prepareForTriggerAvailableNow(self) -> None:
         # A backfill ends at the offsets seen now, even while producers keep writing.
@@ -148,14 +192,20 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("availableNow: reading up to %s", self._frozen_end)
 
     def latestOffset(self, start: dict, limit: Any = None) -> dict:
-        end = self._frozen_end if self._frozen_end is not None else self._current_end()
-        # Never go backwards, and keep partitions that appeared after ``start``.
-        return {key: max(offset, start.get(key, 0)) for key, offset in {**start, **end}.items()}
+        view = self._view(self._frozen_end)
+        if self.fail_on_data_loss:
+            self._resume_positions(start, view)  # a checkpoint of another log fails before anything is read
+        return SourceOffsets(view.ends, view.cluster_id, view.topic_ids).to_json()
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        last = SourceOffsets.from_json(end)
+        view = self._view(last.positions)
+        # Judged by the ids seen when this batch's end was taken.
+        view = LogView(last.cluster_id or view.cluster_id, {**view.topic_ids, **last.topic_ids}, view.starts, view.ends)
+        resume = self._resume_positions(start, view)
         ranges = []
-        for key, end_offset in sorted(end.items()):
-            start_offset = start.get(key, 0)
+        for key, end_offset in sorted(last.positions.items()):
+            start_offset = resume.get(key, view.starts.get(key, 0))  # a partition new since ``start``: its beginning
             if end_offset > start_offset:
                 topic, number = split_partition_key(key)
                 ranges.append(OffsetRange(topic, number, start_offset, end_offset))
@@ -206,6 +256,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._metadata is not None:
             self._metadata.close()
             self._metadata = None
+        if self._cluster is not None:
+            self._cluster.close()
+            self._cluster = None
 
 
 def _arrow_schema() -> Any:

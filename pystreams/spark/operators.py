@@ -21,7 +21,7 @@ drive them with dict-backed state to check them against the test driver.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pystreams.topology.ir import (
@@ -37,7 +37,9 @@ from pystreams.topology.ir import (
 from pystreams.topology.kernels import (
     NODE_KERNELS,
     Emit,
+    ErrorKind,
     NodeClock,
+    NodeFailure,
     NodeWiring,
     ProcessorInstance,
     ScheduledPunctuation,
@@ -45,11 +47,13 @@ from pystreams.topology.kernels import (
     advance_stream_time,
     drop,
     fixed_window_key,
+    guard,
+    partition_for_key,
 )
 from pystreams.topology.stores import typed
 from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed
-from pystreams.worker.packing import partition_for_key
 
+from .record_errors import RecordErrors
 from .serdes import ShippedSerde
 from .state import (
     GroupKeyStore,
@@ -96,7 +100,8 @@ def origin_parts(origin: int) -> tuple[int, int, int]:
 
 
 def chain(steps: Iterable[NodeBase], forward: Emit) -> Emit:
-    """The stateless kernels of ``steps`` (in order), ending in ``forward``."""
+    """The stateless kernels of ``steps`` (in order), ending in ``forward``; an exception in
+    one of them is a ``NodeFailure`` naming it."""
     emit = forward
     steps = list(steps)
     for index in range(len(steps) - 1, -1, -1):
@@ -108,7 +113,7 @@ def chain(steps: Iterable[NodeBase], forward: Emit) -> Emit:
             following = steps[index + 1] if index + 1 < len(steps) else None
             assert isinstance(following, BranchOutputNode), f"branch {node.name!r} must be followed by one output"
             routes = {label: (emit if label == following.label else drop) for label in node.branches}
-        emit = NODE_KERNELS[type(node)](NodeWiring(node=node, forward=emit, routes=routes))
+        emit = guard(node.name, NODE_KERNELS[type(node)](NodeWiring(node=node, forward=emit, routes=routes)))
     return emit
 
 
@@ -134,6 +139,10 @@ class FlowRun:
     #: when None, the source partition it was read from.
     task_partitions: int | None = None
     lane: int = 0
+    #: The error policies, and where the rows come from (their source node, its sub-topology).
+    errors: RecordErrors = field(default_factory=RecordErrors)
+    source_node: str | None = None
+    subtopology: int = 0
 
 
 def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
@@ -162,15 +171,23 @@ def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
         out_stamps.append(timestamp)
 
     emit = chain(run.steps, collect)
+    errors = run.errors
     if not run.from_source:
+        # A stateful step's output: its records were forwarded, not read (no position).
         schema = pa.schema([("key", pa.binary()), ("value", pa.binary()), ("ts", pa.int64())])
+        task = f"{run.subtopology}_-1"
         for batch in batches:
             out_keys.clear()
             out_values.clear()
             out_stamps.clear()
             columns = batch.column(0).to_pylist(), batch.column(1).to_pylist(), batch.column(2).to_pylist()
             for key, value, timestamp in zip(*columns, strict=True):
-                emit(base_key(key), base_value(value), timestamp)
+                try:
+                    emit(base_key(key), base_value(value), timestamp)
+                except NodeFailure as failure:
+                    errors.failed(ErrorKind.PROCESSING, failure.error, task=task, node=failure.node)
+                except Exception as error:  # the forwarded bytes do not deserialize
+                    errors.failed(ErrorKind.DESERIALIZATION, error, task=task, node=None)
             yield pa.RecordBatch.from_arrays(
                 [pa.array(out_keys, pa.binary()), pa.array(out_values, pa.binary()), pa.array(out_stamps, pa.int64())],
                 schema=schema,
@@ -209,8 +226,16 @@ def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
         keys, values, stamps = (batch.column(i).to_pylist() for i in range(3))
         for index, (key, value, raw_ts) in enumerate(zip(keys, values, stamps, strict=True)):
             at[0], at[1] = index, 0
-            record_key, record_value = base_key(key), base_value(value)
-            emit(record_key, record_value, raw_ts if extractor is None else extractor(record_key, record_value, raw_ts))
+            try:
+                record_key, record_value = base_key(key), base_value(value)
+                timestamp = raw_ts if extractor is None else extractor(record_key, record_value, raw_ts)
+            except Exception as error:
+                _source_row_failed(run, batch, index, ErrorKind.DESERIALIZATION, run.source_node, error, key, value)
+                continue
+            try:
+                emit(record_key, record_value, timestamp)
+            except NodeFailure as failure:
+                _source_row_failed(run, batch, index, ErrorKind.PROCESSING, failure.node, failure.error, key, value)
         index_array = np.asarray(out_index, dtype=np.int64)
         taken = pa.array(index_array)
         if len(stamps):
@@ -251,6 +276,15 @@ def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
             ],
             schema=ORDERED_SCHEMA,
         )
+    errors.flush()
+
+
+def _source_row_failed(run: FlowRun, batch: Any, index: int, kind: ErrorKind, node: str | None, error: BaseException,
+                       key: bytes | None, value: bytes | None) -> None:
+    """A source row (``topic, partition, offset`` in columns 3-5) failed: apply the policy."""
+    partition = batch.column(4)[index].as_py()
+    run.errors.failed(kind, error, task=f"{run.subtopology}_{partition}", node=node, topic=batch.column(3)[index].as_py(),
+                      partition=partition, offset=batch.column(5)[index].as_py(), key=key, value=value)
 
 
 def _same(data: Any) -> Any:
@@ -290,10 +324,11 @@ def in_worker_order(frames: Iterable[Any], columns: Iterable[str]) -> dict[str, 
     return {name: rows[:, at[name]] for name in columns}
 
 
-#: The columns each kind of step is given (``in_worker_order`` reads them).
-KEYED_COLUMNS = ("key", "value", "ts", "arrival", "origin", "seq")
+#: The columns each kind of step is given (``in_worker_order`` reads them); ``origin`` and
+#: ``offset`` say where a failing row was read.
+KEYED_COLUMNS = ("key", "value", "ts", "arrival", "origin", "seq", "offset")
 TASK_COLUMNS = (*KEYED_COLUMNS, "task")
-PROCESSOR_COLUMNS = (*TASK_COLUMNS, "offset")
+PROCESSOR_COLUMNS = TASK_COLUMNS
 
 
 def _rows_frame(rows: list[OutputRow]) -> Any:
@@ -319,6 +354,7 @@ class KeyedStep:
     table: AggregationNode | None
     out_key: ShippedSerde
     out_value: ShippedSerde
+    errors: RecordErrors = field(default_factory=RecordErrors)
 
 
 def keyed_batch(
@@ -338,17 +374,45 @@ def keyed_batch(
     for side, (node, key_serde, value_serde) in step.inputs.items():
         wiring = NodeWiring(node=node, forward=collect, stores={step.store.name: store},
                             specs={step.store.name: step.store}, position=position)
-        emits[side] = (NODE_KERNELS[type(node)](wiring), key_serde.deserialize(key_bytes), value_serde.deserialize)
+        emits[side] = (guard(node.name, NODE_KERNELS[type(node)](wiring)), key_serde.deserialize,
+                       value_serde.deserialize)
+    errors = step.errors
     last_ts = -1
-    for value_bytes, timestamp, origin in zip(frame["value"], frame["ts"], frame["origin"], strict=True):
-        emit, key, value_of = emits[int(origin) >> _SIDE_SHIFT]
+    for value_bytes, timestamp, origin, offset in zip(frame["value"], frame["ts"], frame["origin"], frame["offset"],
+                                                      strict=True):
+        emit, key_of, value_of = emits[int(origin) >> _SIDE_SHIFT]
         timestamp = int(timestamp)
-        emit(key, value_of(value_bytes), timestamp)
+        try:
+            # Bytes a source read, passed on unchanged when no step came between.
+            key, value = key_of(key_bytes), value_of(value_bytes)
+        except Exception as error:
+            _row_failed(errors, step.subtopology, None, ErrorKind.DESERIALIZATION, None, error, origin, offset,
+                        key_bytes, value_bytes)
+            continue
+        try:
+            emit(key, value, timestamp)
+        except NodeFailure as failure:
+            _row_failed(errors, step.subtopology, None, ErrorKind.PROCESSING, failure.node, failure.error, origin,
+                        offset, key_bytes, value_bytes)
+            continue
         last_ts = max(last_ts, timestamp)
     if step.table is not None and store.changed:
         key_of_table = step.inputs[0][1].deserialize(key_bytes)
         out.append((step.out_key.serialize(key_of_table), store.value, last_ts))
     return store, out
+
+
+def _row_failed(errors: RecordErrors, subtopology: int, task_partition: int | None, kind: ErrorKind,
+                node: str | None, error: BaseException, origin: Any, offset: Any, key: bytes | None,
+                value: bytes | None) -> None:
+    """A stateful step's row failed (``origin``, ``offset``: where it was read): apply the
+    policy. A row that does not deserialize failed at its source (``node`` None)."""
+    _, source, partition = origin_parts(int(origin))
+    topic = errors.topics[source] if source < len(errors.topics) else None
+    if node is None and source < len(errors.source_nodes):
+        node = errors.source_nodes[source]
+    errors.failed(kind, error, node=node, topic=topic, partition=partition, offset=int(offset), key=key, value=value,
+                  task=f"{subtopology}_{partition if task_partition is None else task_partition}")
 
 
 def keyed_update(step: KeyedStep) -> Callable[..., Iterator[Any]]:
@@ -357,6 +421,7 @@ def keyed_update(step: KeyedStep) -> Callable[..., Iterator[Any]]:
     def update(group_key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
         stored = state.get[0] if state.exists else None
         store, out = keyed_batch(step, group_key[0], in_worker_order(frames, KEYED_COLUMNS), stored)
+        step.errors.flush()
         if store.changed:
             if store.value is None:
                 if state.exists:
@@ -384,6 +449,8 @@ class ProcessorRun:
     steps: tuple[NodeBase, ...]
     #: The ``source`` column's topics, by index.
     topics: tuple[str, ...]
+    #: The source node (whose deserialization policy applies).
+    source_node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -403,6 +470,7 @@ class TaskStep:
     processor: ProcessorRun | None = None
     #: False in backfills: wall-clock punctuations neither run nor get scheduled.
     wall_clock_timers: bool = True
+    errors: RecordErrors = field(default_factory=RecordErrors)
 
     @property
     def wall_clock_punctuations(self) -> tuple[tuple[str, int], ...]:
@@ -443,7 +511,8 @@ class _OpenTask:
             wiring = NodeWiring(node=node, forward=collect, stores=self.stores, specs=specs,
                                 typed_stores=typed_stores, position=position, processors=self.processors,
                                 clocks=self.clocks)
-            self.emits[side] = (NODE_KERNELS[type(node)](wiring), key_serde.deserialize, value_serde.deserialize)
+            self.emits[side] = (guard(node.name, NODE_KERNELS[type(node)](wiring)), key_serde.deserialize,
+                                value_serde.deserialize)
         self.punctuations: list[ScheduledPunctuation] = [p for proc in self.processors for p in proc.punctuations]
         for scheduled in self.punctuations:
             scheduled.next_due = state.due.get(scheduled.punctuation.method)
@@ -455,11 +524,23 @@ class _OpenTask:
         if self.step.processor is not None:
             self._process_source_rows(frame)
             return
-        emits = self.emits
-        for key_bytes, value_bytes, timestamp, origin in zip(frame["key"], frame["value"], frame["ts"], frame["origin"],
-                                                             strict=True):
+        emits, step, partition = self.emits, self.step, self.position.task_id.partition
+        for key_bytes, value_bytes, timestamp, origin, offset in zip(
+            frame["key"], frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True
+        ):
             emit, key_of, value_of = emits[int(origin) >> _SIDE_SHIFT]
-            emit(key_of(key_bytes), value_of(value_bytes), int(timestamp))
+            try:
+                # Bytes a source read, passed on unchanged when no step came between.
+                key, value = key_of(key_bytes), value_of(value_bytes)
+            except Exception as error:
+                _row_failed(step.errors, step.subtopology, partition, ErrorKind.DESERIALIZATION, None, error, origin,
+                            offset, key_bytes, value_bytes)
+                continue
+            try:
+                emit(key, value, int(timestamp))
+            except NodeFailure as failure:
+                _row_failed(step.errors, step.subtopology, partition, ErrorKind.PROCESSING, failure.node,
+                            failure.error, origin, offset, key_bytes, value_bytes)
 
     def _process_source_rows(self, frame: Any) -> None:
         run = self.step.processor
@@ -468,27 +549,42 @@ class _OpenTask:
         emit = chain(run.steps, self.emits[0][0])
         base_key, base_value, extractor = run.base_key.deserialize, run.base_value.deserialize, run.timestamp_extractor
         stream_punctuations = [p for p in self.punctuations if p.punctuation.type is PunctuationType.STREAM_TIME]
-        topics = run.topics
+        topics, errors, task = run.topics, self.step.errors, str(position.task_id)
         for key_bytes, value_bytes, raw_ts, origin, offset in zip(
             frame["key"], frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True
         ):
-            key, value = base_key(key_bytes), base_value(value_bytes)
-            timestamp = int(raw_ts) if extractor is None else extractor(key, value, int(raw_ts))
             _, source, partition = origin_parts(int(origin))
+            try:
+                key, value = base_key(key_bytes), base_value(value_bytes)
+                timestamp = int(raw_ts) if extractor is None else extractor(key, value, int(raw_ts))
+            except Exception as error:
+                errors.failed(ErrorKind.DESERIALIZATION, error, task=task, node=run.source_node, topic=topics[source],
+                              partition=partition, offset=int(offset), key=key_bytes, value=value_bytes)
+                continue
             position.topic, position.partition, position.offset = topics[source], partition, int(offset)
             position.stream_time = advance_stream_time(position.stream_time, timestamp)
-            emit(key, value, timestamp)
+            try:
+                emit(key, value, timestamp)
+            except NodeFailure as failure:
+                errors.failed(ErrorKind.PROCESSING, failure.error, task=task, node=failure.node, topic=topics[source],
+                              partition=partition, offset=int(offset), key=key_bytes, value=value_bytes)
             now = position.stream_time
             for scheduled in stream_punctuations:
                 if scheduled.due(now):
-                    scheduled.fire(now)
+                    self._fire(scheduled, now)
+
+    def _fire(self, scheduled: ScheduledPunctuation, now: int) -> None:
+        try:
+            scheduled.fire(now)
+        except Exception as error:  # a punctuation reads no record: nothing to dead-letter
+            self.step.errors.failed(ErrorKind.PROCESSING, error, task=str(self.position.task_id), node=scheduled.node)
 
     def fire_wall_clock(self, now_ms: int) -> list[int]:
         """Run the wall-clock punctuations due at ``now_ms``; returns when they are due next."""
         fired = []
         for scheduled in self.punctuations:
             if scheduled.punctuation.type is PunctuationType.WALL_CLOCK_TIME and scheduled.due(now_ms):
-                scheduled.fire(now_ms)
+                self._fire(scheduled, now_ms)
                 assert scheduled.next_due is not None
                 fired.append(scheduled.next_due)
         return fired
@@ -666,11 +762,13 @@ def task_operator(step: TaskStep) -> Any:
             now_ms = timerValues.getCurrentProcessingTimeInMs()
             state, out, timers = self.runner.process(int(key[0]), in_worker_order(rows, self.runner.columns),
                                                      self.backends, self._state(), now_ms)
+            self.runner.step.errors.flush()
             yield from self._finish(state, out, timers)
 
         def handleExpiredTimer(self, key: tuple[Any, ...], timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
             now_ms = timerValues.getCurrentProcessingTimeInMs()
             state, out, timers = self.runner.on_timer(int(key[0]), self.backends, self._state(), now_ms)
+            self.runner.step.errors.flush()
             yield from self._finish(state, out, timers)
 
         def close(self) -> None:

@@ -52,6 +52,27 @@ def local_session(
     return session
 
 
+#: Where Spark logs a failed task and a failed query, each with full JVM and Python stacks. A
+#: command that reports the failure itself in one line (``pystreams spark``) turns them off.
+TASK_FAILURE_LOGGERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.streaming",
+)
+
+
+def quiet_task_failures(session: Any) -> None:
+    """Silence the loggers of :data:`TASK_FAILURE_LOGGERS` (the JVM's, and py4j's callback
+    errors): the failure still reaches ``awaitTermination``, whose caller says it once."""
+    import logging
+
+    jvm = session.sparkContext._jvm
+    level = jvm.org.apache.logging.log4j.Level.OFF
+    for name in TASK_FAILURE_LOGGERS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+    logging.getLogger("py4j.clientserver").setLevel(logging.CRITICAL)
+
+
 def timed_local_session(master: str = "local[2]", app_name: str = "pystreams") -> tuple[Any, float]:
     """``local_session`` and how many seconds it took to start (for benchmarks)."""
     started = time.perf_counter()

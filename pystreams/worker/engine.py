@@ -46,7 +46,7 @@ from pystreams.topology.ir import TaskId, Topology
 from pystreams.topology.resolve import ResolvedTopology, resolve
 from pystreams.topology.stores import TypedStore
 
-from .errors import ErrorKind, ErrorPolicy, RecordFailure
+from .errors import ErrorPolicies, ErrorPolicy, RecordFailure
 from .batch_size import AdaptiveBatchSize
 from .commits import (
     AtLeastOnceCommits,
@@ -87,23 +87,20 @@ _by_timestamp = attrgetter("timestamp")
 
 @dataclass(slots=True)
 class ErrorHandling:
-    """Which policy applies to which error, and the failures skipped so far (newest last)."""
+    """The error policies in force, and the failures skipped so far (newest last)."""
 
-    deserialization: ErrorPolicy = ErrorPolicy.FAIL
-    processing: ErrorPolicy = ErrorPolicy.FAIL
-    dead_letter_topic: str | None = None
+    policies: ErrorPolicies = field(default_factory=ErrorPolicies)
     recent_failures: deque[RecordFailure] = field(default_factory=lambda: deque(maxlen=1000))
+    #: Records skipped so far (logged or dead-lettered).
+    skipped: int = 0
 
-    def __post_init__(self) -> None:
-        uses_dead_letters = ErrorPolicy.DEAD_LETTER in (self.deserialization, self.processing)
-        if uses_dead_letters and not self.dead_letter_topic:
-            raise ValueError("the dead-letter error policy needs dead_letter_topic")
-
-    def policy_for(self, kind: ErrorKind) -> ErrorPolicy:
-        return self.deserialization if kind is ErrorKind.DESERIALIZATION else self.processing
+    @property
+    def dead_letter_topic(self) -> str | None:
+        return self.policies.dead_letter_topic
 
     def record(self, failure: RecordFailure) -> None:
         self.recent_failures.append(failure)
+        self.skipped += 1
 
 
 @dataclass(slots=True)
@@ -114,8 +111,9 @@ class EngineConfig:
     #: Used by ``run``; callers driving ``poll`` themselves decide when to commit.
     commit_interval_ms: int = 1000
     poll_timeout_ms: int = 100
-    deserialization_errors: ErrorPolicy = ErrorPolicy.FAIL
-    processing_errors: ErrorPolicy = ErrorPolicy.FAIL
+    #: The app's error policies (``topology.errors``) with these replaced (None: the app's).
+    deserialization_errors: ErrorPolicy | None = None
+    processing_errors: ErrorPolicy | None = None
     dead_letter_topic: str | None = None
     cache_limits: CacheLimits = CacheLimits()
     #: Skip checkpoint files until changelogs advanced this much (Kafka Streams: 10,000).
@@ -141,6 +139,8 @@ class EngineCounters:
     polls: int = 0
     #: Kafka records of input partitions handed to tasks (a packed repartition record is one).
     records_consumed: int = 0
+    #: Records run through the topology (packed entries count each), up to a failing record.
+    records_processed: int = 0
     #: Time spent processing polled records (fetching and waiting excluded).
     process_seconds: float = 0.0
     #: Changelog records applied to standby and warm-up replicas.
@@ -186,7 +186,11 @@ class TaskEngine:
         self.resolved = resolved
         self.topology = resolved.topology
         self.config = config
-        self.errors = ErrorHandling(config.deserialization_errors, config.processing_errors, config.dead_letter_topic)
+        self.errors = ErrorHandling(resolved.topology.errors.overridden(
+            deserialization=config.deserialization_errors, processing=config.processing_errors,
+            dead_letter_topic=config.dead_letter_topic,
+        ))
+        self.errors.policies.check()
         self.guarantee = config.processing_guarantee
         self._commits: AtLeastOnceCommits | ExactlyOnceCommits
         if self.guarantee.exactly_once:
@@ -241,8 +245,8 @@ class TaskEngine:
             self.ensure_internal_topics()
         client_id = self.config.client_id
         written = [*self.topology.sink_topics, *self.topology.repartition_topics, *self.topology.changelog_topics]
-        if self.config.dead_letter_topic:
-            written.append(self.config.dead_letter_topic)
+        if self.errors.dead_letter_topic:
+            written.append(self.errors.dead_letter_topic)
         if self.guarantee.exactly_once:
             written.append(positions_topic(self.topology.app_id))
         producer_config = {**self.config.client_config, **self.config.producer_config}
@@ -634,10 +638,14 @@ class TaskEngine:
                     heapq.merge(*(expand_packed(records, packed_topics) for _, records in batches), key=_by_timestamp)
                 )
             processed_before = task.records_processed
-            task.process(ordered)
+            try:
+                task.process(ordered)
+            finally:  # a failing record still leaves the ones before it processed
+                processed = task.records_processed - processed_before  # packed records count per entry
+                count += processed
+                counters.records_processed += processed
             for partition, records in batches:
                 task.mark_consumed(partition, records[-1].offset + 1)
-            count += task.records_processed - processed_before  # packed records count per entry
         self._punctuate_wall_clock()
         self._send_repartition_buffers()
         elapsed_s = time.perf_counter() - started

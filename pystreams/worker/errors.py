@@ -1,56 +1,46 @@
 """What happens when a record cannot be deserialized or processed.
 
-Kafka Streams' handlers, by name: ``fail`` stops the engine (the caller must not commit; the
-task restarts from its last commit), ``log-and-continue`` logs and skips the record, and
-``dead-letter`` writes the record's original bytes to a topic, with headers saying where it
-came from and why, then skips it. Every error names topic, partition, offset and the reason.
+The policies and their rules (Kafka Streams' handlers: ``fail``, ``log-and-continue``,
+``dead-letter``; the failure's description; the dead letter's headers) are written once in
+``pystreams.topology.kernels``, which the Spark runtime uses too; they are re-exported here.
+Every error names topic, partition, offset and the reason.
 """
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
+from pystreams.topology.ir import ErrorPolicies, ErrorPolicy
+from pystreams.topology.kernels import (
+    DEAD_LETTER_HEADER_PREFIX,
+    ErrorKind,
+    RecordFailure,
+    RecordProcessingError,
+    dead_letter_headers,
+    failure_policy,
+    skip_hint,
+)
 
-
-class ErrorPolicy(enum.StrEnum):
-    FAIL = "fail"
-    LOG_AND_CONTINUE = "log-and-continue"
-    DEAD_LETTER = "dead-letter"
-
-
-class ErrorKind(enum.StrEnum):
-    DESERIALIZATION = "deserialization"
-    PROCESSING = "processing"
-
-
-@dataclass(frozen=True, slots=True)
-class RecordFailure:
-    """One failed record: where it was read from and why it failed."""
-
-    kind: ErrorKind
-    task_id: str
-    topic: str | None
-    partition: int | None
-    offset: int | None
-    node: str | None
-    reason: str
-
-    def describe(self) -> str:
-        where = (
-            f"{self.topic}-{self.partition}@{self.offset}"
-            if self.topic is not None
-            else "a record forwarded from a store flush"
-        )
-        node = f" in node {self.node!r}" if self.node else ""
-        return f"task {self.task_id}: {self.kind} error on {where}{node}: {self.reason}"
-
-
-class RecordProcessingError(RuntimeError):
-    """Raised under the ``fail`` policy; carries the failure."""
-
-    def __init__(self, failure: RecordFailure) -> None:
-        super().__init__(failure.describe())
-        self.failure = failure
+__all__ = [
+    "DEAD_LETTER_HEADER_PREFIX",
+    "ErrorKind",
+    "ErrorPolicies",
+    "ErrorPolicy",
+    "MissingDeadLetterTopic",
+    "ProduceError",
+    "RecordFailure",
+    "RecordProcessingError",
+    "dead_letter_headers",
+    "failure_policy",
+    "skip_hint",
+]
 
 
 class ProduceError(RuntimeError):
     """A record could not be written (sink, repartition topic, changelog or dead letters)."""
+
+
+class MissingDeadLetterTopic(RuntimeError):
+    """The dead-letter topic does not exist (workers do not create it, as Kafka Streams
+    does not: its partitions and retention are the operator's choice)."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(f"dead-letter topic {topic!r} does not exist")
+        self.topic = topic

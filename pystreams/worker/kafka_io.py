@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from kafka import KafkaConsumer, KafkaProducer
@@ -73,6 +73,12 @@ class Sender(Protocol):
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None: ...
 
+    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None,
+                         partitioner: Callable[[bytes, int], int]) -> None:
+        """``send``, with a key's partition chosen by ``partitioner(key, partition count)``
+        (Kafka Streams' StreamPartitioner) instead of the producer's default."""
+        ...
+
     def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> Any:
         """Returns the send's future (``is_done``, ``failed()``, ``value.offset``)."""
         ...
@@ -101,6 +107,8 @@ class RecordSender:
         self._pending: list[Any] = []
         self._send = producer.send
         self.repartition_buffers = RepartitionBuffers(repartition_partitions or {})
+        #: Partition counts of topics written with a partitioner of their own (from metadata).
+        self._partition_counts: dict[str, int] = {}
 
     def replace_producer(self, producer: KafkaProducer) -> None:
         """Send through ``producer`` from now on (exactly-once replaces a fenced one); what
@@ -128,6 +136,17 @@ class RecordSender:
         pending.append(self._send(topic, key=key, value=value, timestamp_ms=timestamp_ms))
         if len(pending) >= self.PRUNE_AT:
             self._check(only_done=True)
+
+    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None,
+                         partitioner: Callable[[bytes, int], int]) -> None:
+        if key is None:  # no key, nothing to place by: the producer spreads them
+            self.send(topic, key, value, timestamp_ms)
+            return
+        count = self._partition_counts.get(topic)
+        if count is None:
+            count = self._partition_counts[topic] = len(self.producer.partitions_for(topic))
+        self._pending.append(self._send(topic, key=key, value=value, timestamp_ms=timestamp_ms,
+                                        partition=partitioner(key, count)))
 
     def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> Any:
         future = self._send(topic, key=key, value=value, partition=partition)

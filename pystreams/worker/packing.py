@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
-from kafka.partitioner.default import murmur2
+
+from pystreams.topology.kernels import partition_for_key
 
 #: Header marking a packed record; its value is the format version.
 PACKED_HEADER = "pystreams.packed"
@@ -34,11 +35,6 @@ PARTITION_CACHE_SIZE = 100_000
 PackedEntry = tuple[bytes | None, bytes | None, int]
 _encode_entries = msgspec.msgpack.Encoder().encode
 _decode_entries = msgspec.msgpack.Decoder(list[tuple[bytes | None, bytes | None, int]]).decode
-
-
-def partition_for_key(key: bytes, partitions: int) -> int:
-    """The partition Kafka's default partitioner (Java's and kafka-python's) gives ``key``."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 #: Appends one record to a repartition topic's buffers: (key bytes, value bytes, timestamp).

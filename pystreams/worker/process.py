@@ -94,6 +94,7 @@ from pystreams.topology.resolve import ResolvedTopology
 
 from .commits import TaskMigratedError
 from .engine import EngineConfig, TaskEngine, internal_topic_specs, resolve_against_cluster
+from .errors import MissingDeadLetterTopic, RecordProcessingError, skip_hint
 from .identity import ProcessIdentity, transactional_id_for
 from .progress import LagSnapshot, ReplicaProgressLog, RestoreTracker
 from .transaction import MembershipLost
@@ -144,6 +145,10 @@ class CommitFailed(RuntimeError):
     """The coordinator refused a commit (fenced, unknown member, ...)."""
 
 
+class EngineStopped(RuntimeError):
+    """A command was given to a stream thread whose engine thread has stopped (or failed)."""
+
+
 class CoordinatorAway(CommitFailed):
     """Exactly-once: the coordinator did not answer the membership gate in time."""
 
@@ -153,6 +158,9 @@ class WorkerSettings:
     app: str  # path/to/app.py or module[:attribute]
     bootstrap_servers: str  # the Kafka cluster (data)
     coordinator: str  # where the group coordinator is bootstrapped
+    #: Give up (exit 1) when no coordinator was ever reached within this long; None: retry
+    #: forever. A worker that once reached it keeps retrying (the coordinator restarts).
+    coordinator_connect_timeout_ms: int | None = 60_000
     instance_id: str | None = None
     state_dir: str | None = None
     threads: int = 1
@@ -188,6 +196,10 @@ class WorkerSettings:
     #: A downward-API annotations file read at shutdown: ``pystreams.io/leave-group="true"``
     #: makes a static member leave for good (see :func:`leaves_for_good`).
     pod_annotations: str | None = None
+    #: Error policies replacing the app's (None: the app's own; see ``App``).
+    deserialization_errors: str | None = None
+    processing_errors: str | None = None
+    dead_letter_topic: str | None = None
 
     def __post_init__(self) -> None:
         if self.threads < 1:
@@ -336,6 +348,7 @@ class StreamThread:
             metadata_max_age_ms=_CLASSIC_METADATA_MAX_AGE_MS,
             on_event=self._on_event,
             security=settings.coordinator_security,
+            connect_timeout_ms=settings.coordinator_connect_timeout_ms,
         )
         self._task_of_partition: dict[TopicPartition, TaskId] = {
             TopicPartition(*pair): task for task in resolved.tasks for pair in resolved.input_partitions(task)
@@ -358,10 +371,16 @@ class StreamThread:
         self._start_retry: asyncio.Task[None] | None = None
         self._rebalance_watch: asyncio.Task[None] | None = None
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
+        #: Set (under the lock) once the engine thread takes no more commands: a command queued
+        #: after it would wait forever, so ``_call_engine`` refuses it instead.
+        self._command_lock = threading.Lock()
+        self._engine_stopped = False
+        #: Why the engine thread failed (None: it did not). Such a thread cannot commit: its
+        #: member leaves at once and its tasks are lost, not revoked.
+        self.engine_failure: BaseException | None = None
         self._stop = threading.Event()
         self._engine_started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._engine_loop, name=self.name, daemon=True)
-        self.records_processed = 0
 
     def _member_config(self, app_id: str, instance_id: str | None) -> MemberConfig | ClassicMemberConfig:
         settings = self._settings
@@ -401,8 +420,12 @@ class StreamThread:
         self._stopping = True
         if self._rebalance_watch is not None:
             self._rebalance_watch.cancel()
+        # A failed engine cannot commit: waiting for a revocation it will never complete would
+        # keep its tasks here until the session times out. It loses them and leaves for good
+        # (a static member too), so another member takes them over within a heartbeat or two.
+        failed = self.engine_failure is not None
         try:
-            await self.driver.leave(timeout_s=timeout_s, permanent=permanent)
+            await self.driver.leave(timeout_s=timeout_s, permanent=permanent or failed, lose=failed)
         except TimeoutError:
             log.warning("%s: leaving the group timed out", self.name)
         except Exception:
@@ -416,6 +439,11 @@ class StreamThread:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def records_processed(self) -> int:
+        """Records run through the topology so far, those of a poll that failed midway included."""
+        return self.engine.counters.records_processed
 
     @property
     def running_tasks(self) -> frozenset[TaskId]:
@@ -506,6 +534,8 @@ class StreamThread:
                 try:
                     await self._call_engine(lambda: self.engine.revoke_tasks(stopping))
                     log.info("%s: revoked tasks %s (committed)", self.name, ", ".join(map(str, stopping)))
+                except EngineStopped:
+                    pass  # the stopped engine thread dropped every task itself
                 except TaskMigratedError as error:
                     self._tasks_migrated(error)
                 except Exception:
@@ -523,13 +553,18 @@ class StreamThread:
         elif isinstance(event, InstanceIdUnreleased):
             self._log_unreleased_instance_id(event)
         elif isinstance(event, MemberFailed):
-            self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
+            if self.driver.gave_up is not None:  # the message says it all (cause and fix)
+                self._on_fatal(f"{self.name}: {event.message}")
+            else:
+                self._on_fatal(f"{self.name}: member failed: {event.message} (error {event.error_code})")
         elif isinstance(event, LeftGroup):
             log.info("%s: left the group (epoch %s)", self.name, event.member_epoch_sent)
 
     async def _lose(self, tasks: list[TaskId]) -> None:
         try:
             await self._call_engine(lambda: self.engine.lose_tasks(tasks))
+        except EngineStopped:
+            pass  # the stopped engine thread dropped every task itself
         except TaskMigratedError as error:
             self._tasks_migrated(error)
 
@@ -658,20 +693,26 @@ class StreamThread:
                 self._loop.call_soon_threadsafe(self.driver.request_heartbeat)
 
     async def read_store(self, task: TaskId, store: str, key: bytes, *, include_standby: bool) -> tuple[bool, bytes | None]:
-        """Interactive queries: (whether this thread has the task, the value bytes), read on
-        the engine thread. Standby replicas answer only when ``include_standby``."""
-        def read() -> tuple[bool, bytes | None]:
+        """Interactive queries: (whether this thread has the task, the value bytes of ``key``)."""
+        return await self.read_store_with(task, store, lambda kv: kv.get(key), include_standby=include_standby)
+
+    async def read_store_with(self, task: TaskId, store: str, read: Callable[[Any], T], *,
+                              include_standby: bool) -> tuple[bool, T | None]:
+        """Interactive queries: (whether this thread has the task, ``read(the task's store)``),
+        run on the engine thread (``read`` must not keep iterators: the store moves on). Standby
+        replicas answer only when ``include_standby``."""
+        def run() -> tuple[bool, T | None]:
             active = self.engine.tasks.get(task)
             if active is not None and task not in self.restoring:
-                return True, active.graph.typed_stores[store].raw.get(key)
+                return True, read(active.graph.typed_stores[store].raw)
             standby = self.engine.standby_tasks.get(task) if include_standby else None
             if standby is not None:
-                return True, standby.state.store(store).get(key)
+                return True, read(standby.state.store(store))
             return False, None
 
         if task not in self._running and not (include_standby and task in self.engine.standby_tasks):
             return False, None
-        return await self._call_engine(read)
+        return await self._call_engine(run)
 
     def _tasks_touching(self, partitions: Iterable[TopicPartition]) -> list[TaskId]:
         touched = {self._task_of_partition[p] for p in partitions if p in self._task_of_partition}
@@ -692,10 +733,11 @@ class StreamThread:
 
     async def _call_engine(self, command: Callable[[], T]) -> T:
         """Run ``command`` on the engine thread, between two polls."""
-        if not self._thread.is_alive():
-            raise RuntimeError(f"{self.name}: the engine thread is not running")
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._commands.put((command, future))
+        with self._command_lock:
+            if self._engine_stopped or not self._thread.is_alive():
+                raise EngineStopped(f"{self.name}: the engine thread is not running")
+            self._commands.put((command, future))
         return await asyncio.wrap_future(future)
 
     # -- offsets (called on the engine thread; executed on the loop) --------------------------
@@ -811,7 +853,7 @@ class StreamThread:
             while not self._stop.is_set():
                 self._run_commands()
                 try:
-                    self.records_processed += self.engine.poll()
+                    self.engine.poll()
                 except TaskMigratedError as error:
                     self._tasks_migrated_threadsafe(error)
                 now = time.monotonic()
@@ -831,9 +873,15 @@ class StreamThread:
                     log.exception("%s: periodic commit failed", self.name)
             self._run_commands()
         except BaseException as error:
-            log.exception("%s: the engine failed", self.name)
-            self._on_fatal_threadsafe(f"{self.name}: engine failed: {error!r}")
+            self.engine_failure = error
+            if isinstance(error, RecordProcessingError):  # the failure says all: where, which node, why
+                log.error("%s: the engine failed: %s", self.name, error)
+            else:
+                log.exception("%s: the engine failed", self.name)
+            self._on_fatal_threadsafe(f"{self.name} failed: {describe_engine_failure(error)}")
         finally:
+            with self._command_lock:
+                self._engine_stopped = True
             self._fail_pending_commands()
             with contextlib.suppress(Exception):
                 # Normally nothing is left: leaving revoked (committed) every task.
@@ -861,7 +909,7 @@ class StreamThread:
             except queue.Empty:
                 return
             if future.set_running_or_notify_cancel():
-                future.set_exception(RuntimeError(f"{self.name}: the engine thread stopped"))
+                future.set_exception(EngineStopped(f"{self.name}: the engine thread stopped"))
 
     def _tasks_migrated_threadsafe(self, error: TaskMigratedError) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed already
@@ -870,6 +918,35 @@ class StreamThread:
     def _on_fatal_threadsafe(self, message: str) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed already
             self._loop.call_soon_threadsafe(self._on_fatal, message)
+
+
+def with_error_policies(topology: Any, settings: WorkerSettings) -> Any:
+    """The topology with the settings' error policies replacing the app's (checked)."""
+    errors = topology.errors.overridden(deserialization=settings.deserialization_errors,
+                                        processing=settings.processing_errors,
+                                        dead_letter_topic=settings.dead_letter_topic)
+    errors.check()
+    return dataclasses.replace(topology, errors=errors)
+
+
+def describe_engine_failure(error: BaseException) -> str:
+    """What failed, and for a bad record how to have such records skipped instead."""
+    if isinstance(error, RecordProcessingError):
+        return f"{error} ({skip_hint(error.failure.kind)})"
+    return repr(error)
+
+
+def exit_line(threads: Sequence[StreamThread]) -> str:
+    """What the worker really processed: every record run through the topology (a poll that
+    failed midway counts up to the failing record) and those the error policies skipped."""
+    processed = sum(thread.records_processed for thread in threads)
+    skipped = sum(thread.engine.errors.skipped for thread in threads)
+    line = f"worker: stopped after processing {processed} records"
+    if skipped:
+        line += f" ({skipped} skipped by the error policies)"
+    if any(thread.engine_failure is not None for thread in threads):
+        line += "; what was not committed before the failure is processed again by the tasks' next owners"
+    return line
 
 
 def topology_change_reason(state_dir: Path, topology: Any) -> MemberReason:
@@ -926,7 +1003,7 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
     from pystreams.app import load_app
 
     app = load_app(settings.app)
-    topology = app.topology()
+    topology = with_error_policies(app.topology(), settings)
     guarantee = settings.processing_guarantee or app.processing_guarantee
     settings = dataclasses.replace(
         settings, processing_guarantee=guarantee,
@@ -974,8 +1051,12 @@ async def _run_threads(
     guarantee = settings.processing_guarantee or ProcessingGuarantee.AT_LEAST_ONCE
     specs = internal_topic_specs(resolved, guarantee)
 
+    dead_letter_topic = topology.errors.dead_letter_topic
+
     def prepare_cluster() -> None:
         with ClusterMetadata(settings.bootstrap_servers, **broker_config) as cluster:
+            if dead_letter_topic and not cluster.fetch_topics([dead_letter_topic]):
+                raise MissingDeadLetterTopic(dead_letter_topic)
             cluster.ensure_topics(specs)
 
     await loop.run_in_executor(None, prepare_cluster)
@@ -1034,12 +1115,16 @@ async def _run_threads(
         await stop.wait()
     finally:
         permanent = leaves_for_good(settings.pod_annotations)
-        announce("worker: stopping (committing and leaving the group" + (" for good)" if permanent else ")"))
+        failed = [thread.name for thread in started if thread.engine_failure is not None]
+        if failed:
+            announce(f"worker: stopping ({', '.join(failed)} failed: {'its' if len(failed) == 1 else 'their'} tasks are "
+                     "lost, not committed, and move to other workers at once; the others commit and leave)")
+        else:
+            announce("worker: stopping (committing and leaving the group" + (" for good)" if permanent else ")"))
         await asyncio.gather(*(thread.shutdown(permanent=permanent) for thread in started), return_exceptions=True)
         if identity is not None:
             identity.close()
-    processed = sum(thread.records_processed for thread in threads)
-    announce(f"worker: stopped after processing {processed} records")
+    announce(exit_line(threads))
     if fatal:
         for message in fatal:
             announce(f"worker: {message}")

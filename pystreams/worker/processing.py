@@ -38,9 +38,12 @@ from pystreams.topology.kernels import (
     NodeWiring,
     ProcessorInstance,
     ScheduledPunctuation,
+    NodeFailure,
     TaskPosition,
     fan_out,
     fixed_window_key,
+    guard,
+    sink_partitioner,
 )
 from pystreams.topology.resolve import ResolvedTopology
 from pystreams.topology.stores import TypedStore, typed
@@ -54,15 +57,6 @@ log = logging.getLogger(__name__)
 _WINDOW_BOUNDS = struct.Struct(">qq").pack
 #: Kinds whose emit only moves records on: no work to guard.
 _PASS_THROUGH = frozenset({"source", "merge", "branch-output"})
-
-
-class NodeFailure(Exception):
-    """An exception raised inside a node, annotated with the node's name."""
-
-    def __init__(self, node: str, error: BaseException) -> None:
-        super().__init__(f"{type(error).__name__}: {error}")
-        self.node = node
-        self.error = error
 
 
 class TaskContext(TaskPosition):
@@ -103,18 +97,6 @@ class TaskGraph:
     processors: list[ProcessorInstance] = field(default_factory=list)
     punctuations: list[ScheduledPunctuation] = field(default_factory=list)
     typed_stores: dict[str, TypedStore] = field(default_factory=dict)
-
-
-def _guard(name: str, emit: Emit) -> Emit:
-    def guarded(key: Any, value: Any, timestamp: int) -> None:
-        try:
-            emit(key, value, timestamp)
-        except NodeFailure:
-            raise
-        except Exception as error:
-            raise NodeFailure(name, error) from error
-
-    return guarded
 
 
 class _Forwarder:
@@ -207,6 +189,9 @@ def build_task_graph(
         assert isinstance(node, SinkNode)
         if node.topic in repartition_topics:
             return _repartition_sink(node, sender.repartition_sink(node.topic))
+        partitioner = sink_partitioner(node)
+        if partitioner is not None:
+            return _partitioned_sink(node, sender.send_partitioned, partitioner)
         return _sink(node, send)
 
     kernels: Mapping[type[NodeBase], Kernel] = {**NODE_KERNELS, SinkNode: build_sink}
@@ -233,9 +218,10 @@ def build_task_graph(
         if node.kind in TABLE_KINDS and node.stores[0] in forwarders:
             spec = topology.stores[node.stores[0]]
             forwarders[node.stores[0]].target = _table_forwarder(
-                node, spec.key_serde, [nodes[c] for c in child_names], children, forward_send, ctx
+                node, spec.key_serde, [nodes[c] for c in child_names], children, forward_send, ctx,
+                sender.send_partitioned,
             )
-        emits[name] = emit if node.kind in _PASS_THROUGH else _guard(name, emit)
+        emits[name] = emit if node.kind in _PASS_THROUGH else guard(name, emit)
     # Built children first; init and punctuate in processing order, as Kafka Streams does.
     graph.processors = processors[::-1]
     graph.punctuations = [scheduled for processor in graph.processors for scheduled in processor.punctuations]
@@ -268,6 +254,17 @@ def _sink(node: SinkNode, send: Callable[[str, bytes | None, bytes | None, int |
     return sink
 
 
+def _partitioned_sink(node: SinkNode, send: Callable[..., None], partitioner: Callable[[bytes, int], int]) -> Emit:
+    topic = node.topic
+    key_bytes = node.key_serde.serialize
+    value_bytes = node.value_serde.serialize
+
+    def sink(key: Any, value: Any, timestamp: int) -> None:
+        send(topic, key_bytes(key), value_bytes(value), timestamp, partitioner)
+
+    return sink
+
+
 def _repartition_sink(node: SinkNode, append: Callable[[bytes | None, bytes | None, int], None]) -> Emit:
     key_bytes = node.key_serde.serialize
     value_bytes = node.value_serde.serialize
@@ -288,20 +285,21 @@ def _table_forwarder(
     children: Emit,
     send: Callable[[str, bytes | None, bytes | None, int | None], None],
     ctx: TaskContext,
+    send_partitioned: Callable[..., None],
 ) -> Callable[[list[Any]], None]:
     """Turns a store's flushed changes into records for the table node's children."""
     window = node.window
-    raw_sink_topics = [
-        child.topics[0]
+    raw_sinks = [
+        (child.topics[0], sink_partitioner(child))
         for child in child_nodes
         if isinstance(child, SinkNode)
         and child.key_serde == node.key_serde
         and child.value_serde == node.value_serde
     ]
-    all_raw = len(raw_sink_topics) == len(child_nodes)
+    all_raw = len(raw_sinks) == len(child_nodes)
     key_of = store_key_serde.deserialize
     value_of = node.value_serde.deserialize
-    guarded_children = _guard(node.name, children)
+    guarded_children = guard(node.name, children)
 
     if window is None:
 
@@ -336,8 +334,11 @@ def _table_forwarder(
             timestamp = ctx.forward_timestamp()
             for change in changes:
                 key = raw_key(change)
-                for topic in raw_sink_topics:
-                    send(topic, key, change.value, timestamp)
+                for topic, partitioner in raw_sinks:
+                    if partitioner is None:
+                        send(topic, key, change.value, timestamp)
+                    else:  # a windowed key: placed by its user key, as the sink node would
+                        send_partitioned(topic, key, change.value, timestamp, partitioner)
 
         return forward_raw
 

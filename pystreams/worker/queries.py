@@ -1,21 +1,31 @@
-"""Interactive queries: each worker serves its local key-value stores over HTTP on its user
-endpoint (the ``UserEndPoint`` it advertises in its Streams metadata).
+"""Interactive queries: each worker serves its local state stores over HTTP on its user
+endpoint (the ``UserEndPoint`` it advertises in its Streams metadata), with Kafka Streams'
+read-only store operations.
 
-    GET /v1/metadata                  where every task's partitions are (from the assignment)
-    GET /v1/stores/STORE/KEYHEX       the value bytes of one key (KEYHEX: the serialized key)
-                                      ?stale=1 also reads standby replicas
+    GET /v1/metadata                           where every task's partitions are (from the assignment)
+    GET /v1/stores/STORE/KEYHEX                key-value store: the value bytes of one key
+    GET /v1/stores/STORE/KEYHEX/windows?from=MS&to=MS
+                                               window store: the key's windows whose start is in
+                                               [from, to] (both optional), oldest first
+    GET /v1/stores/STORE/KEYHEX/sessions       session store: every session of the key
+    GET /v1/stores/STORE?partitions=P,...&from=HEX&to=HEX   (or &prefix=HEX)
+                                               key-value store: a range (both ends inclusive,
+                                               either optional) or prefix scan of the tasks of
+                                               those partitions, by serialized key
 
-Answers: 200 with the value's bytes as the store serializes them; 404 (JSON) when the task is
-here and the key has no value; 503 (JSON, ``"retry": true``) when the task is restoring here
-or not here (moving, or the asker's routing is stale); 400 for a bad request. Reads run on the
-engine thread that owns the task, between two polls, so they see the store's cache too.
-Clients route with ``pystreams.queries`` (``App.query``, ``pystreams query``).
+KEYHEX/HEX: serialized keys in hex. ``?stale=1`` also reads standby replicas. Answers: 200 with
+the value's bytes (one key) or JSON with hex bytes (``{"windows": [[START, VALUEHEX], ...]}``,
+``{"sessions": [[START, END, VALUEHEX], ...]}``, ``{"entries": [[KEYHEX, VALUEHEX], ...]}``);
+404 (JSON) when the task is here and the key has no value; 503 (JSON, ``"retry": true``) when
+a task is restoring here or not here (moving, or the asker's routing is stale); 400 for a bad
+request. Reads run on the engine thread that owns the task, between two polls, so they see the
+store's cache too. Clients route with ``pystreams.queries`` (``App.query*``, ``pystreams query``).
 """
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -32,18 +42,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 def queryable_stores(resolved: ResolvedTopology) -> dict[str, dict[str, Any]]:
-    """Key-value stores with the topic and partition count that place their keys: a key
-    lives in the task whose partition its serialized bytes hash to (Kafka's partitioner)."""
+    """Stores with their kind and the topic and partition count that place their keys: a key
+    (a window or session store's grouping key) lives in the task whose partition its
+    serialized bytes hash to (Kafka's partitioner). A stream-stream join's window store (it
+    keeps every record, not one value per window) is not queryable, as in Kafka Streams."""
     stores = {}
     for name, spec in sorted(resolved.topology.stores.items()):
-        if spec.kind is not StoreKind.KEY_VALUE:
+        if spec.retain_duplicates:
             continue
         task = TaskId(spec.subtopology, 0)
         inputs = resolved.input_partitions(task)
         if not inputs:
             continue
-        stores[name] = {"topic": inputs[0][0], "partitions": resolved.task_counts[spec.subtopology]}
+        stores[name] = {"topic": inputs[0][0], "partitions": resolved.task_counts[spec.subtopology],
+                        "kind": str(spec.kind), "subtopology": spec.subtopology}
     return stores
+
+
+class _BadQuery(ValueError):
+    """A request that cannot be answered as asked (400, with the reason)."""
 
 
 class QueryServer:
@@ -71,6 +88,9 @@ class QueryServer:
             web.get("/v1/metadata", self._metadata),
             # An empty key (b"") is an empty last segment.
             web.get("/v1/stores/{store}/{key:[^/]*}", self._store_get),
+            web.get("/v1/stores/{store}/{key:[^/]*}/windows", self._windows_get),
+            web.get("/v1/stores/{store}/{key:[^/]*}/sessions", self._sessions_get),
+            web.get("/v1/stores/{store}", self._scan_get),
             web.route("*", "/{path:.*}", self._unknown),
         ]
 
@@ -114,6 +134,93 @@ class QueryServer:
             return web.Response(body=value, content_type="application/octet-stream")
         return self._error(status, message, **({"retry": True} if retry else {}))
 
+    async def _windows_get(self, request: web.Request) -> web.Response:
+        def fetch(key: bytes) -> Callable[[Any], list[list[Any]]]:
+            time_from, time_to = _time(request, "from", MIN_TIME), _time(request, "to", MAX_TIME)
+            return lambda store: [[start, value.hex()] for start, value in store.fetch(key, time_from, time_to)]
+
+        return await self._answer_for_key(request, StoreKind.WINDOW, "windows", fetch)
+
+    async def _sessions_get(self, request: web.Request) -> web.Response:
+        def fetch(key: bytes) -> Callable[[Any], list[list[Any]]]:
+            return lambda store: [[session.start, session.end, session.value.hex()] for session in store.fetch(key)]
+
+        return await self._answer_for_key(request, StoreKind.SESSION, "sessions", fetch)
+
+    async def _answer_for_key(self, request: web.Request, kind: StoreKind, field: str,
+                              reader_for: Callable[[bytes], Callable[[Any], Any]]) -> web.Response:
+        """One key's answer from a window or session store; ``reader_for(key)`` checks the
+        request's parameters and gives what runs on the store."""
+        store = request.match_info["store"]
+        try:
+            key = _hex(request.match_info["key"], "the key")
+            read = reader_for(key)
+            self._check_kind(store, kind)
+            placement = self._stores[store]
+            task = TaskId(placement["subtopology"], partition_for_key(key, placement["partitions"]))
+            status, found, message = await self._read(task, store, read, _stale(request))
+        except _BadQuery as error:
+            return self._error(400, str(error))
+        except Exception as error:  # a query must never take the worker down
+            log.exception("interactive query failed")
+            return self._error(500, f"internal error: {error!r}")
+        if status != 200:
+            return self._error(status, message, retry=True)
+        return self._json({field: found})
+
+    async def _scan_get(self, request: web.Request) -> web.Response:
+        store = request.match_info["store"]
+        try:
+            self._check_kind(store, StoreKind.KEY_VALUE)
+            placement = self._stores[store]
+            if "prefix" in request.query:
+                prefix = _hex(request.query["prefix"], "prefix")
+
+                def scan(kv: Any) -> list[list[str]]:
+                    return [[k.hex(), v.hex()] for k, v in kv.prefix_scan(prefix)]
+            else:
+                key_from = _hex(request.query["from"], "from") if "from" in request.query else None
+                key_to = _hex(request.query["to"], "to") if "to" in request.query else None
+
+                def scan(kv: Any) -> list[list[str]]:
+                    return [[k.hex(), v.hex()] for k, v in kv.range(key_from, key_to)]
+            partitions = _partitions(request, placement["partitions"])
+            entries: list[list[str]] = []
+            for partition in partitions:
+                task = TaskId(placement["subtopology"], partition)
+                status, found, message = await self._read(task, store, scan, _stale(request))
+                if status != 200:
+                    return self._error(status, message, retry=True)
+                entries.extend(found)
+        except _BadQuery as error:
+            return self._error(400, str(error))
+        except Exception as error:  # a query must never take the worker down
+            log.exception("interactive query failed")
+            return self._error(500, f"internal error: {error!r}")
+        entries.sort()  # hex of bytes sorts as the bytes do
+        return self._json({"entries": entries})
+
+    def _check_kind(self, store: str, kind: StoreKind) -> None:
+        spec = self._resolved.topology.stores.get(store)
+        if spec is None:
+            raise _BadQuery(f"no store named {store!r}")
+        if store not in self._stores:
+            raise _BadQuery(f"store {store!r} is not queryable (a stream-stream join's store)")
+        if spec.kind is not kind:
+            raise _BadQuery(f"store {store!r} is a {spec.kind} store; {_OPERATIONS[spec.kind]}")
+
+    async def _read(self, task: TaskId, store: str, read: Callable[[Any], Any],
+                    stale: bool) -> tuple[int, Any, str]:
+        """(200, what ``read`` returned on the task's store, "") or (503, None, why)."""
+        for thread in self._threads:
+            if task in thread.restoring:
+                return 503, None, f"task {task} of store {store!r} is restoring here; not available yet"
+        for thread in self._threads:
+            hosted, found = await thread.read_store_with(task, store, read, include_standby=stale)
+            if hosted:
+                return 200, found, ""
+        return 503, None, f"task {task} of store {store!r} is not hosted here (moving, or stale routing)"
+
     async def _unknown(self, request: web.Request) -> web.Response:
         if request.method != "GET":
             return self._error(400, "only GET requests are served")
@@ -132,10 +239,10 @@ class QueryServer:
 
     async def _get(self, store: str, key: bytes, stale: bool) -> tuple[int, bytes | None, str, bool]:
         """(status, value, error message, retry) for one key."""
-        if store not in self._resolved.topology.stores:
-            return 400, None, f"no store named {store!r}", False
-        if store not in self._stores:
-            return 400, None, f"store {store!r} is not a key-value store; only those are queryable", False
+        try:
+            self._check_kind(store, StoreKind.KEY_VALUE)
+        except _BadQuery as error:
+            return 400, None, str(error), False
         spec = self._resolved.topology.stores[store]
         task = TaskId(spec.subtopology, partition_for_key(key, self._stores[store]["partitions"]))
         for thread in self._threads:
@@ -148,3 +255,46 @@ class QueryServer:
                     return 404, None, f"no value for this key in store {store!r}", False
                 return 200, value, "", False
         return 503, None, f"task {task} of store {store!r} is not hosted here (moving, or stale routing)", True
+
+
+#: What each kind of store answers, for a request that asked it the wrong thing.
+_OPERATIONS = {
+    StoreKind.KEY_VALUE: "ask it for one key (/v1/stores/STORE/KEYHEX) or a range or prefix scan (/v1/stores/STORE?from=&to=)",
+    StoreKind.WINDOW: "ask it for a key's windows (/v1/stores/STORE/KEYHEX/windows?from=MS&to=MS)",
+    StoreKind.SESSION: "ask it for a key's sessions (/v1/stores/STORE/KEYHEX/sessions)",
+}
+MIN_TIME, MAX_TIME = -(2**63), 2**63 - 1
+
+
+def _hex(text: str, what: str) -> bytes:
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        raise _BadQuery(f"{what} must be the serialized key's bytes in hex") from None
+
+
+def _time(request: web.Request, name: str, default: int) -> int:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise _BadQuery(f"{name} must be a timestamp in epoch milliseconds, got {text!r}") from None
+
+
+def _stale(request: web.Request) -> bool:
+    return request.query.get("stale", "0") in ("1", "true")
+
+
+def _partitions(request: web.Request, count: int) -> list[int]:
+    text = request.query.get("partitions")
+    if text is None:
+        return list(range(count))
+    try:
+        partitions = sorted({int(p) for p in text.split(",") if p.strip()})
+    except ValueError:
+        raise _BadQuery(f"partitions must be comma-separated partition numbers, got {text!r}") from None
+    if any(not 0 <= p < count for p in partitions):
+        raise _BadQuery(f"partitions must lie in 0..{count - 1}, got {text!r}")
+    return partitions

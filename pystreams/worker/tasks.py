@@ -12,7 +12,7 @@ from pystreams.topology.ir import PunctuationType, TaskId
 from pystreams.topology.kernels import ScheduledPunctuation
 from pystreams.topology.resolve import ResolvedTopology
 
-from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError
+from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError, dead_letter_headers, failure_policy
 from .kafka_io import ChangelogRestorer, ProducerChangelogSink, Sender
 from .packing import UnpackedRecord, packed_version, unpack
 from .processing import NodeFailure, TaskContext, TaskGraph, build_task_graph
@@ -21,9 +21,6 @@ if TYPE_CHECKING:
     from .engine import ErrorHandling
 
 log = logging.getLogger(__name__)
-
-DEAD_LETTER_HEADER_PREFIX = "pystreams.error."
-
 
 class StreamTask:
     """An active task. Create it, ``restore`` it, then feed it records with ``process``."""
@@ -112,39 +109,45 @@ class StreamTask:
         entry: Any = None
         deserialize_key = deserialize_value = extractor = emit = None
         packed = False
-        for record in records:
-            topic = record.topic
-            if topic != current_topic:
-                current_topic = topic
-                entry = sources[topic]
-                deserialize_key = entry.deserialize_key
-                deserialize_value = entry.deserialize_value
-                extractor = entry.timestamp_extractor
-                emit = entry.emit
-                packed = entry.packed
-                ctx.topic = topic
-            ctx.partition = record.partition
-            ctx.offset = record.offset
-            if packed and packed_version(record.headers) is not None:
-                self._process_packed(record, entry, punctuate_stream_time)
-                continue
-            try:
-                key = deserialize_key(record.key)  # type: ignore[misc]
-                value = deserialize_value(record.value)  # type: ignore[misc]
-                timestamp = record.timestamp if extractor is None else extractor(key, value, record.timestamp)
-            except Exception as error:
-                self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
-                continue
-            stream_time = ctx.stream_time
-            if stream_time is None or timestamp > stream_time:
-                ctx.stream_time = timestamp
-            ctx.timestamp = timestamp
-            try:
-                emit(key, value, timestamp)  # type: ignore[misc]
-            except NodeFailure as failure:
-                self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, record)
-            if punctuate_stream_time is not None:
-                punctuate_stream_time()
+        record: Any = None
+        try:
+            for record in records:
+                topic = record.topic
+                if topic != current_topic:
+                    current_topic = topic
+                    entry = sources[topic]
+                    deserialize_key = entry.deserialize_key
+                    deserialize_value = entry.deserialize_value
+                    extractor = entry.timestamp_extractor
+                    emit = entry.emit
+                    packed = entry.packed
+                    ctx.topic = topic
+                ctx.partition = record.partition
+                ctx.offset = record.offset
+                if packed and packed_version(record.headers) is not None:
+                    self._process_packed(record, entry, punctuate_stream_time)
+                    continue
+                try:
+                    key = deserialize_key(record.key)  # type: ignore[misc]
+                    value = deserialize_value(record.value)  # type: ignore[misc]
+                    timestamp = record.timestamp if extractor is None else extractor(key, value, record.timestamp)
+                except Exception as error:
+                    self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
+                    continue
+                stream_time = ctx.stream_time
+                if stream_time is None or timestamp > stream_time:
+                    ctx.stream_time = timestamp
+                ctx.timestamp = timestamp
+                try:
+                    emit(key, value, timestamp)  # type: ignore[misc]
+                except NodeFailure as failure:
+                    self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, record)
+                if punctuate_stream_time is not None:
+                    punctuate_stream_time()
+        except RecordProcessingError:
+            # The records before the failing one were processed: the exit line counts them.
+            self.records_processed += next(index for index, r in enumerate(records) if r is record)
+            raise
         self.records_processed += len(records)
 
     def _process_packed(self, record: Any, entry: Any, punctuate_stream_time: Callable[[], None] | None) -> None:
@@ -221,23 +224,12 @@ class StreamTask:
             reason=f"{type(error).__name__}: {error}",
         )
         self.records_failed += 1
-        policy = self._errors.policy_for(kind)
-        if policy is ErrorPolicy.FAIL:
-            raise RecordProcessingError(failure) from error
-        log.warning("%s (skipped: %s)", failure.describe(), policy)
+        policy = failure_policy(self._errors.policies, failure, error)  # raises under ``fail``
         self._errors.record(failure)
         if policy is ErrorPolicy.DEAD_LETTER and record is not None:
-            headers = [
-                (DEAD_LETTER_HEADER_PREFIX + "kind", str(kind).encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "topic", record.topic.encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "partition", str(record.partition).encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "offset", str(record.offset).encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "task", str(self.id).encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "node", (node or "").encode()),
-                (DEAD_LETTER_HEADER_PREFIX + "reason", failure.reason.encode()),
-            ]
-            assert self._errors.dead_letter_topic is not None
-            self._sender.send_with_headers(self._errors.dead_letter_topic, record.key, record.value, headers)
+            dead_letter_topic = self._errors.policies.dead_letter_topic
+            assert dead_letter_topic is not None
+            self._sender.send_with_headers(dead_letter_topic, record.key, record.value, dead_letter_headers(failure))
 
     # -- commit and close -----------------------------------------------------------------
 

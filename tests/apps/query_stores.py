@@ -1,0 +1,17 @@
+"""The interactive-query tests' app: one store of each kind, over visits keyed by user.
+
+``visits`` holds the page a user visited (text key and value; event time is the record's
+timestamp). ``counts`` counts visits per user (key-value store), ``per-minute`` per user and
+1-minute tumbling window (window store), ``sessions`` per user session, 30 s of inactivity
+ending one (session store).
+"""
+from datetime import timedelta
+
+from pystreams import serdes
+from pystreams.app import App, SessionWindow, TumblingWindow
+
+app = App("query_stores")
+visits = app.topic("visits", key=serdes.Text(), value=serdes.Text())
+visits.count(store="counts").to("visit-counts")
+visits.count(store="per-minute", window=TumblingWindow(size=timedelta(minutes=1), grace=timedelta(minutes=10)))
+visits.count(store="sessions", window=SessionWindow(gap=timedelta(seconds=30), grace=timedelta(minutes=10)))
