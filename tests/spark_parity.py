@@ -18,14 +18,14 @@ def read_final_table(bootstrap_servers: str, topic: str, timeout_s: float = DEFA
     broker's end offsets can stop short)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from pystreams.spark.kafka_source import true_end_offsets
+    from pystreams.log_ends import true_end_offsets
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False)
     try:
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         if not partitions:
             raise LookupError(f"topic {topic!r} does not exist")
-        ends = true_end_offsets(consumer, partitions)
+        ends = true_end_offsets(consumer, partitions, timeout_s=60)
         consumer.assign(partitions)
         consumer.seek_to_beginning(*partitions)
         table: dict[bytes | None, bytes] = {}

@@ -112,7 +112,7 @@ def test_a_query_reading_two_sources_has_both_checked(tmp_path) -> None:
 def test_a_partition_the_broker_names_no_first_offset_for_starts_at_zero() -> None:
     # The embedded broker may answer ListOffsets EARLIEST with -1 for a log with no records
     # yet; kafka-python then leaves it out and its beginning_offsets raises KeyError.
-    from pystreams.spark.kafka_source import first_offsets
+    from pystreams.log_ends import first_offsets
 
     class Consumer:
         def beginning_offsets(self, partitions: list[str]) -> dict[str, int]:
@@ -130,7 +130,7 @@ def test_the_true_end_of_a_log_whose_last_batch_is_larger_than_a_poll(kafka_boot
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     from pystreams.cluster import ClusterMetadata, TopicSpec
-    from pystreams.spark.kafka_source import true_end_offsets
+    from pystreams.log_ends import true_end_offsets
 
     topic = unique_topic("true-end")
     with ClusterMetadata(kafka_bootstrap) as cluster:
@@ -142,6 +142,6 @@ def test_the_true_end_of_a_log_whose_last_batch_is_larger_than_a_poll(kafka_boot
     producer.close()
     consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=None, max_poll_records=100)
     try:
-        assert true_end_offsets(consumer, [TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 1_200}
+        assert true_end_offsets(consumer, [TopicPartition(topic, 0)], timeout_s=30) == {TopicPartition(topic, 0): 1_200}
     finally:
         consumer.close()

@@ -36,3 +36,30 @@ def test_a_producer_keeps_writing_a_topic_after_another_topic_appears(
         _send_a_then_b_then_a(producer, kafka_bootstrap, a, b)
     finally:
         producer.close()
+
+
+def test_a_restore_reads_to_the_true_end_of_a_changelog_whose_last_batch_is_larger_than_a_poll(kafka_bootstrap: str, unique_topic) -> None:
+    """The embedded broker reports the last batch's base offset + 1 as a log's end, and a poll
+    may hand over only part of that batch: taking the position after one poll as the end stopped
+    a restore short (a store missing its newest records)."""
+    from kafka import KafkaConsumer
+
+    from pystreams.state import TopicPartition
+    from pystreams.worker.kafka_io import ChangelogRestorer
+
+    topic = unique_topic("changelog")
+    with ClusterMetadata(kafka_bootstrap) as cluster:
+        cluster.ensure_topics([TopicSpec(topic, 1)])
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=1_000, batch_size=1 << 20)
+    for n in range(1_200):  # one batch, as a task's flush writes its changelog
+        producer.send(topic, key=b"%d" % n, value=b"v", partition=0)
+    producer.flush()
+    producer.close()
+    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=None, max_poll_records=100)
+    try:
+        restorer = ChangelogRestorer(consumer, fetch_timeout_s=30)
+        assert restorer.true_end_offset(TopicPartition(topic, 0)) == 1_200
+        read = sum(len(batch) for batch in restorer.read(TopicPartition(topic, 0), None, 1_200))
+        assert read == 1_200
+    finally:
+        consumer.close()

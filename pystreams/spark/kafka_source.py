@@ -22,6 +22,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
+from pystreams.log_ends import first_offsets, true_end_offsets
+
 from .source_offsets import (
     FAIL_ON_DATA_LOSS,
     LogView,
@@ -72,54 +74,6 @@ def _consumer(bootstrap_servers: str, **extra: Any) -> Any:
     )
 
 
-def true_end_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]:
-    """The next offset to be written per partition, found by fetching.
-
-    Some brokers (the embedded one) answer ListOffsets LATEST with the last batch's base
-    offset + 1; fetching that last batch gives the real end: the high watermark of the fetch
-    response (a poll may hand over only part of a large batch, so its last record is not
-    enough). On Apache Kafka the fetch returns nothing new and the answer stands.
-    """
-    reported = consumer.end_offsets(list(partitions))
-    beginnings = first_offsets(consumer, partitions)
-    ends = dict(reported)
-    probe = [p for p in partitions if reported[p] > beginnings[p]]
-    if not probe:
-        return ends
-    consumer.assign(probe)
-    for p in probe:
-        consumer.seek(p, reported[p] - 1)
-    waiting = set(probe)
-    deadline = time.monotonic() + FETCH_TIMEOUT_S
-    while waiting and time.monotonic() < deadline:
-        for p, records in consumer.poll(timeout_ms=200).items():
-            if records:
-                ends[p] = max(ends[p], records[-1].offset + 1, consumer.highwater(p) or 0)
-                waiting.discard(p)
-        # A partition whose records were deleted or compacted away returns nothing: its
-        # position still moves past the gap.
-        for p in list(waiting):
-            if consumer.position(p) >= reported[p]:
-                waiting.discard(p)
-    return ends
-
-
-def first_offsets(consumer: Any, partitions: Sequence[Any]) -> dict[Any, int]:
-    """``beginning_offsets``, except that a partition the broker names no first offset for is
-    empty and starts at 0: the embedded broker may answer -1 for a log with no records yet,
-    which kafka-python leaves out of its answer (a KeyError). Apache Kafka always names one."""
-    try:
-        return dict(consumer.beginning_offsets(list(partitions)))
-    except KeyError:
-        found = {}
-        for partition in partitions:
-            try:
-                found.update(consumer.beginning_offsets([partition]))
-            except KeyError:
-                found[partition] = 0
-        return found
-
-
 def log_view(cluster: Any, consumer: Any, partitions: Sequence[Any], ends: Mapping[str, int] | None = None) -> LogView:
     """The logs of ``partitions`` now (``cluster``: a ``ClusterMetadata``): the cluster id,
     topic ids, first offsets and, unless given, true end offsets."""
@@ -127,7 +81,7 @@ def log_view(cluster: Any, consumer: Any, partitions: Sequence[Any], ends: Mappi
     metadata = cluster.fetch_topics(topics)
     starts = {partition_key(p.topic, p.partition): o for p, o in first_offsets(consumer, partitions).items()}
     if ends is None:
-        ends = {partition_key(p.topic, p.partition): o for p, o in true_end_offsets(consumer, partitions).items()}
+        ends = {partition_key(p.topic, p.partition): o for p, o in true_end_offsets(consumer, partitions, timeout_s=FETCH_TIMEOUT_S).items()}
     return LogView(cluster.cluster_id(), {name: str(meta.topic_id) for name, meta in metadata.items()}, starts,
                    dict(ends))
 
@@ -179,7 +133,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _current_end(self) -> dict[str, int]:
         consumer = self._driver_consumer()
-        ends = true_end_offsets(consumer, self._partitions())
+        ends = true_end_offsets(consumer, self._partitions(), timeout_s=FETCH_TIMEOUT_S)
         return {partition_key(p.topic, p.partition): offset for p, offset in ends.items()}
 
     def initialOffset(self) -> dict:

@@ -3,7 +3,7 @@ consumer for inputs, a second one for restoring changelogs.
 
 Embedded-broker quirk designed around here: ListOffsets LATEST (``end_offsets``) may return
 the last *batch's* base offset + 1 rather than the high watermark, so the true end of a
-changelog is found by fetching its last batch (``ChangelogRestorer.true_end_offset``).
+changelog is found by fetching its last batch (``pystreams.log_ends``).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
 
+from pystreams.log_ends import true_end_offsets
 from pystreams.state import ChangelogRecord, TopicPartition
 
 from .errors import ProduceError
@@ -235,22 +236,7 @@ class ChangelogRestorer:
     def true_end_offset(self, changelog: TopicPartition) -> int:
         """One past the last record of the partition, checked by fetching the last batch."""
         tp = KafkaTopicPartition(*changelog)
-        consumer = self._end_consumer
-        consumer.assign([tp])
-        reported = consumer.end_offsets([tp])[tp]
-        if reported <= 0:
-            return 0
-        consumer.seek(tp, reported - 1)
-        deadline = time.monotonic() + self._fetch_timeout_s
-        while time.monotonic() < deadline:
-            batch = consumer.poll(timeout_ms=200).get(tp)
-            position = consumer.position(tp)
-            # A fetch returns whole batches: after one, the position is past the last record.
-            # (Without records — the end is a compacted gap or a marker — the position still
-            # moves past what was fetched.)
-            if batch or position >= reported:
-                return max(reported, position)
-        raise TimeoutError(f"could not fetch the end of changelog {changelog.topic}-{changelog.partition}")
+        return true_end_offsets(self._end_consumer, [tp], timeout_s=self._fetch_timeout_s)[tp]
 
     #: Exactly-once: a read_committed restore that makes no progress this long goes on through
     #: the end consumer (read_uncommitted) behind the transaction filter, which waits for the same
