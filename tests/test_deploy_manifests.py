@@ -160,6 +160,9 @@ def lint(objects: list[dict[str, Any]]) -> list[str]:
     if pod.get("terminationGracePeriodSeconds", 30) <= LEAVE_TIMEOUT_S + commit_s:
         problems.append(f"worker: terminationGracePeriodSeconds is not longer than a commit plus a leave "
                         f"({commit_s + LEAVE_TIMEOUT_S:g} s)")
+    # A pod that starts before its coordinator waits for it rather than exiting into CrashLoopBackOff.
+    if str(config.get("PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS", env.get("PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS"))) != "0":
+        problems.append("worker: gives up on a coordinator it never reached (PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS is not 0)")
     # Zones: the node's zone as a client tag, standbys spread by it, pods spread over zones.
     zone = env.get("ZONE")
     if zone != {"fieldRef": {"fieldPath": "metadata.labels['topology.kubernetes.io/zone']"}}:
@@ -265,6 +268,9 @@ MUTATIONS = {
         lambda o: _worker_container(o)["securityContext"].update({"allowPrivilegeEscalation": True}), "allowPrivilegeEscalation"),
     "service links": (_set(["spec", "template", "spec", "enableServiceLinks"], None), "service links"),
     "ordered pods": (_set(["spec", "podManagementPolicy"], "OrderedReady"), "podManagementPolicy"),
+    "gives up on the coordinator": (
+        lambda o: _config(o, "pystreams-worker-config").pop("PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS"),
+        "PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS is not 0"),
     "misspelt setting": (
         lambda o: _worker_container(o)["env"].append({"name": "PYSTREAMS_NUM_STANDBYS", "value": "1"}),
         "PYSTREAMS_NUM_STANDBYS is not a setting"),
