@@ -108,7 +108,7 @@ def _client_tags_from_env(text: str) -> dict[str, str]:
     """PYSTREAMS_CLIENT_TAGS, where a tag with no value is left out with a warning: in
     Kubernetes ``zone=$(ZONE)`` is empty when the node has no zone label, and a worker
     without that tag still works (its standbys are just not spread by zone)."""
-    tags = {}
+    tags: dict[str, str] = {}
     for item in text.split(","):
         key, sep, value = item.partition("=")
         if sep and key.strip() and not value.strip():

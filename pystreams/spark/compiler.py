@@ -357,13 +357,13 @@ class _Compilation:
                 "(a computed table would be a second stateful step in one query)",
             )
         store = _shipped_store(node, self.topology.stores[node.table_store])
-        key = store.key_serde
+        key, table_value = _shipped(node, store.key_serde), _shipped(node, store.value_serde)  # shipped already
         stream_flow = self.parent_flow(node)
         stream = _with_serdes(stream_flow, key, stream_flow.value_serde)
-        table = _with_serdes(self.flows[node.table], key, store.value_serde)
+        table = _with_serdes(self.flows[node.table], key, table_value)
         out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
         inputs = {
-            TABLE_SIDE: (_shipped_node(table_node), key, store.value_serde),
+            TABLE_SIDE: (_shipped_node(table_node), key, table_value),
             STREAM_SIDE: (_shipped_node(node), key, stream.value_serde),
         }
         step = KeyedStep(self.topology.app_id, node.subtopology, store, inputs, None, out_key, out_value)

@@ -123,7 +123,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         from kafka import TopicPartition
 
         consumer = self._driver_consumer()
-        found = []
+        found: list[TopicPartition] = []
         for topic in self.topics:
             numbers = consumer.partitions_for_topic(topic)
             if not numbers:

@@ -35,8 +35,9 @@ def _windowed(factory: Callable[..., serdes.Serde], args: tuple[Any, ...]) -> se
     return serdes.WindowedKey(factory(*args))
 
 
-class ShippedSerde:
-    """Wraps a serde; pickles as its recipe (or as itself, for user serdes that pickle)."""
+class ShippedSerde(serdes.Serde):
+    """Wraps a serde; pickles as its recipe (or as itself, for user serdes that pickle). A serde
+    itself, so a node can hold it where it held the serde."""
 
     __slots__ = ("serde", "_recipe")
 
@@ -61,6 +62,15 @@ class ShippedSerde:
     def name(self) -> str:
         return self.serde.name
 
+    def _to_bytes(self, value: Any) -> bytes:
+        data = self.serde.serialize(value)
+        assert data is not None  # serialize() only calls this for a value that is not None
+        return data
+
+    def _from_bytes(self, data: bytes) -> Any:
+        return self.serde.deserialize(data)
+
+    # The wrapped serde's own handling of None (and of any bytes-like input), unchanged.
     def serialize(self, value: Any) -> bytes | None:
         return self.serde.serialize(value)
 

@@ -145,7 +145,8 @@ def resume_positions(recorded: SourceOffsets, now: LogView, *, fail_on_data_loss
         for key in positions:
             topic, partition = split_partition_key(key)
             if topic == loss.topic and loss.partition in (None, partition):
-                positions[key] = loss.resume_at if loss.partition is not None else now.starts.get(key, 0)
+                resume = loss.resume_at if loss.partition is not None else None
+                positions[key] = resume if resume is not None else now.starts.get(key, 0)
     return positions
 
 
