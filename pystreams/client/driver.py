@@ -63,7 +63,7 @@ from pystreams.client.events import (
     RevokePartitions,
 )
 from pystreams.client.member import GroupMember, MemberConfig
-from pystreams.client.topics import TopicResolver
+from pystreams.client.topics import RefreshableTopics, TopicResolver
 from pystreams.protocol import messages as m
 from pystreams.protocol.framing import ClientFraming
 from pystreams.protocol.handshake import HandshakeError, ServerInfo, client_handshake
@@ -376,6 +376,8 @@ class MemberDriver:
         else:
             self.member = GroupMember(config)
         self.topics = topics
+        #: The resolver when it can be refreshed (the worker's cluster metadata; a test's table cannot).
+        self._refreshable = topics if isinstance(topics, RefreshableTopics) else None
         self.metadata_max_age_ms = metadata_max_age_ms
         self.bootstrap = parse_bootstrap(bootstrap)
         self.request_timeout_ms = request_timeout_ms
@@ -414,7 +416,7 @@ class MemberDriver:
             raise RuntimeError("already started")
         self._loop_task = asyncio.create_task(self._run(), name=f"member-driver-{self.config.group_id}")
         self._dispatch_task = asyncio.create_task(self._dispatch_events(), name="member-driver-events")
-        if isinstance(self.member, ClassicGroupMember) and self.metadata_max_age_ms and hasattr(self.topics, "refresh"):
+        if isinstance(self.member, ClassicGroupMember) and self.metadata_max_age_ms and self._refreshable is not None:
             self._metadata_task = asyncio.create_task(self._refresh_metadata(), name="member-driver-metadata")
 
     async def __aenter__(self) -> MemberDriver:
@@ -681,25 +683,27 @@ class MemberDriver:
     async def _resolve_topics(self, response: ApiMessage) -> None:
         """A classic response may name topics the resolver has not seen (just created): refresh
         it, off the loop, before the member reads them."""
-        if not isinstance(self.member, ClassicGroupMember) or self.topics is None or not hasattr(self.topics, "refresh"):
+        topics = self._refreshable
+        if not isinstance(self.member, ClassicGroupMember) or topics is None:
             return
         names = topic_names_in(response)
-        if names and any(self.topics.topic(name) is None for name in names):
+        if names and any(topics.topic(name) is None for name in names):
             try:
-                await asyncio.get_running_loop().run_in_executor(None, self.topics.refresh)
+                await asyncio.get_running_loop().run_in_executor(None, topics.refresh)
             except Exception as error:
                 log.warning("group %s: refreshing topic metadata failed: %r", self.config.group_id, error)
 
     async def _refresh_metadata(self) -> None:
-        assert self.metadata_max_age_ms and self.topics is not None
+        topics, member = self._refreshable, self.member
+        assert self.metadata_max_age_ms and topics is not None and isinstance(member, ClassicGroupMember)  # start() checked
         while True:
             await asyncio.sleep(self.metadata_max_age_ms / 1000)
             try:
-                await asyncio.get_running_loop().run_in_executor(None, self.topics.refresh)  # type: ignore[attr-defined]
+                await asyncio.get_running_loop().run_in_executor(None, topics.refresh)
             except Exception as error:
                 log.info("group %s: refreshing topic metadata failed: %r", self.config.group_id, error)
                 continue
-            self.member.metadata_changed()  # type: ignore[union-attr]
+            member.metadata_changed()
             self._take_events()
             self._wake()
 

@@ -30,6 +30,15 @@ class TopicResolver(Protocol):
         ...
 
 
+@runtime_checkable
+class RefreshableTopics(TopicResolver, Protocol):
+    """A resolver over the cluster's metadata, which the driver refreshes."""
+
+    def refresh(self) -> None:
+        """Read the cluster's topics again (blocking IO: the driver runs it off the loop)."""
+        ...
+
+
 class StaticTopics:
     """A resolver over a fixed table (tests, the simulator); ``add`` creates or grows a topic."""
 

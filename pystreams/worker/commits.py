@@ -27,7 +27,7 @@ from pystreams.topology.ir import TaskId
 from .committed_consumer import CommittedConsumer
 from .errors import RecordProcessingError
 from .position_reader import PositionReader
-from .positions import Lost, PositionKind, encode_position, positions_partition
+from .positions import Lost, PositionKind, Resume, encode_position, positions_partition
 from .transaction import CommitOutcome, MembershipLost
 from .transactional_producer import TransactionalProducer
 
@@ -225,7 +225,9 @@ class ExactlyOnceCommits:
         positions: ResumePositions = {}
         without = []
         for task in tasks:
-            offsets = plans[task.id].offsets  # type: ignore[union-attr]
+            plan = plans[task.id]
+            assert isinstance(plan, Resume)  # Lost ones raised above
+            offsets = plan.offsets
             if offsets is None:
                 without.append(task)
             else:

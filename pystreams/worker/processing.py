@@ -301,32 +301,41 @@ def _table_forwarder(
     value_of = node.value_serde.deserialize
     guarded_children = guard(node.name, children)
 
+    # Each store kind's changes: the bytes a sink writes as the key, and the key object.
+    raw_key: Callable[[Any], bytes]
+    key_object: Callable[[Any], Any]
     if window is None:
 
-        def raw_key(change: KeyValueChange) -> bytes:
+        def kv_raw_key(change: KeyValueChange) -> bytes:
             return change.key
 
-        def key_object(change: KeyValueChange) -> Any:
+        def kv_key_object(change: KeyValueChange) -> Any:
             return key_of(change.key)
+
+        raw_key, key_object = kv_raw_key, kv_key_object
 
     elif isinstance(window, SessionWindow):
 
-        def raw_key(change: SessionChange) -> bytes:  # type: ignore[misc]
+        def session_raw_key(change: SessionChange) -> bytes:
             return change.key + _WINDOW_BOUNDS(change.start, change.end)
 
-        def key_object(change: SessionChange) -> Any:  # type: ignore[misc]
+        def session_key_object(change: SessionChange) -> Any:
             return Windowed(key_of(change.key), change.start, change.end)
+
+        raw_key, key_object = session_raw_key, session_key_object
 
     else:
         assert isinstance(window, TumblingWindow | HoppingWindow)
         fixed_window = window
         size = fixed_window.size_ms
 
-        def raw_key(change: WindowChange) -> bytes:  # type: ignore[misc]
+        def window_raw_key(change: WindowChange) -> bytes:
             return change.key + _WINDOW_BOUNDS(change.window_start, change.window_start + size)
 
-        def key_object(change: WindowChange) -> Any:  # type: ignore[misc]
+        def window_key_object(change: WindowChange) -> Any:
             return fixed_window_key(fixed_window, key_of(change.key), change.window_start)
+
+        raw_key, key_object = window_raw_key, window_key_object
 
     if all_raw:
         # table.to(topic): the store already holds the sink's bytes; skip deserialize/serialize.

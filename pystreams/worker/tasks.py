@@ -15,7 +15,7 @@ from pystreams.topology.resolve import ResolvedTopology
 from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError, dead_letter_headers, failure_policy
 from .kafka_io import ChangelogRestorer, ProducerChangelogSink, Sender
 from .packing import UnpackedRecord, packed_version, unpack
-from .processing import NodeFailure, TaskContext, TaskGraph, build_task_graph
+from .processing import Emit, NodeFailure, SourceEntry, TaskContext, TaskGraph, build_task_graph
 
 if TYPE_CHECKING:
     from .engine import ErrorHandling
@@ -106,8 +106,12 @@ class StreamTask:
         sources = self.graph.sources
         punctuate_stream_time = self._punctuate_stream_time if self._stream_punctuations else None
         current_topic = None
-        entry: Any = None
-        deserialize_key = deserialize_value = extractor = emit = None
+        # Set from the first record's source entry (current_topic starts as None).
+        entry: SourceEntry
+        deserialize_key: Callable[[Any], Any]
+        deserialize_value: Callable[[Any], Any]
+        extractor: Callable[[Any, Any, int], int] | None
+        emit: Emit
         packed = False
         record: Any = None
         try:
@@ -128,8 +132,8 @@ class StreamTask:
                     self._process_packed(record, entry, punctuate_stream_time)
                     continue
                 try:
-                    key = deserialize_key(record.key)  # type: ignore[misc]
-                    value = deserialize_value(record.value)  # type: ignore[misc]
+                    key = deserialize_key(record.key)
+                    value = deserialize_value(record.value)
                     timestamp = record.timestamp if extractor is None else extractor(key, value, record.timestamp)
                 except Exception as error:
                     self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
@@ -139,7 +143,7 @@ class StreamTask:
                     ctx.stream_time = timestamp
                 ctx.timestamp = timestamp
                 try:
-                    emit(key, value, timestamp)  # type: ignore[misc]
+                    emit(key, value, timestamp)
                 except NodeFailure as failure:
                     self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, record)
                 if punctuate_stream_time is not None:
@@ -150,7 +154,7 @@ class StreamTask:
             raise
         self.records_processed += len(records)
 
-    def _process_packed(self, record: Any, entry: Any, punctuate_stream_time: Callable[[], None] | None) -> None:
+    def _process_packed(self, record: Any, entry: SourceEntry, punctuate_stream_time: Callable[[], None] | None) -> None:
         """Every entry of a packed repartition record, in order, under the record's offset
         (``process`` set the context's topic, partition and offset)."""
         try:
