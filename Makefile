@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench
+.PHONY: demo check test bench
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,13 @@ $(STAMP): pyproject.toml setup.py
 demo: $(STAMP)
 	$(VENV)/bin/pystreams dev examples/wordcount.py
 
-test: $(STAMP)
+# Lint, format and types (configured in pyproject.toml); part of the tests.
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: check
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)

@@ -4,6 +4,7 @@ assignors/, topology/ and state/ sit at the top of the repository so its layout 
 architecture, but they install as pystreams.assignors, pystreams.topology and pystreams.state,
 so nothing else lands in site-packages. pyproject.toml holds everything else.
 """
+
 from setuptools import find_packages, setup
 
 ROOTS = {

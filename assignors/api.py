@@ -10,6 +10,7 @@ Two sides share one spec and one result shape:
 Partitions are always keyed by topic id: the protocol works with topic ids only, so a
 re-created topic is a different topic.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

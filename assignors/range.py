@@ -24,6 +24,7 @@ partitions and which ranges are the longer ones:
 Cost: O(M + T + size of the targets + the output), with one range per member and class shared
 by every topic of the class.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -143,9 +144,7 @@ class RangeAssignor:
             if len(klass.subscription_indexes) == 1:
                 subscribers = members_by_subscription[subscription_sets[klass.subscription_indexes[0]]]
             else:
-                subscribers = sorted(
-                    m for i in klass.subscription_indexes for m in members_by_subscription[subscription_sets[i]]
-                )
+                subscribers = sorted(m for i in klass.subscription_indexes for m in members_by_subscription[subscription_sets[i]])
             held_by = klass.holdings
             if held_by:
                 holders = sorted((lowest, lowest + count, m) for m, (lowest, count) in held_by.items())
@@ -167,12 +166,7 @@ class RangeAssignor:
                     assigned[member_id] = by_topic
 
         empty: Partitions = EMPTY_PARTITIONS
-        return GroupAssignment(
-            members={
-                member_id: MemberAssignment(partitions=assigned.get(member_id, empty))
-                for member_id in member_ids
-            }
-        )
+        return GroupAssignment(members={member_id: MemberAssignment(partitions=assigned.get(member_id, empty)) for member_id in member_ids})
 
 
 def _cut_in_order(members: list[str], size: int) -> list[tuple[str, int, int]]:
@@ -206,9 +200,7 @@ def _overlap(first: int, end: int, other_first: int, other_end: int) -> int:
     return max(0, min(end, other_end) - max(first, other_first))
 
 
-def _cut_ranges(
-    holders: list[tuple[int, int, str]], newcomers: list[str], size: int
-) -> list[tuple[str, int, int]]:
+def _cut_ranges(holders: list[tuple[int, int, str]], newcomers: list[str], size: int) -> list[tuple[str, int, int]]:
     """Cut partitions ``0..size-1`` into contiguous ranges: (member, first, end), non-empty only.
 
     ``holders`` are (lowest held, lowest held + count held, member), sorted: where each member
@@ -246,9 +238,7 @@ def _cut_ranges(
                 later = position + filler_width
                 longer_after = longer - (filler_width > base)
                 later_width = width(later, held_end, longer_after, slots_left - 1)
-                take_holder = _overlap(later, later + later_width, lowest, held_end) <= _overlap(
-                    position, position + holder_width, lowest, held_end
-                )
+                take_holder = _overlap(later, later + later_width, lowest, held_end) <= _overlap(position, position + holder_width, lowest, held_end)
             if take_holder:
                 next_holder += 1
                 chosen, chosen_width = member_id, holder_width

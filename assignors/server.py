@@ -3,6 +3,7 @@
 ``group.consumer.assignors`` lists names from :data:`SERVER_ASSIGNORS`; the first configured
 one is the default for members that name none (Kafka's default order is uniform, then range).
 """
+
 from __future__ import annotations
 
 from .api import ServerAssignor
@@ -30,7 +31,5 @@ def server_assignor(name: str) -> ServerAssignor:
         assignor_class = SERVER_ASSIGNORS[name]
     except KeyError:
         known = ", ".join(sorted(SERVER_ASSIGNORS))
-        raise UnknownServerAssignorError(
-            f"unknown server-side assignor {name!r}; known assignors: {known}"
-        ) from None
+        raise UnknownServerAssignorError(f"unknown server-side assignor {name!r}; known assignors: {known}") from None
     return assignor_class()

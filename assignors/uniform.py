@@ -26,6 +26,7 @@ Homogeneous rule (reproduces the KIP-848 case studies):
    at a time in member-id order (as Kafka's homogeneous builder does), so each member gets
    contiguous runs rather than a scatter over many topics.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -66,12 +67,7 @@ class UniformAssignor:
                     subscription_of = {m: subscription for subscription, group in grouped.items() for m in group}
                 partitions = _assign_heterogeneous(spec, component_members, ordered_topics, subscription_of)
             assigned.update(zip(component_members, partitions))
-        return GroupAssignment(
-            members={
-                member_id: MemberAssignment(partitions=assigned.get(member_id, EMPTY_PARTITIONS))
-                for member_id in member_ids
-            }
-        )
+        return GroupAssignment(members={member_id: MemberAssignment(partitions=assigned.get(member_id, EMPTY_PARTITIONS)) for member_id in member_ids})
 
 
 # --------------------------------------------------------------------------- subscriptions
@@ -147,9 +143,7 @@ def subscription_components(
 # --------------------------------------------------------------------------- homogeneous path
 
 
-def _assign_homogeneous(
-    spec: AssignmentSpec, member_ids: list[str], topic_ids: list[UUID]
-) -> list[Partitions]:
+def _assign_homogeneous(spec: AssignmentSpec, member_ids: list[str], topic_ids: list[UUID]) -> list[Partitions]:
     """Assign the topics to members who all subscribe to exactly these topics.
 
     Partitions are numbered globally (topic offset + partition) so that "ascending (topic,
@@ -176,13 +170,7 @@ def _assign_homogeneous(
         count = 0
         for topic_id, partitions in target.items():
             index = index_of(topic_id)
-            if (
-                index is None
-                or not partitions
-                or not partitions.isdisjoint(claimed[index])
-                or min(partitions) < 0
-                or max(partitions) >= sizes[index]
-            ):
+            if index is None or not partitions or not partitions.isdisjoint(claimed[index]) or min(partitions) < 0 or max(partitions) >= sizes[index]:
                 break
             claimed[index].update(partitions)
             count += len(partitions)
@@ -279,9 +267,7 @@ def _valid_part(
     return kept, count
 
 
-def _keep_lowest(
-    target: Partitions, cap: int, topic_index: Mapping[UUID, int]
-) -> tuple[dict[UUID, frozenset[int]], list[tuple[int, list[int]]]]:
+def _keep_lowest(target: Partitions, cap: int, topic_index: Mapping[UUID, int]) -> tuple[dict[UUID, frozenset[int]], list[tuple[int, list[int]]]]:
     """Keep the ``cap`` lowest (topic, partition) pairs of ``target``; return kept, released."""
     kept: dict[UUID, frozenset[int]] = {}
     released: list[tuple[int, list[int]]] = []
@@ -301,9 +287,7 @@ def _keep_lowest(
     return kept, released
 
 
-def _merge_global(
-    kept: Partitions, received: list[int], offsets: list[int], topic_ids: list[UUID]
-) -> dict[UUID, frozenset[int]]:
+def _merge_global(kept: Partitions, received: list[int], offsets: list[int], topic_ids: list[UUID]) -> dict[UUID, frozenset[int]]:
     """``kept`` plus ``received`` (ascending global partition numbers), keyed by topic."""
     first, last = received[0], received[-1]
     index = bisect_right(offsets, first) - 1
@@ -406,10 +390,7 @@ def _assign_heterogeneous(
     while (chain := _find_evening_chain(counts, owned, subscribers, topic_rank)) is not None:
         _shift_along(chain, counts, owned, previous)
 
-    return [
-        {t: frozenset(ps) for t, ps in sorted(held.items(), key=lambda item: topic_rank[item[0]]) if ps}
-        for held in owned
-    ]
+    return [{t: frozenset(ps) for t, ps in sorted(held.items(), key=lambda item: topic_rank[item[0]]) if ps} for held in owned]
 
 
 Chain = list[tuple[int, UUID, int]]  # (giver, topic, receiver) steps, fullest member first
@@ -452,9 +433,7 @@ def _find_evening_chain(
                         reached[receiver] = True
                         via[receiver] = (giver, topic_id)
                         next_frontier.append(receiver)
-                        if counts[receiver] <= counts[source] - 2 and (
-                            best is None or (counts[receiver], receiver) < (counts[best], best)
-                        ):
+                        if counts[receiver] <= counts[source] - 2 and (best is None or (counts[receiver], receiver) < (counts[best], best)):
                             best = receiver
             if best is not None:
                 chain: Chain = []

@@ -18,6 +18,7 @@ common case the shard must make cheap. Prints one JSON document.
     python benchmarks/assignors.py            # every case (a few minutes at most)
     python benchmarks/assignors.py --quick    # only the 100- and 1000-member groups
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,9 +58,7 @@ class Case:
         return self.members * self.partitions_per_member
 
 
-def benchmark_cases(
-    member_counts: Iterable[int] = MEMBER_COUNTS, assignors: Iterable[str] = tuple(SERVER_ASSIGNORS)
-) -> list[Case]:
+def benchmark_cases(member_counts: Iterable[int] = MEMBER_COUNTS, assignors: Iterable[str] = tuple(SERVER_ASSIGNORS)) -> list[Case]:
     return [
         Case(assignor, members, per_member, topic_count)
         for assignor in assignors
@@ -88,10 +87,7 @@ def _spec(
     subscription = frozenset(topics)
     targets = targets or {}
     return AssignmentSpec(
-        members={
-            member_id: MemberSpec(subscribed_topic_ids=subscription, target_partitions=targets.get(member_id, {}))
-            for member_id in member_ids
-        },
+        members={member_id: MemberSpec(subscribed_topic_ids=subscription, target_partitions=targets.get(member_id, {})) for member_id in member_ids},
         topics=topics,
     )
 

@@ -19,6 +19,7 @@ the coordinator, not the generator, is what is measured. Prints one JSON documen
 
     python benchmarks/coordinator.py [--duration S] [--groups N] [--skip-kafka]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,6 +35,7 @@ import time
 import uuid
 
 from pystreams.assignors.api import TopicMetadata
+
 from pystreams.coordinator import records as r
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.runtime import Coordinator, StaticTopics, group_shard
@@ -52,9 +54,21 @@ CONFIG = CoordinatorConfig(session_timeout_ms=60_000, heartbeat_interval_ms=5_00
 class CoordinatorProcess:
     def __init__(self, *args: str) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pystreams.commands.coordinator", "--listen", "127.0.0.1:0",
-             "--session-timeout-ms", "60000", "--log-level", "WARNING", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-m",
+                "pystreams.commands.coordinator",
+                "--listen",
+                "127.0.0.1:0",
+                "--session-timeout-ms",
+                "60000",
+                "--log-level",
+                "WARNING",
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         self.address: tuple[str, int] | None = None
         assert self.process.stdout is not None
@@ -110,8 +124,9 @@ class SimulatedMember:
         self.reader, self.writer = connection._reader, connection._writer
 
     async def join(self) -> None:
-        request = HB(group_id=self.group_id, member_id="", member_epoch=0, rebalance_timeout_ms=30_000,
-                     subscribed_topic_names=["bench-topic"], topic_partitions=[])
+        request = HB(
+            group_id=self.group_id, member_id="", member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=["bench-topic"], topic_partitions=[]
+        )
         response = decode(m.ConsumerGroupHeartbeatResponse, await roundtrip(self.reader, self.writer, frame(request, 0)), 0)
         assert response.error_code == 0, response
         self.member_id, self.epoch = response.member_id, response.member_epoch
@@ -119,8 +134,7 @@ class SimulatedMember:
     async def settle(self) -> None:
         """Heartbeat until the epoch stops moving (everyone in the group has joined)."""
         while True:
-            request = HB(group_id=self.group_id, member_id=self.member_id, member_epoch=self.epoch,
-                         rebalance_timeout_ms=-1, topic_partitions=[])
+            request = HB(group_id=self.group_id, member_id=self.member_id, member_epoch=self.epoch, rebalance_timeout_ms=-1, topic_partitions=[])
             response = decode(m.ConsumerGroupHeartbeatResponse, await roundtrip(self.reader, self.writer, frame(request, 0)), 0)
             assert response.error_code == 0, response
             if response.member_epoch == self.epoch:
@@ -132,12 +146,24 @@ class SimulatedMember:
 
     def commit_frame(self) -> bytes:
         Commit = m.OffsetCommitRequest
-        return frame(Commit(
-            group_id=self.group_id, generation_id_or_member_epoch=self.epoch, member_id=self.member_id,
-            topics=[Commit.OffsetCommitRequestTopic(name="bench-topic", partitions=[
-                Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
-                    partition_index=0, committed_offset=12345, committed_leader_epoch=-1, committed_metadata="")])],
-        ), 9)
+        return frame(
+            Commit(
+                group_id=self.group_id,
+                generation_id_or_member_epoch=self.epoch,
+                member_id=self.member_id,
+                topics=[
+                    Commit.OffsetCommitRequestTopic(
+                        name="bench-topic",
+                        partitions=[
+                            Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                                partition_index=0, committed_offset=12345, committed_leader_epoch=-1, committed_metadata=""
+                            )
+                        ],
+                    )
+                ],
+            ),
+            9,
+        )
 
     def close(self) -> None:
         self.writer.close()
@@ -236,11 +262,19 @@ async def bench_security(duration_s: float) -> dict:
         tls = ("--ssl-certfile", f"{directory}/server.pem")
         return {
             "PLAINTEXT": await bench_heartbeats(4, duration_s),
-            "SSL": await bench_heartbeats(4, duration_s, ("--listen", "SSL://127.0.0.1:0", *tls),
-                                          ClientSecurity("SSL", ssl_cafile=f"{directory}/ca.pem")),
-            "SASL_SSL": await bench_heartbeats(4, duration_s, ("--listen", "SASL_SSL://127.0.0.1:0", *tls, "--sasl-credentials-file", f"{directory}/credentials.json"),
-                                               ClientSecurity("SASL_SSL", ssl_cafile=f"{directory}/ca.pem", sasl_mechanism="SCRAM-SHA-512",
-                                                              sasl_plain_username="bench", sasl_plain_password="bench-secret")),
+            "SSL": await bench_heartbeats(4, duration_s, ("--listen", "SSL://127.0.0.1:0", *tls), ClientSecurity("SSL", ssl_cafile=f"{directory}/ca.pem")),
+            "SASL_SSL": await bench_heartbeats(
+                4,
+                duration_s,
+                ("--listen", "SASL_SSL://127.0.0.1:0", *tls, "--sasl-credentials-file", f"{directory}/credentials.json"),
+                ClientSecurity(
+                    "SASL_SSL",
+                    ssl_cafile=f"{directory}/ca.pem",
+                    sasl_mechanism="SCRAM-SHA-512",
+                    sasl_plain_username="bench",
+                    sasl_plain_password="bench-secret",
+                ),
+            ),
         }
 
 
@@ -258,21 +292,43 @@ def generate_group_records(groups: int) -> list[r.Record]:
         group_id = f"load-{g}"
         members = []
         for _ in range(2):
-            result = shard.handle(HB(group_id=group_id, member_id="", member_epoch=0, rebalance_timeout_ms=30_000,
-                                     subscribed_topic_names=["orders"], topic_partitions=[]), 0)
+            result = shard.handle(
+                HB(group_id=group_id, member_id="", member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=["orders"], topic_partitions=[]), 0
+            )
             out += result.records
             members.append(result.response)
         for response in members:  # converge: report what was handed out
-            result = shard.handle(HB(group_id=group_id, member_id=response.member_id, member_epoch=response.member_epoch,
-                                     rebalance_timeout_ms=-1, topic_partitions=response.assignment.assigned_topic_partitions
-                                     if response.assignment else []), 0)
+            result = shard.handle(
+                HB(
+                    group_id=group_id,
+                    member_id=response.member_id,
+                    member_epoch=response.member_epoch,
+                    rebalance_timeout_ms=-1,
+                    topic_partitions=response.assignment.assigned_topic_partitions if response.assignment else [],
+                ),
+                0,
+            )
             out += result.records
         first = shard.groups[group_id].members[members[0].member_id]
-        result = shard.handle(Commit(group_id=group_id, generation_id_or_member_epoch=first.member_epoch, member_id=first.member_id,
-                                     topics=[Commit.OffsetCommitRequestTopic(name="orders", partitions=[
-                                         Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
-                                             partition_index=p, committed_offset=1000 + p, committed_leader_epoch=-1, committed_metadata="")
-                                         for p in (0, 1)])]), 0)
+        result = shard.handle(
+            Commit(
+                group_id=group_id,
+                generation_id_or_member_epoch=first.member_epoch,
+                member_id=first.member_id,
+                topics=[
+                    Commit.OffsetCommitRequestTopic(
+                        name="orders",
+                        partitions=[
+                            Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                                partition_index=p, committed_offset=1000 + p, committed_leader_epoch=-1, committed_metadata=""
+                            )
+                            for p in (0, 1)
+                        ],
+                    )
+                ],
+            ),
+            0,
+        )
         out += result.records
     return out
 
@@ -285,7 +341,7 @@ async def fill(record_log, records: list[r.Record], shards: int, chunk: int = 20
         handle = await record_log.claim(shard_id)
         try:
             for start in range(0, len(shard_records), chunk):
-                await handle.append(shard_records[start:start + chunk])
+                await handle.append(shard_records[start : start + chunk])
         finally:
             await handle.close()
 
@@ -301,8 +357,12 @@ async def time_load(record_log, groups: int) -> dict:
     await coordinator.close()
     assert loaded == groups, (loaded, groups)
     loads = coordinator.metrics.load_times
-    return {"seconds": round(seconds, 3), "groups": loaded, "partition_load_time_max_ms": round(loads.max_ms, 1),
-            "partition_load_time_avg_ms": round(loads.avg_ms, 1)}
+    return {
+        "seconds": round(seconds, 3),
+        "groups": loaded,
+        "partition_load_time_max_ms": round(loads.max_ms, 1),
+        "partition_load_time_avg_ms": round(loads.avg_ms, 1),
+    }
 
 
 async def bench_load(groups: int, bootstrap: str | None) -> dict:
@@ -345,8 +405,10 @@ async def main_async(args: argparse.Namespace) -> dict:
     try:
         commits = {"memory_log": await bench_commits(["--log", "memory"], args.duration)}
         if broker is not None:
-            commits["kafka_log"] = await bench_commits(["--log", "kafka", "--bootstrap-servers", broker.bootstrap_servers,
-                                                        "--log-topic", f"__pystreams_groups_bench_{uuid.uuid4().hex[:8]}"], args.duration)
+            commits["kafka_log"] = await bench_commits(
+                ["--log", "kafka", "--bootstrap-servers", broker.bootstrap_servers, "--log-topic", f"__pystreams_groups_bench_{uuid.uuid4().hex[:8]}"],
+                args.duration,
+            )
         results["offset_commits_4_shards"] = commits
         results["load"] = await bench_load(args.groups, broker.bootstrap_servers if broker else None)
     finally:

@@ -12,6 +12,7 @@ shows all of bob's events counted (B processed what A could not).
 
 Prints JSON: seconds from A's failure to its exit and to the takeover, and A's exit line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,7 @@ def _counted(consumer: KafkaConsumer, prefix: str, latest: dict[str, int]) -> in
 def measure(heartbeat_ms: int, session_ms: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="pystreams-takeover-") as directory:
         tmp = Path(directory)
-        group_args = ("--heartbeat-interval-ms", str(heartbeat_ms), "--session-timeout-ms", str(session_ms),
-                      "--metadata-refresh-ms", "1000")
+        group_args = ("--heartbeat-interval-ms", str(heartbeat_ms), "--session-timeout-ms", str(session_ms), "--metadata-refresh-ms", "1000")
         cluster = Cluster(tmp, group_args=group_args)
         workers = Workers(cluster.bootstrap, cluster.coordinator_address, tmp, APP_PATH)
         try:
@@ -75,8 +75,7 @@ def measure(heartbeat_ms: int, session_ms: int) -> dict[str, object]:
             workers.start()
             wait_for(lambda: "started tasks" in workers.log(1), 120, "worker B to take a share of the tasks")
             _send(cluster.bootstrap, [(p, f"ann-{p}", b'{"n": 1}') for p in range(PARTITIONS)])
-            consumer = KafkaConsumer("event-counts", bootstrap_servers=cluster.bootstrap, group_id=None,
-                                     auto_offset_reset="earliest")
+            consumer = KafkaConsumer("event-counts", bootstrap_servers=cluster.bootstrap, group_id=None, auto_offset_reset="earliest")
             latest: dict[str, int] = {}
             wait_for(lambda: _counted(consumer, "ann", latest) == PARTITIONS, 60, "the warm-up events to be counted")
             _send(cluster.bootstrap, [(p, f"bob-{p}", b'{"n": 1}') for p in range(PARTITIONS)])

@@ -8,6 +8,7 @@ record in ``word-counts``. Prints JSON, one entry per coordinator setting:
 ``defaults`` is the coordinator as it starts without options (5 s heartbeats and metadata
 refresh, Kafka's production values); ``local`` the README's local settings.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,18 +53,42 @@ def one_run(coordinator_args: list[str], workdir: Path) -> float:
         with ClusterMetadata(broker.bootstrap_servers) as cluster:
             cluster.ensure_topics([TopicSpec("text-lines", 4), TopicSpec("word-counts", 4)])
         coordinator = subprocess.Popen(
-            [sys.executable, "-m", "pystreams", "coordinator", "--bootstrap-servers", broker.bootstrap_servers,
-             "--log", "kafka", "--listen", f"127.0.0.1:{port}", *coordinator_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "pystreams",
+                "coordinator",
+                "--bootstrap-servers",
+                broker.bootstrap_servers,
+                "--log",
+                "kafka",
+                "--listen",
+                f"127.0.0.1:{port}",
+                *coordinator_args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_listening(port)
-        consumer = KafkaConsumer("word-counts", bootstrap_servers=broker.bootstrap_servers, group_id=None,
-                                 auto_offset_reset="earliest")
+        consumer = KafkaConsumer("word-counts", bootstrap_servers=broker.bootstrap_servers, group_id=None, auto_offset_reset="earliest")
         started = time.monotonic()
         worker = subprocess.Popen(
-            [sys.executable, "-m", "pystreams", "worker", str(ROOT / "examples" / "wordcount.py"),
-             "--bootstrap-servers", broker.bootstrap_servers, "--coordinator", f"127.0.0.1:{port}",
-             "--state-dir", str(workdir / f"state-{port}")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "pystreams",
+                "worker",
+                str(ROOT / "examples" / "wordcount.py"),
+                "--bootstrap-servers",
+                broker.bootstrap_servers,
+                "--coordinator",
+                f"127.0.0.1:{port}",
+                "--state-dir",
+                str(workdir / f"state-{port}"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
         producer.send("text-lines", key=b"1", value=b"the first output")
         producer.flush()
@@ -88,8 +113,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for name, coordinator_args in SETTINGS.items():
             seconds = [one_run(coordinator_args, Path(workdir)) for _ in range(args.runs)]
-            results[name] = {"coordinator_args": coordinator_args, "first_output_s": [round(s, 2) for s in seconds],
-                             "median_s": round(statistics.median(seconds), 2)}
+            results[name] = {
+                "coordinator_args": coordinator_args,
+                "first_output_s": [round(s, 2) for s in seconds],
+                "median_s": round(statistics.median(seconds), 2),
+            }
     print(json.dumps(results, indent=2))
 
 

@@ -17,6 +17,7 @@ app writes, per command, which task processed it and when. From that:
 
     python benchmarks/migration.py [--workers 3] [--partitions 6] [--keys-per-task 20000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,8 +114,11 @@ def measure(mode: str, workers_n: int, partitions: int, keys_per_task: int, work
             for slot in range(workers_n):
                 current[slot] = len(workers.processes)
                 workers.start(*CLASSIC, "--instance-id", f"w{slot}")
-            wait_for(lambda: len(set().union(*(tasks_in(workers.log(i), STARTED) for i in current.values()))) == partitions,
-                     120, "the classic fleet to run every task\n" + workers.log_tails())
+            wait_for(
+                lambda: len(set().union(*(tasks_in(workers.log(i), STARTED) for i in current.values()))) == partitions,
+                120,
+                "the classic fleet to run every task\n" + workers.log_tails(),
+            )
             producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, linger_ms=20)
             for partition in range(partitions):
                 for first in range(0, keys_per_task, 1_000):
@@ -135,8 +139,7 @@ def measure(mode: str, workers_n: int, partitions: int, keys_per_task: int, work
                         moved = tasks_in(workers.log(current[slot]).split("worker: stopping", 1)[-1], REVOKED)
                         current[slot] = len(workers.processes)
                         workers.start(*CONSUMER, "--instance-id", f"w{slot}", state_of=slot)
-                        wait_for(lambda s=slot: STARTED.search(workers.log(current[s])), 120,
-                                 f"w{slot} to run its tasks again\n" + workers.log_tails())
+                        wait_for(lambda s=slot: STARTED.search(workers.log(current[s])), 120, f"w{slot} to run its tasks again\n" + workers.log_tails())
                         # The step ends when its tasks process again (a rollout waits for readiness).
                         wait_for(lambda: ticks.steady(partitions), 120, "every task to process ticks again")
                         steps.append((step_from, now_ms(), moved))
@@ -148,21 +151,25 @@ def measure(mode: str, workers_n: int, partitions: int, keys_per_task: int, work
                     for slot in range(workers_n):
                         current[slot] = len(workers.processes)
                         workers.start(*CONSUMER, "--instance-id", f"w{slot}", state_of=slot)
-                    wait_for(lambda: len(set().union(*(tasks_in(workers.log(i), STARTED) for i in current.values()))) == partitions,
-                             120, "the restarted fleet to run every task\n" + workers.log_tails())
+                    wait_for(
+                        lambda: len(set().union(*(tasks_in(workers.log(i), STARTED) for i in current.values()))) == partitions,
+                        120,
+                        "the restarted fleet to run every task\n" + workers.log_tails(),
+                    )
                     wait_for(lambda: ticks.steady(partitions), 120, "every task to process ticks again")
                     steps.append((started_ms, now_ms(), {f"0_{p}" for p in range(partitions)}))
                 finished_ms = now_ms()
                 time.sleep(2)
             times = ticks.drain()
             ticks.close()
-            still = [longest_pause_ms(times.get(task, []), a, b) for a, b, moved in steps
-                     for task in times if task not in moved]
+            still = [longest_pause_ms(times.get(task, []), a, b) for a, b, moved in steps for task in times if task not in moved]
             moving = [longest_pause_ms(times.get(task, []), a, b) for a, b, moved in steps for task in moved]
             per_step = [
-                {"took_s": round((b - a) / 1000, 2), "moved": sorted(moved),
-                 "longest_pause_of_the_others_ms": max((longest_pause_ms(times.get(task, []), a, b)
-                                                        for task in times if task not in moved), default=None)}
+                {
+                    "took_s": round((b - a) / 1000, 2),
+                    "moved": sorted(moved),
+                    "longest_pause_of_the_others_ms": max((longest_pause_ms(times.get(task, []), a, b) for task in times if task not in moved), default=None),
+                }
                 for a, b, moved in steps
             ]
             return {
@@ -184,10 +191,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keys-per-task", type=int, default=20_000, help="state each task restores when it moves")
     parser.add_argument("--workdir", type=Path, help="keep logs and state here instead of a temporary directory")
     args = parser.parse_args(argv)
-    runs = [measure(mode, args.workers, args.partitions, args.keys_per_task, args.workdir)
-            for mode in ("rolling", "stop_the_world")]
-    json.dump({"benchmark": "migration", "workers": args.workers, "partitions": args.partitions,
-               "keys_per_task": args.keys_per_task, "runs": runs}, sys.stdout, indent=2)
+    runs = [measure(mode, args.workers, args.partitions, args.keys_per_task, args.workdir) for mode in ("rolling", "stop_the_world")]
+    json.dump(
+        {"benchmark": "migration", "workers": args.workers, "partitions": args.partitions, "keys_per_task": args.keys_per_task, "runs": runs},
+        sys.stdout,
+        indent=2,
+    )
     sys.stdout.write("\n")
 
 

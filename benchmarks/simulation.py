@@ -10,6 +10,7 @@
 
 Usage: ``python benchmarks/simulation.py [--seeds N] [--rebalance-seeds N]``
 """
+
 from __future__ import annotations
 
 import argparse

@@ -10,6 +10,7 @@ JSON document.
 
     python benchmarks/spark.py [--lines N] [--partitions P]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,14 +114,10 @@ def main() -> None:
             # generation; the second (fresh checkpoint, same input) shows the steady rate.
             for run in ("first_query", "second_query"):
                 checkpoint = Path(scratch) / f"checkpoint-{run}"
-                results[f"spark_local2_python_source_{run}"] = rates(
-                    args.lines, words, run_spark(spark, spark_broker.bootstrap_servers, checkpoint)
-                )
+                results[f"spark_local2_python_source_{run}"] = rates(args.lines, words, run_spark(spark, spark_broker.bootstrap_servers, checkpoint))
         finally:
             spark.stop()
-        results["task_engine"] = rates(
-            args.lines, words, run_task_engine(worker_broker.bootstrap_servers, Path(scratch) / "state", args.lines + words)
-        )
+        results["task_engine"] = rates(args.lines, words, run_task_engine(worker_broker.bootstrap_servers, Path(scratch) / "state", args.lines + words))
     print(json.dumps(results, indent=2))
 
 

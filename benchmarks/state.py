@@ -14,6 +14,7 @@ Prints one JSON document.
 
     python benchmarks/state.py [--updates N] [--state-dir DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,16 +95,13 @@ def bench_word_count(state_dir: str, updates: int, distinct_keys: int) -> dict:
         state.flush()
     elapsed = time.perf_counter() - started
     state.close()
-    return {"updates": updates, "distinct_keys": distinct_keys, "updates_per_s": round(updates / elapsed),
-            "changelog_records": sink.records}
+    return {"updates": updates, "distinct_keys": distinct_keys, "updates_per_s": round(updates / elapsed), "changelog_records": sink.records}
 
 
 def bench_restore_and_gets(state_dir: str, records: int) -> dict:
     rng = random.Random(13)
     distinct_keys = records // 2
-    changelog = [
-        ChangelogRecord(offset, b"word-%d" % rng.randrange(distinct_keys), b"%d" % offset) for offset in range(records)
-    ]
+    changelog = [ChangelogRecord(offset, b"word-%d" % rng.randrange(distinct_keys), b"%d" % offset) for offset in range(records)]
     batches = [changelog[start : start + RESTORE_BATCH_RECORDS] for start in range(0, records, RESTORE_BATCH_RECORDS)]
     sink = CountingSink()
     state, store, _ = _open(state_dir, "restore", sink)
@@ -129,10 +127,12 @@ def bench_restore_and_gets(state_dir: str, records: int) -> dict:
     state.flush()
     state.close()
     return {
-        "restore": {"records": records, "batch_records": RESTORE_BATCH_RECORDS,
-                    "records_per_s": round(records / restore_elapsed)},
-        "gets": {"rocksdb_gets_per_s": round(records / rocksdb_elapsed), "rocksdb_hit_ratio": round(hits / records, 3),
-                 "cached_gets_per_s": round(10 * len(cached_keys) / cached_elapsed)},
+        "restore": {"records": records, "batch_records": RESTORE_BATCH_RECORDS, "records_per_s": round(records / restore_elapsed)},
+        "gets": {
+            "rocksdb_gets_per_s": round(records / rocksdb_elapsed),
+            "rocksdb_hit_ratio": round(hits / records, 3),
+            "cached_gets_per_s": round(10 * len(cached_keys) / cached_elapsed),
+        },
     }
 
 

@@ -26,6 +26,7 @@ one JSON document.
     python benchmarks/streams_assignor.py --quick           # 3 runs per case
     python benchmarks/streams_assignor.py --skip-failover   # the assignor only
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import streams_failover
-
-from pystreams.app import load_app
 from pystreams.assignors.api import AssignmentSpec, AssignorMetadata, GroupAssignment, MemberSpec, TopicMetadata
 from pystreams.assignors.streams import (
     MAXIMUM_METADATA_VERSION,
@@ -58,6 +57,8 @@ from pystreams.assignors.streams.metadata import task_lags_from
 from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology, resolve
 
+from pystreams.app import load_app
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "dedupe_processor.py"
 TASKS = 2_000
 GROUPS = ((100, 3), (1_000, 1))  # (processes, threads per process)
@@ -72,10 +73,7 @@ def _resolved() -> ResolvedTopology:
 
 def _topics(resolved: ResolvedTopology) -> dict[uuid.UUID, TopicMetadata]:
     names = sorted({t for ts in resolved.source_topics.values() for t in ts})
-    return {
-        uuid.uuid5(uuid.NAMESPACE_URL, name): TopicMetadata(uuid.uuid5(uuid.NAMESPACE_URL, name), name, resolved.partitions[name])
-        for name in names
-    }
+    return {uuid.uuid5(uuid.NAMESPACE_URL, name): TopicMetadata(uuid.uuid5(uuid.NAMESPACE_URL, name), name, resolved.partitions[name]) for name in names}
 
 
 class Group:
@@ -139,9 +137,7 @@ def _timed(assignor: StickyTaskAssignor, spec: AssignmentSpec, runs: int) -> tup
 
 
 def _decoded(result: GroupAssignment) -> dict[str, StreamsAssignmentMetadata]:
-    return {
-        mid: decode_assignment_metadata(member.metadata_version, member.metadata) for mid, member in result.members.items()
-    }
+    return {mid: decode_assignment_metadata(member.metadata_version, member.metadata) for mid, member in result.members.items()}
 
 
 def _lags_after(decoded: Mapping[str, StreamsAssignmentMetadata], standby_lag: int) -> dict[str, dict[TaskId, int]]:

@@ -14,6 +14,7 @@ makes sure the fill's offsets were committed, so the survivor resumes after them
 
 Also run by ``benchmarks/streams_assignor.py`` (its ``failover`` section).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -20,6 +20,7 @@ creation time), p50/p99 after a warm-up.
 
     python benchmarks/throughput.py [--records N] [--latency-seconds S] [--latency-rate R]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,8 +67,9 @@ def fill(bootstrap: str, topic: str, values: list[bytes]) -> None:
 
 
 def plain_loop(bootstrap: str, source: str, sink: str, total: int) -> tuple[float, int]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id="plain-loop", enable_auto_commit=False,
-                             auto_offset_reset="earliest", max_poll_records=10_000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id="plain-loop", enable_auto_commit=False, auto_offset_reset="earliest", max_poll_records=10_000
+    )
     producer = KafkaProducer(bootstrap_servers=bootstrap, **DEFAULT_PRODUCER_CONFIG)
     partitions = [TopicPartition(source, p) for p in range(PARTITIONS)]
     consumer.assign(partitions)
@@ -101,17 +103,28 @@ def plain_loop(bootstrap: str, source: str, sink: str, total: int) -> tuple[floa
     return elapsed, commit_errors
 
 
-def make_engine(bootstrap: str, app: App, state_dir: Path, *, guarantee: ProcessingGuarantee = ProcessingGuarantee.AT_LEAST_ONCE,
-                commit_interval_ms: int = 1000) -> TaskEngine:
+def make_engine(
+    bootstrap: str, app: App, state_dir: Path, *, guarantee: ProcessingGuarantee = ProcessingGuarantee.AT_LEAST_ONCE, commit_interval_ms: int = 1000
+) -> TaskEngine:
     resolved = resolve_against_cluster(app.topology(), bootstrap)
     committed: dict = {}
-    return TaskEngine(resolved, EngineConfig(bootstrap, state_dir, commit_interval_ms=commit_interval_ms,
-                                             processing_guarantee=guarantee),
-                      committed_offsets=lambda ps: {}, commit_offsets=committed.update)
+    return TaskEngine(
+        resolved,
+        EngineConfig(bootstrap, state_dir, commit_interval_ms=commit_interval_ms, processing_guarantee=guarantee),
+        committed_offsets=lambda ps: {},
+        commit_offsets=committed.update,
+    )
 
 
-def run_engine(bootstrap: str, app: App, state_dir: Path, expected_records: int, *,
-               guarantee: ProcessingGuarantee = ProcessingGuarantee.AT_LEAST_ONCE, commit_interval_ms: int = 1000) -> float:
+def run_engine(
+    bootstrap: str,
+    app: App,
+    state_dir: Path,
+    expected_records: int,
+    *,
+    guarantee: ProcessingGuarantee = ProcessingGuarantee.AT_LEAST_ONCE,
+    commit_interval_ms: int = 1000,
+) -> float:
     resolved = resolve_against_cluster(app.topology(), bootstrap)
     engine = make_engine(bootstrap, app, state_dir, guarantee=guarantee, commit_interval_ms=commit_interval_ms)
     engine.start()
@@ -154,16 +167,23 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def end_to_end_latency(
-    bootstrap: str, make_app: Callable[[str, str, str], App], payload: Callable[[random.Random], bytes], state_dir: Path, *,
-    guarantee: ProcessingGuarantee, commit_interval_ms: int, rate: int, seconds: float, warmup_s: float = 2.0,
+    bootstrap: str,
+    make_app: Callable[[str, str, str], App],
+    payload: Callable[[random.Random], bytes],
+    state_dir: Path,
+    *,
+    guarantee: ProcessingGuarantee,
+    commit_interval_ms: int,
+    rate: int,
+    seconds: float,
+    warmup_s: float = 2.0,
 ) -> dict:
     """Input at ``rate`` records/s for ``seconds``; output read read_committed; latencies in ms."""
     run = uuid.uuid4().hex[:8]
     source, sink = f"lat-in-{run}", f"lat-out-{run}"
     with ClusterMetadata(bootstrap) as cluster:
         cluster.ensure_topics([TopicSpec(source, PARTITIONS), TopicSpec(sink, PARTITIONS)])
-    engine = make_engine(bootstrap, make_app(f"lat-{run}", source, sink), state_dir, guarantee=guarantee,
-                         commit_interval_ms=commit_interval_ms)
+    engine = make_engine(bootstrap, make_app(f"lat-{run}", source, sink), state_dir, guarantee=guarantee, commit_interval_ms=commit_interval_ms)
     engine.start()
     engine.add_tasks(engine.resolved.tasks)
     stop = threading.Event()
@@ -184,8 +204,9 @@ def end_to_end_latency(
         producer.close()
 
     def read() -> None:
-        consumer = CommittedConsumer(KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed",
-                                                   auto_offset_reset="earliest", enable_auto_commit=False))
+        consumer = CommittedConsumer(
+            KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed", auto_offset_reset="earliest", enable_auto_commit=False)
+        )
         tps = [TopicPartition(sink, p) for p in range(PARTITIONS)]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
@@ -228,8 +249,7 @@ def restore_rate(bootstrap: str, state_dir: Path, keys: int) -> dict:
 
     run_engine(bootstrap, app, state_dir / "build", keys)
     resolved = resolve_against_cluster(app.topology(), bootstrap)
-    engine = TaskEngine(resolved, EngineConfig(bootstrap, state_dir / "rebuild"),
-                        committed_offsets=lambda ps: {}, commit_offsets=lambda offsets: None)
+    engine = TaskEngine(resolved, EngineConfig(bootstrap, state_dir / "rebuild"), committed_offsets=lambda ps: {}, commit_offsets=lambda offsets: None)
     engine.start()
     started = time.perf_counter()
     restored = engine.add_tasks(resolved.tasks)
@@ -265,19 +285,31 @@ def guarantees_compared(bootstrap: str, tmp: Path, total: int, args: argparse.Na
         elapsed = run_engine(bootstrap, app, tmp / f"map-{run}", total, guarantee=guarantee, commit_interval_ms=interval)
         entry = {"commit_interval_ms": interval, "records_per_s": round(total / elapsed)}
         entry["latency"] = end_to_end_latency(
-            bootstrap, stateless_app, lambda r: payloads[r.randrange(1000)], tmp / f"map-lat-{run}", guarantee=guarantee,
-            commit_interval_ms=interval, rate=args.latency_rate, seconds=args.latency_seconds)
+            bootstrap,
+            stateless_app,
+            lambda r: payloads[r.randrange(1000)],
+            tmp / f"map-lat-{run}",
+            guarantee=guarantee,
+            commit_interval_ms=interval,
+            rate=args.latency_rate,
+            seconds=args.latency_seconds,
+        )
         results["stateless_map"][label] = entry
 
         app = wordcount_app(f"g-wc-{run}", "g-lines", f"g-wc-out-{run}")
         expected = len(lines) * (1 + words_per_line)
         elapsed = run_engine(bootstrap, app, tmp / f"wc-{run}", expected, guarantee=guarantee, commit_interval_ms=interval)
-        entry = {"commit_interval_ms": interval, "lines_per_s": round(len(lines) / elapsed),
-                 "words_per_s": round(len(lines) * words_per_line / elapsed)}
+        entry = {"commit_interval_ms": interval, "lines_per_s": round(len(lines) / elapsed), "words_per_s": round(len(lines) * words_per_line / elapsed)}
         entry["latency"] = end_to_end_latency(
-            bootstrap, wordcount_app, lambda r: " ".join(r.choices(VOCABULARY, k=words_per_line)).encode(),
-            tmp / f"wc-lat-{run}", guarantee=guarantee, commit_interval_ms=interval,
-            rate=max(1, args.latency_rate // words_per_line), seconds=args.latency_seconds)
+            bootstrap,
+            wordcount_app,
+            lambda r: " ".join(r.choices(VOCABULARY, k=words_per_line)).encode(),
+            tmp / f"wc-lat-{run}",
+            guarantee=guarantee,
+            commit_interval_ms=interval,
+            rate=max(1, args.latency_rate // words_per_line),
+            seconds=args.latency_seconds,
+        )
         results["wordcount"][label] = entry
     for name, key in (("stateless_map", "records_per_s"), ("wordcount", "words_per_s")):
         eos = results[name]["exactly_once_v2"][key]

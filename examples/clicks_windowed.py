@@ -50,14 +50,10 @@ def by_url(key, click):
     return click.url
 
 
-clicks_per_minute = app.count(
-    by_user, store="clicks-per-minute", window=TumblingWindow(size=timedelta(minutes=1), grace=timedelta(seconds=10))
-)
+clicks_per_minute = app.count(by_user, store="clicks-per-minute", window=TumblingWindow(size=timedelta(minutes=1), grace=timedelta(seconds=10)))
 clicks_per_minute.to("clicks-per-minute")
 
-url_views = app.count(
-    by_url, store="url-views-5m", window=HoppingWindow(size=timedelta(minutes=5), advance=timedelta(minutes=1))
-)
+url_views = app.count(by_url, store="url-views-5m", window=HoppingWindow(size=timedelta(minutes=5), advance=timedelta(minutes=1)))
 url_views.to("url-views-5m")
 
 

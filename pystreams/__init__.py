@@ -1,9 +1,10 @@
 """pystreams: Kafka Streams-style stream processing on the KIP-848 rebalance protocol."""
+
 from pystreams.protocol import linear_decoding as _linear_decoding
 
 _linear_decoding.install()  # before any kafka-python decoder is compiled
 
-from pystreams import serdes  # noqa: E402  (after the decoder patch)
+from pystreams import serdes
 from pystreams.app import (
     App,
     Branches,
@@ -26,7 +27,23 @@ from pystreams.app import (
 from pystreams.topology.errors import TopologyError
 
 __all__ = [
-    "App", "Branches", "HoppingWindow", "JoinWindow", "Processor", "ProcessorContext", "PunctuationType",
-    "SessionWindow", "Stream", "Table", "TopologyError", "TumblingWindow", "Windowed", "kv_store", "load_app",
-    "punctuate", "serdes", "session_store", "window_store",
+    "App",
+    "Branches",
+    "HoppingWindow",
+    "JoinWindow",
+    "Processor",
+    "ProcessorContext",
+    "PunctuationType",
+    "SessionWindow",
+    "Stream",
+    "Table",
+    "TopologyError",
+    "TumblingWindow",
+    "Windowed",
+    "kv_store",
+    "load_app",
+    "punctuate",
+    "serdes",
+    "session_store",
+    "window_store",
 ]

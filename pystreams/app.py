@@ -260,9 +260,7 @@ class StoreDeclaration:
     logging: bool = True
 
 
-def kv_store(
-    name: str, *, key: Serde | None = None, value: Serde | None = None, logging: bool = True
-) -> StoreDeclaration:
+def kv_store(name: str, *, key: Serde | None = None, value: Serde | None = None, logging: bool = True) -> StoreDeclaration:
     return StoreDeclaration(check_name("store", name), StoreKind.KEY_VALUE, key, value, logging=logging)
 
 
@@ -279,21 +277,13 @@ def window_store(
     size_ms = to_millis(size, f"window store {name!r} size", allow_zero=False)
     retention_ms = size_ms if retention is None else to_millis(retention, f"window store {name!r} retention")
     if retention_ms < size_ms:
-        raise ValueError(
-            f"window store {name!r}: retention ({retention_ms} ms) is shorter than a window ({size_ms} ms)"
-        )
-    return StoreDeclaration(
-        check_name("store", name), StoreKind.WINDOW, key, value, size_ms, retention_ms, retain_duplicates, logging
-    )
+        raise ValueError(f"window store {name!r}: retention ({retention_ms} ms) is shorter than a window ({size_ms} ms)")
+    return StoreDeclaration(check_name("store", name), StoreKind.WINDOW, key, value, size_ms, retention_ms, retain_duplicates, logging)
 
 
-def session_store(
-    name: str, *, retention: Duration, key: Serde | None = None, value: Serde | None = None, logging: bool = True
-) -> StoreDeclaration:
+def session_store(name: str, *, retention: Duration, key: Serde | None = None, value: Serde | None = None, logging: bool = True) -> StoreDeclaration:
     retention_ms = to_millis(retention, f"session store {name!r} retention", allow_zero=False)
-    return StoreDeclaration(
-        check_name("store", name), StoreKind.SESSION, key, value, None, retention_ms, False, logging
-    )
+    return StoreDeclaration(check_name("store", name), StoreKind.SESSION, key, value, None, retention_ms, False, logging)
 
 
 # --------------------------------------------------------------------------- built-in steps
@@ -357,7 +347,8 @@ class App:
         self._stores: dict[str, Store] = {}
         self._sources_by_topic: dict[str, str] = {}
         self.error_policies = ErrorPolicies(
-            _policy(deserialization_errors, "deserialization_errors"), _policy(processing_errors, "processing_errors"),
+            _policy(deserialization_errors, "deserialization_errors"),
+            _policy(processing_errors, "processing_errors"),
             None if dead_letter_topic is None else check_name("topic", dead_letter_topic),
         )
         #: Sources with a deserialization policy of their own.
@@ -372,8 +363,9 @@ class App:
         """Validate the declarations and build the IR (raises ``TopologyError``)."""
         from pystreams.topology.builder import build
 
-        errors = ErrorPolicies(self.error_policies.deserialization, self.error_policies.processing,
-                               self.error_policies.dead_letter_topic, self._source_policies)
+        errors = ErrorPolicies(
+            self.error_policies.deserialization, self.error_policies.processing, self.error_policies.dead_letter_topic, self._source_policies
+        )
         return build(self.app_id, list(self._nodes.values()), list(self._stores.values()), errors)
 
     def query(
@@ -403,41 +395,61 @@ class App:
         except KeyNotFound:
             return None
 
-    def query_windows(self, store: str, key: Any, time_from: int | None = None, time_to: int | None = None, *,
-                      endpoints: str | Sequence[str] | None = None, timeout_s: float = 10.0,
-                      stale: bool = False) -> list[tuple[int, Any]]:
+    def query_windows(
+        self,
+        store: str,
+        key: Any,
+        time_from: int | None = None,
+        time_to: int | None = None,
+        *,
+        endpoints: str | Sequence[str] | None = None,
+        timeout_s: float = 10.0,
+        stale: bool = False,
+    ) -> list[tuple[int, Any]]:
         """Window store: ``(window start ms, value)`` of the windows of ``key`` (the grouping
         key) whose start lies in ``[time_from, time_to]`` (None: unbounded), oldest first —
         Kafka Streams' ``ReadOnlyWindowStore.fetch(key, timeFrom, timeTo)``."""
         spec, client = self._query_client(store, endpoints)
-        windows = client.fetch_windows_bytes(store, spec.key_serde.serialize(key), time_from, time_to,
-                                             timeout_s=timeout_s, stale=stale)
+        windows = client.fetch_windows_bytes(store, spec.key_serde.serialize(key), time_from, time_to, timeout_s=timeout_s, stale=stale)
         return [(start, spec.value_serde.deserialize(value)) for start, value in windows]
 
-    def query_sessions(self, store: str, key: Any, *, endpoints: str | Sequence[str] | None = None,
-                       timeout_s: float = 10.0, stale: bool = False) -> list[tuple[Windowed, Any]]:
+    def query_sessions(
+        self, store: str, key: Any, *, endpoints: str | Sequence[str] | None = None, timeout_s: float = 10.0, stale: bool = False
+    ) -> list[tuple[Windowed, Any]]:
         """Session store: ``(Windowed(key, start, end), value)`` of every session of ``key``
         (the grouping key) — Kafka Streams' ``ReadOnlySessionStore.fetch(key)``."""
         spec, client = self._query_client(store, endpoints)
         sessions = client.fetch_sessions_bytes(store, spec.key_serde.serialize(key), timeout_s=timeout_s, stale=stale)
         return [(Windowed(key, start, end), spec.value_serde.deserialize(value)) for start, end, value in sessions]
 
-    def query_range(self, store: str, key_from: Any = None, key_to: Any = None, *,
-                    endpoints: str | Sequence[str] | None = None, timeout_s: float = 10.0,
-                    stale: bool = False) -> list[tuple[Any, Any]]:
+    def query_range(
+        self,
+        store: str,
+        key_from: Any = None,
+        key_to: Any = None,
+        *,
+        endpoints: str | Sequence[str] | None = None,
+        timeout_s: float = 10.0,
+        stale: bool = False,
+    ) -> list[tuple[Any, Any]]:
         """Key-value store: ``(key, value)`` of the keys in ``[key_from, key_to]`` (both
         inclusive; None: unbounded) from every task — Kafka Streams' ``range``/``all``.
         Keys compare as their serialized bytes (text: by code point; ``Int``: negatives after
         positives), and come back in that order."""
         spec, client = self._query_client(store, endpoints)
         serialize = spec.key_serde.serialize
-        entries = client.scan_bytes(store, key_from=None if key_from is None else serialize(key_from),
-                                    key_to=None if key_to is None else serialize(key_to), timeout_s=timeout_s,
-                                    stale=stale)
+        entries = client.scan_bytes(
+            store,
+            key_from=None if key_from is None else serialize(key_from),
+            key_to=None if key_to is None else serialize(key_to),
+            timeout_s=timeout_s,
+            stale=stale,
+        )
         return [(spec.key_serde.deserialize(k), spec.value_serde.deserialize(v)) for k, v in entries]
 
-    def query_prefix(self, store: str, prefix: Any, *, endpoints: str | Sequence[str] | None = None,
-                     timeout_s: float = 10.0, stale: bool = False) -> list[tuple[Any, Any]]:
+    def query_prefix(
+        self, store: str, prefix: Any, *, endpoints: str | Sequence[str] | None = None, timeout_s: float = 10.0, stale: bool = False
+    ) -> list[tuple[Any, Any]]:
         """Key-value store: ``(key, value)`` of the keys whose serialized bytes start with
         ``prefix`` serialized by the store's key serde (for text keys: a text prefix) — Kafka
         Streams' ``prefixScan``; ordered by serialized key."""
@@ -557,9 +569,7 @@ class App:
             inherit_key=_keeps_keys(key, key_changing),
         )
 
-    def map_values(
-        self, stream: Stream, *, value: Serde | None = None, name: str | None = None
-    ) -> Callable[[Callable], Stream]:
+    def map_values(self, stream: Stream, *, value: Serde | None = None, name: str | None = None) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> value``; keys stay, so no repartition follows."""
         return self._stateless(MapValuesNode, stream, name, value=value, inherit_key=True)
 
@@ -583,9 +593,7 @@ class App:
             inherit_key=_keeps_keys(key, key_changing),
         )
 
-    def flat_map_values(
-        self, stream: Stream, *, value: Serde | None = None, name: str | None = None
-    ) -> Callable[[Callable], Stream]:
+    def flat_map_values(self, stream: Stream, *, value: Serde | None = None, name: str | None = None) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> iterable of value``; keys stay."""
         return self._stateless(FlatMapValuesNode, stream, name, value=value, inherit_key=True)
 
@@ -597,15 +605,11 @@ class App:
         """``fn(key, value)`` for its side effect; records pass unchanged."""
         return self._stateless(PeekNode, stream, name, inherit_key=True, inherit_value=True)
 
-    def group_by(
-        self, stream: Stream, *, key: Serde | None = None, name: str | None = None
-    ) -> Callable[[Callable], Stream]:
+    def group_by(self, stream: Stream, *, key: Serde | None = None, name: str | None = None) -> Callable[[Callable], Stream]:
         """``fn(key, value) -> new key``: re-key for a following aggregation (which repartitions)."""
         return self._stateless(SelectKeyNode, stream, name, key=key, inherit_value=True, key_changing=True)
 
-    def branch(
-        self, stream: Stream, *, branches: Sequence[str], name: str | None = None
-    ) -> Callable[[Callable], Branches]:
+    def branch(self, stream: Stream, *, branches: Sequence[str], name: str | None = None) -> Callable[[Callable], Branches]:
         """``fn(key, value) -> label or None``: route each record to one named branch (None drops)."""
         labels = tuple(branches)
         if not labels or len(set(labels)) != len(labels):
@@ -665,9 +669,7 @@ class App:
         stream's) so it is partitioned by its current key; ``partitions`` fixes the count."""
         parent = self._stream(stream, "repartition")
         if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
-            raise TopologyError(
-                f"repartition of {parent.name!r}: partitions must be a positive int, got {partitions!r}"
-            )
+            raise TopologyError(f"repartition of {parent.name!r}: partitions must be a positive int, got {partitions!r}")
         base = check_name("repartition", name or parent.name)
         node_name = repartition_source_node(base)
         self._add(
@@ -804,13 +806,9 @@ class App:
             join_how = _join_how(how, node_name)
             value_serde = value or self.default_value_serde
             if isinstance(right, Table):
-                return self._stream_table_join(
-                    node_name, left_node, right, window, join_how, _callable(fn), value_serde
-                )
+                return self._stream_table_join(node_name, left_node, right, window, join_how, _callable(fn), value_serde)
             if isinstance(right, Stream):
-                return self._stream_stream_join(
-                    node_name, left_node, right, window, join_how, _callable(fn), value_serde
-                )
+                return self._stream_stream_join(node_name, left_node, right, window, join_how, _callable(fn), value_serde)
             raise TypeError(f"join {node_name!r}: the right side must be a Stream or Table, got {right!r}")
 
         return declare
@@ -849,9 +847,7 @@ class App:
                 elif isinstance(entry, str):
                     store_names.append(entry)
                 else:
-                    raise TypeError(
-                        f"processor {node_name!r}: stores must be store declarations or names, got {entry!r}"
-                    )
+                    raise TypeError(f"processor {node_name!r}: stores must be store declarations or names, got {entry!r}")
             self._add(
                 ProcessorNode(
                     name=node_name,
@@ -924,8 +920,7 @@ class App:
             owner = self._sources_by_topic.get(topic)
             if owner is not None:
                 raise InvalidNameError(
-                    f"topic {topic!r} is already read by source {owner!r}; "
-                    f"source {node.name!r} cannot read it too — reuse that stream",
+                    f"topic {topic!r} is already read by source {owner!r}; source {node.name!r} cannot read it too — reuse that stream",
                     nodes=[owner, node.name],
                     topics=[topic],
                 )
@@ -981,9 +976,7 @@ class App:
     def _stream(self, handle: Any, operation: str) -> Node:
         node = self._handle(handle, operation)
         if isinstance(handle, Table):
-            raise TopologyError(
-                f"{operation} needs a stream, but {node.name!r} is a table; use .to_stream() first", nodes=[node.name]
-            )
+            raise TopologyError(f"{operation} needs a stream, but {node.name!r} is a table; use .to_stream() first", nodes=[node.name])
         return node
 
     def _table(self, handle: Any, operation: str) -> Node:
@@ -1038,26 +1031,16 @@ class App:
     ) -> Table:
         kind = node_type.kind
         if window is not None and not isinstance(window, TumblingWindow | HoppingWindow | SessionWindow):
-            raise TypeError(
-                f"{kind} {node_name!r}: window must be a Tumbling, Hopping or Session window, got {window!r}"
-            )
+            raise TypeError(f"{kind} {node_name!r}: window must be a Tumbling, Hopping or Session window, got {window!r}")
         if isinstance(window, SessionWindow):
             if merger is None:
-                raise TopologyError(
-                    f"aggregate {node_name!r} over session windows needs merge=(key, older, newer)", nodes=[node_name]
-                )
+                raise TopologyError(f"aggregate {node_name!r} over session windows needs merge=(key, older, newer)", nodes=[node_name])
         elif kind is NodeKind.AGGREGATE and merger is not None:
             raise TopologyError(f"aggregate {node_name!r}: merge= only applies to session windows", nodes=[node_name])
         else:
             merger = None
         store_name = check_name("store", store or node_name)
-        store_kind = (
-            StoreKind.KEY_VALUE
-            if window is None
-            else StoreKind.SESSION
-            if isinstance(window, SessionWindow)
-            else StoreKind.WINDOW
-        )
+        store_kind = StoreKind.KEY_VALUE if window is None else StoreKind.SESSION if isinstance(window, SessionWindow) else StoreKind.WINDOW
         self._add(
             node_type(
                 name=node_name,
@@ -1098,9 +1081,7 @@ class App:
         if window is not None:
             raise TopologyError(f"join {node_name!r}: a stream-table join takes no window", nodes=[node_name])
         if how is JoinHow.OUTER:
-            raise TopologyError(
-                f"join {node_name!r}: a stream-table join is inner or left, not outer", nodes=[node_name]
-            )
+            raise TopologyError(f"join {node_name!r}: a stream-table join is inner or left, not outer", nodes=[node_name])
         if table.kind not in TABLE_KINDS:
             raise TopologyError(f"join {node_name!r}: {table.name!r} is not a table", nodes=[node_name, table.name])
         if table.window is not None:
@@ -1182,8 +1163,7 @@ class App:
         )
         return Stream(self, node_name)
 
-
-# --------------------------------------------------------------------------- helpers
+    # --------------------------------------------------------------------------- helpers
 
     def to_spark(self, spark, **options):
         """This app as Spark Structured Streaming queries on ``spark`` (for spark-submit users);
@@ -1198,9 +1178,7 @@ def _callable(fn: Any, what: str = "function") -> Callable:
     if not callable(fn):
         raise TypeError(f"expected a {what}, got {fn!r}")
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-        raise TypeError(
-            f"{what} {getattr(fn, '__name__', fn)!r} is async; pystreams functions are plain synchronous callables"
-        )
+        raise TypeError(f"{what} {getattr(fn, '__name__', fn)!r} is async; pystreams functions are plain synchronous callables")
     return fn
 
 
@@ -1220,9 +1198,7 @@ def _join_how(how: str, node_name: str) -> JoinHow:
     try:
         return JoinHow(how)
     except ValueError:
-        raise TopologyError(
-            f"join {node_name!r}: how must be one of {[h.value for h in JoinHow]}, got {how!r}", nodes=[node_name]
-        ) from None
+        raise TopologyError(f"join {node_name!r}: how must be one of {[h.value for h in JoinHow]}, got {how!r}", nodes=[node_name]) from None
 
 
 class AppLoadError(ImportError):
@@ -1295,7 +1271,6 @@ def _load_failure(location: str, path: Path, error: BaseException) -> str:
         return f"{where}: {type(error).__name__}: {error.msg}{pointer}\n(fix the app file)"
     import traceback
 
-    line = next((frame.lineno for frame in reversed(traceback.extract_tb(error.__traceback__))
-                 if Path(frame.filename).resolve() == path.resolve()), None)
+    line = next((frame.lineno for frame in reversed(traceback.extract_tb(error.__traceback__)) if Path(frame.filename).resolve() == path.resolve()), None)
     where = f"{location} line {line}" if line else location
     return f"{where}: loading the app raised {type(error).__name__}: {error}"

@@ -8,6 +8,7 @@ Known differences from Apache Kafka (end offsets one batch short, no compaction,
 ``read_committed``, ...) are listed in docs/broker-quirks.md; design code and tests around them
 rather than trusting this broker blindly.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -242,10 +243,7 @@ class EmbeddedBroker:
                 raise RuntimeError("the broker is already started")
             if self._requested_port is not None:
                 if not _port_is_bindable(self._host, self._requested_port):
-                    raise BrokerStartError(
-                        f"cannot start the embedded broker: {self._host}:{self._requested_port} "
-                        "is already in use"
-                    )
+                    raise BrokerStartError(f"cannot start the embedded broker: {self._host}:{self._requested_port} is already in use")
                 self._start_on(self._requested_port, retry_on_address_in_use=False)
                 return self
             for attempt in range(_FREE_PORT_ATTEMPTS):
@@ -261,10 +259,14 @@ class EmbeddedBroker:
         command = [
             binary,
             "broker",
-            "--listener-url", f"tcp://{self._host}:{port}",
-            "--advertised-listener-url", f"tcp://{self._advertised_host}:{port}",
-            "--storage-engine", "memory://tansu/",
-            "--cluster-id", self._cluster_id,
+            "--listener-url",
+            f"tcp://{self._host}:{port}",
+            "--advertised-listener-url",
+            f"tcp://{self._advertised_host}:{port}",
+            "--storage-engine",
+            "memory://tansu/",
+            "--cluster-id",
+            self._cluster_id,
         ]
         environment = dict(os.environ, NO_COLOR="1")  # plain log lines, no ANSI escapes
         try:
@@ -330,17 +332,10 @@ class EmbeddedBroker:
                 self._fail(f"the broker exited with status {exit_status} during start-up")
             # The probe could reach another process that owns the port; the broker then reports
             # a failed bind in its log and exits, so check both before trusting the answer.
-            if (
-                responds_to_kafka(self._probe_host, self._port, timeout=0.5)
-                and self._process.poll() is None
-                and not self._log_mentions_address_in_use()
-            ):
+            if responds_to_kafka(self._probe_host, self._port, timeout=0.5) and self._process.poll() is None and not self._log_mentions_address_in_use():
                 return
             if time.monotonic() >= deadline:
-                self._fail(
-                    f"the broker did not answer Kafka requests on {self._host}:{self._port} "
-                    f"within {self._startup_timeout:g} s"
-                )
+                self._fail(f"the broker did not answer Kafka requests on {self._host}:{self._port} within {self._startup_timeout:g} s")
             time.sleep(0.02)
 
     @property

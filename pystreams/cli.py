@@ -5,6 +5,7 @@ inside ``run`` so ``pystreams --help`` stays fast. The usual mistakes (``command
 end a command with one or two lines saying what to do, and exit status 1; ``--verbose`` (or a
 DEBUG log level) adds the traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=help_text, description=help_text)
         module.configure(command)
-        command.add_argument("--verbose", action="store_true",
-                             help="print the full traceback of an error (also with --log-level DEBUG)")
+        command.add_argument("--verbose", action="store_true", help="print the full traceback of an error (also with --log-level DEBUG)")
         command.set_defaults(_run=module.run)
     return parser
 

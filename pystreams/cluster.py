@@ -14,6 +14,7 @@ does; the embedded broker (Tansu 0.6) does too: a random, time-ordered (version 
 topic, and a new one when a topic is deleted and created again. Should a broker report no id
 (null or all zeros), :func:`fallback_topic_id` derives one from the name (see its caveat).
 """
+
 from __future__ import annotations
 
 import logging
@@ -147,9 +148,7 @@ class ClusterMetadata:
         with self._lock:
             return self._client().describe_cluster().get("cluster_id")
 
-    def fetch_topics(
-        self, names: Iterable[str] | None = None, *, include_internal: bool = False
-    ) -> dict[str, TopicMetadata]:
+    def fetch_topics(self, names: Iterable[str] | None = None, *, include_internal: bool = False) -> dict[str, TopicMetadata]:
         """Topics by name: all of them (``names=None``) or those of ``names`` that exist.
 
         Topics the broker reports with an error (unknown, being deleted...) are left out.
@@ -184,17 +183,14 @@ class ClusterMetadata:
         if name not in self._warned_fallback:
             self._warned_fallback.add(name)
             log.warning(
-                "the broker reports no topic id for %r; using a name-derived fallback id, so "
-                "re-creating this topic will not be detected",
+                "the broker reports no topic id for %r; using a name-derived fallback id, so re-creating this topic will not be detected",
                 name,
             )
         return fallback_topic_id(name)
 
     # -- writing ------------------------------------------------------------------------------
 
-    def ensure_topics(
-        self, specs: Iterable[TopicSpec], *, timeout_ms: int = 10_000
-    ) -> dict[str, TopicMetadata]:
+    def ensure_topics(self, specs: Iterable[TopicSpec], *, timeout_ms: int = 10_000) -> dict[str, TopicMetadata]:
         """Create the topics of ``specs`` that do not exist; return metadata for all of them.
 
         Idempotent, and safe when several processes race to create the same topic. An existing
@@ -221,15 +217,10 @@ class ClusterMetadata:
                     self._client().wait_for_topics(missing, timeout_ms=max(min(remaining_ms, 2000), 1))
                 except KafkaTimeoutError:
                     if time.monotonic() >= deadline:
-                        raise KafkaTimeoutError(
-                            f"topics not ready within {timeout_ms} ms: {sorted(missing)}"
-                        ) from None
+                        raise KafkaTimeoutError(f"topics not ready within {timeout_ms} ms: {sorted(missing)}") from None
         for name, spec in wanted.items():
             if topics[name].num_partitions != spec.num_partitions:
-                raise TopicMismatchError(
-                    f"topic {name!r} exists with {topics[name].num_partitions} partitions, "
-                    f"expected {spec.num_partitions}"
-                )
+                raise TopicMismatchError(f"topic {name!r} exists with {topics[name].num_partitions} partitions, expected {spec.num_partitions}")
         return topics
 
     def _create_topics(self, specs: Sequence[TopicSpec], timeout_ms: int) -> None:

@@ -5,6 +5,7 @@ expires, a partition is added; after every step the group, its target assignment
 member's assignment are printed in the notation of the KIP's case studies. At the end a fresh
 shard replays the emitted records and must arrive at the same state.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,15 +21,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pystreams.partitions import PartitionSet
     from pystreams.assignors.api import TopicMetadata
     from pystreams.coordinator.config import CoordinatorConfig
     from pystreams.coordinator.shard import GroupCoordinatorShard
+    from pystreams.partitions import PartitionSet
     from pystreams.protocol.messages import ConsumerGroupHeartbeatRequest as HB
     from pystreams.protocol.messages import ConsumerGroupHeartbeatResponse
 
     config = CoordinatorConfig(
-        session_timeout_ms=3_000, min_session_timeout_ms=1_000, heartbeat_interval_ms=1_000, min_heartbeat_interval_ms=100,
+        session_timeout_ms=3_000,
+        min_session_timeout_ms=1_000,
+        heartbeat_interval_ms=1_000,
+        min_heartbeat_interval_ms=100,
         assignors=(args.assignor,),
     )
     names = iter(["A", "B", "C", "D"])

@@ -7,6 +7,7 @@
   changelog writes *and* the input positions; ``read_committed`` readers see each input
   record's effects exactly once, whatever crashes (see ``pystreams/worker/exactly_once.py``).
 """
+
 from __future__ import annotations
 
 from enum import StrEnum

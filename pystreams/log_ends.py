@@ -5,6 +5,7 @@ than the high watermark, and may answer EARLIEST with -1 for a log without recor
 docs/broker-quirks.md). Both runtimes need the true values: the worker to know when a changelog
 restore is complete, the Spark source to know where a batch ends. One rule, here.
 """
+
 from __future__ import annotations
 
 import time

@@ -9,6 +9,7 @@ structs and record values (``from_wire``/``to_wire``: any struct with ``topic_id
 ``partitions``), pairs (``from_pairs``) and topic-keyed mappings (``of``). Wire lists are sorted,
 so the same set always encodes to the same bytes (deterministic simulation relies on it).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
@@ -205,9 +206,7 @@ class PartitionSet(AbstractSet[TopicIdPartition]):
         """``foo-0, foo-1`` in the KIP's case-study notation (topic id when the name is unknown)."""
         names = names or {}
         return ", ".join(
-            f"{names.get(topic, str(topic))}-{p}"
-            for topic in sorted(self._topics, key=lambda t: names.get(t, str(t)))
-            for p in sorted(self._topics[topic])
+            f"{names.get(topic, str(topic))}-{p}" for topic in sorted(self._topics, key=lambda t: names.get(t, str(t))) for p in sorted(self._topics[topic])
         )
 
 

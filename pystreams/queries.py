@@ -6,6 +6,7 @@ partitioner does, and the host listing that partition is asked. While a task res
 workers answer "not available yet"; the client refreshes its routing and retries until its
 deadline, then raises :class:`NotAvailableYet` with the last reason.
 """
+
 from __future__ import annotations
 
 import json
@@ -91,22 +92,30 @@ class QueryClient:
         """The value bytes of ``key`` (serialized) in key-value store ``store``."""
         return self._ask_owner(store, key, "", {}, timeout_s=timeout_s, stale=stale)
 
-    def fetch_windows_bytes(self, store: str, key: bytes, time_from: int | None = None, time_to: int | None = None,
-                            *, timeout_s: float = 10.0, stale: bool = False) -> list[tuple[int, bytes]]:
+    def fetch_windows_bytes(
+        self, store: str, key: bytes, time_from: int | None = None, time_to: int | None = None, *, timeout_s: float = 10.0, stale: bool = False
+    ) -> list[tuple[int, bytes]]:
         """Window store: (window start, value bytes) of ``key``'s windows whose start lies in
         ``[time_from, time_to]`` (None: unbounded), oldest first (Kafka Streams' ``fetch``)."""
         query = {name: str(t) for name, t in (("from", time_from), ("to", time_to)) if t is not None}
         body = self._ask_owner(store, key, "/windows", query, timeout_s=timeout_s, stale=stale)
         return [(start, bytes.fromhex(value)) for start, value in json.loads(body)["windows"]]
 
-    def fetch_sessions_bytes(self, store: str, key: bytes, *, timeout_s: float = 10.0,
-                             stale: bool = False) -> list[tuple[int, int, bytes]]:
+    def fetch_sessions_bytes(self, store: str, key: bytes, *, timeout_s: float = 10.0, stale: bool = False) -> list[tuple[int, int, bytes]]:
         """Session store: (start, end, value bytes) of every session of ``key``."""
         body = self._ask_owner(store, key, "/sessions", {}, timeout_s=timeout_s, stale=stale)
         return [(start, end, bytes.fromhex(value)) for start, end, value in json.loads(body)["sessions"]]
 
-    def scan_bytes(self, store: str, *, key_from: bytes | None = None, key_to: bytes | None = None,
-                   prefix: bytes | None = None, timeout_s: float = 10.0, stale: bool = False) -> list[tuple[bytes, bytes]]:
+    def scan_bytes(
+        self,
+        store: str,
+        *,
+        key_from: bytes | None = None,
+        key_to: bytes | None = None,
+        prefix: bytes | None = None,
+        timeout_s: float = 10.0,
+        stale: bool = False,
+    ) -> list[tuple[bytes, bytes]]:
         """Key-value store: the entries with ``key_from <= key <= key_to`` (None: unbounded),
         or with keys starting with ``prefix``, from every task, ordered by serialized key."""
         if prefix is not None:
@@ -130,8 +139,7 @@ class QueryClient:
             for host, partitions in sorted(by_host.items()):
                 if reason:
                     break
-                answer = self._request(host, f"/v1/stores/{store}",
-                                       {**query, "partitions": ",".join(map(str, partitions)), **_stale(stale)})
+                answer = self._request(host, f"/v1/stores/{store}", {**query, "partitions": ",".join(map(str, partitions)), **_stale(stale)})
                 if isinstance(answer, str):
                     reason = answer
                     break
@@ -162,8 +170,7 @@ class QueryClient:
     def _request(self, host: str, path: str, query: dict[str, str]) -> bytes | str:
         """The body of a 200; a reason (str) to retry on; raises for what retrying cannot fix."""
         try:
-            status, body = _http_get(f"http://{host}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else ""),
-                                     self.request_timeout_s)
+            status, body = _http_get(f"http://{host}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else ""), self.request_timeout_s)
         except OSError as error:
             return f"{host}: {error}"
         if status == 200:
@@ -174,8 +181,7 @@ class QueryClient:
             raise QueryError(f"{host}: {_message(body)}")
         return f"{host}: {_message(body)}"
 
-    def _ask_owner(self, store: str, key: bytes, suffix: str, query: dict[str, str], *, timeout_s: float,
-                   stale: bool) -> bytes:
+    def _ask_owner(self, store: str, key: bytes, suffix: str, query: dict[str, str], *, timeout_s: float, stale: bool) -> bytes:
         """Ask the worker hosting ``key``'s task (then, ``stale``, its standbys) until one
         answers or the deadline passes (NotAvailableYet)."""
         deadline = time.monotonic() + timeout_s

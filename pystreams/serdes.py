@@ -150,7 +150,7 @@ def _type_label(type_: Any) -> str:
 class Json(Serde):
     """JSON through msgspec. With ``type=``, decoding validates and builds that type."""
 
-    def __init__(self, type: Any = Any) -> None:  # noqa: A002 - mirrors msgspec's keyword
+    def __init__(self, type: Any = Any) -> None:
         self.type = type
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(type)
@@ -177,7 +177,7 @@ class Struct(Serde):
 
     FORMATS = ("msgpack", "json")
 
-    def __init__(self, struct_type: type[msgspec.Struct], format: str = "msgpack") -> None:  # noqa: A002
+    def __init__(self, struct_type: type[msgspec.Struct], format: str = "msgpack") -> None:
         if not (isinstance(struct_type, type) and issubclass(struct_type, msgspec.Struct)):
             raise TypeError(f"Struct serde needs a msgspec.Struct subclass, got {struct_type!r}")
         if format not in self.FORMATS:

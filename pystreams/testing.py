@@ -23,6 +23,7 @@ the timestamps of the records piped in (``pipe_input(timestamp=...)``, or an inp
 own clock: ``start_ms``, ``auto_advance_ms``, ``advance_time``); wall-clock time moves only
 with ``advance_wall_clock``, which runs the wall-clock punctuations that come due.
 """
+
 from __future__ import annotations
 
 import random
@@ -105,13 +106,10 @@ class _DriverSender:
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None:
         self._driver._written(topic, key, value, timestamp_ms, ())
 
-    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None,
-                         partitioner: Callable[[bytes, int], int]) -> None:
+    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None, partitioner: Callable[[bytes, int], int]) -> None:
         self._driver._written(topic, key, value, timestamp_ms, (), partitioner)
 
-    def send_with_headers(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> None:
+    def send_with_headers(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
         self._driver._written(topic, key, value, None, tuple(headers))
 
     def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> _Delivered:
@@ -160,9 +158,13 @@ class TopologyTestDriver:
         self.topology = topology
         self.resolved: ResolvedTopology = resolve(topology, _input_partition_counts(topology, partitions or {}))
         self._partition_counts = {**dict(partitions or {}), **self.resolved.partitions}
-        self._errors = ErrorHandling(topology.errors.overridden(
-            deserialization=deserialization_errors, processing=processing_errors, dead_letter_topic=dead_letter_topic,
-        ))
+        self._errors = ErrorHandling(
+            topology.errors.overridden(
+                deserialization=deserialization_errors,
+                processing=processing_errors,
+                dead_letter_topic=dead_letter_topic,
+            )
+        )
         self._errors.policies.check()
         self._state_dir = tempfile.TemporaryDirectory(prefix="pystreams-test-driver-")
         self._sender = _DriverSender(self)
@@ -211,9 +213,7 @@ class TopologyTestDriver:
         serdes unless ``key``/``value`` say otherwise). Records piped without a timestamp
         get the topic's clock: ``start_ms``, then ``auto_advance_ms`` later each time."""
         node = self._source_node(topic)
-        return TestInputTopic(
-            self, topic, key or node.key_serde, value or node.value_serde, start_ms, auto_advance_ms
-        )
+        return TestInputTopic(self, topic, key or node.key_serde, value or node.value_serde, start_ms, auto_advance_ms)
 
     def output_topic(self, topic: str, *, key: Serde | None = None, value: Serde | None = None) -> TestOutputTopic:
         """A topic the app writes, to read records from (deserialized with the serdes of the
@@ -266,8 +266,7 @@ class TopologyTestDriver:
         """Store ``name`` of the task of ``partition`` (needed only when its sub-topology has
         several tasks), as a processor sees it: ``get``, ``items``, ``fetch``, ..."""
         self._check_open()
-        instances = {task_id.partition: task.graph.typed_stores[name] for task_id, task in self._tasks.items()
-                     if name in task.graph.typed_stores}
+        instances = {task_id.partition: task.graph.typed_stores[name] for task_id, task in self._tasks.items() if name in task.graph.typed_stores}
         if not instances:
             raise KeyError(f"app {self.topology.app_id!r} has no store named {name!r}")
         if partition is None:
@@ -332,9 +331,7 @@ class TopologyTestDriver:
             node = self.topology.nodes[node_name]
             if topic in topics and not node.internal:
                 return node
-        inputs = sorted(
-            t for topics in self.resolved.source_topics.values() for t in topics if t not in self._repartition_topics
-        )
+        inputs = sorted(t for topics in self.resolved.source_topics.values() for t in topics if t not in self._repartition_topics)
         raise ValueError(f"topic {topic!r} is not an input topic of app {self.topology.app_id!r} (inputs: {inputs})")
 
     def _sink_serdes(self, topic: str) -> tuple[Serde, Serde]:
@@ -348,8 +345,7 @@ class TopologyTestDriver:
             raise ValueError(f"sinks write {topic!r} with different serdes; pass key= and value=")
         return next(iter(serde_pairs))
 
-    def _partition_for(self, key: bytes | None, count: int,
-                       partitioner: Callable[[bytes, int], int] = partition_for_key) -> int:
+    def _partition_for(self, key: bytes | None, count: int, partitioner: Callable[[bytes, int], int] = partition_for_key) -> int:
         if count == 1:
             return 0
         if key is None:
@@ -366,16 +362,13 @@ class TopologyTestDriver:
         partitioner: Callable[[bytes, int], int] = partition_for_key,
     ) -> None:
         count = self._partition_counts.get(topic, 1)
-        record = _Written(topic, self._partition_for(key, count, partitioner), key, value,
-                          timestamp if timestamp is not None else self.wall_clock_ms, headers)
+        record = _Written(topic, self._partition_for(key, count, partitioner), key, value, timestamp if timestamp is not None else self.wall_clock_ms, headers)
         if topic in self._repartition_topics:
             self._pending.append(record)
         else:
             self._outputs.setdefault(topic, deque()).append(record)
 
-    def _process(
-        self, topic: str, partition: int, key: bytes | None, value: bytes | None, timestamp: int, headers: Headers
-    ) -> None:
+    def _process(self, topic: str, partition: int, key: bytes | None, value: bytes | None, timestamp: int, headers: Headers) -> None:
         task = self._task_of[(topic, partition)]
         offset = self._next_offsets.get((topic, partition), 0)
         self._next_offsets[(topic, partition)] = offset + 1
@@ -389,8 +382,7 @@ class TopologyTestDriver:
         while True:
             while self._pending:
                 written = self._pending.popleft()
-                self._process(written.topic, written.partition, written.key, written.value, written.timestamp,
-                              written.headers)
+                self._process(written.topic, written.partition, written.key, written.value, written.timestamp, written.headers)
             for task in self._tasks.values():
                 task.flush()
             if not self._pending:
@@ -406,7 +398,12 @@ class TestInputTopic:
     __test__ = False
 
     def __init__(
-        self, driver: TopologyTestDriver, topic: str, key_serde: Serde, value_serde: Serde, start_ms: int,
+        self,
+        driver: TopologyTestDriver,
+        topic: str,
+        key_serde: Serde,
+        value_serde: Serde,
+        start_ms: int,
         auto_advance_ms: int,
     ) -> None:
         self.driver = driver
@@ -429,9 +426,7 @@ class TestInputTopic:
         if timestamp is None:
             timestamp = self.next_timestamp
             self.next_timestamp += self.auto_advance_ms
-        self.driver.pipe_input(
-            self.topic, self._key(key), self._value(value), timestamp, headers=headers, partition=partition
-        )
+        self.driver.pipe_input(self.topic, self._key(key), self._value(value), timestamp, headers=headers, partition=partition)
 
     def pipe_inputs(self, records: Iterable[tuple[Any, Any] | tuple[Any, Any, int]]) -> None:
         """Pipe ``(key, value)`` or ``(key, value, timestamp)`` records in order."""
@@ -473,7 +468,10 @@ class TestOutputTopic:
             raise LookupError(f"no record left in output topic {self.topic!r}")
         written = queue.popleft()
         return TestRecord(
-            self._key_of(written.key), self._value_of(written.value), written.timestamp, written.headers,
+            self._key_of(written.key),
+            self._value_of(written.value),
+            written.timestamp,
+            written.headers,
             written.partition,
         )
 

@@ -4,6 +4,7 @@ cache, backed by compacted changelog topics, with checkpoints and restore.
 Layout on disk: ``<state_dir>/<application_id>/<task_id>/{.lock,.checkpoint,<store>/}``.
 Stores take and return bytes; serdes live in the runtime above.
 """
+
 from .cache import CacheLimits
 from .changelog import (
     ChangelogReader,

@@ -6,16 +6,18 @@ least-recently-written order; when the cache outgrows its limits the oldest entr
 evicted through the store's normal write path (RocksDB, changelog, forward), as Kafka Streams'
 NamedCache does.
 """
+
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-import enum
 from typing import Any, Final, Literal
 
 # Rough per-entry cost of a dict slot plus the two bytes objects, so that many tiny records
 # still count against max_bytes.
 ENTRY_OVERHEAD_BYTES = 64
+
 
 class _Absent(enum.Enum):
     ABSENT = "absent"
@@ -147,11 +149,7 @@ class RecordCache:
 
     def in_range(self, lower: bytes | None, upper: bytes | None) -> list[CachedEntry]:
         """Cached entries with ``lower <= key < upper``, sorted by key (O(cache size))."""
-        selected = [
-            (key, value)
-            for key, value in self._entries.items()
-            if (lower is None or key >= lower) and (upper is None or key < upper)
-        ]
+        selected = [(key, value) for key, value in self._entries.items() if (lower is None or key >= lower) and (upper is None or key < upper)]
         selected.sort()
         return selected
 

@@ -2,6 +2,7 @@
 records come from, and how restore progress is reported.
 
 Changelog I/O itself lives in the runtime (kafka-python); these protocols are the seam."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -38,9 +39,7 @@ class ChangelogReader(Protocol):
         """Offset one past the last record currently in the partition."""
         ...
 
-    def read(
-        self, changelog: TopicPartition, start_offset: int | None, end_offset: int
-    ) -> Iterable[Sequence[ChangelogRecord]]:
+    def read(self, changelog: TopicPartition, start_offset: int | None, end_offset: int) -> Iterable[Sequence[ChangelogRecord]]:
         """Batches of records from ``start_offset`` (None: from the beginning) up to
         ``end_offset`` (exclusive), in offset order."""
         ...

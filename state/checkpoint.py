@@ -5,6 +5,7 @@ so a crash leaves either the old or the new checkpoint, never a torn one:
 
     {"version": 1, "offsets": [{"topic": "app-counts-changelog", "partition": 3, "offset": 1042}]}
 """
+
 from __future__ import annotations
 
 import os
@@ -63,9 +64,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[TopicPartition, int] |
 
 def write_checkpoint(path: str | os.PathLike[str], offsets: Mapping[TopicPartition, int]) -> None:
     path = Path(path)
-    entries = [
-        _CheckpointOffset(topic, partition, offset) for (topic, partition), offset in sorted(offsets.items())
-    ]
+    entries = [_CheckpointOffset(topic, partition, offset) for (topic, partition), offset in sorted(offsets.items())]
     data = _encoder.encode(_CheckpointFile(CHECKPOINT_VERSION, entries))
     temporary = path.with_name(path.name + ".tmp")
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -1,4 +1,5 @@
 """Errors raised by the state layer."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """Key-value store: bytes keys in RocksDB order, the composite key is the key itself."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
@@ -88,10 +89,7 @@ class KeyValueStore(CachedStore[KeyValueChange]):
         # per flush.
         if old_values is None:
             return [_new_tuple(KeyValueChange, (key, value, None)) for key, value in changes.items()]
-        return [
-            _new_tuple(KeyValueChange, (key, value, old))
-            for (key, value), old in zip(changes.items(), old_values, strict=True)
-        ]
+        return [_new_tuple(KeyValueChange, (key, value, old)) for (key, value), old in zip(changes.items(), old_values, strict=True)]
 
     def _stage_changes(self, batch: WriteBatch, changes: CachedChanges) -> None:
         put = batch.put

@@ -15,6 +15,7 @@ Kafka Streams, so "sessions of key ending at or after T" is one contiguous scan.
 
 The composite key is also the changelog record key of these stores.
 """
+
 from __future__ import annotations
 
 import struct

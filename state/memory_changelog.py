@@ -1,5 +1,6 @@
 """Changelog partitions held in memory: a ChangelogSink and ChangelogReader for tests, the
 simulation harness and benchmarks (no broker involved)."""
+
 from __future__ import annotations
 
 import bisect
@@ -33,9 +34,7 @@ class InMemoryChangelog:
     def end_offset(self, changelog: TopicPartition) -> int:
         return self._end_offsets.get(changelog, 0)
 
-    def read(
-        self, changelog: TopicPartition, start_offset: int | None, end_offset: int
-    ) -> Iterator[list[ChangelogRecord]]:
+    def read(self, changelog: TopicPartition, start_offset: int | None, end_offset: int) -> Iterator[list[ChangelogRecord]]:
         records = self._records.get(changelog, [])
         offsets = [record.offset for record in records]
         position = 0 if start_offset is None else bisect.bisect_left(offsets, start_offset)

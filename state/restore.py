@@ -1,4 +1,5 @@
 """Restoring one store from its changelog, with progress reports."""
+
 from __future__ import annotations
 
 import logging
@@ -32,11 +33,7 @@ def restore_store(
 
     def report(done: bool) -> None:
         if on_progress is not None:
-            on_progress(
-                RestoreProgress(
-                    task_id, store.name, store.changelog, restored, store.changelog_position, end_offset, done
-                )
-            )
+            on_progress(RestoreProgress(task_id, store.name, store.changelog, restored, store.changelog_position, end_offset, done))
 
     report(False)
     pending: list[ChangelogRecord] = []
@@ -70,8 +67,12 @@ class RestoreProgressLogger:
             self._log.log(
                 logging.INFO if started or progress.restored_records else logging.DEBUG,
                 "task %s store %s: restored %d records from %s-%d, now at offset %s",
-                progress.task_id, progress.store_name, progress.restored_records,
-                progress.changelog.topic, progress.changelog.partition, progress.position,
+                progress.task_id,
+                progress.store_name,
+                progress.restored_records,
+                progress.changelog.topic,
+                progress.changelog.partition,
+                progress.position,
             )
             return
         last = self._logged_at.get(ident)
@@ -80,13 +81,21 @@ class RestoreProgressLogger:
                 return
             self._log.info(
                 "task %s store %s: restoring %s-%d from offset %s to %d (lag %d)",
-                progress.task_id, progress.store_name, progress.changelog.topic,
-                progress.changelog.partition, progress.position, progress.end_offset, progress.lag,
+                progress.task_id,
+                progress.store_name,
+                progress.changelog.topic,
+                progress.changelog.partition,
+                progress.position,
+                progress.end_offset,
+                progress.lag,
             )
             self._logged_at[ident] = progress.restored_records
         elif progress.restored_records - last >= self._every_records:
             self._log.info(
                 "task %s store %s: restored %d records, %d to go",
-                progress.task_id, progress.store_name, progress.restored_records, progress.lag,
+                progress.task_id,
+                progress.store_name,
+                progress.restored_records,
+                progress.lag,
             )
             self._logged_at[ident] = progress.restored_records

@@ -3,6 +3,7 @@
 The write-ahead log is disabled: the changelog topic is the durable log of every store, and
 ``flush_memtables()`` runs before each checkpoint so that a checkpointed offset is always
 covered by data on disk (Kafka Streams does the same)."""
+
 from __future__ import annotations
 
 import os

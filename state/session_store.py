@@ -1,6 +1,7 @@
 """Session store: values per (key, session start, session end), with retention on the end.
 
 Composite key (also the changelog key): ``escaped(key) + ts(end) + ts(start)``; see keys.py."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -80,9 +81,7 @@ class SessionStore(TimeIndexedStore[SessionChange]):
         """Every live session of ``key``."""
         return self.find_sessions(key, self.min_live_time, MAX_TIMESTAMP)
 
-    def find_sessions_in_key_range(
-        self, key_from: bytes, key_to: bytes, earliest_session_end: int, latest_session_start: int
-    ) -> Iterator[Session]:
+    def find_sessions_in_key_range(self, key_from: bytes, key_to: bytes, earliest_session_end: int, latest_session_start: int) -> Iterator[Session]:
         if key_from > key_to:
             return iter(())
         lower = escape_key(key_from)
@@ -93,9 +92,7 @@ class SessionStore(TimeIndexedStore[SessionChange]):
         """Every live session, by key, then end, then start."""
         return self._sessions(None, None, self.min_live_time, MAX_TIMESTAMP)
 
-    def _sessions(
-        self, lower: bytes | None, upper: bytes | None, earliest_end: int, latest_start: int
-    ) -> Iterator[Session]:
+    def _sessions(self, lower: bytes | None, upper: bytes | None, earliest_end: int, latest_start: int) -> Iterator[Session]:
         for composite, value in self._merged_scan(lower, upper, self._cache.in_range(lower, upper)):
             key, start, end = split_session_key(composite)
             if end >= earliest_end and start <= latest_start:
@@ -108,4 +105,3 @@ class SessionStore(TimeIndexedStore[SessionChange]):
             old = old_values[index] if old_values is not None else None
             result.append(SessionChange(key, start, end, value, old))
         return result
-

@@ -1,5 +1,6 @@
 """What every store shares: the record cache, the RocksDB write path, the changelog and the
 restore path. Subclasses (key-value, window, session) define key layouts and queries."""
+
 from __future__ import annotations
 
 import logging
@@ -111,9 +112,7 @@ class CachedStore(Generic[ChangeT]):
 
     # -- merged reads ---------------------------------------------------------------------
 
-    def _merged_scan(
-        self, lower: bytes | None, upper: bytes | None, cached: list[CachedEntry]
-    ) -> Iterator[tuple[bytes, bytes]]:
+    def _merged_scan(self, lower: bytes | None, upper: bytes | None, cached: list[CachedEntry]) -> Iterator[tuple[bytes, bytes]]:
         """Composite keys in ``[lower, upper)`` from RocksDB overlaid with ``cached``."""
         section = self._SECTION
         stored = self._db.scan(
@@ -134,9 +133,7 @@ class CachedStore(Generic[ChangeT]):
         the cache, which must hold no unflushed writes."""
         self._check_open()
         if len(self._cache):
-            raise StateError(
-                f"store {self.name}: cannot apply changelog records over {len(self._cache)} unflushed writes"
-            )
+            raise StateError(f"store {self.name}: cannot apply changelog records over {len(self._cache)} unflushed writes")
         batch = new_batch()
         count, last_offset = self._stage_restored(batch, records)
         if count:
@@ -150,7 +147,7 @@ class CachedStore(Generic[ChangeT]):
         count = 0
         last_offset = -1
         stage = self._stage
-        for last_offset, key, value in records:
+        for last_offset, key, value in records:  # noqa: B007  (the loop leaves the last one)
             stage(batch, key, value)
             count += 1
         return count, last_offset
@@ -190,9 +187,7 @@ class CachedStore(Generic[ChangeT]):
             raise StateError(f"store {self.name} is closed")
 
 
-def overlay(
-    stored: Iterable[tuple[bytes, bytes]], cached: list[CachedEntry]
-) -> Iterator[tuple[bytes, bytes]]:
+def overlay(stored: Iterable[tuple[bytes, bytes]], cached: list[CachedEntry]) -> Iterator[tuple[bytes, bytes]]:
     """Merge two key-sorted streams; a cached entry replaces the stored one with the same
     key, and a cached None (a delete not yet flushed) hides it."""
     cached_index = 0

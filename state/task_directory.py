@@ -1,10 +1,11 @@
 """The on-disk home of one task's state and the lock that makes it exclusive.
 
-    <state_dir>/<application_id>/<task_id>/
-        .lock           flock()ed while a TaskState has the task open; holds the owner's pid
-        .checkpoint     changelog offsets (checkpoint.py)
-        <store_name>/   one RocksDB database per store
+<state_dir>/<application_id>/<task_id>/
+    .lock           flock()ed while a TaskState has the task open; holds the owner's pid
+    .checkpoint     changelog offsets (checkpoint.py)
+    <store_name>/   one RocksDB database per store
 """
+
 from __future__ import annotations
 
 import errno
@@ -66,8 +67,7 @@ class TaskDirectory:
             os.close(descriptor)
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise TaskDirectoryLockedError(
-                    f"state of task {self.task_id} at {self.path} is in use by another "
-                    f"process or state manager (lock holder pid {owner})"
+                    f"state of task {self.task_id} at {self.path} is in use by another process or state manager (lock holder pid {owner})"
                 ) from error
             raise
         os.ftruncate(descriptor, 0)

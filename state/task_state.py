@@ -11,6 +11,7 @@ On open, state that cannot be trusted is wiped and rebuilt from the changelog: a
 checkpoint wipes the whole task; a corrupt or missing database, or a database the checkpoint
 has no offset for, wipes that store. Every wipe is logged and reported with its reason.
 """
+
 from __future__ import annotations
 
 import logging
@@ -119,8 +120,14 @@ class TaskState:
         return self._open_store(
             name,
             lambda database, changelog, position: KeyValueStore(
-                name, database, changelog, self._sink, cache_limits=cache_limits, forward=forward,
-                send_old_values=send_old_values, changelog_position=position,
+                name,
+                database,
+                changelog,
+                self._sink,
+                cache_limits=cache_limits,
+                forward=forward,
+                send_old_values=send_old_values,
+                changelog_position=position,
             ),
         )
 
@@ -136,8 +143,15 @@ class TaskState:
         return self._open_store(
             name,
             lambda database, changelog, position: WindowStore(
-                name, database, changelog, self._sink, retention_ms=retention_ms, cache_limits=cache_limits,
-                forward=forward, send_old_values=send_old_values, changelog_position=position,
+                name,
+                database,
+                changelog,
+                self._sink,
+                retention_ms=retention_ms,
+                cache_limits=cache_limits,
+                forward=forward,
+                send_old_values=send_old_values,
+                changelog_position=position,
             ),
         )
 
@@ -153,14 +167,19 @@ class TaskState:
         return self._open_store(
             name,
             lambda database, changelog, position: SessionStore(
-                name, database, changelog, self._sink, retention_ms=retention_ms, cache_limits=cache_limits,
-                forward=forward, send_old_values=send_old_values, changelog_position=position,
+                name,
+                database,
+                changelog,
+                self._sink,
+                retention_ms=retention_ms,
+                cache_limits=cache_limits,
+                forward=forward,
+                send_old_values=send_old_values,
+                changelog_position=position,
             ),
         )
 
-    def _open_store(
-        self, name: str, build: Callable[[RocksDatabase, TopicPartition, int | None], StoreT]
-    ) -> StoreT:
+    def _open_store(self, name: str, build: Callable[[RocksDatabase, TopicPartition, int | None], StoreT]) -> StoreT:
         self._check_open()
         if name in self._stores:
             raise StateError(f"task {self.task_id} already has a store named {name}")
@@ -176,9 +195,7 @@ class TaskState:
                 )
                 self.directory.wipe_store(name)
         elif position is not None:
-            self._record_wipe(
-                name, f"checkpoint has offset {position} but the database is missing; rebuilding from the changelog"
-            )
+            self._record_wipe(name, f"checkpoint has offset {position} but the database is missing; rebuilding from the changelog")
             self.directory.wipe_store(name)
             position = None
         try:
@@ -254,11 +271,7 @@ class TaskState:
 
     def changelog_offsets(self) -> dict[TopicPartition, int]:
         """Next changelog offset of every store whose position is known (the checkpoint)."""
-        return {
-            store.changelog: store.changelog_position
-            for store in self._stores.values()
-            if store.changelog_position is not None
-        }
+        return {store.changelog: store.changelog_position for store in self._stores.values() if store.changelog_position is not None}
 
     # -- restore, standbys, lag -----------------------------------------------------------
 
@@ -274,22 +287,19 @@ class TaskState:
         for store in self._stores.values():
             end_offset = reader.end_offset(store.changelog)
             start = store.changelog_position
-            batches: Iterable[Sequence[ChangelogRecord]] = (
-                () if start is not None and start >= end_offset else reader.read(store.changelog, start, end_offset)
-            )
-            restored[store.name] = restore_store(
-                store, batches, end_offset, task_id=self.task_id, on_progress=self._on_restore_progress
-            )
+            batches: Iterable[Sequence[ChangelogRecord]] = () if start is not None and start >= end_offset else reader.read(store.changelog, start, end_offset)
+            restored[store.name] = restore_store(store, batches, end_offset, task_id=self.task_id, on_progress=self._on_restore_progress)
         self.checkpoint()
         return restored
 
-    def restore_changelog(
-        self, changelog: TopicPartition, batches: Iterable[Sequence[ChangelogRecord]], end_offset: int
-    ) -> int:
+    def restore_changelog(self, changelog: TopicPartition, batches: Iterable[Sequence[ChangelogRecord]], end_offset: int) -> int:
         """Restore one store from batches the caller reads (up to ``end_offset``)."""
         self._check_open()
         return restore_store(
-            self._store_for(changelog), batches, end_offset, task_id=self.task_id,
+            self._store_for(changelog),
+            batches,
+            end_offset,
+            task_id=self.task_id,
             on_progress=self._on_restore_progress,
         )
 
@@ -358,9 +368,7 @@ class TaskState:
             raise StateError(f"state of task {self.task_id} is closed")
 
 
-def read_local_task_offsets(
-    state_dir: str | os.PathLike[str], application_id: str
-) -> dict[str, dict[TopicPartition, int]]:
+def read_local_task_offsets(state_dir: str | os.PathLike[str], application_id: str) -> dict[str, dict[TopicPartition, int]]:
     """Checkpointed changelog offsets of every task with state on this machine, assigned or
     not: what a Streams member reports as task lags so the assignor can place tasks where
     their state already is. Unreadable checkpoints count as no state."""

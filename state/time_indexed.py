@@ -10,6 +10,7 @@ Retention follows Kafka Streams: the store tracks the largest time it has seen
 (observed stream time); entries with time < observed - retention + 1 are expired — dropped
 when written, hidden from reads, and deleted from RocksDB at the next flush.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -127,7 +128,7 @@ class TimeIndexedStore(CachedStore[ChangeT], Retention):
         stage = self._stage
         observe = self._observe
         time_of = self._time_bytes
-        for last_offset, key, value in records:
+        for last_offset, key, value in records:  # noqa: B007  (the loop leaves the last one)
             count += 1
             if observe(decode_timestamp(time_of(key))):
                 stage(batch, key, value)
@@ -183,4 +184,3 @@ class TimeIndexedStore(CachedStore[ChangeT], Retention):
         for key, value in zip(index_keys, values, strict=True):
             if value is not None:
                 yield key, value
-

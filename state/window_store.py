@@ -1,6 +1,7 @@
 """Window store: values per (key, window start), with retention.
 
 Composite key (also the changelog key): ``escaped(key) + ts(window_start)``; see keys.py."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -71,9 +72,7 @@ class WindowStore(TimeIndexedStore[WindowChange]):
         cached = self._cache.in_group(escaped, lower, upper)
         return ((window_start_of(composite), value) for composite, value in self._merged_scan(lower, upper, cached))
 
-    def fetch_key_range(
-        self, key_from: bytes, key_to: bytes, time_from: int, time_to: int
-    ) -> Iterator[WindowedValue]:
+    def fetch_key_range(self, key_from: bytes, key_to: bytes, time_from: int, time_to: int) -> Iterator[WindowedValue]:
         """Windows of keys in ``[key_from, key_to]`` with starts in ``[time_from, time_to]``,
         by key then time."""
         time_from = max(time_from, self.min_live_time)
@@ -94,9 +93,7 @@ class WindowStore(TimeIndexedStore[WindowChange]):
         """Every live window, by key then time."""
         return self._windows(None, None, self.min_live_time, MAX_TIMESTAMP)
 
-    def _windows(
-        self, lower: bytes | None, upper: bytes | None, time_from: int, time_to: int
-    ) -> Iterator[WindowedValue]:
+    def _windows(self, lower: bytes | None, upper: bytes | None, time_from: int, time_to: int) -> Iterator[WindowedValue]:
         for composite, value in self._merged_scan(lower, upper, self._cache.in_range(lower, upper)):
             key, window_start = split_window_key(composite)
             if time_from <= window_start <= time_to:

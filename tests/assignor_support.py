@@ -1,11 +1,11 @@
 """Helpers the server-side assignor tests share."""
+
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
 
 from hypothesis import settings
-
 from pystreams.assignors.api import GroupAssignment, MemberSpec, Partitions, TopicMetadata
 
 PROPERTY_SETTINGS = settings(max_examples=200, deadline=None)
@@ -33,8 +33,4 @@ def of_topic(result: GroupAssignment, topic: uuid.UUID) -> dict[str, list[int]]:
 
 def moved(before: Mapping[str, Partitions], after: Mapping[str, Partitions]) -> int:
     """Partitions that left their previous owner."""
-    return sum(
-        len(partitions - after.get(m, {}).get(t, frozenset()))
-        for m, held in before.items()
-        for t, partitions in held.items()
-    )
+    return sum(len(partitions - after.get(m, {}).get(t, frozenset())) for m, held in before.items() for t, partitions in held.items())

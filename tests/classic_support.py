@@ -1,6 +1,7 @@
 """Classic group members for coordinator tests: they send JoinGroup, SyncGroup, Heartbeat and
 LeaveGroup through the ``Harness`` and remember what a real client would (member id,
 generation), so a test reads like the protocol it checks."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -56,10 +57,16 @@ class Classic:
 
     def join(self, *, protocol_type: str = "consumer", protocols: list[tuple[str, bytes]] | None = None, member_id: str | None = None):
         request = m.JoinGroupRequest(
-            group_id=self.group_id, session_timeout_ms=self.session_ms, rebalance_timeout_ms=self.rebalance_ms,
-            member_id=self.member_id if member_id is None else member_id, group_instance_id=self.instance_id,
-            protocol_type=protocol_type, reason=None,
-            protocols=[JoinProtocol(name=n, metadata=md) for n, md in (protocols if protocols is not None else [(name, self.metadata()) for name in self.protocols])],
+            group_id=self.group_id,
+            session_timeout_ms=self.session_ms,
+            rebalance_timeout_ms=self.rebalance_ms,
+            member_id=self.member_id if member_id is None else member_id,
+            group_instance_id=self.instance_id,
+            protocol_type=protocol_type,
+            reason=None,
+            protocols=[
+                JoinProtocol(name=n, metadata=md) for n, md in (protocols if protocols is not None else [(name, self.metadata()) for name in self.protocols])
+            ],
         )
         request.API_VERSION = self.version
         response = self.h.send(request, client_id=self.client_id)
@@ -94,8 +101,12 @@ class Classic:
 
     def sync(self, assignments: dict[str, bytes] | None = None, *, generation: int | None = None, protocol_name: str | None = "range"):
         request = m.SyncGroupRequest(
-            group_id=self.group_id, generation_id=self.generation if generation is None else generation, member_id=self.member_id,
-            group_instance_id=self.instance_id, protocol_type="consumer", protocol_name=protocol_name,
+            group_id=self.group_id,
+            generation_id=self.generation if generation is None else generation,
+            member_id=self.member_id,
+            group_instance_id=self.instance_id,
+            protocol_type="consumer",
+            protocol_name=protocol_name,
             assignments=[SyncAssignment(member_id=mid, assignment=data) for mid, data in (assignments or {}).items()],
         )
         request.API_VERSION = 5
@@ -105,8 +116,12 @@ class Classic:
         return response
 
     def heartbeat(self, generation: int | None = None) -> int:
-        request = m.HeartbeatRequest(group_id=self.group_id, generation_id=self.generation if generation is None else generation,
-                                     member_id=self.member_id, group_instance_id=self.instance_id)
+        request = m.HeartbeatRequest(
+            group_id=self.group_id,
+            generation_id=self.generation if generation is None else generation,
+            member_id=self.member_id,
+            group_instance_id=self.instance_id,
+        )
         request.API_VERSION = 4
         return self.h.send(request, client_id=self.client_id).error_code
 
@@ -116,10 +131,19 @@ class Classic:
     def commit(self, offset: int = 1, generation: int | None = None, version: int = 8) -> int:
         Topic = m.OffsetCommitRequest.OffsetCommitRequestTopic
         request = m.OffsetCommitRequest(
-            group_id=self.group_id, generation_id_or_member_epoch=self.generation if generation is None else generation,
-            member_id=self.member_id, group_instance_id=self.instance_id, retention_time_ms=-1,
-            topics=[Topic(name="foo", partitions=[Topic.OffsetCommitRequestPartition(
-                partition_index=0, committed_offset=offset, committed_leader_epoch=-1, committed_metadata="")])],
+            group_id=self.group_id,
+            generation_id_or_member_epoch=self.generation if generation is None else generation,
+            member_id=self.member_id,
+            group_instance_id=self.instance_id,
+            retention_time_ms=-1,
+            topics=[
+                Topic(
+                    name="foo",
+                    partitions=[
+                        Topic.OffsetCommitRequestPartition(partition_index=0, committed_offset=offset, committed_leader_epoch=-1, committed_metadata="")
+                    ],
+                )
+            ],
         )
         request.API_VERSION = version
         return self.h.send(request).topics[0].partitions[0].error_code

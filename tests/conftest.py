@@ -11,6 +11,7 @@
 No broker process outlives the session: an autouse fixture stops every embedded broker the
 test process started, even ones a test forgot.
 """
+
 from __future__ import annotations
 
 import functools
@@ -121,29 +122,20 @@ def _start_docker_kafka() -> tuple[object, str]:
         .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
         .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
         .with_env("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
-        .with_command(
-            ["sh", "-c", f"while [ ! -f {start_script} ]; do sleep 0.1; done; exec sh {start_script}"]
-        )
+        .with_command(["sh", "-c", f"while [ ! -f {start_script} ]; do sleep 0.1; done; exec sh {start_script}"])
     )
     container.start()
     try:
         host = container.get_container_host_ip()
         port = int(container.get_exposed_port(client_port))
-        script = (
-            "export KAFKA_ADVERTISED_LISTENERS="
-            f"CLIENT://{host}:{port},BROKER://localhost:9092\n"
-            "exec /etc/kafka/docker/run\n"
-        )
+        script = f"export KAFKA_ADVERTISED_LISTENERS=CLIENT://{host}:{port},BROKER://localhost:9092\nexec /etc/kafka/docker/run\n"
         _put_file(container, start_script, script.encode())
         deadline = time.monotonic() + DOCKER_KAFKA_STARTUP_TIMEOUT
         while not _docker_kafka_serves(f"{host}:{port}", host, port):
             if time.monotonic() >= deadline:
                 stdout, stderr = container.get_logs()  # type: ignore[attr-defined]
                 tail = (stdout + stderr).decode(errors="replace").splitlines()[-20:]
-                raise RuntimeError(
-                    f"{DOCKER_KAFKA_IMAGE} did not serve within {DOCKER_KAFKA_STARTUP_TIMEOUT:g} s:\n"
-                    + "\n".join(tail)
-                )
+                raise RuntimeError(f"{DOCKER_KAFKA_IMAGE} did not serve within {DOCKER_KAFKA_STARTUP_TIMEOUT:g} s:\n" + "\n".join(tail))
             time.sleep(0.5)
     except BaseException:
         container.stop()

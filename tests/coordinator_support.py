@@ -1,10 +1,12 @@
 """Drives a GroupCoordinatorShard the way the KIP's case studies talk about it."""
+
 from __future__ import annotations
 
 import itertools
 import uuid
 
 from pystreams.assignors.api import GroupAssignment, MemberAssignment, TopicMetadata
+
 from pystreams.coordinator import records as r
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.shard import GroupCoordinatorShard, RequestContext
@@ -17,8 +19,12 @@ TOPIC_IDS = {name: uuid.UUID(int=i + 1) for i, name in enumerate(["foo", "bar", 
 NAMES = {v: k for k, v in TOPIC_IDS.items()}
 
 FAST = CoordinatorConfig(
-    session_timeout_ms=1_000, min_session_timeout_ms=100, max_session_timeout_ms=10_000,
-    heartbeat_interval_ms=100, min_heartbeat_interval_ms=10, max_heartbeat_interval_ms=1_000,
+    session_timeout_ms=1_000,
+    min_session_timeout_ms=100,
+    max_session_timeout_ms=10_000,
+    heartbeat_interval_ms=100,
+    min_heartbeat_interval_ms=10,
+    max_heartbeat_interval_ms=1_000,
 )
 
 
@@ -90,8 +96,13 @@ class Harness:
 
     def heartbeat(self, member_id: str, epoch: int, owned_spec: str | None = None, **fields):
         return self.send(
-            HB(group_id=fields.pop("group_id", GROUP), member_id=member_id, member_epoch=epoch,
-               topic_partitions=owned(owned_spec) if owned_spec is not None else None, **fields)
+            HB(
+                group_id=fields.pop("group_id", GROUP),
+                member_id=member_id,
+                member_epoch=epoch,
+                topic_partitions=owned(owned_spec) if owned_spec is not None else None,
+                **fields,
+            )
         )
 
     def join(self, member_id: str, subscribe=("foo",), **fields):
@@ -161,16 +172,14 @@ class RoundRobinAssignor:
 
 def assert_records(actual: list[r.Record], expected: list[r.Record]) -> None:
     """The exact records a step wrote, in order, as Kafka's coordinator tests pin them."""
-    assert actual == expected, "records differ:\n" + "\n".join(
-        f"  {'=' if a == e else '!'} {a!r}\n    expected {e!r}" for a, e in zip(actual, expected, strict=False)
-    ) + (f"\n  extra: {actual[len(expected):]!r}" if len(actual) > len(expected) else "") + (
-        f"\n  missing: {expected[len(actual):]!r}" if len(expected) > len(actual) else ""
+    assert actual == expected, (
+        "records differ:\n"
+        + "\n".join(f"  {'=' if a == e else '!'} {a!r}\n    expected {e!r}" for a, e in zip(actual, expected, strict=False))
+        + (f"\n  extra: {actual[len(expected) :]!r}" if len(actual) > len(expected) else "")
+        + (f"\n  missing: {expected[len(actual) :]!r}" if len(expected) > len(actual) else "")
     )
 
 
 def assignment_records(group_id: str, **members: str) -> list[r.TargetAssignmentMember]:
     """The TargetAssignmentMember records of a target given in case-study notation."""
-    return [
-        r.TargetAssignmentMember(group_id, mid, r.TargetAssignmentMemberValue(parts(spec).to_wire(r.TopicPartitions)))
-        for mid, spec in members.items()
-    ]
+    return [r.TargetAssignmentMember(group_id, mid, r.TargetAssignmentMemberValue(parts(spec).to_wire(r.TopicPartitions))) for mid, spec in members.items()]

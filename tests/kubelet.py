@@ -29,6 +29,7 @@ What it cannot do, and does instead:
 * ``runAsUser``, ``readOnlyRootFilesystem`` and resource limits are not enforced (the image
   test runs the container with a read-only root file system where Docker exists).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,7 +68,9 @@ def private_mounts_unavailable_reason() -> str | None:
         return "no unshare(1) to give pods their own /etc/hosts"
     probe = subprocess.run(
         [unshare, "--mount", "--propagation", "private", "sh", "-c", "mount --bind /etc/hosts /etc/hosts"],
-        capture_output=True, text=True, timeout=10,
+        capture_output=True,
+        text=True,
+        timeout=10,
     )
     if probe.returncode != 0:
         return f"cannot bind-mount a pod's /etc/hosts in a private mount namespace: {probe.stderr.strip()}"
@@ -91,6 +94,7 @@ def image_entrypoint(dockerfile: Path = ROOT / "Dockerfile") -> tuple[list[str],
 
 def expand(value: str, env: Mapping[str, str]) -> str:
     """Kubernetes' ``$(VAR)`` expansion: unknown references stay as written, ``$$`` is ``$``."""
+
     def replace(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
@@ -193,8 +197,9 @@ class Pod:
 class MiniKubelet:
     """Pods of one namespace on this machine. ``objects``: the rendered manifests."""
 
-    def __init__(self, objects: Iterable[dict[str, Any]], workdir: Path, *, namespace: str = "pystreams-test",
-                 zones: Iterable[str] = ("zone-a", "zone-b")) -> None:
+    def __init__(
+        self, objects: Iterable[dict[str, Any]], workdir: Path, *, namespace: str = "pystreams-test", zones: Iterable[str] = ("zone-a", "zone-b")
+    ) -> None:
         reason = private_mounts_unavailable_reason()
         if reason is not None:
             raise KubeletUnavailable(reason)
@@ -249,8 +254,7 @@ class MiniKubelet:
                     self._check_ports_pass_through(service, pod)
                 names = [name, f"{name}.{ns}", f"{name}.{ns}.svc", f"{name}.{ns}.svc.{domain}"]
                 if headless:
-                    names += [f"{pod.name}.{name}.{ns}.svc", f"{pod.name}.{name}.{ns}.svc.{domain}",
-                              f"{pod.name}.{name}.{ns}", f"{pod.name}.{name}"]
+                    names += [f"{pod.name}.{name}.{ns}.svc", f"{pod.name}.{name}.{ns}.svc.{domain}", f"{pod.name}.{name}.{ns}", f"{pod.name}.{name}"]
                 lines.append(f"{pod.ip} " + " ".join(names))
         for pod in self.pods.values():
             lines.append(f"{pod.ip} {pod.name}")
@@ -269,8 +273,7 @@ class MiniKubelet:
         for port in service["spec"].get("ports", []):
             target = port.get("targetPort", port["port"])
             if pod.port(target) != int(port["port"]):
-                raise ValueError(f"service {service['metadata']['name']}: port {port['port']} -> {target} "
-                                 "remaps the port, which this emulation cannot do")
+                raise ValueError(f"service {service['metadata']['name']}: port {port['port']} -> {target} remaps the port, which this emulation cannot do")
 
     def _selects(self, service: dict[str, Any], pod: Pod) -> bool:
         selector = service["spec"].get("selector") or {}
@@ -296,27 +299,37 @@ class MiniKubelet:
             self._next_ip += 1
         zone = self.zones[ordinal % len(self.zones)]
         labels = dict(template["metadata"].get("labels", {}))
-        labels.update({
-            "statefulset.kubernetes.io/pod-name": pod_name,
-            # What the PodTopologyLabels admission copies from the node at binding.
-            "topology.kubernetes.io/zone": zone,
-        })
+        labels.update(
+            {
+                "statefulset.kubernetes.io/pod-name": pod_name,
+                # What the PodTopologyLabels admission copies from the node at binding.
+                "topology.kubernetes.io/zone": zone,
+            }
+        )
         previous = self.pods.get(pod_name)
-        pod = Pod(name=pod_name, namespace=self.namespace, ip=ip, node=f"node-{zone}-{ordinal}", labels=labels,
-                  annotations=dict(template["metadata"].get("annotations", {})), spec=template["spec"], owner=workload)
+        pod = Pod(
+            name=pod_name,
+            namespace=self.namespace,
+            ip=ip,
+            node=f"node-{zone}-{ordinal}",
+            labels=labels,
+            annotations=dict(template["metadata"].get("annotations", {})),
+            spec=template["spec"],
+            owner=workload,
+        )
         self.pods[pod_name] = pod
         command, env, cwd = self._process_of(pod, spec_owner)
         log_dir = self.workdir / "logs"
         log_dir.mkdir(exist_ok=True)
         incarnation = 0 if previous is None else len(list(log_dir.glob(f"{pod_name}.*.log")))
         pod.log_path = log_dir / f"{pod_name}.{incarnation}.log"
-        wrapped = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                   'mount --bind "$0" /etc/hosts && exec "$@"', str(self.hosts_file), *command]
+        wrapped = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(self.hosts_file), *command]
         with open(pod.log_path, "wb") as log:
             log.write(f"# {shlex.join(command)}\n".encode())
             log.flush()
-            pod.process = subprocess.Popen(wrapped, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent_hook())
+            pod.process = subprocess.Popen(
+                wrapped, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent_hook()
+            )
         pod.started_at = time.monotonic()
         self._write_hosts()
         return pod
@@ -324,8 +337,7 @@ class MiniKubelet:
     def _process_of(self, pod: Pod, owner: dict[str, Any]) -> tuple[list[str], dict[str, str], str]:
         container = pod.container
         mounts = self._volumes(pod, owner)
-        env: dict[str, str] = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-                               "HOSTNAME": pod.name}
+        env: dict[str, str] = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""), "HOSTNAME": pod.name}
         for key in ("HOME", "LANG", "TMPDIR"):
             if key in os.environ:
                 env[key] = os.environ[key]
@@ -375,7 +387,7 @@ class MiniKubelet:
     def _local_path(value: str, mounts: Mapping[str, Path]) -> str:
         for mount_path, local in sorted(mounts.items(), key=lambda item: -len(item[0])):
             if value == mount_path or value.startswith(mount_path + "/"):
-                return str(local) + value[len(mount_path):]
+                return str(local) + value[len(mount_path) :]
         return value
 
     def _volumes(self, pod: Pod, owner: dict[str, Any]) -> dict[str, Path]:
@@ -471,8 +483,7 @@ class MiniKubelet:
             dead = [name for name in not_ready if not self.pods[name].running()]
             if dead or time.monotonic() - started > timeout_s:
                 tails = "\n".join(f"--- {n} ---\n" + "\n".join(self.pods[n].log().splitlines()[-30:]) for n in not_ready)
-                raise AssertionError(f"{what or 'pods'}: not ready ({'exited: ' + ', '.join(dead) if dead else 'timeout'})"
-                                     f": {not_ready}\n{tails}")
+                raise AssertionError(f"{what or 'pods'}: not ready ({'exited: ' + ', '.join(dead) if dead else 'timeout'}): {not_ready}\n{tails}")
             time.sleep(0.1)
 
     def addresses(self) -> dict[str, str]:

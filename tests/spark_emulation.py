@@ -7,6 +7,7 @@ state persists across batches. What it leaves out is Spark's machinery (shuffles
 the sink), so the property tests can check the operators' semantics against the test driver
 in milliseconds.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -90,8 +91,7 @@ class SparkEmulator:
     """Runs ``plan`` batch by batch. ``partition_counts``: every repartition topic a task step
     groups by (``resolve``'s counts)."""
 
-    def __init__(self, plan: SparkPlan, partition_counts: Mapping[str, int], *, now_ms: int = 0,
-                 bootstrap_servers: str = "") -> None:
+    def __init__(self, plan: SparkPlan, partition_counts: Mapping[str, int], *, now_ms: int = 0, bootstrap_servers: str = "") -> None:
         self.plan = plan
         #: As the Spark job's builder makes them: the topology's error policies, dead letters
         #: written to ``bootstrap_servers``.
@@ -120,9 +120,7 @@ class SparkEmulator:
 
 
 class _Batch:
-    def __init__(
-        self, emulator: SparkEmulator, slices: Mapping[tuple[str, int], list[tuple[InputRecord, int]]]
-    ) -> None:
+    def __init__(self, emulator: SparkEmulator, slices: Mapping[tuple[str, int], list[tuple[InputRecord, int]]]) -> None:
         self.emulator = emulator
         self.slices = slices
         self._stateful: dict[int, pd.DataFrame] = {}
@@ -136,9 +134,18 @@ class _Batch:
             return pd.concat(frames, ignore_index=True)
         source_node = base.node if isinstance(base, SourcePlan) else None
         run = FlowRun(
-            flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, flow.key_serde, flow.value_serde,
-            from_source=isinstance(base, SourcePlan), sources=self.emulator.sources, task_partitions=task_partitions,
-            lane=lane, errors=self.emulator.errors, source_node=source_node,
+            flow.base_key,
+            flow.base_value,
+            flow.timestamp_extractor,
+            flow.steps,
+            flow.key_serde,
+            flow.value_serde,
+            from_source=isinstance(base, SourcePlan),
+            sources=self.emulator.sources,
+            task_partitions=task_partitions,
+            lane=lane,
+            errors=self.emulator.errors,
+            source_node=source_node,
             subtopology=self.emulator.plan.topology.nodes[source_node or base.node].subtopology,
         )
         if isinstance(base, SourcePlan):
@@ -197,10 +204,7 @@ class _Batch:
             rows = rows[rows["key"].notna()]
         out = []
         for task, group in rows.groupby("task", sort=True):
-            backends = {
-                spec.name: self.emulator._backends.setdefault((plan.node, int(task), spec.name), DictBackend())
-                for spec in plan.step.stores
-            }
+            backends = {spec.name: self.emulator._backends.setdefault((plan.node, int(task), spec.name), DictBackend()) for spec in plan.step.stores}
             state = self.emulator._task_states.get((plan.node, int(task)))
             rows_in = in_worker_order([group], runner.columns)
             new_state, rows_out, _ = runner.process(int(task), rows_in, backends, state, self.emulator.now_ms)

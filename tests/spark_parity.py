@@ -4,6 +4,7 @@ Test-only helper of the Spark tests. The *final table* of a topic is the latest 
 bytes per key bytes (a tombstone removes the key), which is what a consumer of a compacted
 topic ends up with, whichever runtime produced it.
 """
+
 from __future__ import annotations
 
 import time
@@ -84,9 +85,7 @@ def run_on_workers(
     return engine
 
 
-def run_on_spark(
-    app: Any, spark: Any, bootstrap_servers: str, checkpoint: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S
-) -> Any:
+def run_on_spark(app: Any, spark: Any, bootstrap_servers: str, checkpoint: Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Any:
     """Compile ``app`` and run it as a backfill (available-now) to the end of its input."""
     from pystreams.spark import to_spark
 

@@ -8,6 +8,7 @@ fixed image with one topic. Groups are formed by KIP-848 heartbeats sent with
 ``pystreams.protocol.client.KafkaProtocolClient``. Every wait is bounded; the coordinator is
 stopped and every subprocess ends (or is killed) before a test returns.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,8 @@ from dataclasses import dataclass, field
 import kafka.errors as Errors
 import pytest
 from kafka.admin import KafkaAdminClient
-
 from pystreams.assignors.api import TopicMetadata
+
 from pystreams.coordinator.config import HEARTBEAT_INTERVAL, SESSION_TIMEOUT, CoordinatorConfig
 from pystreams.coordinator.log import MemoryLog
 from pystreams.coordinator.runtime import Coordinator, StaticTopics
@@ -36,8 +37,12 @@ GUARD_S = 20.0
 PARTITIONS = 6
 FOO = TopicMetadata(uuid.UUID(int=0xF00), "foo", PARTITIONS)
 CONFIG = CoordinatorConfig(
-    session_timeout_ms=30_000, min_session_timeout_ms=1_000, max_session_timeout_ms=60_000,
-    heartbeat_interval_ms=500, min_heartbeat_interval_ms=100, max_heartbeat_interval_ms=2_000,
+    session_timeout_ms=30_000,
+    min_session_timeout_ms=1_000,
+    max_session_timeout_ms=60_000,
+    heartbeat_interval_ms=500,
+    min_heartbeat_interval_ms=100,
+    max_heartbeat_interval_ms=2_000,
 )
 HB = m.ConsumerGroupHeartbeatRequest
 
@@ -77,6 +82,7 @@ def coordinator() -> Iterator[RunningCoordinator]:
     try:
         yield running
     finally:
+
         async def stop() -> None:
             await running.coordinator.close()
             await running.server.close()
@@ -121,11 +127,15 @@ def form_stable_group(client: KafkaProtocolClient, group_id: str, size: int) -> 
 
 def _heartbeat(client: KafkaProtocolClient, group_id: str, member: Member, join: bool = False) -> None:
     if join:
-        request = HB(group_id=group_id, member_id="", member_epoch=0, rebalance_timeout_ms=5_000,
-                     subscribed_topic_names=["foo"], topic_partitions=[])
+        request = HB(group_id=group_id, member_id="", member_epoch=0, rebalance_timeout_ms=5_000, subscribed_topic_names=["foo"], topic_partitions=[])
     else:
-        request = HB(group_id=group_id, member_id=member.member_id, member_epoch=member.epoch, rebalance_timeout_ms=-1,
-                     topic_partitions=[HB.TopicPartitions(topic_id=t, partitions=ps) for t, ps in member.owned.items()])
+        request = HB(
+            group_id=group_id,
+            member_id=member.member_id,
+            member_epoch=member.epoch,
+            rebalance_timeout_ms=-1,
+            topic_partitions=[HB.TopicPartitions(topic_id=t, partitions=ps) for t, ps in member.owned.items()],
+        )
     response = client.send(request)
     assert response.error_code == 0, response
     member.member_id, member.epoch = response.member_id, response.member_epoch
@@ -138,8 +148,9 @@ def _heartbeat(client: KafkaProtocolClient, group_id: str, member: Member, join:
 
 def pystreams(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """``python -m pystreams ARGS``; killed (and the test failed) if it outlives GUARD_S."""
-    process = subprocess.Popen([sys.executable, "-m", "pystreams", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=dict(os.environ, **(env or {})))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pystreams", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {}))
+    )
     try:
         stdout, stderr = process.communicate(timeout=GUARD_S)
     except subprocess.TimeoutExpired:
@@ -250,8 +261,7 @@ def test_groups_list_prints_rows_and_filters(coordinator: RunningCoordinator) ->
     assert rows[0] == ["GROUP", "TYPE", "STATE", "PROTOCOL-TYPE"]
     assert [stable, "consumer", "Stable", "consumer"] in rows[1:]
 
-    as_json = pystreams("groups", "--list", "--json", "--type", "consumer", "--state", "Stable",
-                        env={"PYSTREAMS_COORDINATOR": coordinator.address})
+    as_json = pystreams("groups", "--list", "--json", "--type", "consumer", "--state", "Stable", env={"PYSTREAMS_COORDINATOR": coordinator.address})
     assert as_json.returncode == 0, as_json.stderr
     groups = json.loads(as_json.stdout)
     assert {"group_id": stable, "group_type": "consumer", "group_state": "Stable", "protocol_type": "consumer"} in groups
@@ -276,8 +286,7 @@ def test_groups_describe_prints_members_epochs_and_assignments(coordinator: Runn
     rows = table_rows(described.stdout)
     assert rows[0] == ["GROUP", "TYPE", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR", "MEMBERS"]
     assert rows[1] == [group_id, "consumer", "Stable", "2", "2", CONFIG.assignors[0], "2"]
-    assert rows[2] == ["MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "PROTOCOL", "EPOCH", "SUBSCRIPTION", "ASSIGNMENT",
-                       "TARGET-ASSIGNMENT"]
+    assert rows[2] == ["MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "PROTOCOL", "EPOCH", "SUBSCRIPTION", "ASSIGNMENT", "TARGET-ASSIGNMENT"]
     member_rows = {row[0]: row for row in rows[3:]}
     assert set(member_rows) == {member.member_id for member in members}
     for member in members:
@@ -289,7 +298,12 @@ def test_groups_describe_prints_members_epochs_and_assignments(coordinator: Runn
     assert as_json.returncode == 0, as_json.stderr
     document = json.loads(as_json.stdout)
     assert (document["group_id"], document["group_type"], document["group_state"], document["group_epoch"], document["assignor"]) == (
-        group_id, "consumer", "Stable", 2, CONFIG.assignors[0])
+        group_id,
+        "consumer",
+        "Stable",
+        2,
+        CONFIG.assignors[0],
+    )
     by_id = {member["member_id"]: member for member in document["members"]}
     for member in members:
         assert by_id[member.member_id]["assignment"] == {"foo": sorted(member.partitions())}
@@ -345,16 +359,16 @@ def test_configs_describe_alter_and_delete(coordinator: RunningCoordinator) -> N
     assert [HEARTBEAT_INTERVAL, str(CONFIG.heartbeat_interval_ms), "DEFAULT"] in rows
     assert [SESSION_TIMEOUT, str(CONFIG.session_timeout_ms), "DEFAULT"] in rows
 
-    altered = pystreams("configs", "--coordinator", coordinator.address, "--group", group_id,
-                        "--alter", f"{SESSION_TIMEOUT}=20000", f"{HEARTBEAT_INTERVAL}=1000")
+    altered = pystreams(
+        "configs", "--coordinator", coordinator.address, "--group", group_id, "--alter", f"{SESSION_TIMEOUT}=20000", f"{HEARTBEAT_INTERVAL}=1000"
+    )
     assert altered.returncode == 0, altered.stderr
     assert f"set {SESSION_TIMEOUT}=20000" in altered.stdout
     configs = _configs_json(coordinator, group_id)
     assert (configs[SESSION_TIMEOUT]["value"], configs[SESSION_TIMEOUT]["source"]) == ("20000", "GROUP_CONFIG")
     assert (configs[HEARTBEAT_INTERVAL]["value"], configs[HEARTBEAT_INTERVAL]["source"]) == ("1000", "GROUP_CONFIG")
 
-    deleted = pystreams("configs", "--coordinator", coordinator.address, "--group", group_id,
-                        "--alter", f"{SESSION_TIMEOUT}=", "--json")
+    deleted = pystreams("configs", "--coordinator", coordinator.address, "--group", group_id, "--alter", f"{SESSION_TIMEOUT}=", "--json")
     assert deleted.returncode == 0, deleted.stderr
     assert json.loads(deleted.stdout) == {"group": group_id, "ok": True, "set": {}, "deleted": [SESSION_TIMEOUT]}
     configs = _configs_json(coordinator, group_id)
@@ -365,8 +379,7 @@ def test_configs_describe_alter_and_delete(coordinator: RunningCoordinator) -> N
 def test_configs_alter_outside_bounds_prints_the_coordinators_error(coordinator: RunningCoordinator) -> None:
     group_id = unique_group("bounded")
     too_long = CONFIG.max_heartbeat_interval_ms + 1
-    result = pystreams("configs", "--coordinator", coordinator.address, "--group", group_id,
-                       "--alter", f"{HEARTBEAT_INTERVAL}={too_long}")
+    result = pystreams("configs", "--coordinator", coordinator.address, "--group", group_id, "--alter", f"{HEARTBEAT_INTERVAL}={too_long}")
     assert result.returncode == 1
     assert Errors.InvalidConfigurationError.message in result.stderr
     assert f"{HEARTBEAT_INTERVAL}={too_long} is outside the coordinator's bounds" in result.stderr
@@ -384,8 +397,7 @@ def test_configs_alter_outside_bounds_prints_the_coordinators_error(coordinator:
 
 def test_configs_report_which_values_are_defaults(coordinator: RunningCoordinator) -> None:
     group_id = unique_group("defaults")
-    assert pystreams("configs", "--coordinator", coordinator.address, "--group", group_id,
-                     "--alter", f"{HEARTBEAT_INTERVAL}=1000").returncode == 0
+    assert pystreams("configs", "--coordinator", coordinator.address, "--group", group_id, "--alter", f"{HEARTBEAT_INTERVAL}=1000").returncode == 0
     configs = _configs_json(coordinator, group_id)
     assert configs[SESSION_TIMEOUT]["is_default"] is True
     assert configs[HEARTBEAT_INTERVAL]["is_default"] is False

@@ -72,9 +72,7 @@ def test_serde_defaults_and_inference(app):
     assert summed.node.value_serde == serdes.Int()
     assert texts.node.value_serde == serdes.Text()
     assert listed.node.value_serde == serdes.Json()
-    assert app.count(words, store="per-minute", window=TumblingWindow(60_000)).node.key_serde == serdes.WindowedKey(
-        serdes.Text()
-    )
+    assert app.count(words, store="per-minute", window=TumblingWindow(60_000)).node.key_serde == serdes.WindowedKey(serdes.Text())
 
 
 def test_app_default_serdes_can_be_changed():
@@ -112,7 +110,7 @@ def test_names_must_be_unique_and_legal(app):
     with pytest.raises(InvalidNameError, match="'clean' is already used"):
 
         @app.map_values(source)
-        def clean(key, value):  # noqa: F811
+        def clean(key, value):
             return value
 
     with pytest.raises(InvalidNameError, match="not usable"):
@@ -183,9 +181,7 @@ def test_merge_needs_two_distinct_streams(app):
 
 def test_windowed_aggregations_declare_window_and_session_stores(app):
     clicks = app.topic("clicks")
-    per_minute = clicks.count(
-        store="per-minute", window=TumblingWindow(timedelta(minutes=1), grace=timedelta(seconds=5))
-    )
+    per_minute = clicks.count(store="per-minute", window=TumblingWindow(timedelta(minutes=1), grace=timedelta(seconds=5)))
     hopping = clicks.count(store="hopping", window=HoppingWindow(300_000, advance=60_000))
     sessions = clicks.aggregate(
         lambda acc, k, v: acc + 1,
@@ -229,18 +225,16 @@ def test_stream_table_join_spec(app):
     assert node.table == "customers" and node.table_store == "customers" and node.how is JoinHow.LEFT
     assert node.stores == ("customers",)
     with pytest.raises(TopologyError, match="inner or left"):
-        app.join(orders, customers, how="outer", name="j2")(lambda k, l, r: l)
+        app.join(orders, customers, how="outer", name="j2")(lambda k, left, right: left)
     with pytest.raises(TopologyError, match="takes no window"):
-        app.join(orders, customers, window=JoinWindow(1000), name="j3")(lambda k, l, r: l)
+        app.join(orders, customers, window=JoinWindow(1000), name="j3")(lambda k, left, right: left)
     with pytest.raises(TopologyError, match="how must be one of"):
-        app.join(orders, customers, how="sideways", name="j4")(lambda k, l, r: l)
+        app.join(orders, customers, how="sideways", name="j4")(lambda k, left, right: left)
 
 
 def test_stream_stream_join_has_a_node_and_a_store_per_side(app):
     orders, payments = app.topic("orders"), app.topic("payments")
-    paid = app.join(orders, payments, window=JoinWindow(within=timedelta(minutes=5)), how="outer")(
-        lambda key, order, payment: (order, payment)
-    )
+    paid = app.join(orders, payments, window=JoinWindow(within=timedelta(minutes=5)), how="outer")(lambda key, order, payment: (order, payment))
     assert paid.name == "orders-join"  # a lambda: named after its left input
     left, right = app._nodes["orders-join-left"], app._nodes["orders-join-right"]
     assert paid.node.kind is NodeKind.MERGE and paid.node.parents == (left.name, right.name)
@@ -251,7 +245,7 @@ def test_stream_stream_join_has_a_node_and_a_store_per_side(app):
     store = app._stores["orders-join-left-store"]
     assert store.retain_duplicates and store.retention_ms == 600_000 and store.owner == left.name
     with pytest.raises(TopologyError, match="needs window=JoinWindow"):
-        app.join(orders, payments, name="unwindowed")(lambda k, l, r: l)
+        app.join(orders, payments, name="unwindowed")(lambda k, left, right: left)
 
 
 class Counter(Processor):

@@ -27,11 +27,7 @@ points = st.builds(
     tags=st.lists(st.text(), max_size=4),
 )
 json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.text()
-    | st.floats(allow_nan=False, allow_infinity=False),
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.text() | st.floats(allow_nan=False, allow_infinity=False),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
     max_leaves=20,
 )

@@ -1,13 +1,14 @@
 """The ``range`` server-side assignor: Kafka's range layout, co-partitioning, stickiness that
 never breaks either, and properties over random specs."""
+
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
 
+from assignor_support import PROPERTY_SETTINGS, member, moved, of_topic, topic_id, topics
 from hypothesis import given
 from hypothesis import strategies as st
-
 from pystreams.assignors.api import (
     AssignmentSpec,
     GroupAssignment,
@@ -17,8 +18,6 @@ from pystreams.assignors.api import (
 )
 from pystreams.assignors.range import RangeAssignor
 from pystreams.assignors.server import server_assignor
-from assignor_support import PROPERTY_SETTINGS, member, moved, of_topic, topic_id, topics
-
 
 FOO, BAR, BAZ, GONE = topic_id("foo"), topic_id("bar"), topic_id("baz"), topic_id("gone")
 
@@ -131,8 +130,7 @@ def specs(draw: st.DrawFn, with_targets: bool = True) -> AssignmentSpec:
     and random, possibly stale or conflicting, targets. Partition counts come from a short list
     (0-20) so that topics with equal counts -- co-partitioned ones -- are common."""
     topic_metadata = {
-        topic_id(f"t{i}"): TopicMetadata(topic_id(f"t{i}"), f"t{i}", draw(st.sampled_from([0, 1, 3, 6, 7, 20])))
-        for i in range(draw(st.integers(0, 5)))
+        topic_id(f"t{i}"): TopicMetadata(topic_id(f"t{i}"), f"t{i}", draw(st.sampled_from([0, 1, 3, 6, 7, 20]))) for i in range(draw(st.integers(0, 5)))
     }
     universe = [*sorted(topic_metadata, key=str), GONE]
     names = draw(st.lists(st.text("abcdefghij", min_size=1, max_size=3), max_size=30, unique=True))
@@ -152,17 +150,12 @@ def specs(draw: st.DrawFn, with_targets: bool = True) -> AssignmentSpec:
 
 
 def subscribers_of(spec: AssignmentSpec) -> dict[uuid.UUID, frozenset[str]]:
-    return {
-        t: frozenset(m for m, s in spec.members.items() if t in s.subscribed_topic_ids) for t in spec.topics
-    }
+    return {t: frozenset(m for m, s in spec.members.items() if t in s.subscribed_topic_ids) for t in spec.topics}
 
 
 def with_targets_from(spec: AssignmentSpec, result: GroupAssignment) -> AssignmentSpec:
     return AssignmentSpec(
-        members={
-            m: MemberSpec(subscribed_topic_ids=s.subscribed_topic_ids, target_partitions=result.members[m].partitions)
-            for m, s in spec.members.items()
-        },
+        members={m: MemberSpec(subscribed_topic_ids=s.subscribed_topic_ids, target_partitions=result.members[m].partitions) for m, s in spec.members.items()},
         topics=spec.topics,
     )
 
@@ -208,9 +201,7 @@ def test_topics_with_the_same_subscribers_and_partition_count_are_co_partitioned
     subscribers = subscribers_of(spec)
     for first in spec.topics:
         for second in spec.topics:
-            if subscribers[first] == subscribers[second] and (
-                spec.topics[first].num_partitions == spec.topics[second].num_partitions
-            ):
+            if subscribers[first] == subscribers[second] and (spec.topics[first].num_partitions == spec.topics[second].num_partitions):
                 for member_id in subscribers[first]:
                     held = result.members[member_id].partitions
                     assert held.get(first, frozenset()) == held.get(second, frozenset())
@@ -235,9 +226,7 @@ def test_without_targets_the_layout_is_kafkas_range_in_member_id_order(spec):
 @PROPERTY_SETTINGS
 @given(specs())
 def test_result_does_not_depend_on_dict_order(spec):
-    reordered = AssignmentSpec(
-        members=dict(reversed(list(spec.members.items()))), topics=dict(reversed(list(spec.topics.items())))
-    )
+    reordered = AssignmentSpec(members=dict(reversed(list(spec.members.items()))), topics=dict(reversed(list(spec.topics.items()))))
     assert RangeAssignor().assign(spec) == RangeAssignor().assign(reordered)
 
 

@@ -1,13 +1,12 @@
 """The Streams task assignor: tasks from partitions, co-partitioning, stickiness, balance,
 determinism, and the topology-hash check; plus the metadata encodings."""
+
 from __future__ import annotations
 
 import uuid
 from pathlib import Path
 
 import pytest
-
-from pystreams.app import load_app
 from pystreams.assignors.api import AssignmentSpec, AssignorMetadata, MemberSpec, TopicMetadata
 from pystreams.assignors.streams import (
     AssignmentError,
@@ -23,6 +22,8 @@ from pystreams.assignors.streams import (
 )
 from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import resolve
+
+from pystreams.app import load_app
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -57,9 +58,7 @@ def _spec(resolved, member_ids, targets=None, hashes=None, lags=None) -> Assignm
             assignor.set_task_lags(lags[mid])
         meta = assignor.metadata()
         if hashes and mid in hashes:
-            data = encode_member_metadata(
-                StreamsMemberMetadata(process_id=uuid.UUID(int=index + 1), topology_hash=hashes[mid])
-            )
+            data = encode_member_metadata(StreamsMemberMetadata(process_id=uuid.UUID(int=index + 1), topology_hash=hashes[mid]))
             meta = AssignorMetadata(reason=0, version=1, data=data, minimum_version=1, maximum_version=1)
         members[mid] = MemberSpec(
             subscribed_topic_ids=frozenset(topics),
@@ -183,20 +182,30 @@ def test_partitions_by_host(join_topology):
 
 def test_metadata_round_trip_and_reason():
     member = StreamsMemberMetadata(
-        process_id=uuid.uuid4(), user_endpoint="h:1", client_tags={"rack": "r1"},
-        topology_hash=uuid.uuid4(), task_lags={"0_1": 5},
+        process_id=uuid.uuid4(),
+        user_endpoint="h:1",
+        client_tags={"rack": "r1"},
+        topology_hash=uuid.uuid4(),
+        task_lags={"0_1": 5},
     )
     assert decode_member_metadata(1, encode_member_metadata(member)) == member
     assignment = StreamsAssignmentMetadata(
-        active_tasks=(TaskId(0, 1),), standby_tasks=(TaskId(1, 2),), warmup_tasks=(TaskId(1, 0),),
-        partitions_by_host={"h:1": [("t", 1)]}, standby_partitions_by_host={"h:2": [("t", 2)]}, error=2,
+        active_tasks=(TaskId(0, 1),),
+        standby_tasks=(TaskId(1, 2),),
+        warmup_tasks=(TaskId(1, 0),),
+        partitions_by_host={"h:1": [("t", 1)]},
+        standby_partitions_by_host={"h:2": [("t", 2)]},
+        error=2,
     )
     assert decode_assignment_metadata(2, encode_assignment_metadata(assignment, 2)) == assignment
     # v1 has no standby partitions by host; the rest survives.
     from_v1 = decode_assignment_metadata(1, encode_assignment_metadata(assignment, 1))
     assert from_v1 == StreamsAssignmentMetadata(
-        active_tasks=(TaskId(0, 1),), standby_tasks=(TaskId(1, 2),), warmup_tasks=(TaskId(1, 0),),
-        partitions_by_host={"h:1": [("t", 1)]}, error=2,
+        active_tasks=(TaskId(0, 1),),
+        standby_tasks=(TaskId(1, 2),),
+        warmup_tasks=(TaskId(1, 0),),
+        partitions_by_host={"h:1": [("t", 1)]},
+        error=2,
     )
     assert decode_member_metadata(2, encode_member_metadata(member)) == member  # one layout
     with pytest.raises(MetadataDecodeError):
@@ -206,10 +215,10 @@ def test_metadata_round_trip_and_reason():
 
 
 def test_v2_partitions_by_host_name_each_topic_once_and_round_trip():
-    hosts = {f"worker-{i}.example:8080": [("orders", i), ("customers-changelog", i), ("orders", i + 100)]
-             for i in range(50)}
+    hosts = {f"worker-{i}.example:8080": [("orders", i), ("customers-changelog", i), ("orders", i + 100)] for i in range(50)}
     assignment = StreamsAssignmentMetadata(
-        active_tasks=(TaskId(0, 1),), partitions_by_host=hosts,
+        active_tasks=(TaskId(0, 1),),
+        partitions_by_host=hosts,
         standby_partitions_by_host={"worker-0.example:8080": [("orders", 7)]},
     )
     v2, v1 = encode_assignment_metadata(assignment, 2), encode_assignment_metadata(assignment, 1)

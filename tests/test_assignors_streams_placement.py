@@ -1,6 +1,7 @@
 """High-availability placement of Streams tasks: properties of ``place_tasks`` over random
 groups, and the Streams assignor's scenarios (warm-ups, promotion after catching up,
 rack-aware standbys, rolling upgrade between metadata versions, shutdown)."""
+
 from __future__ import annotations
 
 import uuid
@@ -8,10 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from assignor_support import PROPERTY_SETTINGS
 from hypothesis import assume, given
 from hypothesis import strategies as st
-
-from pystreams.app import load_app
 from pystreams.assignors.api import AssignmentSpec, AssignorMetadata, MemberSpec, TopicMetadata
 from pystreams.assignors.streams import (
     AssignmentError,
@@ -30,7 +30,7 @@ from pystreams.assignors.streams import (
 from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import resolve
 
-from assignor_support import PROPERTY_SETTINGS
+from pystreams.app import load_app
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ACCEPTABLE = 100
@@ -457,9 +457,7 @@ def test_scale_of_a_large_group_stays_correct():
     """300 members, 2,000 stateful tasks, one standby (timing: benchmarks/): balanced, every
     standby in another zone, and the same result when fed back with the lags workers report."""
     tasks = [TaskId(0, p) for p in range(2_000)]
-    processes = [
-        ProcessSpec(f"p{i:03}", tuple(f"p{i:03}-{t}" for t in range(3)), client_tags={"zone": f"z{i % 3}"}) for i in range(100)
-    ]
+    processes = [ProcessSpec(f"p{i:03}", tuple(f"p{i:03}-{t}" for t in range(3)), client_tags={"zone": f"z{i % 3}"}) for i in range(100)]
     config = HaConfig(num_standby_replicas=1, rack_aware_assignment_tags=("zone",))
     result = place_tasks(tasks, set(tasks), processes, {}, config)
     counts = [len(m.active) for m in result.values()]
@@ -471,8 +469,7 @@ def test_scale_of_a_large_group_stays_correct():
     assert all(zone_of[mid] != zone_of[actives[task]] for task, mid in standbys)
     process_of = _process_of(processes)
     reported = [
-        ProcessSpec(p.process_id, p.member_ids, p.client_tags, {task: 30 for task, mid in standbys if process_of[mid] == p.process_id})
-        for p in processes
+        ProcessSpec(p.process_id, p.member_ids, p.client_tags, {task: 30 for task, mid in standbys if process_of[mid] == p.process_id}) for p in processes
     ]
     assert place_tasks(tasks, set(tasks), reported, actives, config) == result
 

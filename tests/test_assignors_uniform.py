@@ -1,5 +1,6 @@
 """The ``uniform`` server-side assignor: the KIP-848 case studies, edge cases, and properties
 over random specs (validity, balance, determinism, stickiness)."""
+
 from __future__ import annotations
 
 import math
@@ -7,9 +8,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 
 import pytest
+from assignor_support import PROPERTY_SETTINGS, member, moved, of_topic, topic_id, topics
 from hypothesis import given
 from hypothesis import strategies as st
-
 from pystreams.assignors.api import (
     AssignmentSpec,
     GroupAssignment,
@@ -25,8 +26,6 @@ from pystreams.assignors.server import (
     server_assignor,
 )
 from pystreams.assignors.uniform import UniformAssignor
-from assignor_support import PROPERTY_SETTINGS, member, moved, of_topic, topic_id, topics
-
 
 FOO, BAR, GONE = topic_id("foo"), topic_id("bar"), topic_id("gone")
 
@@ -42,10 +41,7 @@ def partitions_of(result: GroupAssignment) -> dict[str, Partitions]:
 def follow_up(previous: GroupAssignment, subscribed: Iterable[uuid.UUID], *new_members: str) -> dict[str, MemberSpec]:
     """The next spec of a case study: every member keeps its target, plus joining members."""
     subscription = frozenset(subscribed)
-    specs = {
-        m: MemberSpec(subscribed_topic_ids=subscription, target_partitions=a.partitions)
-        for m, a in previous.members.items()
-    }
+    specs = {m: MemberSpec(subscribed_topic_ids=subscription, target_partitions=a.partitions) for m, a in previous.members.items()}
     specs.update({m: MemberSpec(subscribed_topic_ids=subscription) for m in new_members})
     return specs
 
@@ -191,10 +187,7 @@ def test_registry_rejects_unknown_names_listing_the_known_ones():
 def specs(draw: st.DrawFn, homogeneous: bool = False) -> AssignmentSpec:
     """Random groups: 0-30 members, 0-5 topics of 0-20 partitions, random subscriptions (maybe
     to a deleted topic) and random, possibly stale or conflicting, target partitions."""
-    topic_metadata = {
-        topic_id(f"t{i}"): TopicMetadata(topic_id(f"t{i}"), f"t{i}", draw(st.integers(0, 20)))
-        for i in range(draw(st.integers(0, 5)))
-    }
+    topic_metadata = {topic_id(f"t{i}"): TopicMetadata(topic_id(f"t{i}"), f"t{i}", draw(st.integers(0, 20))) for i in range(draw(st.integers(0, 5)))}
     known = sorted(topic_metadata, key=str)
     universe = [*known, GONE]
     names = draw(st.lists(st.text("abcdefghij", min_size=1, max_size=3), max_size=30, unique=True))
@@ -241,10 +234,7 @@ def assert_valid(spec: AssignmentSpec, result: GroupAssignment) -> None:
 
 def with_targets(spec: AssignmentSpec, result: GroupAssignment) -> AssignmentSpec:
     return AssignmentSpec(
-        members={
-            m: MemberSpec(subscribed_topic_ids=s.subscribed_topic_ids, target_partitions=result.members[m].partitions)
-            for m, s in spec.members.items()
-        },
+        members={m: MemberSpec(subscribed_topic_ids=s.subscribed_topic_ids, target_partitions=result.members[m].partitions) for m, s in spec.members.items()},
         topics=spec.topics,
     )
 
@@ -258,9 +248,7 @@ def test_every_subscribed_partition_is_assigned_exactly_once_and_only_to_subscri
 @PROPERTY_SETTINGS
 @given(specs())
 def test_result_does_not_depend_on_dict_order(spec):
-    reordered = AssignmentSpec(
-        members=dict(reversed(list(spec.members.items()))), topics=dict(reversed(list(spec.topics.items())))
-    )
+    reordered = AssignmentSpec(members=dict(reversed(list(spec.members.items()))), topics=dict(reversed(list(spec.topics.items()))))
     assert UniformAssignor().assign(spec) == UniformAssignor().assign(reordered)
 
 
@@ -285,8 +273,7 @@ def test_no_partition_could_move_along_any_chain_to_a_member_with_two_fewer(spec
     held = counts(result)
     subscriptions = {m: effective_subscription(spec, m) for m in spec.members}
     can_give_to = {
-        giver: {taker for taker in spec.members if taker != giver and subscriptions[taker] & set(a.partitions)}
-        for giver, a in result.members.items()
+        giver: {taker for taker in spec.members if taker != giver and subscriptions[taker] & set(a.partitions)} for giver, a in result.members.items()
     }
     for source in spec.members:
         reachable, stack = set(), [source]
@@ -313,9 +300,7 @@ def test_a_join_moves_at_most_the_newcomers_fair_share(spec, newcomer):
         return
     stable = with_targets(spec, UniformAssignor().assign(spec))
     subscription = next(iter(spec.members.values())).subscribed_topic_ids if spec.members else frozenset()
-    joined = AssignmentSpec(
-        members={**stable.members, newcomer: MemberSpec(subscribed_topic_ids=subscription)}, topics=spec.topics
-    )
+    joined = AssignmentSpec(members={**stable.members, newcomer: MemberSpec(subscribed_topic_ids=subscription)}, topics=spec.topics)
     after = UniformAssignor().assign(joined)
     assert_valid(joined, after)
     before = {m: s.target_partitions for m, s in stable.members.items()}

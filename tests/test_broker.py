@@ -1,4 +1,5 @@
 """The embedded broker launcher and the ``pystreams broker`` command, against real processes."""
+
 from __future__ import annotations
 
 import argparse
@@ -102,9 +103,7 @@ def test_a_given_port_in_use_is_a_clear_error(occupied_port: int) -> None:
     assert set(running_brokers()) == brokers_before
 
 
-def test_a_free_port_lost_to_another_process_is_replaced(
-    occupied_port: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_free_port_lost_to_another_process_is_replaced(occupied_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # Simulate the race: the "free" port is taken before the broker binds it.
     real_free_port = broker_module.free_port
     offered: list[int] = []
@@ -158,16 +157,11 @@ def test_produce_and_consume_round_trip(any_kafka, unique_topic: Callable[..., s
     with ClusterMetadata(any_kafka.bootstrap_servers) as cluster:
         cluster.ensure_topics([TopicSpec(topic, num_partitions=2)])
 
-    sent = [
-        (partition, f"key-{i}".encode(), (None if i == 4 else f"value-{i}".encode()))
-        for i, partition in enumerate([0, 1, 0, 1, 0])
-    ]
+    sent = [(partition, f"key-{i}".encode(), (None if i == 4 else f"value-{i}".encode())) for i, partition in enumerate([0, 1, 0, 1, 0])]
     producer = KafkaProducer(bootstrap_servers=any_kafka.bootstrap_servers, acks="all")
     try:
         for partition, key, value in sent:
-            producer.send(
-                topic, key=key, value=value, partition=partition, headers=[("source", b"test")]
-            ).get(timeout=10)
+            producer.send(topic, key=key, value=value, partition=partition, headers=[("source", b"test")]).get(timeout=10)
     finally:
         producer.close(timeout=5)
 
@@ -304,8 +298,6 @@ def test_broker_command_options_and_environment(monkeypatch: pytest.MonkeyPatch)
         _parse(["--port", "70000"])
 
 
-def test_broker_command_reports_a_port_in_use(
-    occupied_port: int, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_broker_command_reports_a_port_in_use(occupied_port: int, capsys: pytest.CaptureFixture[str]) -> None:
     assert broker_command.main(["--port", str(occupied_port)]) == 1
     assert f"127.0.0.1:{occupied_port} is already in use" in capsys.readouterr().err

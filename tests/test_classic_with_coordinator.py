@@ -5,6 +5,7 @@ assignor) and pystreams' classic member share a classic group; a KIP-848 member 
 group converts to a consumer group and both classic members reconcile through their own
 JoinGroup/SyncGroup/Heartbeat) and leaves again (the group converts back). No partition is
 ever owned by two members at once; everything is owned when the group settles."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +16,7 @@ import pytest
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
+from test_client_driver import ALL_FOO, FOO, GUARD_S, Harness, Ownership, async_test, eventually, make_driver
 
 from pystreams.client.classic import ClassicMemberConfig
 from pystreams.client.driver import KafkaConnection, MemberDriver
@@ -23,7 +25,6 @@ from pystreams.client.topics import StaticTopics
 from pystreams.coordinator.log import MemoryLog
 from pystreams.partitions import TopicIdPartition
 from pystreams.protocol import messages as m
-from test_client_driver import ALL_FOO, FOO, GUARD_S, Harness, Ownership, async_test, eventually, make_driver
 
 GROUP = "g"
 NONE = 0
@@ -78,8 +79,13 @@ class KafkaPythonConsumer:
                 await self._rebalance(connection, stop)
             self._release(set(self.owned))
             if self.member_id:
-                await connection.send(m.LeaveGroupRequest(group_id=GROUP, members=[
-                    m.LeaveGroupRequest.MemberIdentity(member_id=self.member_id, group_instance_id=None, reason="done")]), 5, 10)
+                await connection.send(
+                    m.LeaveGroupRequest(
+                        group_id=GROUP, members=[m.LeaveGroupRequest.MemberIdentity(member_id=self.member_id, group_instance_id=None, reason="done")]
+                    ),
+                    5,
+                    10,
+                )
         finally:
             connection.close()
 
@@ -88,11 +94,19 @@ class KafkaPythonConsumer:
             self._release(set(self.owned))  # eager: everything goes before the join
         metadata = self.assignor.metadata({FOO.name})  # type: ignore[attr-defined]
         self.joins += 1
-        join = await connection.send(m.JoinGroupRequest(
-            group_id=GROUP, session_timeout_ms=10_000, rebalance_timeout_ms=10_000, member_id=self.member_id,
-            group_instance_id=None, protocol_type="consumer",
-            protocols=[m.JoinGroupRequest.JoinGroupRequestProtocol(name=self.assignor.name, metadata=metadata.encode())],  # type: ignore[attr-defined]
-        ), 7, 20)  # kafka-python's consumer speaks JoinGroup v7
+        join = await connection.send(
+            m.JoinGroupRequest(
+                group_id=GROUP,
+                session_timeout_ms=10_000,
+                rebalance_timeout_ms=10_000,
+                member_id=self.member_id,
+                group_instance_id=None,
+                protocol_type="consumer",
+                protocols=[m.JoinGroupRequest.JoinGroupRequestProtocol(name=self.assignor.name, metadata=metadata.encode())],  # type: ignore[attr-defined]
+            ),
+            7,
+            20,
+        )  # kafka-python's consumer speaks JoinGroup v7
         if join.error_code == MEMBER_ID_REQUIRED:
             self.member_id = join.member_id
             return
@@ -107,11 +121,20 @@ class KafkaPythonConsumer:
                 entry.metadata = ConsumerProtocolSubscription.decode(bytes(entry.metadata))
                 members.append(entry)
             assigned = self.assignor.assign(Cluster(), members)  # type: ignore[attr-defined]
-            assignments = [m.SyncGroupRequest.SyncGroupRequestAssignment(member_id=mid, assignment=a.encode())
-                           for mid, a in assigned.items()]
-        sync = await connection.send(m.SyncGroupRequest(
-            group_id=GROUP, generation_id=self.generation, member_id=self.member_id, group_instance_id=None,
-            protocol_type="consumer", protocol_name=join.protocol_name, assignments=assignments), 5, 20)
+            assignments = [m.SyncGroupRequest.SyncGroupRequestAssignment(member_id=mid, assignment=a.encode()) for mid, a in assigned.items()]
+        sync = await connection.send(
+            m.SyncGroupRequest(
+                group_id=GROUP,
+                generation_id=self.generation,
+                member_id=self.member_id,
+                group_instance_id=None,
+                protocol_type="consumer",
+                protocol_name=join.protocol_name,
+                assignments=assignments,
+            ),
+            5,
+            20,
+        )
         if sync.error_code != NONE:
             await self._on_error(sync.error_code)
             return
@@ -127,8 +150,9 @@ class KafkaPythonConsumer:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.1)
-            heartbeat = await connection.send(m.HeartbeatRequest(
-                group_id=GROUP, generation_id=self.generation, member_id=self.member_id, group_instance_id=None), 4, 10)
+            heartbeat = await connection.send(
+                m.HeartbeatRequest(group_id=GROUP, generation_id=self.generation, member_id=self.member_id, group_instance_id=None), 4, 10
+            )
             if heartbeat.error_code == REBALANCE_IN_PROGRESS:
                 return
             if heartbeat.error_code != NONE:
@@ -146,11 +170,7 @@ class KafkaPythonConsumer:
 
 
 def settled(ownership: Ownership, names: list[str], drivers: list[MemberDriver]) -> bool:
-    return (
-        set(ownership.owner) == ALL_FOO
-        and all(ownership.owned_by(name) for name in names)
-        and all(d.member.state is MemberState.STABLE for d in drivers)
-    )
+    return set(ownership.owner) == ALL_FOO and all(ownership.owned_by(name) for name in names) and all(d.member.state is MemberState.STABLE for d in drivers)
 
 
 async def group_type(harness: Harness) -> tuple[str, dict[str, int]]:
@@ -158,8 +178,13 @@ async def group_type(harness: Harness) -> tuple[str, dict[str, int]]:
     DescribeGroups for a classic group."""
     connection = await KafkaConnection.open(("127.0.0.1", harness.port), "describe", 10)
     try:
-        [group] = (await connection.send(m.ConsumerGroupDescribeRequest(group_ids=[GROUP], include_authorized_operations=False),
-                                         max(v for v in (0, 1) if _supports(m.ConsumerGroupDescribeRequest, v)), 10)).groups
+        [group] = (
+            await connection.send(
+                m.ConsumerGroupDescribeRequest(group_ids=[GROUP], include_authorized_operations=False),
+                max(v for v in (0, 1) if _supports(m.ConsumerGroupDescribeRequest, v)),
+                10,
+            )
+        ).groups
         if group.error_code == NONE:
             return "consumer", {member.member_id: getattr(member, "member_type", -1) for member in group.members}
         [classic] = (await connection.send(m.DescribeGroupsRequest(groups=[GROUP], include_authorized_operations=False), 5, 10)).groups
@@ -175,10 +200,13 @@ def _supports(message, version: int) -> bool:
     return spec is not None and spec.supports(version)
 
 
-@pytest.mark.parametrize("protocol,kafka_python_assignor", [
-    ("range", lambda: RangePartitionAssignor),
-    ("cooperative-sticky", CooperativeStickyAssignor),
-])
+@pytest.mark.parametrize(
+    "protocol,kafka_python_assignor",
+    [
+        ("range", lambda: RangePartitionAssignor),
+        ("cooperative-sticky", CooperativeStickyAssignor),
+    ],
+)
 @async_test
 async def test_classic_members_migrate_beside_a_kip848_member_and_back(protocol, kafka_python_assignor) -> None:
     harness = Harness(MemoryLog(1))
@@ -188,10 +216,15 @@ async def test_classic_members_migrate_beside_a_kip848_member_and_back(protocol,
     raw = KafkaPythonConsumer(harness, ownership, "kafka-python", kafka_python_assignor())
     holder: list[MemberDriver] = []
     ours = MemberDriver(
-        ClassicMemberConfig(group_id=GROUP, client_id="ours", assignors=(protocol,), session_timeout_ms=10_000,
-                            heartbeat_interval_ms=100, rebalance_timeout_ms=10_000),
-        harness.bootstrap, topics=StaticTopics([FOO]), on_event=ownership.handler("ours", lambda: holder[0]),
-        request_timeout_ms=2_000, reconnect_backoff_ms=20, reconnect_backoff_max_ms=200,
+        ClassicMemberConfig(
+            group_id=GROUP, client_id="ours", assignors=(protocol,), session_timeout_ms=10_000, heartbeat_interval_ms=100, rebalance_timeout_ms=10_000
+        ),
+        harness.bootstrap,
+        topics=StaticTopics([FOO]),
+        on_event=ownership.handler("ours", lambda: holder[0]),
+        request_timeout_ms=2_000,
+        reconnect_backoff_ms=20,
+        reconnect_backoff_max_ms=200,
     )
     holder.append(ours)
     raw_task = asyncio.create_task(raw.run(stop_raw))
@@ -205,8 +238,9 @@ async def test_classic_members_migrate_beside_a_kip848_member_and_back(protocol,
         # A KIP-848 member joins: the group converts and the classic members reconcile.
         newcomer = make_driver(harness, ownership, "kip848")
         await newcomer.start()
-        await eventually(lambda: settled(ownership, ["kafka-python", "ours", "kip848"], [ours, newcomer]),
-                         "three members sharing the partitions", timeout=GUARD_S * 2)
+        await eventually(
+            lambda: settled(ownership, ["kafka-python", "ours", "kip848"], [ours, newcomer]), "three members sharing the partitions", timeout=GUARD_S * 2
+        )
         kind, member_types = await group_type(harness)
         assert kind == "consumer"
         assert sorted(member_types.values()) == [0, 0, 1]  # two classic members, one consumer
@@ -214,8 +248,7 @@ async def test_classic_members_migrate_beside_a_kip848_member_and_back(protocol,
 
         # It leaves: back to a classic group of two.
         await newcomer.leave()
-        await eventually(lambda: settled(ownership, ["kafka-python", "ours"], [ours]), "a classic group of two again",
-                         timeout=GUARD_S * 2)
+        await eventually(lambda: settled(ownership, ["kafka-python", "ours"], [ours]), "a classic group of two again", timeout=GUARD_S * 2)
         assert (await group_type(harness))[0] == "classic"
         assert ownership.violations == []
     finally:

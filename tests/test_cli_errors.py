@@ -2,6 +2,7 @@
 the command with exit status 1 and two lines on stderr — the cause with the file or option
 involved and the fix, then where the traceback is — and the traceback only with ``--verbose``.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ def bootstrap() -> Iterator[str]:
 
 
 def pystreams(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pystreams", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120, env=None if env is None else {**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "pystreams", *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=None if env is None else {**os.environ, **env}
+    )
 
 
 def said_briefly(done: subprocess.CompletedProcess[str], command: str) -> str:
@@ -62,27 +64,26 @@ def test_an_app_file_with_a_syntax_error_is_named_with_its_line(tmp_path: Path, 
 
 
 def test_a_missing_source_topic_says_how_to_create_it(tmp_path: Path, bootstrap: str) -> None:
-    done = pystreams("worker", str(JSON_EVENTS), "--bootstrap-servers", bootstrap, "--coordinator", "127.0.0.1:2",
-                     "--state-dir", str(tmp_path / "state"), cwd=tmp_path)
+    done = pystreams(
+        "worker", str(JSON_EVENTS), "--bootstrap-servers", bootstrap, "--coordinator", "127.0.0.1:2", "--state-dir", str(tmp_path / "state"), cwd=tmp_path
+    )
     assert said_briefly(done, "worker") == (
-        f"source topic 'events' does not exist on {bootstrap}; create it first: "
-        f"pystreams topics --create events --partitions N --bootstrap-servers {bootstrap}")
+        f"source topic 'events' does not exist on {bootstrap}; create it first: pystreams topics --create events --partitions N --bootstrap-servers {bootstrap}"
+    )
 
 
 def test_spark_names_a_missing_source_topic_before_starting_a_session(tmp_path: Path, bootstrap: str) -> None:
-    (tmp_path / "counts.py").write_text("from pystreams.app import App\napp = App('counts')\n"
-                                        "app.topic('events').count(store='counts').to('event-counts')\n")
+    (tmp_path / "counts.py").write_text("from pystreams.app import App\napp = App('counts')\napp.topic('events').count(store='counts').to('event-counts')\n")
     done = pystreams("spark", "counts.py", "--bootstrap-servers", bootstrap, "--once", cwd=tmp_path)
     assert said_briefly(done, "spark") == (
-        f"source topic 'events' does not exist on {bootstrap}; create it first: "
-        f"pystreams topics --create events --partitions N --bootstrap-servers {bootstrap}")
+        f"source topic 'events' does not exist on {bootstrap}; create it first: pystreams topics --create events --partitions N --bootstrap-servers {bootstrap}"
+    )
     assert "Spark" not in done.stderr.split("error:")[0]  # no session was started
 
 
 def test_a_state_dir_that_cannot_be_written_is_named(tmp_path: Path, bootstrap: str) -> None:
     (tmp_path / "a-file").write_text("not a directory")
-    done = pystreams("worker", str(JSON_EVENTS), "--bootstrap-servers", bootstrap, "--coordinator", "127.0.0.1:2",
-                     "--state-dir", "a-file/state", cwd=tmp_path)
+    done = pystreams("worker", str(JSON_EVENTS), "--bootstrap-servers", bootstrap, "--coordinator", "127.0.0.1:2", "--state-dir", "a-file/state", cwd=tmp_path)
     error = said_briefly(done, "worker")
     assert error.startswith("--state-dir a-file/state: cannot write there (Not a directory); choose a directory")
 
@@ -92,18 +93,19 @@ def test_spark_without_pyspark_says_which_extra_to_install(tmp_path: Path, boots
     shadow = tmp_path / "no-pyspark"
     shadow.mkdir()
     (shadow / "pyspark.py").write_text("raise ModuleNotFoundError(\"No module named 'pyspark'\", name='pyspark')\n")
-    done = pystreams("spark", str(WORDCOUNT), "--bootstrap-servers", bootstrap, cwd=tmp_path,
-                     env={"PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])})
-    assert said_briefly(done, "spark") == "the Spark runtime is not installed (No module named 'pyspark'): " \
-                                          "pip install 'pystreams[spark]'"
+    done = pystreams(
+        "spark",
+        str(WORDCOUNT),
+        "--bootstrap-servers",
+        bootstrap,
+        cwd=tmp_path,
+        env={"PYTHONPATH": os.pathsep.join([str(shadow), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert said_briefly(done, "spark") == "the Spark runtime is not installed (No module named 'pyspark'): pip install 'pystreams[spark]'"
 
 
 def test_spark_without_java_says_so_before_starting_a_session(tmp_path: Path, bootstrap: str) -> None:
-    done = pystreams("spark", str(WORDCOUNT), "--bootstrap-servers", bootstrap, cwd=tmp_path,
-                     env={"PATH": str(tmp_path), "JAVA_HOME": ""})
-    assert said_briefly(done, "spark").startswith("Spark needs Java 17, and none was found (JAVA_HOME is unset and no "
-                                                  "java is on PATH); install a JDK 17")
-    broken_home = pystreams("spark", str(WORDCOUNT), "--bootstrap-servers", bootstrap, cwd=tmp_path,
-                            env={"JAVA_HOME": str(tmp_path)})
-    assert said_briefly(broken_home, "spark") == (f"JAVA_HOME={tmp_path} has no bin/java; point JAVA_HOME at a "
-                                                  "Java 17 installation")
+    done = pystreams("spark", str(WORDCOUNT), "--bootstrap-servers", bootstrap, cwd=tmp_path, env={"PATH": str(tmp_path), "JAVA_HOME": ""})
+    assert said_briefly(done, "spark").startswith("Spark needs Java 17, and none was found (JAVA_HOME is unset and no java is on PATH); install a JDK 17")
+    broken_home = pystreams("spark", str(WORDCOUNT), "--bootstrap-servers", bootstrap, cwd=tmp_path, env={"JAVA_HOME": str(tmp_path)})
+    assert said_briefly(broken_home, "spark") == (f"JAVA_HOME={tmp_path} has no bin/java; point JAVA_HOME at a Java 17 installation")

@@ -2,13 +2,13 @@
 responses: Kafka's consumer rules for JoinGroup / SyncGroup / Heartbeat / LeaveGroup, eager and
 cooperative rebalances, static members, the leader's assignment, and the same member inside a
 KIP-848 group during an online migration."""
+
 from __future__ import annotations
 
 from uuid import UUID
 
 import kafka.errors as Errors
 import pytest
-
 from pystreams.assignors.api import (
     AssignmentSpec,
     AssignorMetadata,
@@ -17,6 +17,7 @@ from pystreams.assignors.api import (
     PartitionAssignorError,
     TopicMetadata,
 )
+
 from pystreams.client.classic import (
     JOIN_GROUP_TIMEOUT_LAPSE_MS,
     ClassicGroupMember,
@@ -78,9 +79,14 @@ def parts(topic: UUID, *numbers: int) -> PartitionSet:
 
 def make(*, assignors=("range",), instance_id=None, resolver=None, rebalance_timeout_ms=REBALANCE, **overrides) -> ClassicGroupMember:
     config = ClassicMemberConfig(
-        group_id="g", session_timeout_ms=SESSION, heartbeat_interval_ms=INTERVAL,
-        rebalance_timeout_ms=rebalance_timeout_ms, retry_backoff_ms=BACKOFF, assignors=assignors,
-        instance_id=instance_id, **overrides,
+        group_id="g",
+        session_timeout_ms=SESSION,
+        heartbeat_interval_ms=INTERVAL,
+        rebalance_timeout_ms=rebalance_timeout_ms,
+        retry_backoff_ms=BACKOFF,
+        assignors=assignors,
+        instance_id=instance_id,
+        **overrides,
     )
     return ClassicGroupMember(config, resolver or topics())
 
@@ -89,13 +95,18 @@ def assignment_bytes(partitions: dict[str, list[int]], *, user_data: bytes | Non
     return encode_assignment(Assignment(named_partitions(partitions.items()), user_data), version)
 
 
-def join_response(*, generation=1, member_id="m1", leader="leader", protocol="range", error=NONE,
-                  members=(), skip=False, protocol_type="consumer") -> m.JoinGroupResponse:
+def join_response(
+    *, generation=1, member_id="m1", leader="leader", protocol="range", error=NONE, members=(), skip=False, protocol_type="consumer"
+) -> m.JoinGroupResponse:
     return m.JoinGroupResponse(
-        error_code=error, generation_id=generation, protocol_type=protocol_type, protocol_name=protocol,
-        leader=leader, skip_assignment=skip, member_id=member_id,
-        members=[m.JoinGroupResponse.JoinGroupResponseMember(member_id=mid, group_instance_id=iid, metadata=data)
-                 for mid, iid, data in members],
+        error_code=error,
+        generation_id=generation,
+        protocol_type=protocol_type,
+        protocol_name=protocol,
+        leader=leader,
+        skip_assignment=skip,
+        member_id=member_id,
+        members=[m.JoinGroupResponse.JoinGroupResponseMember(member_id=mid, group_instance_id=iid, metadata=data) for mid, iid, data in members],
     )
 
 
@@ -114,8 +125,7 @@ def join(member: ClassicGroupMember, now: int, response: m.JoinGroupResponse) ->
     return only(member.poll(now), m.SyncGroupRequest)
 
 
-def to_stable(member: ClassicGroupMember, assigned: dict[str, list[int]], *, now=0, generation=1,
-              member_id="m1", protocol="range") -> None:
+def to_stable(member: ClassicGroupMember, assigned: dict[str, list[int]], *, now=0, generation=1, member_id="m1", protocol="range") -> None:
     """Subscribe (if needed), join as a follower and sync ``assigned``."""
     if member.classic_state is ClassicState.UNJOINED and member.state is MemberState.UNSUBSCRIBED:
         member.subscribe(["foo", "bar"])
@@ -141,8 +151,7 @@ def test_first_join_sends_a_v3_subscription_per_assignor_then_rejoins_with_the_r
     assert (request.session_timeout_ms, request.rebalance_timeout_ms) == (SESSION, REBALANCE)
     assert [p.name for p in request.protocols] == ["range", "cooperative-sticky"]
     subscription = subscription_of(request)
-    assert subscription == Subscription(topics=("bar", "foo"), user_data=None, owned_partitions=named_partitions([]),
-                                        generation_id=-1, rack_id="r1", version=3)
+    assert subscription == Subscription(topics=("bar", "foo"), user_data=None, owned_partitions=named_partitions([]), generation_id=-1, rack_id="r1", version=3)
     # No second JoinGroup while one is in flight.
     assert member.poll(5) == []
     # KIP-394: the coordinator reserves an id; the member rejoins with it at once, having lost nothing.
@@ -314,11 +323,12 @@ class RecordingAssignor:
         if self.fail:
             raise PartitionAssignorError("cannot")
         first = sorted(spec.members)[0]
-        return GroupAssignment(members={
-            mid: MemberAssignment(partitions={FOO: frozenset({0})} if mid == first else {}, metadata_version=-1,
-                                  metadata=f"for-{mid}".encode())
-            for mid in spec.members
-        })
+        return GroupAssignment(
+            members={
+                mid: MemberAssignment(partitions={FOO: frozenset({0})} if mid == first else {}, metadata_version=-1, metadata=f"for-{mid}".encode())
+                for mid in spec.members
+            }
+        )
 
     def on_assignment(self, error: int, assignment: MemberAssignment, group_epoch: int) -> None:
         self.heard.append((error, dict(assignment.partitions), assignment.metadata_version, assignment.metadata, group_epoch))
@@ -328,9 +338,9 @@ class RecordingAssignor:
 
 
 def member_entry(member_id: str, topics_: tuple[str, ...], *, owned=None, user_data=None, version=3, instance=None, generation=-1):
-    data = encode_subscription(Subscription(topics=topics_, user_data=user_data,
-                                            owned_partitions=named_partitions((owned or {}).items()),
-                                            generation_id=generation), version)
+    data = encode_subscription(
+        Subscription(topics=topics_, user_data=user_data, owned_partitions=named_partitions((owned or {}).items()), generation_id=generation), version
+    )
     return (member_id, instance, data)
 
 
@@ -373,8 +383,9 @@ def test_cooperative_two_phase_move_withholds_a_partition_until_its_owner_releas
     # a revokes the rest and rejoins; phase two hands the freed half to b.
     old_after = JoinedMember("a", None, decode_subscription(member_entry("a", ("foo",), owned={"foo": sorted(kept["foo"])})[2]))
     new_after = JoinedMember("b", None, decode_subscription(member_entry("b", ("foo",))[2]))
-    second = assign_group(assignor, client_side=False, members=[old_after, new_after], topics=resolver,
-                          protocol=RebalanceProtocol.COOPERATIVE, previous_targets=first.targets)
+    second = assign_group(
+        assignor, client_side=False, members=[old_after, new_after], topics=resolver, protocol=RebalanceProtocol.COOPERATIVE, previous_targets=first.targets
+    )
     assert decode_assignment(second.assignments["b"]).partitions == {"foo": frozenset(p.partition for p in moving)}
     assert decode_assignment(second.assignments["a"]).partitions == kept
     # Eager hands everything at once (its members revoked all before joining).
@@ -437,8 +448,7 @@ def test_the_leader_rebalances_when_a_subscribed_topic_grows() -> None:
     member = make(resolver=resolver, assignors=("cooperative-sticky",))
     member.subscribe(["foo"])
     request = only(member.poll(0), m.JoinGroupRequest)
-    member.on_response(request, join_response(member_id="a", leader="a", members=[member_entry("a", ("foo",))],
-                                              protocol="cooperative-sticky"), 0)
+    member.on_response(request, join_response(member_id="a", leader="a", members=[member_entry("a", ("foo",))], protocol="cooperative-sticky"), 0)
     sync = only(member.poll(0), m.SyncGroupRequest)
     member.on_response(sync, sync_response(bytes(sync.assignments[0].assignment), protocol="cooperative-sticky"), 0)
     member.metadata_changed()
@@ -456,8 +466,7 @@ def test_a_regex_subscription_is_matched_against_the_resolver_and_follows_new_to
     request = only(member.poll(0), m.JoinGroupRequest)
     assert subscription_of(request).topics == ("foo",)  # internal topics never match
     member.on_response(request, join_response(protocol="cooperative-sticky"), 0)
-    member.on_response(only(member.poll(0), m.SyncGroupRequest),
-                       sync_response(assignment_bytes({"foo": [0]}), protocol="cooperative-sticky"), 0)
+    member.on_response(only(member.poll(0), m.SyncGroupRequest), sync_response(assignment_bytes({"foo": [0]}), protocol="cooperative-sticky"), 0)
     resolver.add(TopicMetadata(UUID(int=7), "orders", 1))
     member.metadata_changed()
     rejoin = only(member.poll(1), m.JoinGroupRequest)
@@ -469,15 +478,18 @@ def test_a_regex_subscription_is_matched_against_the_resolver_and_follows_new_to
 # ----------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("code", [
-    FENCED_INSTANCE,
-    Errors.GroupMaxSizeReachedError.errno,
-    Errors.InconsistentGroupProtocolError.errno,
-    Errors.InvalidSessionTimeoutError.errno,
-    Errors.InvalidGroupIdError.errno,
-    Errors.GroupAuthorizationFailedError.errno,
-    Errors.UnsupportedVersionError.errno,
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        FENCED_INSTANCE,
+        Errors.GroupMaxSizeReachedError.errno,
+        Errors.InconsistentGroupProtocolError.errno,
+        Errors.InvalidSessionTimeoutError.errno,
+        Errors.InvalidGroupIdError.errno,
+        Errors.GroupAuthorizationFailedError.errno,
+        Errors.UnsupportedVersionError.errno,
+    ],
+)
 def test_fatal_join_group_errors_fail_the_member_with_the_reason(code: int) -> None:
     member = make(instance_id="i-1")
     member.subscribe(["foo"])
@@ -994,14 +1006,17 @@ def test_the_rebalance_protocol_is_the_best_every_assignor_supports() -> None:
     assert ClassicMemberConfig(group_id="g", assignors=(RecordingAssignor(),)).rebalance_protocol is RebalanceProtocol.COOPERATIVE
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"group_id": ""}, "group_id"),
-    ({"group_id": "g", "assignors": ()}, "at least one assignor"),
-    ({"group_id": "g", "assignors": ("roundrobin",)}, "unknown assignor"),
-    ({"group_id": "g", "assignors": ("range", "range")}, "unique"),
-    ({"group_id": "g", "heartbeat_interval_ms": 5000, "session_timeout_ms": 5000}, "heartbeat_interval_ms"),
-    ({"group_id": "g", "instance_id": ""}, "instance_id"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"group_id": ""}, "group_id"),
+        ({"group_id": "g", "assignors": ()}, "at least one assignor"),
+        ({"group_id": "g", "assignors": ("roundrobin",)}, "unknown assignor"),
+        ({"group_id": "g", "assignors": ("range", "range")}, "unique"),
+        ({"group_id": "g", "heartbeat_interval_ms": 5000, "session_timeout_ms": 5000}, "heartbeat_interval_ms"),
+        ({"group_id": "g", "instance_id": ""}, "instance_id"),
+    ],
+)
 def test_bad_configuration_is_refused_with_the_reason(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         ClassicMemberConfig(**kwargs)

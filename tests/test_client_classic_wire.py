@@ -3,6 +3,7 @@ subscriptions are read by kafka-python's assignors (eager range, cooperative-sti
 kafka-python member leads, and the assignments it computes as leader are read by kafka-python's
 ``ConsumerProtocolAssignment``. The group's messages are kafka-python's protocol classes
 throughout (``pystreams.protocol.messages`` re-exports them)."""
+
 from __future__ import annotations
 
 from uuid import UUID
@@ -11,8 +12,8 @@ from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssi
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 from kafka.structs import TopicPartition
-
 from pystreams.assignors.api import TopicMetadata
+
 from pystreams.client.classic import ClassicGroupMember, ClassicMemberConfig
 from pystreams.client.events import PartitionsAssigned, RevokePartitions
 from pystreams.client.topics import StaticTopics
@@ -44,8 +45,7 @@ def decoded_members(entries):
     """What kafka-python's leader hands its assignor: the entries with metadata decoded."""
     out = []
     for e in entries:
-        member = m.JoinGroupResponse.JoinGroupResponseMember(member_id=e.member_id, group_instance_id=e.group_instance_id,
-                                                             metadata=e.metadata)
+        member = m.JoinGroupResponse.JoinGroupResponseMember(member_id=e.member_id, group_instance_id=e.group_instance_id, metadata=e.metadata)
         member.metadata = ConsumerProtocolSubscription.decode(bytes(e.metadata))
         out.append(member)
     return out
@@ -63,12 +63,16 @@ def named(member: ClassicGroupMember) -> set[TopicPartition]:
 
 
 def follow(member: ClassicGroupMember, join: m.JoinGroupRequest, generation: int, assignment: bytes, protocol: str) -> None:
-    member.on_response(join, m.JoinGroupResponse(error_code=0, generation_id=generation, protocol_type="consumer",
-                                                 protocol_name=protocol, leader="kafka-python", member_id="ours", members=[]), 0)
+    member.on_response(
+        join,
+        m.JoinGroupResponse(
+            error_code=0, generation_id=generation, protocol_type="consumer", protocol_name=protocol, leader="kafka-python", member_id="ours", members=[]
+        ),
+        0,
+    )
     [sync] = member.poll(0)
     assert isinstance(sync, m.SyncGroupRequest) and sync.assignments == []
-    member.on_response(sync, m.SyncGroupResponse(error_code=0, protocol_type="consumer", protocol_name=protocol,
-                                                 assignment=assignment), 0)
+    member.on_response(sync, m.SyncGroupResponse(error_code=0, protocol_type="consumer", protocol_name=protocol, assignment=assignment), 0)
 
 
 def test_kafka_pythons_range_leader_reads_our_subscription_and_we_read_its_assignment() -> None:
@@ -88,8 +92,11 @@ def test_our_range_leader_assigns_as_kafka_pythons_range_would_and_it_reads_the_
     [join] = member.poll(0)
     theirs = RangePartitionAssignor.metadata({"foo", "bar"}).encode()
     entries = [entry("ours", join.protocols[0].metadata), entry("kafka-python", theirs)]
-    member.on_response(join, m.JoinGroupResponse(error_code=0, generation_id=1, protocol_type="consumer", protocol_name="range",
-                                                 leader="ours", member_id="ours", members=entries), 0)
+    member.on_response(
+        join,
+        m.JoinGroupResponse(error_code=0, generation_id=1, protocol_type="consumer", protocol_name="range", leader="ours", member_id="ours", members=entries),
+        0,
+    )
     [sync] = member.poll(0)
     handed = {a.member_id: ConsumerProtocolAssignment.decode(bytes(a.assignment)) for a in sync.assignments}
     reference = RangePartitionAssignor.assign(Cluster(FOO, BAR), decoded_members(entries))
@@ -133,19 +140,34 @@ def test_our_cooperative_leader_withholds_what_a_kafka_python_member_still_owns(
     member = ours("cooperative-sticky")
     [join] = member.poll(0)
     SubTP = ConsumerProtocolSubscription.TopicPartition
-    holder = ConsumerProtocolSubscription(version=1, topics=["bar", "foo"], user_data=b"",
-                                          owned_partitions=[SubTP(topic="foo", partitions=[0, 1, 2, 3, 4]),
-                                                            SubTP(topic="bar", partitions=[0, 1, 2])]).encode()
+    holder = ConsumerProtocolSubscription(
+        version=1,
+        topics=["bar", "foo"],
+        user_data=b"",
+        owned_partitions=[SubTP(topic="foo", partitions=[0, 1, 2, 3, 4]), SubTP(topic="bar", partitions=[0, 1, 2])],
+    ).encode()
     entries = [entry("ours", join.protocols[0].metadata), entry("kafka-python", holder)]
-    member.on_response(join, m.JoinGroupResponse(error_code=0, generation_id=2, protocol_type="consumer",
-                                                 protocol_name="cooperative-sticky", leader="ours", member_id="ours",
-                                                 members=entries), 0)
+    member.on_response(
+        join,
+        m.JoinGroupResponse(
+            error_code=0, generation_id=2, protocol_type="consumer", protocol_name="cooperative-sticky", leader="ours", member_id="ours", members=entries
+        ),
+        0,
+    )
     [sync] = member.poll(0)
     handed = {a.member_id: ConsumerProtocolAssignment.decode(bytes(a.assignment)) for a in sync.assignments}
     assert handed["ours"].partitions() == []  # everything it would get is still owned by kafka-python
     kept = set(handed["kafka-python"].partitions())
     assert 0 < len(kept) < 8  # kafka-python keeps its share and revokes the rest
-    member.on_response(sync, m.SyncGroupResponse(error_code=0, protocol_type="consumer", protocol_name="cooperative-sticky",
-                                                 assignment=bytes(sync.assignments[[a.member_id for a in sync.assignments].index("ours")].assignment)), 0)
+    member.on_response(
+        sync,
+        m.SyncGroupResponse(
+            error_code=0,
+            protocol_type="consumer",
+            protocol_name="cooperative-sticky",
+            assignment=bytes(sync.assignments[[a.member_id for a in sync.assignments].index("ours")].assignment),
+        ),
+        0,
+    )
     assert member.owned_partitions == PartitionSet()
     assert not any(isinstance(e, PartitionsAssigned) for e in member.take_events())

@@ -6,6 +6,7 @@ owned from its ``PartitionsAssigned`` until its ``RevokePartitions``/``Partition
 two drivers may own one at the same instant. Waits are bounded (GUARD_S) only so that a broken
 driver fails instead of hanging; nothing asserts on speed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,12 +19,11 @@ import kafka.errors as Errors
 import pytest
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
-
 from pystreams.assignors.api import TopicMetadata
-from pystreams.broker import free_port
-from pystreams.partitions import TopicIdPartition
-from pystreams.client.driver import Backoff, CommitResult, MemberDriver, parse_bootstrap
 from test_coordinator_failover import processes  # noqa: F401  (fixture: coordinator processes, killed in teardown)
+
+from pystreams.broker import free_port
+from pystreams.client.driver import Backoff, CommitResult, MemberDriver, parse_bootstrap
 from pystreams.client.member import (
     LeftGroup,
     MemberConfig,
@@ -37,13 +37,18 @@ from pystreams.client.member import (
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.log import MemoryLog
 from pystreams.coordinator.runtime import Coordinator, StaticTopics
+from pystreams.partitions import TopicIdPartition
 from pystreams.protocol import messages as m
 from pystreams.protocol.server import BrokerAddress, KafkaProtocolServer
 
 GUARD_S = 15.0
 FAST = CoordinatorConfig(
-    session_timeout_ms=10_000, min_session_timeout_ms=100, max_session_timeout_ms=60_000,
-    heartbeat_interval_ms=100, min_heartbeat_interval_ms=10, max_heartbeat_interval_ms=1_000,
+    session_timeout_ms=10_000,
+    min_session_timeout_ms=100,
+    max_session_timeout_ms=60_000,
+    heartbeat_interval_ms=100,
+    min_heartbeat_interval_ms=10,
+    max_heartbeat_interval_ms=1_000,
 )
 FOO = TopicMetadata(uuid.UUID(int=1), "foo", 6)
 ALL_FOO = frozenset(TopicIdPartition(FOO.topic_id, p) for p in range(FOO.num_partitions))
@@ -53,6 +58,7 @@ def async_test(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     @functools.wraps(test)
     def run(*args: object, **kwargs: object) -> None:
         asyncio.run(asyncio.wait_for(test(*args, **kwargs), GUARD_S * 3))
+
     return run
 
 
@@ -177,7 +183,8 @@ def balanced(drivers: dict[str, MemberDriver], ownership: Ownership) -> bool:
     per_member = len(ALL_FOO) // len(drivers)
     return (
         set(ownership.owner) == ALL_FOO
-        and sizes[0] >= per_member and sizes[-1] <= per_member + 1
+        and sizes[0] >= per_member
+        and sizes[-1] <= per_member + 1
         and all(d.member.state is MemberState.STABLE and not d.member.pending_partitions for d in drivers.values())
         and all(ownership.owned_by(name) == set(d.member.owned_partitions) for name, d in drivers.items())
     )
@@ -224,9 +231,7 @@ async def test_join_balance_rebalance_with_revoke_before_assign_then_leave() -> 
         # The revoked partitions' offsets were committed by their previous owners.
         fetched = await drivers["d"].fetch_offsets((p.topic_id, p.partition) for e in revoked for p in e.partitions)
         assert fetched.ok
-        assert fetched.offsets == {
-            (p.topic_id, p.partition): 100 + p.partition for e in revoked for p in e.partitions
-        }
+        assert fetched.offsets == {(p.topic_id, p.partition): 100 + p.partition for e in revoked for p in e.partitions}
 
         # "a" leaves cleanly: revoke (with commit) first, then the -1 heartbeat.
         leaving = drivers.pop("a")
@@ -297,9 +302,7 @@ async def test_coordinator_restart_on_the_same_log_and_port_keeps_assignments() 
         # Every driver notices the lost connection, finds the coordinator again and heartbeats
         # the new instance with its id and epoch.
         mark = len(harness.heartbeats)
-        await eventually(
-            lambda: {mid for mid, _ in harness.heartbeats[mark:]} >= member_ids, "heartbeats to the new coordinator"
-        )
+        await eventually(lambda: {mid for mid, _ in harness.heartbeats[mark:]} >= member_ids, "heartbeats to the new coordinator")
         await asyncio.sleep(0.5)  # several heartbeat intervals on the new instance
         assert all(d.find_coordinator_count > finds_before[name] for name, d in drivers.items())
         after = {name: (d.member.member_id, d.member.member_epoch, d.member.owned_partitions) for name, d in drivers.items()}
@@ -337,9 +340,7 @@ async def test_not_coordinator_sends_the_driver_back_to_find_coordinator() -> No
         harness.server.coordinator_address = other.address
         harness.not_coordinator = True
 
-        await eventually(
-            lambda: all(d.coordinator == ("127.0.0.1", other.port) for d in drivers.values()), "moved to the new address"
-        )
+        await eventually(lambda: all(d.coordinator == ("127.0.0.1", other.port) for d in drivers.values()), "moved to the new address")
         assert all(d.find_coordinator_count > finds_before[name] for name, d in drivers.items())
         epochs = {name: d.member.member_epoch for name, d in drivers.items()}
         await asyncio.sleep(0.4)
@@ -362,9 +363,13 @@ async def test_unreachable_bootstrap_backs_off_then_connects() -> None:
     await harness.stop()  # nothing listens on the port for a while
     ownership = Ownership()
     driver = MemberDriver(
-        MemberConfig(group_id="g", server_assignor="uniform"), f"127.0.0.1:{port}",
-        on_event=ownership.handler("x", lambda: driver), request_timeout_ms=1_000,
-        reconnect_backoff_ms=10, reconnect_backoff_max_ms=50, random=lambda: 0.5,
+        MemberConfig(group_id="g", server_assignor="uniform"),
+        f"127.0.0.1:{port}",
+        on_event=ownership.handler("x", lambda: driver),
+        request_timeout_ms=1_000,
+        reconnect_backoff_ms=10,
+        reconnect_backoff_max_ms=50,
+        random=lambda: 0.5,
     )
     driver.subscribe(topics=["foo"])
     try:
@@ -382,9 +387,15 @@ async def test_unreachable_bootstrap_backs_off_then_connects() -> None:
 
 async def given_up_at(bootstrap: str, connect_timeout_ms: int) -> MemberFailed:
     """Run a member toward ``bootstrap`` until its driver gives up; the MemberFailed it got."""
-    driver = MemberDriver(MemberConfig(group_id="g", server_assignor="uniform"), bootstrap, request_timeout_ms=1_000,
-                          reconnect_backoff_ms=10, reconnect_backoff_max_ms=50, random=lambda: 0.5,
-                          connect_timeout_ms=connect_timeout_ms)
+    driver = MemberDriver(
+        MemberConfig(group_id="g", server_assignor="uniform"),
+        bootstrap,
+        request_timeout_ms=1_000,
+        reconnect_backoff_ms=10,
+        reconnect_backoff_max_ms=50,
+        random=lambda: 0.5,
+        connect_timeout_ms=connect_timeout_ms,
+    )
     driver.subscribe(topics=["foo"])
 
     async def next_failure() -> MemberFailed:
@@ -419,7 +430,8 @@ async def test_nothing_listening_is_said_at_info_then_warning_and_given_up_after
 
 @async_test
 async def test_a_kafka_broker_given_as_the_coordinator_is_named_as_one_at_once(
-    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture,
+    kafka_bootstrap: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="pystreams.client.driver")
     failed = await given_up_at(kafka_bootstrap, connect_timeout_ms=400)
@@ -436,9 +448,13 @@ async def test_a_member_that_once_reached_its_coordinator_keeps_retrying_past_th
     port = harness.port
     ownership = Ownership()
     driver = MemberDriver(
-        MemberConfig(group_id="g", server_assignor="uniform"), harness.bootstrap,
-        on_event=ownership.handler("x", lambda: driver), request_timeout_ms=1_000,
-        reconnect_backoff_ms=10, reconnect_backoff_max_ms=50, connect_timeout_ms=300,
+        MemberConfig(group_id="g", server_assignor="uniform"),
+        harness.bootstrap,
+        on_event=ownership.handler("x", lambda: driver),
+        request_timeout_ms=1_000,
+        reconnect_backoff_ms=10,
+        reconnect_backoff_max_ms=50,
+        connect_timeout_ms=300,
     )
     driver.subscribe(topics=["foo"])
     try:
@@ -460,7 +476,8 @@ async def test_events_queue_interface_and_static_leave() -> None:
     harness = Harness(MemoryLog(1))
     await harness.start()
     driver = MemberDriver(
-        MemberConfig(group_id="g", server_assignor="uniform", instance_id="instance-1"), harness.bootstrap,
+        MemberConfig(group_id="g", server_assignor="uniform", instance_id="instance-1"),
+        harness.bootstrap,
         request_timeout_ms=2_000,
     )
     driver.subscribe(topics=["foo"])
@@ -509,8 +526,11 @@ def test_drivers_against_the_coordinator_process_survive_a_sigkill(kafka_bootstr
             holder: list[MemberDriver] = []
             driver = MemberDriver(
                 MemberConfig(group_id=group, client_id=name, server_assignor="uniform", rebalance_timeout_ms=30_000),
-                f"{host}:{bound}", on_event=ownership.handler(name, lambda holder=holder: holder[0]),
-                request_timeout_ms=5_000, reconnect_backoff_ms=50, reconnect_backoff_max_ms=500,
+                f"{host}:{bound}",
+                on_event=ownership.handler(name, lambda holder=holder: holder[0]),
+                request_timeout_ms=5_000,
+                reconnect_backoff_ms=50,
+                reconnect_backoff_max_ms=500,
             )
             holder.append(driver)
             driver.subscribe(topics=[data_topic])

@@ -7,6 +7,7 @@ is tested is the driver's side of the wire, which does not depend on how a coord
 its answers. The classic group's real coordinator is exercised in
 ``test_classic_with_coordinator.py``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,9 @@ import uuid
 import kafka.errors as Errors
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
-
 from pystreams.assignors.api import TopicMetadata
+from test_client_driver import async_test, eventually
+
 from pystreams.client.classic import ClassicMemberConfig
 from pystreams.client.driver import MemberDriver
 from pystreams.client.events import LeftGroup, MemberEvent, MemberState, PartitionsAssigned, RevokePartitions
@@ -24,7 +26,6 @@ from pystreams.client.topics import StaticTopics
 from pystreams.partitions import PartitionSet, TopicIdPartition
 from pystreams.protocol import messages as m
 from pystreams.protocol.server import KafkaProtocolServer
-from test_client_driver import async_test, eventually
 
 LATE = TopicMetadata(uuid.UUID(int=0x1A7E), "late", 2)
 REBALANCE_IN_PROGRESS = Errors.RebalanceInProgressError.errno
@@ -54,27 +55,36 @@ class ScriptedGroup:
         self.seen.append((type(request).__name__, header.request_api_version, request))
         if isinstance(request, m.JoinGroupRequest):
             if not request.member_id:
-                return m.JoinGroupResponse(error_code=Errors.MemberIdRequiredError.errno, generation_id=-1,
-                                           protocol_name=None, leader="", member_id="m-1", members=[])
+                return m.JoinGroupResponse(
+                    error_code=Errors.MemberIdRequiredError.errno, generation_id=-1, protocol_name=None, leader="", member_id="m-1", members=[]
+                )
             await asyncio.sleep(self.join_delay_s)  # the rebalance takes its time
             [protocol] = request.protocols
             return m.JoinGroupResponse(
-                error_code=0, generation_id=3, protocol_type="consumer", protocol_name=protocol.name, leader="m-1",
-                member_id="m-1", members=[m.JoinGroupResponse.JoinGroupResponseMember(
-                    member_id="m-1", group_instance_id=request.group_instance_id, metadata=protocol.metadata)],
+                error_code=0,
+                generation_id=3,
+                protocol_type="consumer",
+                protocol_name=protocol.name,
+                leader="m-1",
+                member_id="m-1",
+                members=[m.JoinGroupResponse.JoinGroupResponseMember(member_id="m-1", group_instance_id=request.group_instance_id, metadata=protocol.metadata)],
             )
         if isinstance(request, m.SyncGroupRequest):
             [mine] = request.assignments
-            return m.SyncGroupResponse(error_code=0, protocol_type="consumer", protocol_name=request.protocol_name,
-                                       assignment=mine.assignment)
+            return m.SyncGroupResponse(error_code=0, protocol_type="consumer", protocol_name=request.protocol_name, assignment=mine.assignment)
         if isinstance(request, m.HeartbeatRequest):
             return m.HeartbeatResponse(error_code=0)
         if isinstance(request, m.OffsetCommitRequest):
             code = self.commit_errors.pop(0) if self.commit_errors else 0
             topic = m.OffsetCommitResponse.OffsetCommitResponseTopic
-            return m.OffsetCommitResponse(topics=[topic(name=t.name, partitions=[
-                topic.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=code)
-                for p in t.partitions]) for t in request.topics])
+            return m.OffsetCommitResponse(
+                topics=[
+                    topic(
+                        name=t.name, partitions=[topic.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=code) for p in t.partitions]
+                    )
+                    for t in request.topics
+                ]
+            )
         if isinstance(request, m.LeaveGroupRequest):
             return m.LeaveGroupResponse(error_code=0, members=[])
         raise AssertionError(f"unexpected {request}")
@@ -95,9 +105,12 @@ async def test_a_classic_member_joins_through_the_driver_commits_with_its_genera
         events.append(event)
 
     driver = MemberDriver(
-        ClassicMemberConfig(group_id="g", instance_id="i-1", rebalance_timeout_ms=1_000, session_timeout_ms=6_000,
-                            heartbeat_interval_ms=100, assignors=("range",)),
-        f"127.0.0.1:{server.port}", topics=resolver, on_event=on_event,
+        ClassicMemberConfig(
+            group_id="g", instance_id="i-1", rebalance_timeout_ms=1_000, session_timeout_ms=6_000, heartbeat_interval_ms=100, assignors=("range",)
+        ),
+        f"127.0.0.1:{server.port}",
+        topics=resolver,
+        on_event=on_event,
         request_timeout_ms=300,  # shorter than the JoinGroup's wait: the driver must allow for it
     )
     try:

@@ -1,11 +1,11 @@
 """The KIP-848 member state machine, driven with hand-built coordinator responses."""
+
 from __future__ import annotations
 
 from uuid import UUID
 
 import kafka.errors as Errors
 import pytest
-
 from pystreams.assignors.api import (
     AssignmentSpec,
     AssignorMetadata,
@@ -13,15 +13,15 @@ from pystreams.assignors.api import (
     MemberAssignment,
     PartitionAssignorError,
 )
-from pystreams.partitions import PartitionSet, TopicIdPartition
+
 from pystreams.client.listener import NoOpRebalanceListener, notify_listener
 from pystreams.client.member import (
     ASSIGNOR_FAILED,
     AssignmentAbandoned,
     AssignmentInstalled,
     CoordinatorUnavailable,
-    InstanceIdUnreleased,
     GroupMember,
+    InstanceIdUnreleased,
     LeftGroup,
     MemberConfig,
     MemberFailed,
@@ -31,6 +31,7 @@ from pystreams.client.member import (
     PartitionsLost,
     RevokePartitions,
 )
+from pystreams.partitions import PartitionSet, TopicIdPartition
 from pystreams.protocol.messages import (
     ConsumerGroupHeartbeatRequest,
     ConsumerGroupHeartbeatResponse,
@@ -59,10 +60,7 @@ def wire(partitions) -> list[ConsumerGroupHeartbeatResponse.Assignment.TopicPart
     by_topic: dict[UUID, list[int]] = {}
     for topic_id, n in sorted(partitions):
         by_topic.setdefault(topic_id, []).append(n)
-    return [
-        ConsumerGroupHeartbeatResponse.Assignment.TopicPartitions(topic_id=t, partitions=ps)
-        for t, ps in by_topic.items()
-    ]
+    return [ConsumerGroupHeartbeatResponse.Assignment.TopicPartitions(topic_id=t, partitions=ps) for t, ps in by_topic.items()]
 
 
 def hb_response(
@@ -122,13 +120,11 @@ def owned_in(request: ConsumerGroupHeartbeatRequest):
     return PartitionSet.from_wire(request.topic_partitions)
 
 
-def join(m: GroupMember, now: int = 0, *, epoch: int = 1, assigned=None, pending=frozenset(),
-         topics=("foo",), **response):
+def join(m: GroupMember, now: int = 0, *, epoch: int = 1, assigned=None, pending=frozenset(), topics=("foo",), **response):
     """Subscribe, send the join heartbeat and answer it; returns the join request."""
     m.subscribe(topics=topics)
     request = only_heartbeat(m, now)
-    m.on_response(request, hb_response(member_id="m-1", epoch=epoch, assigned=assigned,
-                                       pending=pending, **response), now)
+    m.on_response(request, hb_response(member_id="m-1", epoch=epoch, assigned=assigned, pending=pending, **response), now)
     return request
 
 
@@ -136,8 +132,7 @@ def join(m: GroupMember, now: int = 0, *, epoch: int = 1, assigned=None, pending
 
 
 def test_first_heartbeat_carries_every_field_and_epoch_zero():
-    m = member(instance_id="pod-0", rack_id="rack-a", rebalance_timeout_ms=45_000,
-               server_assignor="uniform")
+    m = member(instance_id="pod-0", rack_id="rack-a", rebalance_timeout_ms=45_000, server_assignor="uniform")
     assert m.poll(0) == [] and m.next_deadline() is None  # not subscribed: nothing to do
     m.subscribe(topics=["foo", "bar"])
     assert m.state is MemberState.JOINING
@@ -232,8 +227,7 @@ def test_regex_join_sends_the_regex_and_empty_names():
     assert request.subscribed_topic_names == []
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"topics": ["a"], "regex": "a"}, {"topics": []},
-                                    {"regex": ""}])
+@pytest.mark.parametrize("kwargs", [{}, {"topics": ["a"], "regex": "a"}, {"topics": []}, {"regex": ""}])
 def test_subscribe_wants_exactly_one_non_empty_subscription(kwargs):
     with pytest.raises(ValueError):
         member().subscribe(**kwargs)
@@ -246,8 +240,7 @@ def test_config_rejects_both_assignor_kinds():
 
 @pytest.mark.parametrize(
     "code",
-    [Errors.CoordinatorLoadInProgressError.errno, Errors.NotCoordinatorError.errno,
-     Errors.CoordinatorNotAvailableError.errno],
+    [Errors.CoordinatorLoadInProgressError.errno, Errors.NotCoordinatorError.errno, Errors.CoordinatorNotAvailableError.errno],
 )
 def test_after_a_retriable_error_the_next_heartbeat_carries_every_field(code):
     m = member(instance_id="pod-0", rack_id="r", server_assignor="range")
@@ -394,15 +387,13 @@ def test_pending_partitions_are_assigned_as_they_are_released():
     assert m.pending_partitions == parts(FOO, 1, 2) | parts(BAR, 0)
 
     request = only_heartbeat(m, INTERVAL)
-    m.on_response(request, hb_response(epoch=3, assigned=parts(FOO, 0, 1),
-                                       pending=parts(FOO, 2) | parts(BAR, 0)), INTERVAL)
+    m.on_response(request, hb_response(epoch=3, assigned=parts(FOO, 0, 1), pending=parts(FOO, 2) | parts(BAR, 0)), INTERVAL)
     assert m.take_events() == [PartitionsAssigned(parts(FOO, 1), 3)]
     assert m.pending_partitions == parts(FOO, 2) | parts(BAR, 0)
 
     request = only_heartbeat(m, 2 * INTERVAL)
     assert owned_in(request) == parts(FOO, 0, 1)
-    m.on_response(request, hb_response(epoch=3, assigned=parts(FOO, 0, 1, 2) | parts(BAR, 0)),
-                  2 * INTERVAL)
+    m.on_response(request, hb_response(epoch=3, assigned=parts(FOO, 0, 1, 2) | parts(BAR, 0)), 2 * INTERVAL)
     assert m.take_events() == [PartitionsAssigned(parts(FOO, 2) | parts(BAR, 0), 3)]
     assert m.pending_partitions == frozenset()
     assert m.owned_partitions == parts(FOO, 0, 1, 2) | parts(BAR, 0)
@@ -533,8 +524,12 @@ def test_unreleased_instance_id_after_joining_is_fatal_with_a_clear_message():
 
 @pytest.mark.parametrize(
     "code",
-    [Errors.UnsupportedAssignorError.errno, Errors.InvalidRequestError.errno,
-     Errors.GroupAuthorizationFailedError.errno, Errors.GroupMaxSizeReachedError.errno],
+    [
+        Errors.UnsupportedAssignorError.errno,
+        Errors.InvalidRequestError.errno,
+        Errors.GroupAuthorizationFailedError.errno,
+        Errors.GroupMaxSizeReachedError.errno,
+    ],
 )
 def test_other_non_retriable_heartbeat_errors_are_fatal_and_drop_partitions(code):
     m = member()
@@ -768,8 +763,7 @@ class RecordingAssignor:
         self.on_assignment_calls.append((error, assignment, group_epoch))
 
 
-def prepare_response(*, error: int = 0, group_epoch: int = 7,
-                     assignor_name: str = "streams") -> ConsumerGroupPrepareAssignmentResponse:
+def prepare_response(*, error: int = 0, group_epoch: int = 7, assignor_name: str = "streams") -> ConsumerGroupPrepareAssignmentResponse:
     R = ConsumerGroupPrepareAssignmentResponse
     return R(
         throttle_time_ms=0,
@@ -779,17 +773,21 @@ def prepare_response(*, error: int = 0, group_epoch: int = 7,
         assignor_name=assignor_name,
         members=[
             R.Member(
-                member_id="m-1", member_epoch=6, instance_id="pod-0", rack_id="rack-a",
+                member_id="m-1",
+                member_epoch=6,
+                instance_id="pod-0",
+                rack_id="rack-a",
                 subscribed_topic_ids=[FOO, BAR],
-                assignor=R.Member.Assignor(reason=2, minimum_version=1, maximum_version=3,
-                                           metadata_version=3, metadata_bytes=b"lags-1"),
+                assignor=R.Member.Assignor(reason=2, minimum_version=1, maximum_version=3, metadata_version=3, metadata_bytes=b"lags-1"),
                 topic_partitions=[R.Member.TopicPartitions(topic_id=FOO, partitions=[0, 1])],
             ),
             R.Member(
-                member_id="m-2", member_epoch=6, instance_id=None, rack_id=None,
+                member_id="m-2",
+                member_epoch=6,
+                instance_id=None,
+                rack_id=None,
                 subscribed_topic_ids=[FOO],
-                assignor=R.Member.Assignor(reason=0, minimum_version=1, maximum_version=2,
-                                           metadata_version=2, metadata_bytes=b""),
+                assignor=R.Member.Assignor(reason=0, minimum_version=1, maximum_version=2, metadata_version=2, metadata_bytes=b""),
                 topic_partitions=[],
             ),
         ],
@@ -801,8 +799,7 @@ def prepare_response(*, error: int = 0, group_epoch: int = 7,
 
 
 def install_response(error: int = 0) -> ConsumerGroupInstallAssignmentResponse:
-    return ConsumerGroupInstallAssignmentResponse(throttle_time_ms=0, error_code=error,
-                                                  error_message=None)
+    return ConsumerGroupInstallAssignmentResponse(throttle_time_ms=0, error_code=error, error_message=None)
 
 
 def computing_member(assignor: RecordingAssignor) -> tuple[GroupMember, int]:
@@ -852,8 +849,7 @@ def test_assignor_metadata_is_sent_when_it_changes_and_only_then():
 
 def test_assignor_version_range_from_metadata_wins_when_given():
     assignor = RecordingAssignor()
-    assignor.current = AssignorMetadata(reason=0, version=2, data=b"", minimum_version=-1,
-                                        maximum_version=2)
+    assignor.current = AssignorMetadata(reason=0, version=2, data=b"", minimum_version=-1, maximum_version=2)
     m = member(client_assignors=[assignor])
     m.subscribe(topics=["foo"])
     (entry,) = only_heartbeat(m, 0).client_assignors
@@ -864,10 +860,8 @@ def test_client_side_assignment_loop():
     assignor = RecordingAssignor()
     assignor.result = GroupAssignment(
         members={
-            "m-2": MemberAssignment(partitions={FOO: frozenset({2})}, metadata_version=2,
-                                    metadata=b"for-m2"),
-            "m-1": MemberAssignment(partitions={FOO: frozenset({1, 0}), BAR: frozenset({0})},
-                                    metadata_version=3, metadata=b"for-m1"),
+            "m-2": MemberAssignment(partitions={FOO: frozenset({2})}, metadata_version=2, metadata=b"for-m2"),
+            "m-1": MemberAssignment(partitions={FOO: frozenset({1, 0}), BAR: frozenset({0})}, metadata_version=3, metadata=b"for-m1"),
         },
     )
     m, now = computing_member(assignor)
@@ -884,8 +878,7 @@ def test_client_side_assignment_loop():
     assert first.subscribed_topic_ids == frozenset({FOO, BAR})
     assert first.target_partitions == {FOO: frozenset({0, 1})}
     assert (first.instance_id, first.rack_id) == ("pod-0", "rack-a")
-    assert first.metadata == AssignorMetadata(reason=2, version=3, data=b"lags-1",
-                                              minimum_version=1, maximum_version=3)
+    assert first.metadata == AssignorMetadata(reason=2, version=3, data=b"lags-1", minimum_version=1, maximum_version=3)
     second = spec.members["m-2"]
     assert second.target_partitions == {} and second.instance_id is None
     assert second.metadata.maximum_version == 2
@@ -966,8 +959,7 @@ def test_a_failed_prepare_is_retried_after_the_backoff():
 
 def test_install_stale_member_epoch_is_retried_with_the_new_epoch():
     assignor = RecordingAssignor()
-    assignor.result = GroupAssignment(members={"m-1": MemberAssignment(
-        partitions={FOO: frozenset({0, 1, 2})})})
+    assignor.result = GroupAssignment(members={"m-1": MemberAssignment(partitions={FOO: frozenset({0, 1, 2})})})
     m, now = computing_member(assignor)
     (prepare,) = m.poll(now)
     m.on_response(prepare, prepare_response(group_epoch=7), now)
@@ -986,8 +978,7 @@ def test_install_stale_member_epoch_is_retried_with_the_new_epoch():
     assert m.take_events() == [AssignmentInstalled(7)]
 
 
-@pytest.mark.parametrize("code", [Errors.GroupIdNotFoundError.errno, UNKNOWN_MEMBER,
-                                  Errors.InvalidRequestError.errno])
+@pytest.mark.parametrize("code", [Errors.GroupIdNotFoundError.errno, UNKNOWN_MEMBER, Errors.InvalidRequestError.errno])
 def test_install_other_errors_abandon_the_round(code):
     m, now = computing_member(RecordingAssignor())
     (prepare,) = m.poll(now)
@@ -1046,16 +1037,13 @@ def test_fencing_abandons_the_round_and_ignores_its_late_answers():
 def test_on_assignment_is_called_once_per_member_epoch_with_the_target():
     assignor = RecordingAssignor()
     m = member(client_assignors=[assignor])
-    join(m, 0, epoch=3, assigned=parts(FOO, 0), pending=parts(FOO, 1),
-         metadata_version=3, metadata_bytes=b"tasks-e3", assignment_error=0)
+    join(m, 0, epoch=3, assigned=parts(FOO, 0), pending=parts(FOO, 1), metadata_version=3, metadata_bytes=b"tasks-e3", assignment_error=0)
     assert assignor.on_assignment_calls == [
-        (0, MemberAssignment(partitions={FOO: frozenset({0, 1})}, metadata_version=3,
-                             metadata=b"tasks-e3"), 3),
+        (0, MemberAssignment(partitions={FOO: frozenset({0, 1})}, metadata_version=3, metadata=b"tasks-e3"), 3),
     ]
     # Same epoch, foo-1 released: the listener hears about it, the assignor does not.
     request = only_heartbeat(m, INTERVAL)
-    m.on_response(request, hb_response(epoch=3, assigned=parts(FOO, 0, 1), metadata_version=3,
-                                       metadata_bytes=b"tasks-e3"), INTERVAL)
+    m.on_response(request, hb_response(epoch=3, assigned=parts(FOO, 0, 1), metadata_version=3, metadata_bytes=b"tasks-e3"), INTERVAL)
     assert len(assignor.on_assignment_calls) == 1
     assert m.take_events()[-1] == PartitionsAssigned(parts(FOO, 1), 3)
     # No assignment in the response: nothing.
@@ -1064,9 +1052,7 @@ def test_on_assignment_is_called_once_per_member_epoch_with_the_target():
     assert len(assignor.on_assignment_calls) == 1
     # Next epoch with its assignment: called again, with the error the assignor reported.
     request = only_heartbeat(m, 3 * INTERVAL)
-    m.on_response(request, hb_response(epoch=4, assigned=parts(FOO, 0, 1), assignment_error=2,
-                                       metadata_version=3, metadata_bytes=b"tasks-e4"),
-                  3 * INTERVAL)
+    m.on_response(request, hb_response(epoch=4, assigned=parts(FOO, 0, 1), assignment_error=2, metadata_version=3, metadata_bytes=b"tasks-e4"), 3 * INTERVAL)
     assert len(assignor.on_assignment_calls) == 2
     error, assignment, epoch = assignor.on_assignment_calls[1]
     assert (error, epoch, assignment.metadata) == (2, 4, b"tasks-e4")
@@ -1104,5 +1090,4 @@ def test_notify_listener_maps_partition_events_to_callbacks():
     assert notify_listener(listener, RevokePartitions(parts(FOO, 1), 1))
     assert notify_listener(listener, PartitionsLost(parts(BAR, 0), FENCED))
     assert not notify_listener(listener, LeftGroup(-1))
-    assert calls == [("assigned", parts(FOO, 1)), ("revoked", parts(FOO, 1)),
-                     ("lost", parts(BAR, 0))]
+    assert calls == [("assigned", parts(FOO, 1)), ("revoked", parts(FOO, 1)), ("lost", parts(BAR, 0))]

@@ -1,4 +1,5 @@
 """Property tests: random coordinator answers and caller timings vs the member's invariants."""
+
 from __future__ import annotations
 
 from uuid import UUID
@@ -7,7 +8,6 @@ import kafka.errors as Errors
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pystreams.partitions import PartitionSet, TopicIdPartition
 from pystreams.client.member import (
     GroupMember,
     LeftGroup,
@@ -17,6 +17,7 @@ from pystreams.client.member import (
     PartitionsLost,
     RevokePartitions,
 )
+from pystreams.partitions import PartitionSet, TopicIdPartition
 from pystreams.protocol.messages import (
     ConsumerGroupHeartbeatRequest,
     ConsumerGroupHeartbeatResponse,
@@ -28,23 +29,27 @@ FENCED = Errors.FencedMemberEpochError.errno
 
 
 def _wire(partitions):
-    return [
-        ConsumerGroupHeartbeatResponse.Assignment.TopicPartitions(
-            topic_id=FOO, partitions=sorted(p.partition for p in partitions)
-        )
-    ]
+    return [ConsumerGroupHeartbeatResponse.Assignment.TopicPartitions(topic_id=FOO, partitions=sorted(p.partition for p in partitions))]
 
 
 def _response(epoch: int, assigned, pending, error: int = 0) -> ConsumerGroupHeartbeatResponse:
     assignment = None
     if assigned is not None:
         assignment = ConsumerGroupHeartbeatResponse.Assignment(
-            error=0, assigned_topic_partitions=_wire(assigned),
-            pending_topic_partitions=_wire(pending), metadata_version=0, metadata_bytes=b"",
+            error=0,
+            assigned_topic_partitions=_wire(assigned),
+            pending_topic_partitions=_wire(pending),
+            metadata_version=0,
+            metadata_bytes=b"",
         )
     return ConsumerGroupHeartbeatResponse(
-        throttle_time_ms=0, error_code=error, error_message=None, member_id="m-1",
-        member_epoch=epoch, should_compute_assignment=False, heartbeat_interval_ms=100,
+        throttle_time_ms=0,
+        error_code=error,
+        error_message=None,
+        member_id="m-1",
+        member_epoch=epoch,
+        should_compute_assignment=False,
+        heartbeat_interval_ms=100,
         assignment=assignment,
     )
 
@@ -59,8 +64,7 @@ class Model:
     def apply(self, event) -> None:
         if isinstance(event, PartitionsAssigned):
             assert not (event.partitions & self.owned), "assigned a partition already owned"
-            assert not any(event.partitions & r for r in self.revoking.values()), \
-                "assigned a partition still being revoked"
+            assert not any(event.partitions & r for r in self.revoking.values()), "assigned a partition still being revoked"
             self.owned = self.owned | event.partitions
         elif isinstance(event, RevokePartitions):
             assert event.partitions and event.partitions <= self.owned
@@ -73,8 +77,7 @@ class Model:
             self.revoking.clear()
 
 
-operations = st.sampled_from(["tick", "answer", "answer", "answer", "fail", "fence", "done",
-                              "done", "leave"])
+operations = st.sampled_from(["tick", "answer", "answer", "answer", "fail", "fence", "done", "done", "leave"])
 
 
 @settings(max_examples=300, deadline=None)

@@ -2,19 +2,20 @@
 seeded in-memory network. Not the simulator (pystreams/sim); just enough to show the two state
 machines agree: no partition is ever owned by two members in their own views, and once the
 network heals the group converges with every partition owned exactly once."""
+
 from __future__ import annotations
 
 import random
 import uuid
 
 import pytest
-
 from pystreams.assignors.api import (
     AssignorMetadata,
     GroupAssignment,
     MemberAssignment,
     TopicMetadata,
 )
+
 from pystreams.client.member import (
     GroupMember,
     MemberConfig,
@@ -46,10 +47,7 @@ class RoundRobinAssignor:
         dealt: dict[str, dict[uuid.UUID, set[int]]] = {member_id: {} for member_id in member_ids}
         for i, (topic_id, partition) in enumerate(partitions):
             dealt[member_ids[i % len(member_ids)]].setdefault(topic_id, set()).add(partition)
-        return GroupAssignment({
-            member_id: MemberAssignment({t: frozenset(ps) for t, ps in by_topic.items()})
-            for member_id, by_topic in dealt.items()
-        })
+        return GroupAssignment({member_id: MemberAssignment({t: frozenset(ps) for t, ps in by_topic.items()}) for member_id, by_topic in dealt.items()})
 
     def on_assignment(self, error, assignment, group_epoch) -> None:
         pass
@@ -58,20 +56,21 @@ class RoundRobinAssignor:
 def run(seed: int, client_side: bool, steps: int = 2_500, drop: float = 0.05) -> list[GroupMember]:
     rnd = random.Random(seed)
     config = CoordinatorConfig(
-        session_timeout_ms=3_000, min_session_timeout_ms=100, max_session_timeout_ms=10_000,
-        heartbeat_interval_ms=200, min_heartbeat_interval_ms=10, max_heartbeat_interval_ms=1_000,
+        session_timeout_ms=3_000,
+        min_session_timeout_ms=100,
+        max_session_timeout_ms=10_000,
+        heartbeat_interval_ms=200,
+        min_heartbeat_interval_ms=10,
+        max_heartbeat_interval_ms=1_000,
     )
     member_ids = (f"m{i}" for i in range(1_000_000))
     shard = GroupCoordinatorShard(config, new_member_id=lambda: next(member_ids))
     now = 0
-    shard.update_topics({"foo": TopicMetadata(FOO, "foo", 6), "bar": TopicMetadata(BAR, "bar", 3)},
-                        now)
+    shard.update_topics({"foo": TopicMetadata(FOO, "foo", 6), "bar": TopicMetadata(BAR, "bar", 3)}, now)
 
     def new_member() -> GroupMember:
-        assignors = {"client_assignors": [RoundRobinAssignor()]} if client_side else {
-            "server_assignor": "uniform"}
-        member = GroupMember(MemberConfig(group_id="g", session_timeout_ms=3_000,
-                                          rebalance_timeout_ms=2_000, **assignors))
+        assignors = {"client_assignors": [RoundRobinAssignor()]} if client_side else {"server_assignor": "uniform"}
+        member = GroupMember(MemberConfig(group_id="g", session_timeout_ms=3_000, rebalance_timeout_ms=2_000, **assignors))
         member.subscribe(topics=["foo", "bar"])
         return member
 
@@ -100,16 +99,14 @@ def run(seed: int, client_side: bool, steps: int = 2_500, drop: float = 0.05) ->
                 assert not isinstance(event, MemberFailed), event
                 if isinstance(event, RevokePartitions):  # the worker commits for a while
                     revocations.append((now + rnd.randint(0, 300), member, event.revocation_id))
-        for at, member, revocation_id in [r for r in revocations if r[0] <= now]:
+        for _due, member, revocation_id in [r for r in revocations if r[0] <= now]:
             member.revocation_done(now, revocation_id)
         revocations = [r for r in revocations if r[0] > now]
 
         owners: dict[object, str] = {}
         for member in members:
             for partition in member.owned_partitions:
-                assert partition not in owners, (
-                    f"seed {seed} step {step}: {partition} owned by {owners[partition]} and "
-                    f"{member.member_id}")
+                assert partition not in owners, f"seed {seed} step {step}: {partition} owned by {owners[partition]} and {member.member_id}"
                 owners[partition] = member.member_id
 
         if step == steps // 3:

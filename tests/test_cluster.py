@@ -1,4 +1,5 @@
 """Topic metadata and topic creation against every available broker."""
+
 from __future__ import annotations
 
 import threading
@@ -7,8 +8,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
 from pystreams.assignors.api import TopicMetadata
+
 from pystreams.cluster import (
     NIL_TOPIC_ID,
     ClusterMetadata,
@@ -28,9 +29,7 @@ def cluster(any_kafka) -> Iterator[ClusterMetadata]:
 
 
 @pytest.mark.integration
-def test_fetch_topics_sees_a_created_topic(
-    cluster: ClusterMetadata, unique_topic: Callable[..., str]
-) -> None:
+def test_fetch_topics_sees_a_created_topic(cluster: ClusterMetadata, unique_topic: Callable[..., str]) -> None:
     name = unique_topic("orders")
     assert name not in cluster.fetch_topics()
     cluster.ensure_topics([TopicSpec(name, num_partitions=3)])
@@ -55,9 +54,7 @@ def test_topics_get_distinct_ids(cluster: ClusterMetadata, unique_topic: Callabl
 
 
 @pytest.mark.integration
-def test_fetching_named_topics_leaves_out_missing_ones_without_creating_them(
-    cluster: ClusterMetadata, unique_topic: Callable[..., str]
-) -> None:
+def test_fetching_named_topics_leaves_out_missing_ones_without_creating_them(cluster: ClusterMetadata, unique_topic: Callable[..., str]) -> None:
     present, absent = unique_topic("present"), unique_topic("absent")
     cluster.ensure_topics([TopicSpec(present, num_partitions=2)])
     assert set(cluster.fetch_topics([present, absent])) == {present}
@@ -68,9 +65,7 @@ def test_fetching_named_topics_leaves_out_missing_ones_without_creating_them(
 
 @pytest.mark.integration
 def test_ensure_topics_is_idempotent(cluster: ClusterMetadata, unique_topic: Callable[..., str]) -> None:
-    changelog = TopicSpec(
-        unique_topic("store-changelog"), num_partitions=4, configs={"cleanup.policy": "compact"}
-    )
+    changelog = TopicSpec(unique_topic("store-changelog"), num_partitions=4, configs={"cleanup.policy": "compact"})
     plain = TopicSpec(unique_topic("repartition"), num_partitions=2)
 
     first = cluster.ensure_topics([changelog])
@@ -85,9 +80,7 @@ def test_ensure_topics_is_idempotent(cluster: ClusterMetadata, unique_topic: Cal
 
 
 @pytest.mark.integration
-def test_ensure_topics_rejects_an_existing_topic_with_other_partitions(
-    cluster: ClusterMetadata, unique_topic: Callable[..., str]
-) -> None:
+def test_ensure_topics_rejects_an_existing_topic_with_other_partitions(cluster: ClusterMetadata, unique_topic: Callable[..., str]) -> None:
     name = unique_topic("records")
     cluster.ensure_topics([TopicSpec(name, num_partitions=3)])
     with pytest.raises(TopicMismatchError, match="3 partitions, expected 5"):
@@ -120,9 +113,7 @@ def test_concurrent_ensure_topics_agree(any_kafka, unique_topic: Callable[..., s
 
 
 @pytest.mark.integration
-def test_a_recreated_topic_has_a_new_id(
-    any_kafka, cluster: ClusterMetadata, unique_topic: Callable[..., str]
-) -> None:
+def test_a_recreated_topic_has_a_new_id(any_kafka, cluster: ClusterMetadata, unique_topic: Callable[..., str]) -> None:
     name = unique_topic("recreated")
     original = cluster.ensure_topics([TopicSpec(name, num_partitions=2)])[name]
 
@@ -140,9 +131,7 @@ def test_a_recreated_topic_has_a_new_id(
 
 
 @pytest.mark.integration
-def test_delete_topics_ignores_unknown_names(
-    cluster: ClusterMetadata, unique_topic: Callable[..., str]
-) -> None:
+def test_delete_topics_ignores_unknown_names(cluster: ClusterMetadata, unique_topic: Callable[..., str]) -> None:
     kept, deleted = unique_topic("kept"), unique_topic("deleted")
     cluster.ensure_topics([TopicSpec(kept, 1), TopicSpec(deleted, 1)])
     cluster.delete_topics([deleted, unique_topic("never-existed")])

@@ -4,6 +4,7 @@ Each step asserts the group epoch, the target assignment (with its epoch) and ev
 epoch, partitions and pending partitions as the KIP prints them (its typos aside), and that a
 shard replaying the records has the same state.
 """
+
 from coordinator_support import GROUP, Harness, response_parts
 
 from pystreams.coordinator.consumer_group import GroupState

@@ -1,6 +1,7 @@
 """Classic groups on the coordinator: JoinGroup, SyncGroup, Heartbeat and LeaveGroup with
 Apache Kafka's rules (KIP-394 member ids, the initial rebalance delay, KIP-345 static members,
 leader election, protocol selection, timeouts, errors), records as the truth."""
+
 from __future__ import annotations
 
 import kafka.errors as Errors
@@ -16,8 +17,12 @@ from pystreams.coordinator.shard import GroupCoordinatorShard, HandlerFailed
 from pystreams.protocol import messages as m
 
 DELAY = FAST.initial_rebalance_delay_ms
-Stable, Preparing, Completing, Empty = (ClassicGroupState.STABLE, ClassicGroupState.PREPARING_REBALANCE,
-                                        ClassicGroupState.COMPLETING_REBALANCE, ClassicGroupState.EMPTY)
+Stable, Preparing, Completing, Empty = (
+    ClassicGroupState.STABLE,
+    ClassicGroupState.PREPARING_REBALANCE,
+    ClassicGroupState.COMPLETING_REBALANCE,
+    ClassicGroupState.EMPTY,
+)
 
 
 def harness(**config) -> Harness:
@@ -91,7 +96,9 @@ def test_the_leader_gets_every_members_metadata_and_the_followers_wait_for_its_a
     stored = classic_records(h)[0]
     assert (stored.generation, stored.protocol, stored.leader) == (1, "range", a.member_id)
     assert {mv.member_id: (mv.subscription, mv.assignment) for mv in stored.members} == {
-        a.member_id: (a.metadata(), plan[a.member_id]), b.member_id: (b.metadata(), plan[b.member_id])}
+        a.member_id: (a.metadata(), plan[a.member_id]),
+        b.member_id: (b.metadata(), plan[b.member_id]),
+    }
     assert decoded(a.answer().assignment) == {"foo": [0, 1]}
     assert decoded(b.answer().assignment) == {"foo": [2, 3], "bar": [0, 1]}
     assert h.group.state is Stable
@@ -219,8 +226,9 @@ def test_sync_and_heartbeat_errors() -> None:
     # Stable: a sync (a member that lost the answer) gets its assignment at once.
     assert decoded(b.sync().assignment) == {"foo": [2, 3]}
     # v5 must name the protocol type and name.
-    request = m.SyncGroupRequest(group_id=GROUP, generation_id=1, member_id=b.member_id, group_instance_id=None,
-                                 protocol_type=None, protocol_name=None, assignments=[])
+    request = m.SyncGroupRequest(
+        group_id=GROUP, generation_id=1, member_id=b.member_id, group_instance_id=None, protocol_type=None, protocol_name=None, assignments=[]
+    )
     request.API_VERSION = 5
     assert h.send(request).error_code == Errors.InconsistentGroupProtocolError.errno
 
@@ -309,7 +317,11 @@ def test_batch_leave_by_instance_id_reports_each_member() -> None:
     form_group(h, [a, b, c], {0: {"foo": [0]}, 1: {"foo": [1]}, 2: {"foo": [2, 3]}})
     response = leave(h, [("", "a"), ("wrong-id", "b"), ("", "nobody"), (c.member_id, None)])
     assert [(mb.member_id, mb.error_code) for mb in response.members] == [
-        ("", 0), ("wrong-id", Errors.FencedInstanceIdError.errno), ("", Errors.UnknownMemberIdError.errno), (c.member_id, 0)]
+        ("", 0),
+        ("wrong-id", Errors.FencedInstanceIdError.errno),
+        ("", Errors.UnknownMemberIdError.errno),
+        (c.member_id, 0),
+    ]
     assert set(h.group.members) == {b.member_id}
     assert h.group.state is Preparing
     # v0-2: one member, its error at the top level.
@@ -350,7 +362,8 @@ def test_list_and_describe_show_a_classic_group() -> None:
     described = h.send(m.DescribeGroupsRequest(groups=[GROUP], include_authorized_operations=False)).groups[0]
     assert (described.group_state, described.protocol_type, described.protocol_data) == ("Stable", "consumer", "range")
     assert [(mb.member_id, mb.member_metadata, decoded(mb.member_assignment)) for mb in described.members] == [
-        (a.member_id, joined_with, {"foo": [0, 1, 2, 3]})]
+        (a.member_id, joined_with, {"foo": [0, 1, 2, 3]})
+    ]
     consumer_describe = h.send(m.ConsumerGroupDescribeRequest(group_ids=[GROUP], include_authorized_operations=False)).groups[0]
     assert consumer_describe.error_code == Errors.GroupIdNotFoundError.errno
 

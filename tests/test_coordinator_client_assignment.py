@@ -1,8 +1,8 @@
 """Client-side assignment: selection, ShouldComputeAssignment, Prepare/Install, validation."""
-import kafka.errors as Errors
-from coordinator_support import GROUP, HB, NAMES, TOPIC_IDS, Harness, response_parts
 
-from pystreams.partitions import PartitionSet
+import kafka.errors as Errors
+from coordinator_support import GROUP, HB, TOPIC_IDS, Harness, response_parts
+
 from pystreams.coordinator.consumer_group import GroupState
 from pystreams.protocol import messages as m
 from pystreams.protocol.errors import InvalidAssignmentError
@@ -11,16 +11,18 @@ Prepare, Install = m.ConsumerGroupPrepareAssignmentRequest, m.ConsumerGroupInsta
 
 
 def assignor(name="streams", lo=1, hi=2, version=None, reason=0, metadata=b"meta"):
-    return HB.Assignor(name=name, minimum_version=lo, maximum_version=hi, reason=reason,
-                       metadata_version=hi if version is None else version, metadata_bytes=metadata)
+    return HB.Assignor(
+        name=name, minimum_version=lo, maximum_version=hi, reason=reason, metadata_version=hi if version is None else version, metadata_bytes=metadata
+    )
 
 
 def install(h, member_id, epoch, group_epoch, plan: dict[str, str], error=0, metadata=b""):
     from coordinator_support import parts
 
     members = [
-        Install.Member(member_id=mid, partitions=parts(spec).to_wire(Install.Member.TopicPartitions),
-                       metadata_version=2, metadata_bytes=metadata or mid.encode())
+        Install.Member(
+            member_id=mid, partitions=parts(spec).to_wire(Install.Member.TopicPartitions), metadata_version=2, metadata_bytes=metadata or mid.encode()
+        )
         for mid, spec in plan.items()
     ]
     return h.send(Install(group_id=GROUP, member_id=member_id, member_epoch=epoch, group_epoch=group_epoch, error=error, members=members))
@@ -86,8 +88,9 @@ def test_invalid_assignments_are_refused():
         response = install(h, "A", 0, 1, plan)
         assert response.error_code == InvalidAssignmentError.errno, why
         assert response.error_message, why
-    twice = Install.Member(member_id="A", metadata_version=0, metadata_bytes=b"", partitions=[
-        Install.Member.TopicPartitions(topic_id=TOPIC_IDS["foo"], partitions=[0, 1, 2, 2])])
+    twice = Install.Member(
+        member_id="A", metadata_version=0, metadata_bytes=b"", partitions=[Install.Member.TopicPartitions(topic_id=TOPIC_IDS["foo"], partitions=[0, 1, 2, 2])]
+    )
     response = h.send(Install(group_id=GROUP, member_id="A", member_epoch=0, group_epoch=1, error=0, members=[twice]))
     assert response.error_code == InvalidAssignmentError.errno and "more than once" in response.error_message
     assert h.group.assignment_epoch == 0

@@ -10,6 +10,7 @@ FENCED_MEMBER_EPOCH or UNKNOWN_MEMBER_ID — until the reconciliation completes.
 
 Every wait is bounded; every process is killed in teardown; nothing asserts on speed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -67,7 +68,10 @@ class CoordinatorProcess:
         self._stderr = tempfile.NamedTemporaryFile(prefix="pystreams-coordinator-", suffix=".log", delete=False)
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, *args],
-            stdout=subprocess.PIPE, stderr=self._stderr, text=True, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            start_new_session=True,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -136,10 +140,24 @@ def processes() -> Iterator[Callable[..., CoordinatorProcess]]:
 
 def coordinator_args(bootstrap: str, log_topic: str, port: int, shards: int = 2) -> list[str]:
     return [
-        "--bootstrap-servers", bootstrap, "--log", "kafka", "--log-topic", log_topic,
-        "--listen", f"127.0.0.1:{port}", "--shards", str(shards),
-        "--session-timeout-ms", "30000", "--heartbeat-interval-ms", str(HEARTBEAT_INTERVAL_MS),
-        "--metadata-refresh-ms", "500", "--log-level", "INFO",
+        "--bootstrap-servers",
+        bootstrap,
+        "--log",
+        "kafka",
+        "--log-topic",
+        log_topic,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--shards",
+        str(shards),
+        "--session-timeout-ms",
+        "30000",
+        "--heartbeat-interval-ms",
+        str(HEARTBEAT_INTERVAL_MS),
+        "--metadata-refresh-ms",
+        "500",
+        "--log-level",
+        "INFO",
     ]
 
 
@@ -281,10 +299,17 @@ async def commit_offsets(member: WireMember, topic: str, offsets: dict[int, int]
         group_id=member.member.config.group_id,
         generation_id_or_member_epoch=member.member.member_epoch,
         member_id=member.member.member_id,
-        topics=[Commit.OffsetCommitRequestTopic(name=topic, partitions=[
-            Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
-                partition_index=p, committed_offset=o, committed_leader_epoch=-1, committed_metadata="")
-            for p, o in offsets.items()])],
+        topics=[
+            Commit.OffsetCommitRequestTopic(
+                name=topic,
+                partitions=[
+                    Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                        partition_index=p, committed_offset=o, committed_leader_epoch=-1, committed_metadata=""
+                    )
+                    for p, o in offsets.items()
+                ],
+            )
+        ],
     )
     connection = await Connection.open(member.address, member.name + "-committer")
     try:
@@ -307,7 +332,9 @@ def stable_with(members: list[WireMember], per_member: int) -> bool:
 
 
 def test_sigkill_mid_reconciliation_then_a_new_coordinator_continues_where_it_stopped(
-    kafka_bootstrap: str, unique_topic: Callable[[str], str], processes: Callable[..., CoordinatorProcess],
+    kafka_bootstrap: str,
+    unique_topic: Callable[[str], str],
+    processes: Callable[..., CoordinatorProcess],
 ) -> None:
     data_topic, log_topic, group = unique_topic("data"), unique_topic("groups-log"), unique_topic("group")
     with ClusterMetadata(kafka_bootstrap) as cluster:
@@ -371,10 +398,11 @@ def test_sigkill_mid_reconciliation_then_a_new_coordinator_continues_where_it_st
             assert final.group_epoch == before.group_epoch  # no member left or joined: no new epoch
 
             for member in members:
-                after_failover = member.sent[sent_before[member.name]:]
+                after_failover = member.sent[sent_before[member.name] :]
                 assert after_failover, f"{member.name} sent nothing to the new coordinator"
-                assert all(request.member_epoch != 0 for request in after_failover
-                           if isinstance(request, m.ConsumerGroupHeartbeatRequest)), f"{member.name} rejoined"
+                assert all(request.member_epoch != 0 for request in after_failover if isinstance(request, m.ConsumerGroupHeartbeatRequest)), (
+                    f"{member.name} rejoined"
+                )
                 assert not FENCING_ERRORS & set(member.error_codes), f"{member.name} was fenced: {member.error_codes}"
                 assert not member.lost
                 assert member.member.member_id == ids_before[member.name]
@@ -389,8 +417,7 @@ def test_sigkill_mid_reconciliation_then_a_new_coordinator_continues_where_it_st
             listed = await asyncio.to_thread(admin.list_groups)
             assert group in {entry["group_id"] if isinstance(entry, dict) else entry[0] for entry in listed}
             offsets = await asyncio.to_thread(admin.list_group_offsets, group)
-            assert {tp: meta.offset for tp, meta in offsets[group].items()} == {
-                TopicPartition(data_topic, 0): 100, TopicPartition(data_topic, 1): 101}
+            assert {tp: meta.offset for tp, meta in offsets[group].items()} == {TopicPartition(data_topic, 0): 100, TopicPartition(data_topic, 1): 101}
         finally:
             admin.close()
 
@@ -398,7 +425,9 @@ def test_sigkill_mid_reconciliation_then_a_new_coordinator_continues_where_it_st
 
 
 def test_acknowledged_commits_survive_a_sigkill_under_load(
-    kafka_bootstrap: str, unique_topic: Callable[[str], str], processes: Callable[..., CoordinatorProcess],
+    kafka_bootstrap: str,
+    unique_topic: Callable[[str], str],
+    processes: Callable[..., CoordinatorProcess],
 ) -> None:
     """Kill while members heartbeat and commit continuously: every commit the old coordinator
     acknowledged is there after the restart, and the members continue without rejoining."""
@@ -449,8 +478,9 @@ def test_acknowledged_commits_survive_a_sigkill_under_load(
             Fetch = m.OffsetFetchRequest
             connection = await Connection.open(address, "checker")
             try:
-                fetched = await connection.call(Fetch(groups=[Fetch.OffsetFetchRequestGroup(
-                    group_id=group, member_id=None, member_epoch=-1, topics=None)], require_stable=False), 9)
+                fetched = await connection.call(
+                    Fetch(groups=[Fetch.OffsetFetchRequestGroup(group_id=group, member_id=None, member_epoch=-1, topics=None)], require_stable=False), 9
+                )
             finally:
                 connection.close()
             [(name, committed)] = [(t.name, p.committed_offset) for t in fetched.groups[0].topics for p in t.partitions]
@@ -459,8 +489,9 @@ def test_acknowledged_commits_survive_a_sigkill_under_load(
             assert stable_with(members, 3)
             assert [member.member.member_id for member in members] == ids
             for member in members:
-                assert all(request.member_epoch != 0 for request in member.sent[1:]
-                           if isinstance(request, m.ConsumerGroupHeartbeatRequest)), f"{member.name} rejoined"
+                assert all(request.member_epoch != 0 for request in member.sent[1:] if isinstance(request, m.ConsumerGroupHeartbeatRequest)), (
+                    f"{member.name} rejoined"
+                )
                 assert not FENCING_ERRORS & set(member.error_codes)
                 assert not member.lost
         finally:
@@ -472,7 +503,9 @@ def test_acknowledged_commits_survive_a_sigkill_under_load(
 
 
 def test_a_log_topic_with_another_partition_count_is_refused_with_a_clear_error(
-    kafka_bootstrap: str, unique_topic: Callable[[str], str], processes: Callable[..., CoordinatorProcess],
+    kafka_bootstrap: str,
+    unique_topic: Callable[[str], str],
+    processes: Callable[..., CoordinatorProcess],
 ) -> None:
     log_topic = unique_topic("groups-log")
     with ClusterMetadata(kafka_bootstrap) as cluster:
@@ -484,7 +517,9 @@ def test_a_log_topic_with_another_partition_count_is_refused_with_a_clear_error(
 
 
 def test_sigterm_stops_the_coordinator_cleanly(
-    kafka_bootstrap: str, unique_topic: Callable[[str], str], processes: Callable[..., CoordinatorProcess],
+    kafka_bootstrap: str,
+    unique_topic: Callable[[str], str],
+    processes: Callable[..., CoordinatorProcess],
 ) -> None:
     process = processes(*coordinator_args(kafka_bootstrap, unique_topic("groups-log"), 0))
     host, port = process.address()
@@ -524,7 +559,8 @@ def _records(group: str, count: int) -> list:
 
 
 def test_kafka_log_reads_back_appends_in_order_and_a_new_claim_fences_the_old_writer(
-    kafka_bootstrap: str, unique_topic: Callable[[str], str],
+    kafka_bootstrap: str,
+    unique_topic: Callable[[str], str],
 ) -> None:
     from pystreams.coordinator.log import KafkaLog, LogFencedError
 
@@ -563,7 +599,8 @@ def test_kafka_log_reads_back_appends_in_order_and_a_new_claim_fences_the_old_wr
 
 
 def test_kafka_log_drops_an_append_its_writer_died_in_the_middle_of(
-    kafka_bootstrap: str, unique_topic: Callable[[str], str],
+    kafka_bootstrap: str,
+    unique_topic: Callable[[str], str],
 ) -> None:
     """A writer that sent part of an append and died (its transaction never committed) leaves
     nothing behind once the partition is claimed again: on Apache Kafka read_committed hides the
@@ -606,7 +643,9 @@ def test_kafka_log_drops_an_append_its_writer_died_in_the_middle_of(
 
 
 def test_a_poison_record_in_the_log_quarantines_its_group_and_repair_releases_it(
-    kafka_bootstrap: str, unique_topic: Callable[[str], str], processes: Callable[..., CoordinatorProcess],
+    kafka_bootstrap: str,
+    unique_topic: Callable[[str], str],
+    processes: Callable[..., CoordinatorProcess],
 ) -> None:
     """An older version wrote a member record with a null topic name: the coordinator still
     loads and serves the other groups, and ``--repair --skip-unreadable`` releases the group."""
@@ -625,16 +664,21 @@ def test_a_poison_record_in_the_log_quarantines_its_group_and_repair_releases_it
 
     def first_heartbeat(group: str) -> m.ConsumerGroupHeartbeatResponse:
         with KafkaProtocolClient(*address) as client:
-            return client.send(m.ConsumerGroupHeartbeatRequest(
-                group_id=group, member_id="", member_epoch=0, rebalance_timeout_ms=5_000,
-                subscribed_topic_names=["t"], topic_partitions=[],
-            ))
+            return client.send(
+                m.ConsumerGroupHeartbeatRequest(
+                    group_id=group,
+                    member_id="",
+                    member_epoch=0,
+                    rebalance_timeout_ms=5_000,
+                    subscribed_topic_names=["t"],
+                    topic_partitions=[],
+                )
+            )
 
     assert first_heartbeat(healthy).error_code == 0
     first.kill()
     key, _ = r.encode(r.MemberMetadata(sick, "ghost", None))
-    poison = msgspec.msgpack.encode({"group_epoch": 1, "client_id": "c", "client_host": "h", "rebalance_timeout_ms": 1,
-                                     "subscribed_topic_names": [None]})
+    poison = msgspec.msgpack.encode({"group_epoch": 1, "client_id": "c", "client_host": "h", "rebalance_timeout_ms": 1, "subscribed_topic_names": [None]})
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
     producer.send(log_topic, key=key, value=poison, partition=group_shard(sick, shards)).get(10)
     producer.close()
@@ -664,16 +708,18 @@ def test_a_poison_record_in_the_log_quarantines_its_group_and_repair_releases_it
 
 
 def test_reloads_after_failed_appends_leave_no_threads_behind(
-    kafka_bootstrap: str, unique_topic: Callable[[str], str], monkeypatch: pytest.MonkeyPatch,
+    kafka_bootstrap: str,
+    unique_topic: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Every failed append reloads the shard from the Kafka log (claim, replay); the writers and
     readers of earlier claims must be released, or a stream of failures would pile up threads."""
     import threading
 
-    from pystreams.coordinator import log as log_module
-    from pystreams.coordinator.log import KafkaLog
     from kafka.protocol.api_header import RequestHeader
 
+    from pystreams.coordinator import log as log_module
+    from pystreams.coordinator.log import KafkaLog
     from pystreams.coordinator.runtime import Coordinator, StaticTopics
 
     failures = {"left": 6}
@@ -698,8 +744,9 @@ def test_reloads_after_failed_appends_leave_no_threads_behind(
         answers = []
         deadline = time.monotonic() + GUARD_S
         while time.monotonic() < deadline:
-            request = heartbeat(group_id="reloading", member_id="", member_epoch=0, rebalance_timeout_ms=5_000,
-                                subscribed_topic_names=["t"], topic_partitions=[])
+            request = heartbeat(
+                group_id="reloading", member_id="", member_epoch=0, rebalance_timeout_ms=5_000, subscribed_topic_names=["t"], topic_partitions=[]
+            )
             request.API_VERSION = 0
             response = await coordinator.handle(request_header, request)
             answers.append(response.error_code)

@@ -12,6 +12,7 @@ still know the member.
 
 CI runs a few thousand requests; ``PYSTREAMS_FUZZ_EXAMPLES`` (the ``slow`` run) asks for more.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,12 +32,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.schemas.fields.codecs import types as codec_types
+from worker_support import listening, wait_for
 
 from pystreams.broker import free_port
 from pystreams.protocol import messages as m
 from pystreams.protocol.client import KafkaProtocolClient
 from pystreams.protocol.registry import SUPPORTED_APIS
-from worker_support import listening, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -65,11 +66,34 @@ class Running:
 def start_coordinator(bootstrap: str, log_topic: str, port: int, log_path: Path) -> Running:
     log = log_path.open("ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "pystreams", "coordinator", "--bootstrap-servers", bootstrap, "--log", "kafka",
-         "--log-topic", log_topic, "--shards", "2", "--listen", f"127.0.0.1:{port}", "--session-timeout-ms", "60000",
-         "--heartbeat-interval-ms", "5000", "--request-read-timeout-ms", "2000", "--socket-request-max-bytes", str(4 * 1024 * 1024),
-         "--queued-max-request-bytes", str(16 * 1024 * 1024)],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "pystreams",
+            "coordinator",
+            "--bootstrap-servers",
+            bootstrap,
+            "--log",
+            "kafka",
+            "--log-topic",
+            log_topic,
+            "--shards",
+            "2",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--session-timeout-ms",
+            "60000",
+            "--heartbeat-interval-ms",
+            "5000",
+            "--request-read-timeout-ms",
+            "2000",
+            "--socket-request-max-bytes",
+            str(4 * 1024 * 1024),
+            "--queued-max-request-bytes",
+            str(16 * 1024 * 1024),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     log.close()
     running = Running(process, port)
@@ -99,9 +123,17 @@ class GoodMember:
     def __init__(self, port: int) -> None:
         self.port = port
         with self.client() as client:
-            response = client.send(m.ConsumerGroupHeartbeatRequest(
-                group_id=GOOD_GROUP, member_id="", member_epoch=0, rebalance_timeout_ms=30_000,
-                subscribed_topic_names=["fuzz-topic"], server_assignor="uniform", topic_partitions=[]))
+            response = client.send(
+                m.ConsumerGroupHeartbeatRequest(
+                    group_id=GOOD_GROUP,
+                    member_id="",
+                    member_epoch=0,
+                    rebalance_timeout_ms=30_000,
+                    subscribed_topic_names=["fuzz-topic"],
+                    server_assignor="uniform",
+                    topic_partitions=[],
+                )
+            )
         assert response.error_code == 0, response
         self.member_id, self.epoch = response.member_id, response.member_epoch
         self.problems: list[object] = []
@@ -114,8 +146,7 @@ class GoodMember:
 
     def heartbeat(self) -> m.ConsumerGroupHeartbeatResponse:
         with self.client() as client:
-            return client.send(m.ConsumerGroupHeartbeatRequest(
-                group_id=GOOD_GROUP, member_id=self.member_id, member_epoch=self.epoch, rebalance_timeout_ms=-1))
+            return client.send(m.ConsumerGroupHeartbeatRequest(group_id=GOOD_GROUP, member_id=self.member_id, member_epoch=self.epoch, rebalance_timeout_ms=-1))
 
     def _beat(self) -> None:
         while not self._stop.wait(1.0):
@@ -173,8 +204,7 @@ def _value(draw, field, version: int, depth: int):
     if kind is codec_types.Bytes:
         return draw(st.sampled_from([None, b"", b"\xff" * (HUGE if huge else 300)]) | st.binary(max_size=64))
     if isinstance(kind, codec_types.String):
-        return draw(st.sampled_from([None, "", "x" * (HUGE if huge else 300), "__consumer_offsets", ".*", "(a+)+b", "\n\x1b[2J"])
-                    | st.text(max_size=20))
+        return draw(st.sampled_from([None, "", "x" * (HUGE if huge else 300), "__consumer_offsets", ".*", "(a+)+b", "\n\x1b[2J"]) | st.text(max_size=20))
     return None
 
 
@@ -195,15 +225,19 @@ def fuzzed_frame(draw) -> bytes:
         body = bytes(spec.request_class(**_fields(draw, spec.request_class._struct, encode_at, 0)).encode(version=encode_at))
     except Exception:
         body = draw(st.binary(max_size=200))  # the encoder refused these values: send bytes instead
-    header = RequestHeader(request_api_key=spec.api_key, request_api_version=version, correlation_id=draw(st.integers(0, 2**31 - 1)),
-                           client_id=draw(st.sampled_from(["fuzz", "", "x" * 300])))
+    header = RequestHeader(
+        request_api_key=spec.api_key,
+        request_api_version=version,
+        correlation_id=draw(st.integers(0, 2**31 - 1)),
+        client_id=draw(st.sampled_from(["fuzz", "", "x" * 300])),
+    )
     payload = bytes(header.encode(flexible=spec.request_header_version(encode_at) == 2)) + body
     mangling = draw(st.sampled_from(["none", "none", "truncate", "flip", "garbage-tail", "unknown-api", "lying-size", "oversized"]))
     if mangling == "truncate" and payload:
         payload = payload[: draw(st.integers(0, len(payload) - 1))]
     elif mangling == "flip" and payload:
         index = draw(st.integers(0, len(payload) - 1))
-        payload = payload[:index] + bytes([payload[index] ^ draw(st.integers(1, 255))]) + payload[index + 1:]
+        payload = payload[:index] + bytes([payload[index] ^ draw(st.integers(1, 255))]) + payload[index + 1 :]
     elif mangling == "garbage-tail":
         payload += draw(st.binary(min_size=1, max_size=100))
     elif mangling == "unknown-api":
@@ -257,7 +291,7 @@ def test_hostile_requests_never_harm_the_coordinator_or_a_group(coordinator: tup
     assert member.beats > 0
     assert batches["count"] > 0
     served = log_path.read_text(errors="replace").split("coordinator ready")[-1]
-    assert "Traceback" not in served, served[served.index("Traceback") - 2000:][:6000]  # no handler failed, nothing crashed
+    assert "Traceback" not in served, served[served.index("Traceback") - 2000 :][:6000]  # no handler failed, nothing crashed
 
     running.process.kill()
     running.process.wait(10)

@@ -1,4 +1,5 @@
 """ConsumerGroupHeartbeat: every validation rule, every error, membership and sessions."""
+
 import kafka.errors as Errors
 import pytest
 from coordinator_support import FAST, GROUP, HB, Harness, response_parts
@@ -9,8 +10,9 @@ INVALID = Errors.InvalidRequestError.errno
 
 
 def assignor(name="streams", lo=0, hi=2, version=None, reason=0, metadata=b""):
-    return HB.Assignor(name=name, minimum_version=lo, maximum_version=hi, reason=reason,
-                       metadata_version=hi if version is None else version, metadata_bytes=metadata)
+    return HB.Assignor(
+        name=name, minimum_version=lo, maximum_version=hi, reason=reason, metadata_version=hi if version is None else version, metadata_bytes=metadata
+    )
 
 
 @pytest.mark.parametrize(
@@ -73,9 +75,11 @@ def test_unknown_member_and_unknown_group():
 
 
 def test_member_ids_are_generated_uuids_when_the_member_has_none():
-    from pystreams.coordinator.shard import GroupCoordinatorShard
-    from coordinator_support import ScriptedAssignor, topics
     import uuid
+
+    from coordinator_support import ScriptedAssignor, topics
+
+    from pystreams.coordinator.shard import GroupCoordinatorShard
 
     scripted = ScriptedAssignor()
     shard = GroupCoordinatorShard(assignors={"uniform": scripted, "range": scripted})
@@ -178,8 +182,9 @@ def test_rebalance_timeout_fences_a_member_that_does_not_revoke():
 
 
 def test_group_max_size():
-    from pystreams.coordinator.config import CoordinatorConfig
     import msgspec
+
+    from pystreams.coordinator.config import CoordinatorConfig
 
     config = CoordinatorConfig(**{**msgspec.structs.asdict(FAST), "max_group_size": 1})
     h = Harness(config)
@@ -228,6 +233,7 @@ def test_regex_subscription_follows_topic_creation():
 
 def test_recreated_topic_gets_a_new_id_and_rebalances():
     import uuid
+
     from pystreams.assignors.api import TopicMetadata
 
     h = Harness()

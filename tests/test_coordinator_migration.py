@@ -2,6 +2,7 @@
 Upgrade"): the upgrade by the first KIP-848 member, classic members living in a consumer group,
 the downgrade when the last KIP-848 member goes, the migration policy, client-side assignors at
 metadata version -1, offsets across both conversions, and the KIP's Online Migration case study."""
+
 from __future__ import annotations
 
 import kafka.errors as Errors
@@ -83,12 +84,22 @@ def test_upgrade_from_a_stable_group_writes_kafkas_records_and_keeps_every_assig
     A, B = a.member_id, b.member_id
     assert kinds(h.last_records) == [
         "ClassicGroupMetadata-",
-        f"MemberMetadata({A})", f"MemberMetadata({B})", "GroupMetadata",
-        f"TargetAssignmentMember({A})", f"TargetAssignmentMember({B})", "TargetAssignmentMetadata",
-        f"CurrentAssignment({A})", f"CurrentAssignment({B})",
+        f"MemberMetadata({A})",
+        f"MemberMetadata({B})",
+        "GroupMetadata",
+        f"TargetAssignmentMember({A})",
+        f"TargetAssignmentMember({B})",
+        "TargetAssignmentMetadata",
+        f"CurrentAssignment({A})",
+        f"CurrentAssignment({B})",
         # then the joiner, as any KIP-848 join: its subscription, the topics, a new epoch, a target
-        "MemberMetadata(n)", "PartitionMetadata", "GroupMetadata",
-        f"TargetAssignmentMember({A})", f"TargetAssignmentMember({B})", "TargetAssignmentMember(n)", "TargetAssignmentMetadata",
+        "MemberMetadata(n)",
+        "PartitionMetadata",
+        "GroupMetadata",
+        f"TargetAssignmentMember({A})",
+        f"TargetAssignmentMember({B})",
+        "TargetAssignmentMember(n)",
+        "TargetAssignmentMetadata",
         "CurrentAssignment(n)",
     ]
     group = h.group
@@ -246,8 +257,12 @@ def test_the_policy_is_also_a_group_config() -> None:
     h = harness()
     a, b = classic_pair(h)
     Resource = m.IncrementalAlterConfigsRequest.AlterConfigsResource
-    alter = m.IncrementalAlterConfigsRequest(validate_only=False, resources=[Resource(
-        resource_type=16, resource_name=GROUP, configs=[Resource.AlterableConfig(name=MIGRATION_POLICY, config_operation=0, value="downgrade")])])
+    alter = m.IncrementalAlterConfigsRequest(
+        validate_only=False,
+        resources=[
+            Resource(resource_type=16, resource_name=GROUP, configs=[Resource.AlterableConfig(name=MIGRATION_POLICY, config_operation=0, value="downgrade")])
+        ],
+    )
     assert h.send(alter).responses[0].error_code == 0
     assert h.join("n").error_code == Errors.GroupIdNotFoundError.errno
 
@@ -324,7 +339,11 @@ def test_an_upgrade_writes_the_subscription_metadata_and_bumps_so_a_stale_classi
     assert response.error_code == 0
     # Kafka's order: the conversion, the replacement, then the joiner's heartbeat.
     assert kinds(h.last_records)[-5:] == [
-        "PartitionMetadata", "GroupMetadata", "TargetAssignmentMember(s2)", "TargetAssignmentMetadata", "CurrentAssignment(s2)",
+        "PartitionMetadata",
+        "GroupMetadata",
+        "TargetAssignmentMember(s2)",
+        "TargetAssignmentMetadata",
+        "CurrentAssignment(s2)",
     ]
     assert h.group.group_epoch == 2 and h.group.assignment_epoch == 2
     assert set(h.group.subscribed_topics) == {"foo"}
@@ -421,11 +440,18 @@ def test_downgrade_when_the_last_kip848_member_leaves() -> None:
     assert (response.error_code, response.member_epoch) == (0, LEAVE_EPOCH)
     A, B = a.member_id, b.member_id
     assert kinds(h.last_records) == [
-        f"CurrentAssignment-({A})", f"CurrentAssignment-({B})", "CurrentAssignment-(n)",
-        f"TargetAssignmentMember-({A})", f"TargetAssignmentMember-({B})", "TargetAssignmentMember-(n)",
+        f"CurrentAssignment-({A})",
+        f"CurrentAssignment-({B})",
+        "CurrentAssignment-(n)",
+        f"TargetAssignmentMember-({A})",
+        f"TargetAssignmentMember-({B})",
+        "TargetAssignmentMember-(n)",
         "TargetAssignmentMetadata-",
-        f"MemberMetadata-({A})", f"MemberMetadata-({B})", "MemberMetadata-(n)",
-        "PartitionMetadata-", "GroupMetadata-",
+        f"MemberMetadata-({A})",
+        f"MemberMetadata-({B})",
+        "MemberMetadata-(n)",
+        "PartitionMetadata-",
+        "GroupMetadata-",
         "ClassicGroupMetadata",
     ]
     value = h.last_records[-1].value
@@ -539,8 +565,7 @@ def streams_classic_group(h: Harness) -> tuple[Classic, Classic]:
         h.advance(DELAY)
     a.answer(), b.answer()
     b.sync(protocol_name="streams")
-    a.sync({a.member_id: assignment(user_data=b"tasks-a", foo=[0, 1]), b.member_id: assignment(user_data=b"tasks-b", foo=[2, 3])},
-           protocol_name="streams")
+    a.sync({a.member_id: assignment(user_data=b"tasks-a", foo=[0, 1]), b.member_id: assignment(user_data=b"tasks-b", foo=[2, 3])}, protocol_name="streams")
     a.answer(), b.answer()
     return a, b
 
@@ -571,10 +596,13 @@ def test_classic_subscription_userdata_reaches_the_client_assignor_at_version_mi
     h.assert_replay_equals_live()
 
 
-@pytest.mark.parametrize("assignors, reason", [
-    ([streams_assignor(lo=1)], "includes -1"),
-    ([HB.Assignor(name="other", minimum_version=-1, maximum_version=2, reason=0, metadata_version=2, metadata_bytes=b"")], "streams"),
-])
+@pytest.mark.parametrize(
+    "assignors, reason",
+    [
+        ([streams_assignor(lo=1)], "includes -1"),
+        ([HB.Assignor(name="other", minimum_version=-1, maximum_version=2, reason=0, metadata_version=2, metadata_bytes=b"")], "streams"),
+    ],
+)
 def test_a_kip848_member_that_cannot_read_classic_metadata_is_refused_and_nothing_converts(assignors, reason) -> None:
     h = harness()
     streams_classic_group(h)

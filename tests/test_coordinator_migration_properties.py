@@ -1,6 +1,7 @@
 """Property: classic and KIP-848 members of one group, in any interleaving of joins, syncs,
 heartbeats, leaves, crashes and time, never make a handler fail; replaying the records gives
 the live state; no partition has two holders; and a group that converts keeps its epochs."""
+
 from __future__ import annotations
 
 import kafka.errors as Errors

@@ -1,4 +1,5 @@
 """OffsetCommit/OffsetFetch fenced by member epoch; ListGroups; Describe; group configs."""
+
 import uuid
 
 import kafka.errors as Errors
@@ -16,15 +17,22 @@ def commit(h, member_id, epoch, offsets: dict[tuple[str, int], int], by_id=False
     topics = {}
     for (name, p), offset in offsets.items():
         topics.setdefault(name, []).append(CPart(partition_index=p, committed_offset=offset, committed_metadata="m"))
-    request = Commit(group_id=group_id, generation_id_or_member_epoch=epoch, member_id=member_id, topics=[
-        CTopic(name="" if by_id else name, topic_id=TOPIC_IDS[name] if by_id else None, partitions=ps) for name, ps in topics.items()])
+    request = Commit(
+        group_id=group_id,
+        generation_id_or_member_epoch=epoch,
+        member_id=member_id,
+        topics=[CTopic(name="" if by_id else name, topic_id=TOPIC_IDS[name] if by_id else None, partitions=ps) for name, ps in topics.items()],
+    )
     response = h.send(request)
     return {(t.name or t.topic_id, p.partition_index): p.error_code for t in response.topics for p in t.partitions}
 
 
 def fetch(h, topics=None, member_id=None, epoch=-1, by_id=False, group_id=GROUP):
-    request_topics = None if topics is None else [
-        FTopics(name="" if by_id else name, topic_id=TOPIC_IDS[name] if by_id else None, partition_indexes=ps) for name, ps in topics.items()]
+    request_topics = (
+        None
+        if topics is None
+        else [FTopics(name="" if by_id else name, topic_id=TOPIC_IDS[name] if by_id else None, partition_indexes=ps) for name, ps in topics.items()]
+    )
     response = h.send(Fetch(groups=[FGroup(group_id=group_id, member_id=member_id, member_epoch=epoch, topics=request_topics)]))
     group = response.groups[0]
     return group.error_code, {(t.name or t.topic_id, p.partition_index): (p.committed_offset, p.error_code) for t in group.topics for p in t.partitions}
@@ -55,11 +63,19 @@ def test_commit_and_fetch_by_topic_id_never_both():
     assert commit(h, "A", epoch, {("foo", 1): 5}, by_id=True) == {(TOPIC_IDS["foo"], 1): 0}
     assert fetch(h, {"foo": [1]}, by_id=True)[1] == {(TOPIC_IDS["foo"], 1): (5, 0)}
     assert fetch(h, {"foo": [1]})[1] == {("foo", 1): (5, 0)}
-    both = Commit(group_id=GROUP, generation_id_or_member_epoch=epoch, member_id="A", topics=[
-        CTopic(name="foo", topic_id=TOPIC_IDS["foo"], partitions=[CPart(partition_index=0, committed_offset=1)])])
+    both = Commit(
+        group_id=GROUP,
+        generation_id_or_member_epoch=epoch,
+        member_id="A",
+        topics=[CTopic(name="foo", topic_id=TOPIC_IDS["foo"], partitions=[CPart(partition_index=0, committed_offset=1)])],
+    )
     assert h.send(both).topics[0].partitions[0].error_code == Errors.InvalidRequestError.errno
-    unknown = Commit(group_id=GROUP, generation_id_or_member_epoch=epoch, member_id="A", topics=[
-        CTopic(name="", topic_id=uuid.UUID(int=77), partitions=[CPart(partition_index=0, committed_offset=1)])])
+    unknown = Commit(
+        group_id=GROUP,
+        generation_id_or_member_epoch=epoch,
+        member_id="A",
+        topics=[CTopic(name="", topic_id=uuid.UUID(int=77), partitions=[CPart(partition_index=0, committed_offset=1)])],
+    )
     assert h.send(unknown).topics[0].partitions[0].error_code == Errors.UnknownTopicIdError.errno
 
 
@@ -96,6 +112,7 @@ def test_admin_commit_creates_an_empty_group_and_fetch_all():
 
 def test_empty_group_expires_with_its_offsets():
     import msgspec
+
     from pystreams.coordinator.config import CoordinatorConfig
 
     h = Harness(CoordinatorConfig(**{**msgspec.structs.asdict(FAST), "empty_group_retention_ms": 5_000}))
@@ -114,7 +131,10 @@ def test_list_groups_filters_by_state_and_type():
     h = Harness()
     _member(h)
     commit(h, "", -1, {("foo", 0): 3}, group_id="idle")
-    listed = lambda **kw: {(g.group_id, g.group_state, g.group_type) for g in h.send(m.ListGroupsRequest(**kw)).groups}
+
+    def listed(**kw):
+        return {(g.group_id, g.group_state, g.group_type) for g in h.send(m.ListGroupsRequest(**kw)).groups}
+
     assert listed() == {(GROUP, "Stable", "consumer"), ("idle", "Empty", "consumer")}
     assert listed(states_filter=["stable"]) == {(GROUP, "Stable", "consumer")}
     assert listed(types_filter=["classic"]) == set()
@@ -137,8 +157,12 @@ def test_consumer_group_describe():
 
 def _alter(h, group, *entries, validate_only=False):
     Resource = m.IncrementalAlterConfigsRequest.AlterConfigsResource
-    request = m.IncrementalAlterConfigsRequest(validate_only=validate_only, resources=[Resource(resource_type=16, resource_name=group, configs=[
-        Resource.AlterableConfig(name=n, config_operation=op, value=v) for n, op, v in entries])])
+    request = m.IncrementalAlterConfigsRequest(
+        validate_only=validate_only,
+        resources=[
+            Resource(resource_type=16, resource_name=group, configs=[Resource.AlterableConfig(name=n, config_operation=op, value=v) for n, op, v in entries])
+        ],
+    )
     result = h.send(request).responses[0]
     return result.error_code, result.error_message
 

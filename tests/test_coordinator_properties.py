@@ -1,11 +1,12 @@
 """Property: for random request/timer/metadata sequences, replaying the emitted records gives
 the live state; epochs never go backwards; no partition is held by two members."""
+
+from coordinator_support import GROUP, HB, Harness, RoundRobinAssignor
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from coordinator_support import GROUP, HB, Harness, RoundRobinAssignor, owned
 
-from pystreams.partitions import PartitionSet
 from pystreams.coordinator.consumer_group import LEAVE_STATIC_EPOCH
+from pystreams.partitions import PartitionSet
 from pystreams.protocol import messages as m
 
 MEMBERS = ["m0", "m1", "m2", "m3"]
@@ -26,7 +27,7 @@ def check_invariants(h: Harness, seen_epochs: dict) -> None:
     for group in h.shard.groups.values():
         holders = {}
         for member in group.members.values():
-            for pair in (member.assigned | member.revoking):
+            for pair in member.assigned | member.revoking:
                 assert pair not in holders, f"{pair} held by {holders[pair]} and {member.member_id}"
                 holders[pair] = member.member_id
             if member.member_epoch != LEAVE_STATIC_EPOCH:
@@ -57,8 +58,14 @@ def test_replay_equals_live_and_invariants_hold(sequence):
             ack = args[1]
             held = member.assigned | member.revoking
             report = member.assigned if ack else held
-            h.send(HB(group_id=GROUP, member_id=member.member_id, member_epoch=member.member_epoch,
-                      topic_partitions=PartitionSet.of(report).to_wire(HB.TopicPartitions)))
+            h.send(
+                HB(
+                    group_id=GROUP,
+                    member_id=member.member_id,
+                    member_epoch=member.member_epoch,
+                    topic_partitions=PartitionSet.of(report).to_wire(HB.TopicPartitions),
+                )
+            )
         elif kind == "bad-epoch":
             h.heartbeat(args[0], args[1] if args[1] != 0 else 1, "")
         elif kind == "leave" and member is not None:
@@ -69,9 +76,17 @@ def test_replay_equals_live_and_invariants_hold(sequence):
             extra = {"baz": args[1]} if args[1] else {}
             h.topics(foo=args[0], bar=2, **extra)
         elif kind == "commit" and member is not None:
-            commit = m.OffsetCommitRequest(group_id=GROUP, generation_id_or_member_epoch=member.member_epoch, member_id=member.member_id, topics=[
-                m.OffsetCommitRequest.OffsetCommitRequestTopic(name="foo", partitions=[
-                    m.OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(partition_index=0, committed_offset=args[1])])])
+            commit = m.OffsetCommitRequest(
+                group_id=GROUP,
+                generation_id_or_member_epoch=member.member_epoch,
+                member_id=member.member_id,
+                topics=[
+                    m.OffsetCommitRequest.OffsetCommitRequestTopic(
+                        name="foo",
+                        partitions=[m.OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(partition_index=0, committed_offset=args[1])],
+                    )
+                ],
+            )
             h.send(commit)
         check_invariants(h, seen)
     h.assert_replay_equals_live()

@@ -5,6 +5,7 @@ rewrite of unchanged target members) or something replay cannot read fails here.
 handler failure that leaves anything behind: every event runs in a journal and is rolled back
 whole.
 """
+
 from __future__ import annotations
 
 import msgspec
@@ -22,16 +23,30 @@ FOO = TOPIC_IDS["foo"]
 
 
 def current(member_id: str, epoch: int, previous: int, assigned: str = "", revoking: str = "") -> r.CurrentAssignment:
-    return r.CurrentAssignment(GROUP, member_id, r.CurrentAssignmentValue(
-        member_epoch=epoch, previous_member_epoch=previous,
-        assigned=parts(assigned).to_wire(r.TopicPartitions), revoking=parts(revoking).to_wire(r.TopicPartitions),
-    ))
+    return r.CurrentAssignment(
+        GROUP,
+        member_id,
+        r.CurrentAssignmentValue(
+            member_epoch=epoch,
+            previous_member_epoch=previous,
+            assigned=parts(assigned).to_wire(r.TopicPartitions),
+            revoking=parts(revoking).to_wire(r.TopicPartitions),
+        ),
+    )
 
 
 def member_metadata(member_id: str, group_epoch: int, topics=("foo",)) -> r.MemberMetadata:
-    return r.MemberMetadata(GROUP, member_id, r.MemberMetadataValue(
-        group_epoch=group_epoch, client_id="", client_host="", rebalance_timeout_ms=5_000, subscribed_topic_names=list(topics),
-    ))
+    return r.MemberMetadata(
+        GROUP,
+        member_id,
+        r.MemberMetadataValue(
+            group_epoch=group_epoch,
+            client_id="",
+            client_host="",
+            rebalance_timeout_ms=5_000,
+            subscribed_topic_names=list(topics),
+        ),
+    )
 
 
 def group_epoch(epoch: int) -> r.GroupMetadata:
@@ -59,15 +74,18 @@ def test_the_first_heartbeat_creates_the_group_subscribes_and_assigns_in_one_bat
     h.topics(foo=2)
     h.scripted.next = {"A": "foo-0, foo-1"}
     h.join("A")
-    assert_records(h.last_records, [
-        group_epoch(0),
-        member_metadata("A", 0),
-        r.PartitionMetadata(GROUP, r.PartitionMetadataValue([r.TopicMetadataValue(FOO, "foo", 2)])),
-        group_epoch(1),
-        *assignment_records(GROUP, A="foo-0, foo-1"),
-        target_epoch(1),
-        current("A", 1, 0, "foo-0, foo-1"),
-    ])
+    assert_records(
+        h.last_records,
+        [
+            group_epoch(0),
+            member_metadata("A", 0),
+            r.PartitionMetadata(GROUP, r.PartitionMetadataValue([r.TopicMetadataValue(FOO, "foo", 2)])),
+            group_epoch(1),
+            *assignment_records(GROUP, A="foo-0, foo-1"),
+            target_epoch(1),
+            current("A", 1, 0, "foo-0, foo-1"),
+        ],
+    )
 
 
 def test_a_heartbeat_that_changes_nothing_writes_nothing():
@@ -83,13 +101,16 @@ def test_a_rebalance_writes_only_the_deltas():
     h = stable_member_a()
     h.scripted.next = {"A": "foo-0", "B": "foo-1"}
     h.join("B")
-    assert_records(h.last_records, [
-        member_metadata("B", 1),
-        group_epoch(2),
-        *assignment_records(GROUP, A="foo-0", B="foo-1"),
-        target_epoch(2),
-        current("B", 2, 0),  # foo-1 is still A's
-    ])
+    assert_records(
+        h.last_records,
+        [
+            member_metadata("B", 1),
+            group_epoch(2),
+            *assignment_records(GROUP, A="foo-0", B="foo-1"),
+            target_epoch(2),
+            current("B", 2, 0),  # foo-1 is still A's
+        ],
+    )
     # A revokes foo-1: only its own current assignment changes.
     h.heartbeat("A", 1, "foo-0, foo-1")
     assert_records(h.last_records, [current("A", 1, 0, "foo-0", revoking="foo-1")])
@@ -116,23 +137,34 @@ def test_leaving_writes_tombstones_a_new_epoch_and_the_new_target():
     h.join("B")
     h.scripted.next = {"A": "foo-0, foo-1"}
     h.heartbeat("B", -1)
-    assert_records(h.last_records, [
-        r.CurrentAssignment(GROUP, "B", None),
-        r.TargetAssignmentMember(GROUP, "B", None),
-        r.MemberMetadata(GROUP, "B", None),
-        group_epoch(3),
-        *assignment_records(GROUP, A="foo-0, foo-1"),
-        target_epoch(3),
-    ])
+    assert_records(
+        h.last_records,
+        [
+            r.CurrentAssignment(GROUP, "B", None),
+            r.TargetAssignmentMember(GROUP, "B", None),
+            r.MemberMetadata(GROUP, "B", None),
+            group_epoch(3),
+            *assignment_records(GROUP, A="foo-0, foo-1"),
+            target_epoch(3),
+        ],
+    )
 
 
 def test_an_offset_commit_writes_one_record_per_partition():
     h = stable_member_a()
     topic = m.OffsetCommitRequest.OffsetCommitRequestTopic
     partition = topic.OffsetCommitRequestPartition
-    h.send(m.OffsetCommitRequest(version=9, group_id=GROUP, generation_id_or_member_epoch=1, member_id="A", topics=[
-        topic(name="foo", partitions=[partition(partition_index=0, committed_offset=5), partition(partition_index=1, committed_offset=7)]),
-    ]))
+    h.send(
+        m.OffsetCommitRequest(
+            version=9,
+            group_id=GROUP,
+            generation_id_or_member_epoch=1,
+            member_id="A",
+            topics=[
+                topic(name="foo", partitions=[partition(partition_index=0, committed_offset=5), partition(partition_index=1, committed_offset=7)]),
+            ],
+        )
+    )
     assert [(rec.topic, rec.partition, rec.value.offset) for rec in h.last_records] == [("foo", 0, 5), ("foo", 1, 7)]
     assert all(isinstance(rec, r.OffsetCommit) for rec in h.last_records)
 
@@ -206,9 +238,17 @@ def test_a_failure_after_any_emit_rolls_the_event_back_exactly(steps, fail_at):
             return
         elif action == "commit":
             topic = m.OffsetCommitRequest.OffsetCommitRequestTopic
-            h.send(m.OffsetCommitRequest(version=9, group_id=GROUP, generation_id_or_member_epoch=epochs[member], member_id=member, topics=[
-                topic(name="foo", partitions=[topic.OffsetCommitRequestPartition(partition_index=0, committed_offset=len(h.log))]),
-            ]))
+            h.send(
+                m.OffsetCommitRequest(
+                    version=9,
+                    group_id=GROUP,
+                    generation_id_or_member_epoch=epochs[member],
+                    member_id=member,
+                    topics=[
+                        topic(name="foo", partitions=[topic.OffsetCommitRequestPartition(partition_index=0, committed_offset=len(h.log))]),
+                    ],
+                )
+            )
             return
         else:
             h.advance(400)

@@ -5,6 +5,7 @@ append, backpressure, loading, restart on a shared log, timers, topic metadata a
 Waits are bounded (GUARD_S) only so that a broken runtime fails instead of hanging; nothing
 asserts on speed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,8 +18,8 @@ import kafka.errors as Errors
 import msgspec
 import pytest
 from kafka.protocol.api_header import RequestHeader
-
 from pystreams.assignors.api import TopicMetadata
+
 from pystreams.coordinator import records as r
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.log import LogError, MemoryLog
@@ -37,8 +38,12 @@ from pystreams.protocol.consumer_protocol import Subscription, encode_subscripti
 GUARD_S = 10.0
 
 FAST = CoordinatorConfig(
-    session_timeout_ms=10_000, min_session_timeout_ms=100, max_session_timeout_ms=60_000,
-    heartbeat_interval_ms=100, min_heartbeat_interval_ms=10, max_heartbeat_interval_ms=1_000,
+    session_timeout_ms=10_000,
+    min_session_timeout_ms=100,
+    max_session_timeout_ms=60_000,
+    heartbeat_interval_ms=100,
+    min_heartbeat_interval_ms=10,
+    max_heartbeat_interval_ms=1_000,
 )
 FOO = TopicMetadata(uuid.UUID(int=1), "foo", 6)
 
@@ -59,6 +64,7 @@ def async_test(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     @functools.wraps(test)
     def run(*args: object, **kwargs: object) -> None:
         asyncio.run(asyncio.wait_for(test(*args, **kwargs), GUARD_S * 3))
+
     return run
 
 
@@ -70,8 +76,7 @@ async def call(coordinator: Coordinator, request, version: int | None = None):
 
 
 def join(group_id: str, topics=("foo",), member_id: str = "") -> HB:
-    return HB(group_id=group_id, member_id=member_id, member_epoch=0, rebalance_timeout_ms=5_000,
-              subscribed_topic_names=list(topics), topic_partitions=[])
+    return HB(group_id=group_id, member_id=member_id, member_epoch=0, rebalance_timeout_ms=5_000, subscribed_topic_names=list(topics), topic_partitions=[])
 
 
 def heartbeat(group_id: str, member_id: str, epoch: int) -> HB:
@@ -136,7 +141,7 @@ def test_group_routing_is_kafkas_partition_for() -> None:
     assert java_string_hash("") == 0
     assert java_string_hash("hello") == 99162322
     assert java_string_hash("polygenelubricants") == -(2**31)  # Integer.MIN_VALUE
-    assert java_string_hash("\U0001F600") == 31 * 0xD83D + 0xDE00  # a surrogate pair: two code units
+    assert java_string_hash("\U0001f600") == 31 * 0xD83D + 0xDE00  # a surrogate pair: two code units
     assert group_shard("polygenelubricants", 7) == 0  # Utils.abs(MIN_VALUE) is 0
     assert group_shard("hello", 50) == 99162322 % 50
     negative = java_string_hash("my-group-1")
@@ -215,21 +220,46 @@ async def test_many_groups_across_shards_concurrently_split_and_merged_in_order(
 
         # Offsets committed with the member epoch, fetched for many groups at once (v8+ groups).
         Commit = m.OffsetCommitRequest
-        commits = await asyncio.gather(*(
-            call(coordinator, Commit(
-                group_id=g, generation_id_or_member_epoch=members[g][1], member_id=members[g][0],
-                topics=[Commit.OffsetCommitRequestTopic(name="foo", partitions=[
-                    Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
-                        partition_index=0, committed_offset=1000 + i, committed_leader_epoch=-1, committed_metadata="")])]))
-            for i, g in enumerate(group_ids)
-        ))
+        commits = await asyncio.gather(
+            *(
+                call(
+                    coordinator,
+                    Commit(
+                        group_id=g,
+                        generation_id_or_member_epoch=members[g][1],
+                        member_id=members[g][0],
+                        topics=[
+                            Commit.OffsetCommitRequestTopic(
+                                name="foo",
+                                partitions=[
+                                    Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                                        partition_index=0, committed_offset=1000 + i, committed_leader_epoch=-1, committed_metadata=""
+                                    )
+                                ],
+                            )
+                        ],
+                    ),
+                )
+                for i, g in enumerate(group_ids)
+            )
+        )
         assert all(p.error_code == 0 for c in commits for t in c.topics for p in t.partitions)
         Fetch = m.OffsetFetchRequest
-        fetched = await call(coordinator, Fetch(groups=[
-            Fetch.OffsetFetchRequestGroup(group_id=g, member_id=None, member_epoch=-1,
-                                          topics=[Fetch.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name="foo", partition_indexes=[0])])
-            for g in order[:-1]
-        ], require_stable=False))
+        fetched = await call(
+            coordinator,
+            Fetch(
+                groups=[
+                    Fetch.OffsetFetchRequestGroup(
+                        group_id=g,
+                        member_id=None,
+                        member_epoch=-1,
+                        topics=[Fetch.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name="foo", partition_indexes=[0])],
+                    )
+                    for g in order[:-1]
+                ],
+                require_stable=False,
+            ),
+        )
         assert [group.group_id for group in fetched.groups] == order[:-1]
         for group in fetched.groups:
             assert group.error_code == 0
@@ -238,17 +268,35 @@ async def test_many_groups_across_shards_concurrently_split_and_merged_in_order(
         # Group configs: resources for groups on different shards, answered in request order.
         Alter = m.IncrementalAlterConfigsRequest
         targets = groups_on_distinct_shards(shards, 3)
-        altered = await call(coordinator, Alter(validate_only=False, resources=[
-            Alter.AlterConfigsResource(resource_type=16, resource_name=g, configs=[
-                Alter.AlterConfigsResource.AlterableConfig(name="group.consumer.heartbeat.interval.ms", config_operation=0, value=str(200 + i))])
-            for i, g in enumerate(targets)
-        ]))
+        altered = await call(
+            coordinator,
+            Alter(
+                validate_only=False,
+                resources=[
+                    Alter.AlterConfigsResource(
+                        resource_type=16,
+                        resource_name=g,
+                        configs=[
+                            Alter.AlterConfigsResource.AlterableConfig(name="group.consumer.heartbeat.interval.ms", config_operation=0, value=str(200 + i))
+                        ],
+                    )
+                    for i, g in enumerate(targets)
+                ],
+            ),
+        )
         assert [(a.resource_name, a.error_code) for a in altered.responses] == [(g, 0) for g in targets]
         Describe = m.DescribeConfigsRequest
-        configs = await call(coordinator, Describe(include_synonyms=False, include_documentation=False, resources=[
-            Describe.DescribeConfigsResource(resource_type=16, resource_name=g, configuration_keys=["group.consumer.heartbeat.interval.ms"])
-            for g in targets
-        ]))
+        configs = await call(
+            coordinator,
+            Describe(
+                include_synonyms=False,
+                include_documentation=False,
+                resources=[
+                    Describe.DescribeConfigsResource(resource_type=16, resource_name=g, configuration_keys=["group.consumer.heartbeat.interval.ms"])
+                    for g in targets
+                ],
+            ),
+        )
         assert [(res.resource_name, res.configs[0].value) for res in configs.results] == [(g, str(200 + i)) for i, g in enumerate(targets)]
 
 
@@ -382,8 +430,7 @@ async def test_a_loading_shard_answers_load_in_progress_and_split_requests_say_s
         assert (await call(coordinator, join(loading_group))).error_code == Errors.CoordinatorLoadInProgressError.errno
         assert (await call(coordinator, join(ready_group))).error_code == 0
         described = await call(coordinator, describe(loading_group, ready_group))
-        assert [(g.group_id, g.error_code) for g in described.groups] == [
-            (loading_group, Errors.CoordinatorLoadInProgressError.errno), (ready_group, 0)]
+        assert [(g.group_id, g.error_code) for g in described.groups] == [(loading_group, Errors.CoordinatorLoadInProgressError.errno), (ready_group, 0)]
         listed = await call(coordinator, m.ListGroupsRequest(states_filter=[], types_filter=[]))
         assert listed.error_code == Errors.CoordinatorLoadInProgressError.errno
         assert [g.group_id for g in listed.groups] == [ready_group]
@@ -460,8 +507,12 @@ async def test_a_second_coordinator_on_the_same_log_has_the_same_state_and_fence
 @async_test
 async def test_session_timers_fire_without_any_request() -> None:
     config = CoordinatorConfig(
-        session_timeout_ms=200, min_session_timeout_ms=100, max_session_timeout_ms=60_000,
-        heartbeat_interval_ms=50, min_heartbeat_interval_ms=10, max_heartbeat_interval_ms=1_000,
+        session_timeout_ms=200,
+        min_session_timeout_ms=100,
+        max_session_timeout_ms=60_000,
+        heartbeat_interval_ms=50,
+        min_heartbeat_interval_ms=10,
+        max_heartbeat_interval_ms=1_000,
     )
     log = MemoryLog(1)
     async with coordinator_on(log, config=config) as coordinator:
@@ -489,8 +540,17 @@ async def test_a_heartbeat_naming_an_unknown_topic_triggers_a_metadata_refresh()
         source.topics["bar"] = bar  # the topic is created after the member subscribed
         async with asyncio.timeout(GUARD_S):
             while True:
-                response = await call(coordinator, HB(group_id="g", member_id=member.member_id, member_epoch=member.member_epoch,
-                                                      rebalance_timeout_ms=5_000, subscribed_topic_names=["bar"], topic_partitions=[]))
+                response = await call(
+                    coordinator,
+                    HB(
+                        group_id="g",
+                        member_id=member.member_id,
+                        member_epoch=member.member_epoch,
+                        rebalance_timeout_ms=5_000,
+                        subscribed_topic_names=["bar"],
+                        topic_partitions=[],
+                    ),
+                )
                 assert response.error_code == 0
                 if response.assignment and response.assignment.assigned_topic_partitions:
                     break
@@ -565,9 +625,16 @@ async def test_a_classic_join_waits_for_the_join_phase_and_is_answered_after_its
         subscription = encode_subscription(Subscription(("foo",)))
 
         def join_request(member_id: str):
-            return m.JoinGroupRequest(group_id="classic", session_timeout_ms=10_000, rebalance_timeout_ms=10_000, member_id=member_id,
-                                      group_instance_id=None, protocol_type="consumer", reason=None,
-                                      protocols=[m.JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=subscription)])
+            return m.JoinGroupRequest(
+                group_id="classic",
+                session_timeout_ms=10_000,
+                rebalance_timeout_ms=10_000,
+                member_id=member_id,
+                group_instance_id=None,
+                protocol_type="consumer",
+                reason=None,
+                protocols=[m.JoinGroupRequest.JoinGroupRequestProtocol(name="range", metadata=subscription)],
+            )
 
         first = await call(coordinator, join_request(""))
         assert first.error_code == Errors.MemberIdRequiredError.errno and first.member_id
@@ -583,8 +650,7 @@ async def test_a_classic_join_waits_for_the_join_phase_and_is_answered_after_its
         assert sample(text, 'classic_group_count{state="CompletingRebalance"}') == 1
         assert sample(text, 'group_count{protocol="classic"}') == 1
         # A KIP-848 member upgrades the group: counted as a conversion.
-        upgraded = await call(coordinator, HB(group_id="classic", member_id="", member_epoch=0, rebalance_timeout_ms=5_000,
-                                               subscribed_topic_names=["foo"]))
+        upgraded = await call(coordinator, HB(group_id="classic", member_id="", member_epoch=0, rebalance_timeout_ms=5_000, subscribed_topic_names=["foo"]))
         assert upgraded.error_code == 0
         text = coordinator.render_metrics()
         assert sample(text, 'group_conversions_total{direction="upgrade"}') == 1
@@ -610,15 +676,30 @@ def test_a_new_coordinator_on_the_same_memory_log_replays_offsets_and_configs(sh
             await first.wait_until_loaded()
             member = await call(first, join("g"))
             Commit = m.OffsetCommitRequest
-            await call(first, Commit(group_id="g", generation_id_or_member_epoch=member.member_epoch, member_id=member.member_id,
-                                     topics=[Commit.OffsetCommitRequestTopic(name="foo", partitions=[
-                                         Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
-                                             partition_index=3, committed_offset=42, committed_leader_epoch=-1, committed_metadata="")])]))
+            await call(
+                first,
+                Commit(
+                    group_id="g",
+                    generation_id_or_member_epoch=member.member_epoch,
+                    member_id=member.member_id,
+                    topics=[
+                        Commit.OffsetCommitRequestTopic(
+                            name="foo",
+                            partitions=[
+                                Commit.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                                    partition_index=3, committed_offset=42, committed_leader_epoch=-1, committed_metadata=""
+                                )
+                            ],
+                        )
+                    ],
+                ),
+            )
         async with coordinator_on(log) as second:
             await second.wait_until_loaded()
             Fetch = m.OffsetFetchRequest
-            fetched = await call(second, Fetch(groups=[Fetch.OffsetFetchRequestGroup(group_id="g", member_id=None, member_epoch=-1, topics=None)],
-                                               require_stable=False))
+            fetched = await call(
+                second, Fetch(groups=[Fetch.OffsetFetchRequestGroup(group_id="g", member_id=None, member_epoch=-1, topics=None)], require_stable=False)
+            )
             assert [(t.name, p.partition_index, p.committed_offset) for t in fetched.groups[0].topics for p in t.partitions] == [("foo", 3, 42)]
 
     asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 3))
@@ -655,9 +736,11 @@ def test_every_coordinator_option_can_come_from_the_environment(monkeypatch: pyt
     assert (override.shards, override.log) == (2, "memory")
     # Classic groups and the migration between group types.
     assert (settings.config.migration_policy, settings.config.initial_rebalance_delay_ms) == ("bidirectional", 3000)
-    classic = command.settings_from_args(parser.parse_args([
-        "--migration-policy", "UPGRADE", "--group-initial-rebalance-delay-ms", "0", "--group-min-session-timeout-ms", "1000",
-        "--group-max-size", "50"]))
+    classic = command.settings_from_args(
+        parser.parse_args(
+            ["--migration-policy", "UPGRADE", "--group-initial-rebalance-delay-ms", "0", "--group-min-session-timeout-ms", "1000", "--group-max-size", "50"]
+        )
+    )
     assert (classic.config.migration_policy, classic.config.initial_rebalance_delay_ms) == ("upgrade", 0)
     assert (classic.config.classic_min_session_timeout_ms, classic.config.classic_max_group_size) == (1000, 50)
     with pytest.raises(SystemExit):
@@ -735,8 +818,7 @@ async def test_close_does_not_wait_for_a_shard_that_cannot_load() -> None:
 def poison_member_record(group_id: str) -> tuple[bytes, bytes]:
     """A member-metadata record as an older buggy version wrote it: a null topic name."""
     key, _ = r.encode(r.MemberMetadata(group_id, "ghost", None))
-    value = msgspec.msgpack.encode({"group_epoch": 1, "client_id": "c", "client_host": "h", "rebalance_timeout_ms": 5000,
-                                    "subscribed_topic_names": [None]})
+    value = msgspec.msgpack.encode({"group_epoch": 1, "client_id": "c", "client_host": "h", "rebalance_timeout_ms": 5000, "subscribed_topic_names": [None]})
     return key, value
 
 

@@ -5,6 +5,7 @@ throwaway CA (trustme) for the certificates; clients are kafka-python's ``KafkaA
 and pystreams' own tools client. The process-level run of a worker fleet over SASL_SSL is in
 ``test_worker_security.py``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,8 @@ import kafka.errors as Errors
 import pytest
 import trustme
 from kafka.admin import KafkaAdminClient
-
 from pystreams.assignors.api import TopicMetadata
+
 from pystreams.coordinator.authorizer import AclError, Acls, Authorizer
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.log import MemoryLog
@@ -37,8 +38,12 @@ from pystreams.protocol.server import KafkaProtocolServer
 GUARD_S = 20.0
 FOO = TopicMetadata(uuid.UUID(int=0xF00), "foo", 4)
 CONFIG = CoordinatorConfig(
-    session_timeout_ms=30_000, min_session_timeout_ms=1_000, max_session_timeout_ms=60_000,
-    heartbeat_interval_ms=500, min_heartbeat_interval_ms=100, max_heartbeat_interval_ms=2_000,
+    session_timeout_ms=30_000,
+    min_session_timeout_ms=1_000,
+    max_session_timeout_ms=60_000,
+    heartbeat_interval_ms=500,
+    min_heartbeat_interval_ms=100,
+    max_heartbeat_interval_ms=2_000,
 )
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret", "admin": "admin-secret"}
 HB = m.ConsumerGroupHeartbeatRequest
@@ -117,8 +122,14 @@ def test_sasl_plain_and_scram_accept_the_right_password_only():
             client.receive(first.auth_bytes)
             final = server.authenticate(client.auth_bytes())
             assert (final.error_code == 0) == accepted and (final.principal == "User:alice") == accepted
-    for token, accepted in ((b"\x00alice\x00right", True), (b"alice\x00alice\x00right", True), (b"\x00alice\x00wrong", False),
-                            (b"bob\x00alice\x00right", False), (b"garbage", False), (b"\x00nobody\x00right", False)):
+    for token, accepted in (
+        (b"\x00alice\x00right", True),
+        (b"alice\x00alice\x00right", True),
+        (b"\x00alice\x00wrong", False),
+        (b"bob\x00alice\x00right", False),
+        (b"garbage", False),
+        (b"\x00nobody\x00right", False),
+    ):
         server = SaslServer(["PLAIN"], store)
         server.handshake("PLAIN")
         assert (server.authenticate(token).error_code == 0) == accepted, token
@@ -201,8 +212,13 @@ class Secured:
         return self.server.port
 
     def security(self, user: str, mechanism: str = "SCRAM-SHA-256", password: str | None = None) -> ClientSecurity:
-        return ClientSecurity("SASL_SSL", ssl_cafile=self.ca_file, sasl_mechanism=mechanism, sasl_plain_username=user,
-                              sasl_plain_password=PASSWORDS.get(user, "") if password is None else password)
+        return ClientSecurity(
+            "SASL_SSL",
+            ssl_cafile=self.ca_file,
+            sasl_mechanism=mechanism,
+            sasl_plain_username=user,
+            sasl_plain_password=PASSWORDS.get(user, "") if password is None else password,
+        )
 
     def client(self, user: str, **kwargs: object) -> KafkaProtocolClient:
         return KafkaProtocolClient("127.0.0.1", self.port, timeout_s=GUARD_S, security=self.security(user, **kwargs)).connect()  # type: ignore[arg-type]
@@ -225,6 +241,7 @@ def serve(listener: ListenerSecurity, authorizer: Authorizer | None) -> Iterator
     try:
         yield server, coordinator, loop
     finally:
+
         async def stop():
             await coordinator.close()
             await server.close()
@@ -235,11 +252,13 @@ def serve(listener: ListenerSecurity, authorizer: Authorizer | None) -> Iterator
         loop.close()
 
 
-ACLS = {"acls": [
-    {"principal": "User:alice", "operation": "Read", "resource_type": "Group", "resource_name": "alice-", "pattern_type": "prefixed"},
-    {"principal": "User:alice", "operation": "Describe", "resource_type": "Group", "resource_name": "shared"},
-    {"principal": "User:CN=worker-7,OU=workers,O=pystreams", "operation": "All", "resource_type": "Group", "resource_name": "*"},
-]}
+ACLS = {
+    "acls": [
+        {"principal": "User:alice", "operation": "Read", "resource_type": "Group", "resource_name": "alice-", "pattern_type": "prefixed"},
+        {"principal": "User:alice", "operation": "Describe", "resource_type": "Group", "resource_name": "shared"},
+        {"principal": "User:CN=worker-7,OU=workers,O=pystreams", "operation": "All", "resource_type": "Group", "resource_name": "*"},
+    ]
+}
 
 
 @pytest.fixture(scope="module")
@@ -260,8 +279,15 @@ def join(client: KafkaProtocolClient, group: str) -> m.ConsumerGroupHeartbeatRes
 
 def commit(client: KafkaProtocolClient, group: str) -> list[int]:
     topic = m.OffsetCommitRequest.OffsetCommitRequestTopic
-    response = client.send(m.OffsetCommitRequest(group_id=group, generation_id_or_member_epoch=-1, member_id="", topics=[
-        topic(name="foo", partitions=[topic.OffsetCommitRequestPartition(partition_index=0, committed_offset=1)])]), version=9)
+    response = client.send(
+        m.OffsetCommitRequest(
+            group_id=group,
+            generation_id_or_member_epoch=-1,
+            member_id="",
+            topics=[topic(name="foo", partitions=[topic.OffsetCommitRequestPartition(partition_index=0, committed_offset=1)])],
+        ),
+        version=9,
+    )
     return [p.error_code for t in response.topics for p in t.partitions]
 
 
@@ -270,9 +296,14 @@ def test_kafka_pythons_admin_client_lists_groups_over_sasl_ssl(secured: Secured,
     with secured.client("admin") as client:
         assert join(client, "admin-listed").error_code == 0
     admin = KafkaAdminClient(
-        bootstrap_servers=f"127.0.0.1:{secured.port}", security_protocol="SASL_SSL", ssl_cafile=secured.ca_file,
-        sasl_mechanism=mechanism, sasl_plain_username="admin", sasl_plain_password=PASSWORDS["admin"],
-        request_timeout_ms=5_000, client_id="security-test",
+        bootstrap_servers=f"127.0.0.1:{secured.port}",
+        security_protocol="SASL_SSL",
+        ssl_cafile=secured.ca_file,
+        sasl_mechanism=mechanism,
+        sasl_plain_username="admin",
+        sasl_plain_password=PASSWORDS["admin"],
+        request_timeout_ms=5_000,
+        client_id="security-test",
     )
     try:
         assert "admin-listed" in {group["group_id"] for group in admin.list_groups()}
@@ -313,7 +344,9 @@ def test_acls_decide_who_may_heartbeat_commit_and_describe(secured: Secured) -> 
         assert join(alice, "shared").error_code == Errors.GroupAuthorizationFailedError.errno  # Describe is not Read
         described = alice.send(m.ConsumerGroupDescribeRequest(group_ids=["shared", "secret", "alice-orders"], include_authorized_operations=False))
         assert [(g.group_id, g.error_code) for g in described.groups] == [
-            ("shared", 0), ("secret", Errors.GroupAuthorizationFailedError.errno), ("alice-orders", 0),
+            ("shared", 0),
+            ("secret", Errors.GroupAuthorizationFailedError.errno),
+            ("alice-orders", 0),
         ]
         # No Describe on the cluster: ListGroups shows only the groups alice may describe.
         listed = {g.group_id for g in alice.send(m.ListGroupsRequest(states_filter=[], types_filter=[])).groups}
@@ -321,9 +354,18 @@ def test_acls_decide_who_may_heartbeat_commit_and_describe(secured: Secured) -> 
         everything = {g.group_id for g in admin.send(m.ListGroupsRequest(states_filter=[], types_filter=[])).groups}
         assert {"shared", "alice-orders"} <= everything
         config = m.IncrementalAlterConfigsRequest.AlterConfigsResource
-        altered = bob.send(m.IncrementalAlterConfigsRequest(validate_only=False, resources=[config(
-            resource_type=16, resource_name="alice-orders",
-            configs=[config.AlterableConfig(name="group.consumer.session.timeout.ms", config_operation=0, value="40000")])]))
+        altered = bob.send(
+            m.IncrementalAlterConfigsRequest(
+                validate_only=False,
+                resources=[
+                    config(
+                        resource_type=16,
+                        resource_name="alice-orders",
+                        configs=[config.AlterableConfig(name="group.consumer.session.timeout.ms", config_operation=0, value="40000")],
+                    )
+                ],
+            )
+        )
         assert altered.responses[0].error_code == Errors.GroupAuthorizationFailedError.errno
     assert secured.coordinator.authorizer is not None and secured.coordinator.authorizer.denials >= 5
 
@@ -334,10 +376,12 @@ def test_mutual_tls_makes_the_certificate_the_principal(pki: Pki, tmp_path: Path
     listener = ListenerSecurity("SSL", ssl_certfile=pki.server_file, ssl_cafile=pki.ca_file, ssl_client_auth="required")
     for server, _, _ in serve(listener, Authorizer(acl_file)):
         cert, key = pki.client_files()
-        worker = KafkaProtocolClient("127.0.0.1", server.port, timeout_s=GUARD_S,
-                                     security=ClientSecurity("SSL", ssl_cafile=pki.ca_file, ssl_certfile=cert, ssl_keyfile=key))
+        worker = KafkaProtocolClient(
+            "127.0.0.1", server.port, timeout_s=GUARD_S, security=ClientSecurity("SSL", ssl_cafile=pki.ca_file, ssl_certfile=cert, ssl_keyfile=key)
+        )
         with worker:
             assert join(worker, "any-group").error_code == 0  # User:CN=worker-7,OU=workers,O=pystreams may do All
         with pytest.raises(ProtocolClientError):  # no client certificate: the TLS handshake fails
             KafkaProtocolClient("127.0.0.1", server.port, timeout_s=5, security=ClientSecurity("SSL", ssl_cafile=pki.ca_file)).connect().send(
-                m.ListGroupsRequest(states_filter=[], types_filter=[]))
+                m.ListGroupsRequest(states_filter=[], types_filter=[])
+            )

@@ -1,4 +1,5 @@
 """Static membership (KIP-345 within KIP-848): -2 temporary leave, rejoin, expiry, fencing."""
+
 import kafka.errors as Errors
 from coordinator_support import FAST, Harness, response_parts
 

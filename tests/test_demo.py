@@ -1,4 +1,5 @@
 """The README's main example runs end to end as a real process."""
+
 import subprocess
 import sys
 

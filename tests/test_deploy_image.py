@@ -1,6 +1,7 @@
 """The container image: the Dockerfile is linted offline (hadolint, and a structural check of
 what the manifests rely on), the build context is what the image installs, and — where a
 Docker engine runs — the image builds and runs ``pystreams --help`` on a read-only root."""
+
 from __future__ import annotations
 
 import json
@@ -78,8 +79,7 @@ def test_image_copies_every_installed_folder_and_dockerignore_lets_in_only_those
     assert set(folders) == {"pystreams", "assignors", "topology", "state"}
     for folder in folders:
         assert f"{folder}/" in copied, f"the image does not copy {folder}/"
-    ignore = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-              if line.strip() and not line.startswith("#")]
+    ignore = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert ignore[0] == "*", ".dockerignore must exclude everything first"
     allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
     assert {*folders, "pyproject.toml", "setup.py", "README.md"} <= allowed
@@ -109,8 +109,9 @@ def test_image_builds_and_runs_pystreams_help_read_only() -> None:
         config = client.images.get(str(image)).attrs["Config"]
         assert config["User"] == "10001:10001"
         assert config["Entrypoint"] == json.loads(json.dumps(image_entrypoint(DOCKERFILE)[0]))
-        output = client.containers.run(str(image), ["--help"], read_only=True, remove=True,
-                                       tmpfs={"/tmp": ""}, cap_drop=["ALL"], security_opt=["no-new-privileges"])
+        output = client.containers.run(
+            str(image), ["--help"], read_only=True, remove=True, tmpfs={"/tmp": ""}, cap_drop=["ALL"], security_opt=["no-new-privileges"]
+        )
         assert b"usage: pystreams" in output
         output = client.containers.run(str(image), ["worker", "--help"], read_only=True, remove=True)
         assert b"--http-port" in output

@@ -1,6 +1,7 @@
 """deploy/: every overlay renders with kustomize, every object validates against the Kubernetes
 OpenAPI schemas in strict mode (offline, kubernetes-validate), and a lint checks the settings
 that make a fleet of static members work — and fails when one goes missing."""
+
 from __future__ import annotations
 
 import copy
@@ -41,13 +42,13 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
 
 def _with_components(tmp_path: Path, *components: str) -> list[dict[str, Any]]:
     """The base with optional components, rendered through a throw-away kustomization."""
+
     def relative(path: Path) -> str:  # kustomize takes no absolute paths
         return os.path.relpath(path, tmp_path)
 
     (tmp_path / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources:\n  - {relative(DEPLOY / 'base')}\ncomponents:\n"
-        + "".join(f"  - {relative(DEPLOY / 'components' / c)}\n" for c in components)
+        f"resources:\n  - {relative(DEPLOY / 'base')}\ncomponents:\n" + "".join(f"  - {relative(DEPLOY / 'components' / c)}\n" for c in components)
     )
     return render(tmp_path)
 
@@ -81,8 +82,7 @@ def test_every_object_validates_strictly(rendered, target: str, version: str) ->
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as error:
-            pytest.fail(f"{target}: {obj['kind']} {obj['metadata']['name']} is invalid for {version}: "
-                        f"{error.message} at {list(error.path)}")
+            pytest.fail(f"{target}: {obj['kind']} {obj['metadata']['name']} is invalid for {version}: {error.message} at {list(error.path)}")
 
 
 def test_strict_validation_catches_a_misspelt_field(rendered) -> None:
@@ -105,8 +105,7 @@ def test_components_render_and_point_at_the_base(tmp_path: Path) -> None:
     target = scaled["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("StatefulSet", WORKER)
     assert "pystreams_task_lag_records" in scaled["spec"]["triggers"][0]["metadata"]["query"]
-    assert scaled["spec"]["minReplicaCount"] >= 1 + int(_config(render(TARGETS["prod"]), "pystreams-worker-config")
-                                                        ["PYSTREAMS_NUM_STANDBY_REPLICAS"])
+    assert scaled["spec"]["minReplicaCount"] >= 1 + int(_config(render(TARGETS["prod"]), "pystreams-worker-config")["PYSTREAMS_NUM_STANDBY_REPLICAS"])
 
 
 # -- the lint ----------------------------------------------------------------------------------------
@@ -158,8 +157,7 @@ def lint(objects: list[dict[str, Any]]) -> list[str]:
     # Long enough to commit and leave.
     commit_s = int(config.get("PYSTREAMS_COMMIT_INTERVAL_MS", DEFAULT_COMMIT_INTERVAL_MS)) / 1000
     if pod.get("terminationGracePeriodSeconds", 30) <= LEAVE_TIMEOUT_S + commit_s:
-        problems.append(f"worker: terminationGracePeriodSeconds is not longer than a commit plus a leave "
-                        f"({commit_s + LEAVE_TIMEOUT_S:g} s)")
+        problems.append(f"worker: terminationGracePeriodSeconds is not longer than a commit plus a leave ({commit_s + LEAVE_TIMEOUT_S:g} s)")
     # A pod that starts before its coordinator waits for it rather than exiting into CrashLoopBackOff.
     if str(config.get("PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS", env.get("PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS"))) != "0":
         problems.append("worker: gives up on a coordinator it never reached (PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS is not 0)")
@@ -174,8 +172,9 @@ def lint(objects: list[dict[str, Any]]) -> list[str]:
     if not any(c.get("topologyKey") == "topology.kubernetes.io/zone" for c in pod.get("topologySpreadConstraints", [])):
         problems.append("worker: pods are not spread across zones")
     # A PDB that lets one worker go at a time.
-    budgets = [o for o in objects if o["kind"] == "PodDisruptionBudget"
-               and o["spec"]["selector"]["matchLabels"].items() <= spec["selector"]["matchLabels"].items()]
+    budgets = [
+        o for o in objects if o["kind"] == "PodDisruptionBudget" and o["spec"]["selector"]["matchLabels"].items() <= spec["selector"]["matchLabels"].items()
+    ]
     if [b["spec"].get("maxUnavailable") for b in budgets] != [1]:
         problems.append("worker: no PodDisruptionBudget with maxUnavailable: 1")
     # Settings the commands actually read (a misspelt variable is silently ignored otherwise).
@@ -207,8 +206,11 @@ def _lint_pods(objects: list[dict[str, Any]]) -> list[str]:
         for container in pod["containers"]:
             security = container.get("securityContext", {})
             expected = {
-                "runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False,
-                "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"},
+                "runAsNonRoot": True,
+                "readOnlyRootFilesystem": True,
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
             }
             for key, value in expected.items():
                 if security.get(key) != value:
@@ -235,6 +237,7 @@ def _drop_env(name: str):
     def mutate(objects):
         container = _worker_container(objects)
         container["env"] = [e for e in container["env"] if e["name"] != name]
+
     return mutate
 
 
@@ -247,6 +250,7 @@ def _set(path: list[Any], value: Any):
             del target[path[-1]]
         else:
             target[path[-1]] = value
+
     return mutate
 
 
@@ -254,26 +258,25 @@ MUTATIONS = {
     "no volume claim": (_set(["spec", "volumeClaimTemplates"], None), "no volume claim mounted"),
     "no instance id": (_drop_env("PYSTREAMS_INSTANCE_ID"), "PYSTREAMS_INSTANCE_ID is not the pod name"),
     "instance id not from the downward API": (
-        lambda o: next(e for e in _worker_container(o)["env"] if e["name"] == "POD_NAME").update(
-            {"valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}), "POD_NAME is not the downward API"),
+        lambda o: next(e for e in _worker_container(o)["env"] if e["name"] == "POD_NAME").update({"valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}),
+        "POD_NAME is not the downward API",
+    ),
     "no readiness probe": (lambda o: _worker_container(o).pop("readinessProbe"), "readinessProbe is not GET /readyz"),
-    "liveness on readiness": (
-        lambda o: _worker_container(o)["livenessProbe"]["httpGet"].update({"path": "/readyz"}), "livenessProbe is not GET /healthz"),
+    "liveness on readiness": (lambda o: _worker_container(o)["livenessProbe"]["httpGet"].update({"path": "/readyz"}), "livenessProbe is not GET /healthz"),
     "short grace period": (_set(["spec", "template", "spec", "terminationGracePeriodSeconds"], 30), "terminationGracePeriodSeconds"),
-    "no read-only root": (
-        lambda o: _worker_container(o)["securityContext"].pop("readOnlyRootFilesystem"), "readOnlyRootFilesystem"),
-    "capabilities kept": (
-        lambda o: _worker_container(o)["securityContext"].update({"capabilities": {}}), "securityContext.capabilities"),
-    "privilege escalation": (
-        lambda o: _worker_container(o)["securityContext"].update({"allowPrivilegeEscalation": True}), "allowPrivilegeEscalation"),
+    "no read-only root": (lambda o: _worker_container(o)["securityContext"].pop("readOnlyRootFilesystem"), "readOnlyRootFilesystem"),
+    "capabilities kept": (lambda o: _worker_container(o)["securityContext"].update({"capabilities": {}}), "securityContext.capabilities"),
+    "privilege escalation": (lambda o: _worker_container(o)["securityContext"].update({"allowPrivilegeEscalation": True}), "allowPrivilegeEscalation"),
     "service links": (_set(["spec", "template", "spec", "enableServiceLinks"], None), "service links"),
     "ordered pods": (_set(["spec", "podManagementPolicy"], "OrderedReady"), "podManagementPolicy"),
     "gives up on the coordinator": (
         lambda o: _config(o, "pystreams-worker-config").pop("PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS"),
-        "PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS is not 0"),
+        "PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS is not 0",
+    ),
     "misspelt setting": (
         lambda o: _worker_container(o)["env"].append({"name": "PYSTREAMS_NUM_STANDBYS", "value": "1"}),
-        "PYSTREAMS_NUM_STANDBYS is not a setting"),
+        "PYSTREAMS_NUM_STANDBYS is not a setting",
+    ),
 }
 
 

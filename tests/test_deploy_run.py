@@ -9,6 +9,7 @@ the embedded broker.
   and recreated with its volume restores from its checkpoint, not from the beginning; scaling
   3 -> 5 -> 3 loses nothing, and standbys sit in another zone than their actives.
 """
+
 from __future__ import annotations
 
 import json
@@ -101,8 +102,7 @@ class Feed:
         self._producer.close()
 
 
-def _await_counts(reader: LatestValueReader, expected: Counter[str], timeout_s: float, what: str,
-                  kubelet: MiniKubelet) -> dict[str, int]:
+def _await_counts(reader: LatestValueReader, expected: Counter[str], timeout_s: float, what: str, kubelet: MiniKubelet) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
     counts: dict[str, int] = {}
     while time.monotonic() < deadline:
@@ -111,8 +111,7 @@ def _await_counts(reader: LatestValueReader, expected: Counter[str], timeout_s: 
             return counts
     wrong = {k: (counts.get(k), n) for k, n in expected.items() if counts.get(k) != n}
     tails = "\n".join(f"--- {p.name} ---\n" + "\n".join(p.log().splitlines()[-25:]) for p in kubelet.pods.values())
-    raise AssertionError(f"{what}: counts not exact after {timeout_s:.0f} s; (got, sent) for {len(wrong)} keys: "
-                         f"{dict(list(wrong.items())[:8])}\n{tails}")
+    raise AssertionError(f"{what}: counts not exact after {timeout_s:.0f} s; (got, sent) for {len(wrong)} keys: {dict(list(wrong.items())[:8])}\n{tails}")
 
 
 def _metric(body: str, name: str) -> float:
@@ -165,8 +164,7 @@ def _changelog_records(bootstrap: str, partitions: list[int]) -> int:
     from kafka import KafkaConsumer, TopicPartition
 
     topic = "pystreams-demo-counts-changelog"
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                             auto_offset_reset="earliest", consumer_timeout_ms=2000)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest", consumer_timeout_ms=2000)
     try:
         consumer.assign([TopicPartition(topic, p) for p in partitions])
         consumer.seek_to_beginning()
@@ -209,8 +207,9 @@ def _seconds_until_spread(kubelet: MiniKubelet, workers: list[str], timeout_s: f
 
 
 def _zone_of_endpoints(kubelet: MiniKubelet) -> dict[str, str]:
-    return {f"{pod.name}.{WORKER}.{kubelet.namespace}.svc:7070": pod.labels["topology.kubernetes.io/zone"]
-            for pod in kubelet.pods.values() if pod.owner == WORKER}
+    return {
+        f"{pod.name}.{WORKER}.{kubelet.namespace}.svc:7070": pod.labels["topology.kubernetes.io/zone"] for pod in kubelet.pods.values() if pod.owner == WORKER
+    }
 
 
 def test_prod_overlay_rolls_restores_and_scales_with_exact_counts(tmp_path: Path) -> None:
@@ -252,8 +251,7 @@ def test_prod_overlay_rolls_restores_and_scales_with_exact_counts(tmp_path: Path
                         kubelet.start_pod(WORKER, ordinal)
                         ready_s = kubelet.wait_ready([name], 120, what=f"{name} after its restart")
                         restored = sum(int(n) for n in re.findall(r"\(restored (\d+) records\)", kubelet.pods[name].log()))
-                        rolls.append({"pod": name, "stop_s": round(stop_s, 2), "ready_again_s": round(ready_s, 2),
-                                      "restored_records": restored})
+                        rolls.append({"pod": name, "stop_s": round(stop_s, 2), "ready_again_s": round(ready_s, 2), "restored_records": restored})
                 assert readiness.samples, "readiness was never sampled"
                 assert readiness.fewest_ready >= 1, "at some moment of the rolling restart no worker was ready"
                 measured["rolling_restart"] = rolls
@@ -280,8 +278,7 @@ def test_prod_overlay_rolls_restores_and_scales_with_exact_counts(tmp_path: Path
                 in_changelogs = _changelog_records(broker.bootstrap_servers, [int(t.split("_")[1]) for t in tasks])
                 # From the beginning it would have read every changelog record of its tasks.
                 assert in_changelogs > 0 and restored < in_changelogs, (restored, in_changelogs)
-                measured["recreated_pod"] = {"pod": victim, "tasks": tasks, "restored_records": restored,
-                                             "changelog_records_of_its_tasks": in_changelogs}
+                measured["recreated_pod"] = {"pod": victim, "tasks": tasks, "restored_records": restored, "changelog_records_of_its_tasks": in_changelogs}
                 _await_counts(reader, feed.sent, 90, "after the pod was recreated", kubelet)
 
                 # 3. Scale out to five (both new pods at once), input flowing.

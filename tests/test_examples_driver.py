@@ -1,5 +1,6 @@
 """Every example app, unit-tested with the in-memory test driver (no broker): what the README
 shows a user doing for their own app."""
+
 from __future__ import annotations
 
 import collections
@@ -7,11 +8,11 @@ import logging
 from pathlib import Path
 
 import pytest
+from pystreams.topology.windows import Windowed
 
 from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.testing import TopologyTestDriver
-from pystreams.topology.windows import Windowed
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SECOND, MINUTE, HOUR = 1000, 60_000, 3_600_000
@@ -102,9 +103,7 @@ def test_dedupe_forgets_ids_an_hour_old_and_reports_on_the_wall_clock(caplog: py
     with TopologyTestDriver(app) as driver:
         events = driver.input_topic("events")
         unique = driver.output_topic("events-unique", value=serdes.Json())
-        for n, (event_id, ts) in enumerate(
-            [("e1", t0), ("e2", t0 + SECOND), ("e1", t0 + 2 * SECOND), ("e1", t0 + 2 * HOUR), ("e3", t0 + 2 * HOUR)]
-        ):
+        for n, (event_id, ts) in enumerate([("e1", t0), ("e2", t0 + SECOND), ("e1", t0 + 2 * SECOND), ("e1", t0 + 2 * HOUR), ("e3", t0 + 2 * HOUR)]):
             events.pipe_input(event_id, {"n": n}, timestamp=ts)
         assert [(r.key, r.value["n"], r.timestamp) for r in unique.read_records()] == [
             ("e1", 0, t0),

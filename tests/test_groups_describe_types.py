@@ -2,6 +2,7 @@
 coordinator answers: a consumer group whose members are classic and consumer (ConsumerGroupDescribe
 v1's MemberType), and a classic group (the fallback to DescribeGroups, its embedded consumer
 protocol decoded)."""
+
 from __future__ import annotations
 
 import argparse
@@ -38,16 +39,35 @@ def consumer_group_with_member_types() -> object:
     tp = assignment.TopicPartitions
 
     def one(member_id: str, member_type: int) -> object:
-        return member(member_id=member_id, instance_id=None, rack_id=None, member_epoch=3, client_id="c", client_host="/h",
-                      subscribed_topic_names=["foo"], subscribed_topic_regex=None,
-                      assignment=assignment(topic_partitions=[tp(topic_id=FOO, topic_name="foo", partitions=[0])], error=0,
-                                            metadata_version=0, metadata_bytes=b""),
-                      target_assignment=assignment(topic_partitions=[], error=0, metadata_version=0, metadata_bytes=b""),
-                      member_type=member_type)
+        return member(
+            member_id=member_id,
+            instance_id=None,
+            rack_id=None,
+            member_epoch=3,
+            client_id="c",
+            client_host="/h",
+            subscribed_topic_names=["foo"],
+            subscribed_topic_regex=None,
+            assignment=assignment(topic_partitions=[tp(topic_id=FOO, topic_name="foo", partitions=[0])], error=0, metadata_version=0, metadata_bytes=b""),
+            target_assignment=assignment(topic_partitions=[], error=0, metadata_version=0, metadata_bytes=b""),
+            member_type=member_type,
+        )
 
-    return m.ConsumerGroupDescribeResponse(throttle_time_ms=0, groups=[described(
-        error_code=0, error_message=None, group_id="g", group_state="Reconciling", group_epoch=4, assignment_epoch=4,
-        assignor_name="uniform", members=[one("a", 0), one("b", 1), one("c", -1)])])
+    return m.ConsumerGroupDescribeResponse(
+        throttle_time_ms=0,
+        groups=[
+            described(
+                error_code=0,
+                error_message=None,
+                group_id="g",
+                group_state="Reconciling",
+                group_epoch=4,
+                assignment_epoch=4,
+                assignor_name="uniform",
+                members=[one("a", 0), one("b", 1), one("c", -1)],
+            )
+        ],
+    )
 
 
 def test_a_migrating_consumer_group_shows_each_members_protocol(capsys) -> None:
@@ -64,21 +84,48 @@ def test_a_migrating_consumer_group_shows_each_members_protocol(capsys) -> None:
 
 
 def classic_answers() -> tuple[object, object]:
-    not_consumer = m.ConsumerGroupDescribeResponse(throttle_time_ms=0, groups=[m.ConsumerGroupDescribeResponse.DescribedGroup(
-        error_code=Errors.GroupIdNotFoundError.errno, error_message="Group g is not a consumer group.", group_id="g",
-        group_state="", group_epoch=0, assignment_epoch=0, assignor_name="", members=[])])
+    not_consumer = m.ConsumerGroupDescribeResponse(
+        throttle_time_ms=0,
+        groups=[
+            m.ConsumerGroupDescribeResponse.DescribedGroup(
+                error_code=Errors.GroupIdNotFoundError.errno,
+                error_message="Group g is not a consumer group.",
+                group_id="g",
+                group_state="",
+                group_epoch=0,
+                assignment_epoch=0,
+                assignor_name="",
+                members=[],
+            )
+        ],
+    )
     described = m.DescribeGroupsResponse.DescribedGroup
     member = described.DescribedGroupMember
-    classic = m.DescribeGroupsResponse(throttle_time_ms=0, groups=[described(
-        error_code=0, error_message=None, group_id="g", group_state="Stable", protocol_type="consumer", protocol_data="range",
-        members=[
-            member(member_id="m-1", group_instance_id="i-1", client_id="c", client_host="/h",
-                   member_metadata=encode_subscription(Subscription(topics=("foo",))),
-                   member_assignment=encode_assignment(Assignment(named_partitions([("foo", [0, 1, 2])])))),
-            member(member_id="m-2", group_instance_id=None, client_id="c", client_host="/h",
-                   member_metadata=b"\x00\x01junk", member_assignment=b""),
+    classic = m.DescribeGroupsResponse(
+        throttle_time_ms=0,
+        groups=[
+            described(
+                error_code=0,
+                error_message=None,
+                group_id="g",
+                group_state="Stable",
+                protocol_type="consumer",
+                protocol_data="range",
+                members=[
+                    member(
+                        member_id="m-1",
+                        group_instance_id="i-1",
+                        client_id="c",
+                        client_host="/h",
+                        member_metadata=encode_subscription(Subscription(topics=("foo",))),
+                        member_assignment=encode_assignment(Assignment(named_partitions([("foo", [0, 1, 2])]))),
+                    ),
+                    member(member_id="m-2", group_instance_id=None, client_id="c", client_host="/h", member_metadata=b"\x00\x01junk", member_assignment=b""),
+                ],
+                authorized_operations=-2147483648,
+            )
         ],
-        authorized_operations=-2147483648)])
+    )
     return not_consumer, classic
 
 
@@ -100,8 +147,20 @@ def test_a_classic_group_is_described_through_describe_groups(capsys) -> None:
 
 def test_a_missing_group_is_reported_with_the_coordinators_reason(capsys) -> None:
     not_consumer, _ = classic_answers()
-    dead = m.DescribeGroupsResponse(throttle_time_ms=0, groups=[m.DescribeGroupsResponse.DescribedGroup(
-        error_code=Errors.GroupIdNotFoundError.errno, error_message="Group g not found.", group_id="g", group_state="Dead",
-        protocol_type="", protocol_data="", members=[], authorized_operations=-2147483648)])
+    dead = m.DescribeGroupsResponse(
+        throttle_time_ms=0,
+        groups=[
+            m.DescribeGroupsResponse.DescribedGroup(
+                error_code=Errors.GroupIdNotFoundError.errno,
+                error_message="Group g not found.",
+                group_id="g",
+                group_state="Dead",
+                protocol_type="",
+                protocol_data="",
+                members=[],
+                authorized_operations=-2147483648,
+            )
+        ],
+    )
     assert groups._describe(args(False), CannedClient(not_consumer, dead)) == 1
     assert "GROUP_ID_NOT_FOUND" in capsys.readouterr().err

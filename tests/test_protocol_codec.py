@@ -4,6 +4,7 @@ Messages are built generically from each class's JSON schema with non-default va
 field of the version (and, in a second variant, null in every nullable one), so a field the codec
 drops, mis-orders or mis-versions shows up as an inequality after the round trip.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -22,8 +23,8 @@ from pystreams.protocol import codec
 from pystreams.protocol import messages as m
 from pystreams.protocol.registry import API_VERSIONS_KEY, SUPPORTED_APIS, ApiSpec, advertised_versions
 
-
 # --- building messages from their schema ---------------------------------------------------------
+
 
 class _Values:
     """Distinct, non-default values, so two fields swapped by a codec bug cannot compare equal."""
@@ -69,10 +70,7 @@ def build_message(struct_field, version: int, nulls: bool, values: _Values) -> d
         if nulls and field.nullable_for_version_q(version):
             fields[field.name] = None
         elif field.is_struct_array():
-            fields[field.name] = [
-                field.data_class(version=version, **build_message(field.array_of, version, nulls, values))
-                for _ in range(2)
-            ]
+            fields[field.name] = [field.data_class(version=version, **build_message(field.array_of, version, nulls, values)) for _ in range(2)]
         elif field.is_struct():
             fields[field.name] = field.data_class(version=version, **build_message(field, version, nulls, values))
         elif field.is_array():
@@ -93,11 +91,7 @@ def make(message_class: type[ApiMessage], version: int, *, nulls: bool) -> ApiMe
 
 
 def served_versions() -> list[tuple[ApiSpec, int]]:
-    return [
-        (spec, version)
-        for spec in SUPPORTED_APIS.values()
-        for version in range(spec.min_version, spec.max_version + 1)
-    ]
+    return [(spec, version) for spec in SUPPORTED_APIS.values() for version in range(spec.min_version, spec.max_version + 1)]
 
 
 def _case_id(case: tuple[ApiSpec, int]) -> str:
@@ -111,8 +105,10 @@ BOTH_VARIANTS = pytest.mark.parametrize("nulls", [False, True], ids=["values", "
 
 def header_for(spec: ApiSpec, version: int, correlation_id: int = 7, client_id: str | None = "client-é") -> RequestHeader:
     return RequestHeader(
-        request_api_key=spec.api_key, request_api_version=version,
-        correlation_id=correlation_id, client_id=client_id,
+        request_api_key=spec.api_key,
+        request_api_version=version,
+        correlation_id=correlation_id,
+        client_id=client_id,
     )
 
 
@@ -129,6 +125,7 @@ def payload_of(frame: bytes) -> bytes:
 
 
 # --- round trips ---------------------------------------------------------------------------------
+
 
 @ALL_VERSIONS
 @BOTH_VARIANTS
@@ -167,21 +164,36 @@ def test_null_client_id_round_trips():
     assert decoded.request == request
 
 
-@pytest.mark.parametrize("request_message", [
-    m.ApiVersionsRequest(version=3, client_software_name="kafka-python", client_software_version="3.0.12"),
-    m.ApiVersionsRequest(version=0),
-    m.ListGroupsRequest(version=5, states_filter=["Stable", "Empty"], types_filter=["consumer"]),
-    m.ListGroupsRequest(version=2),
-    m.OffsetFetchRequest(version=8, groups=[
-        m.OffsetFetchRequest.OffsetFetchRequestGroup(group_id="g", topics=None),
-        m.OffsetFetchRequest.OffsetFetchRequestGroup(group_id="h", topics=[
-            m.OffsetFetchRequest.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name="t", partition_indexes=[0, 2]),
-        ]),
-    ], require_stable=True),
-    m.OffsetFetchRequest(version=1, group_id="g", topics=[
-        m.OffsetFetchRequest.OffsetFetchRequestTopic(name="t", partition_indexes=[3]),
-    ]),
-], ids=lambda r: f"{r.name}-v{r.version}")
+@pytest.mark.parametrize(
+    "request_message",
+    [
+        m.ApiVersionsRequest(version=3, client_software_name="kafka-python", client_software_version="3.0.12"),
+        m.ApiVersionsRequest(version=0),
+        m.ListGroupsRequest(version=5, states_filter=["Stable", "Empty"], types_filter=["consumer"]),
+        m.ListGroupsRequest(version=2),
+        m.OffsetFetchRequest(
+            version=8,
+            groups=[
+                m.OffsetFetchRequest.OffsetFetchRequestGroup(group_id="g", topics=None),
+                m.OffsetFetchRequest.OffsetFetchRequestGroup(
+                    group_id="h",
+                    topics=[
+                        m.OffsetFetchRequest.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name="t", partition_indexes=[0, 2]),
+                    ],
+                ),
+            ],
+            require_stable=True,
+        ),
+        m.OffsetFetchRequest(
+            version=1,
+            group_id="g",
+            topics=[
+                m.OffsetFetchRequest.OffsetFetchRequestTopic(name="t", partition_indexes=[3]),
+            ],
+        ),
+    ],
+    ids=lambda r: f"{r.name}-v{r.version}",
+)
 def test_requests_written_by_hand_with_kafka_python_decode(request_message):
     decoded = codec.decode_request(payload_of(kafka_python_frame(request_message, correlation_id=99, client_id="cli")))
     assert decoded.correlation_id == 99
@@ -220,6 +232,7 @@ def test_encoding_the_wrong_response_class_is_refused():
 
 # --- what the codec refuses ----------------------------------------------------------------------
 
+
 def test_unknown_api_key_is_reported_with_what_the_header_said():
     payload = struct.pack(">hhi", 1, 12, 77) + b"\x00\x03abc"  # Fetch: a real key we do not serve
     with pytest.raises(codec.UnknownApiKeyError) as caught:
@@ -228,13 +241,16 @@ def test_unknown_api_key_is_reported_with_what_the_header_said():
     assert caught.value.header is None
 
 
-@pytest.mark.parametrize("api_key, version", [
-    (m.ListGroupsRequest.API_KEY, 6),          # above the highest
-    (m.OffsetCommitRequest.API_KEY, 1),        # below the lowest (removed in Kafka 4)
-    (m.ConsumerGroupHeartbeatRequest.API_KEY, 1),
-    (m.MetadataRequest.API_KEY, 13),
-    (m.FindCoordinatorRequest.API_KEY, -1),
-])
+@pytest.mark.parametrize(
+    "api_key, version",
+    [
+        (m.ListGroupsRequest.API_KEY, 6),  # above the highest
+        (m.OffsetCommitRequest.API_KEY, 1),  # below the lowest (removed in Kafka 4)
+        (m.ConsumerGroupHeartbeatRequest.API_KEY, 1),
+        (m.MetadataRequest.API_KEY, 13),
+        (m.FindCoordinatorRequest.API_KEY, -1),
+    ],
+)
 def test_versions_outside_the_served_range_are_unsupported(api_key, version):
     payload = struct.pack(">hhih", api_key, version, 3, 1) + b"c" + b"\x00" * 16
     with pytest.raises(codec.UnsupportedApiVersionError) as caught:
@@ -291,6 +307,7 @@ def test_arbitrary_bytes_decode_or_raise_a_decode_error(payload):
 
 # --- error responses -----------------------------------------------------------------------------
 
+
 def _error_codes(message: object) -> list[int]:
     """Every error_code anywhere in a decoded message."""
     found: list[int] = []
@@ -331,12 +348,16 @@ def test_error_response_carries_the_code_for_every_api_and_version(case):
 def test_error_response_mirrors_the_entries_of_the_request():
     code = Errors.CoordinatorLoadInProgressError.errno
     topic_id = uuid.uuid4()
-    commit = m.OffsetCommitRequest(version=10, group_id="g", topics=[
-        m.OffsetCommitRequest.OffsetCommitRequestTopic(topic_id=topic_id, partitions=[
-            m.OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(partition_index=p, committed_offset=1)
-            for p in (0, 4)
-        ]),
-    ])
+    commit = m.OffsetCommitRequest(
+        version=10,
+        group_id="g",
+        topics=[
+            m.OffsetCommitRequest.OffsetCommitRequestTopic(
+                topic_id=topic_id,
+                partitions=[m.OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(partition_index=p, committed_offset=1) for p in (0, 4)],
+            ),
+        ],
+    )
     response = codec.error_response(header_for(SUPPORTED_APIS[8], 10), code, None, commit)
     [topic] = response.topics
     assert topic.topic_id == topic_id
@@ -345,7 +366,8 @@ def test_error_response_mirrors_the_entries_of_the_request():
     describe = m.ConsumerGroupDescribeRequest(version=0, group_ids=["a", "b"])
     response = codec.error_response(header_for(SUPPORTED_APIS[69], 0), code, "loading", describe)
     assert [(g.group_id, g.error_code, g.error_message) for g in response.groups] == [
-        ("a", code, "loading"), ("b", code, "loading"),
+        ("a", code, "loading"),
+        ("b", code, "loading"),
     ]
 
     find = m.FindCoordinatorRequest(version=4, key_type=0, coordinator_keys=["x", "y"])
@@ -371,9 +393,7 @@ def test_unsupported_apiversions_is_answered_at_v0_with_the_apiversions_range():
     assert decoded.header.correlation_id == 8
     assert decoded.error_code == Errors.UnsupportedVersionError.errno
     [row] = decoded.api_keys
-    assert (row.api_key, row.min_version, row.max_version) == next(
-        r for r in advertised_versions() if r[0] == API_VERSIONS_KEY
-    )
+    assert (row.api_key, row.min_version, row.max_version) == next(r for r in advertised_versions() if r[0] == API_VERSIONS_KEY)
     # A v0 body is exactly: error code, array of (key, min, max); nothing else.
     assert len(framed) == 4 + 4 + 2 + 4 + 6
 

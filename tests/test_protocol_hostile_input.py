@@ -5,6 +5,7 @@ checked against its schema before any handler sees it, and the server bounds wha
 can hold: frame deadlines, connection limits, a byte budget for large frames. Nothing here
 asserts on speed; cost is pinned by memory (tracemalloc) and by what the server refuses.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,7 +44,11 @@ def compact_string(text: str | None) -> bytes:
 def heartbeat_with_null_topic() -> bytes:
     """A first ConsumerGroupHeartbeat whose SubscribedTopicNames is [null]: it decodes."""
     request = m.ConsumerGroupHeartbeatRequest(
-        group_id="g", member_id="", member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=["t"],
+        group_id="g",
+        member_id="",
+        member_epoch=0,
+        rebalance_timeout_ms=30_000,
+        subscribed_topic_names=["t"],
     )
     frame = request_bytes(request, 0)
     marker = b"\x02" + compact_string("t")  # a one-element compact array holding "t"
@@ -110,7 +115,7 @@ def install_with_tagged_members(count: int) -> bytes:
     member = compact_string("m") + b"\x01" + b"\x00\x00" + b"\x01" + b"\x00"  # no partitions, v0, empty bytes, no tags
     start = frame.index(b"\x02" + member)  # one-element array
     tagged = member[:-1] + b"\x01\x63\x00"  # one unknown tag (99) of size 0
-    return frame[:start] + UnsignedVarInt32.encode(count + 1) + tagged * count + frame[start + 1 + len(member):]
+    return frame[:start] + UnsignedVarInt32.encode(count + 1) + tagged * count + frame[start + 1 + len(member) :]
 
 
 def test_tagged_fields_decode_without_copying_the_rest_of_the_frame():
@@ -138,7 +143,7 @@ async def test_an_invalid_request_is_answered_with_invalid_request_and_the_conne
         await client.send_raw(struct.pack(">i", len(heartbeat_with_null_topic())) + heartbeat_with_null_topic())
         size = struct.unpack(">i", await client.reader.readexactly(4))[0]
         body = await client.reader.readexactly(size)
-        response = m.ConsumerGroupHeartbeatResponse.decode(body[4 + 1:], version=0)  # correlation id, tag byte
+        response = m.ConsumerGroupHeartbeatResponse.decode(body[4 + 1 :], version=0)  # correlation id, tag byte
         assert response.error_code == Errors.InvalidRequestError.errno
         assert "SubscribedTopicNames[0] must not be null" in response.error_message
         assert (await client.call(heartbeat())).error_code == 0

@@ -1,4 +1,5 @@
 """The KIP-848 message specs load through kafka-python's ApiMessage machinery and round-trip."""
+
 import uuid
 
 from pystreams.protocol import messages as m
@@ -13,8 +14,12 @@ def test_heartbeat_request_round_trips_with_nullable_fields_left_null():
         subscribed_topic_names=["foo"],
         client_assignors=[
             m.ConsumerGroupHeartbeatRequest.Assignor(
-                name="streams", minimum_version=1, maximum_version=2, reason=2,
-                metadata_version=2, metadata_bytes=b"\x01\x02",
+                name="streams",
+                minimum_version=1,
+                maximum_version=2,
+                reason=2,
+                metadata_version=2,
+                metadata_bytes=b"\x01\x02",
             )
         ],
         topic_partitions=[m.ConsumerGroupHeartbeatRequest.TopicPartitions(topic_id=uuid.uuid4(), partitions=[0, 3])],

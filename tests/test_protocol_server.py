@@ -3,6 +3,7 @@
 No assertion depends on how fast anything runs: waits are guarded by a generous timeout only so
 that a broken server fails the test instead of hanging it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,6 +31,7 @@ def async_test(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     @functools.wraps(test)
     def run(*args: object, **kwargs: object) -> None:
         asyncio.run(asyncio.wait_for(test(*args, **kwargs), GUARD_S * 3))
+
     return run
 
 
@@ -113,13 +115,18 @@ async def wait_until(condition: Callable[[], bool]) -> None:
 
 # --- ApiVersions ---------------------------------------------------------------------------------
 
+
 @async_test
 async def test_api_versions_lists_every_served_api():
     async with serving() as server:
         client = await Client.connect(server)
-        response = await client.call(m.ApiVersionsRequest(
-            version=3, client_software_name="kafka-python", client_software_version="3.0.12",
-        ))
+        response = await client.call(
+            m.ApiVersionsRequest(
+                version=3,
+                client_software_name="kafka-python",
+                client_software_version="3.0.12",
+            )
+        )
         assert response.error_code == 0
         advertised = {(k.api_key, k.min_version, k.max_version) for k in response.api_keys}
         assert advertised == set(advertised_versions())
@@ -132,9 +139,13 @@ async def test_api_versions_lists_every_served_api():
 async def test_unsupported_api_versions_version_gets_unsupported_version_and_the_connection_stays():
     async with serving() as server:
         client = await Client.connect(server)
-        response = await client.call(m.ApiVersionsRequest(
-            version=4, client_software_name="kafka-python", client_software_version="3.0.12",
-        ))
+        response = await client.call(
+            m.ApiVersionsRequest(
+                version=4,
+                client_software_name="kafka-python",
+                client_software_version="3.0.12",
+            )
+        )
         assert response.error_code == Errors.UnsupportedVersionError.errno
         assert response.version == 0
         assert [(k.api_key, k.min_version, k.max_version) for k in response.api_keys] == [(18, 0, 3)]
@@ -149,14 +160,19 @@ async def test_unsupported_api_versions_version_gets_unsupported_version_and_the
 async def test_api_versions_with_an_invalid_software_name_is_an_invalid_request():
     async with serving() as server:
         client = await Client.connect(server)
-        response = await client.call(m.ApiVersionsRequest(
-            version=3, client_software_name="-bad name-", client_software_version="1.0",
-        ))
+        response = await client.call(
+            m.ApiVersionsRequest(
+                version=3,
+                client_software_name="-bad name-",
+                client_software_version="1.0",
+            )
+        )
         assert response.error_code == Errors.InvalidRequestError.errno
         await client.close()
 
 
 # --- requests the server cannot serve ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("api_key", [1, 999, -1])  # Fetch (real, not served), unknown, negative
 @async_test
@@ -171,11 +187,14 @@ async def test_unknown_api_key_closes_the_connection(api_key):
         await other.close()
 
 
-@pytest.mark.parametrize("api_key, version", [
-    (m.ListGroupsRequest.API_KEY, 6),
-    (m.OffsetCommitRequest.API_KEY, 1),
-    (m.ConsumerGroupHeartbeatRequest.API_KEY, 1),
-])
+@pytest.mark.parametrize(
+    "api_key, version",
+    [
+        (m.ListGroupsRequest.API_KEY, 6),
+        (m.OffsetCommitRequest.API_KEY, 1),
+        (m.ConsumerGroupHeartbeatRequest.API_KEY, 1),
+    ],
+)
 @async_test
 async def test_unsupported_version_of_other_apis_closes_the_connection(api_key, version):
     async with serving(answer_heartbeats) as server:
@@ -188,13 +207,17 @@ async def test_unsupported_version_of_other_apis_closes_the_connection(api_key, 
         await other.close()
 
 
-@pytest.mark.parametrize("frame", [
-    struct.pack(">i", 12) + bytes(range(200, 212)),                      # garbage from the first byte
-    raw_frame(m.ListGroupsRequest.API_KEY, 5, b"\x05\x7f\x7f\x7f"),      # valid header, garbage body
-    raw_frame(m.HeartbeatRequest.API_KEY, 4, b""),                       # valid header, no body
-    struct.pack(">i", 3) + b"\x00\x10\x00",                              # shorter than any header
-    struct.pack(">i", 0),                                                # empty frame
-], ids=["garbage", "garbage-body", "no-body", "short", "empty"])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        struct.pack(">i", 12) + bytes(range(200, 212)),  # garbage from the first byte
+        raw_frame(m.ListGroupsRequest.API_KEY, 5, b"\x05\x7f\x7f\x7f"),  # valid header, garbage body
+        raw_frame(m.HeartbeatRequest.API_KEY, 4, b""),  # valid header, no body
+        struct.pack(">i", 3) + b"\x00\x10\x00",  # shorter than any header
+        struct.pack(">i", 0),  # empty frame
+    ],
+    ids=["garbage", "garbage-body", "no-body", "short", "empty"],
+)
 @async_test
 async def test_malformed_frames_close_only_that_connection(frame):
     async with serving(answer_heartbeats) as server:
@@ -242,22 +265,25 @@ async def test_a_frame_of_exactly_the_maximum_size_is_served():
 async def test_a_request_larger_than_the_stream_buffer_is_read_whole():
     async def handler(header: RequestHeader, request: ApiMessage) -> ApiMessage:
         topic_class = m.OffsetCommitResponse.OffsetCommitResponseTopic
-        return m.OffsetCommitResponse(topics=[
-            topic_class(name=t.name, partitions=[
-                topic_class.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=0)
-                for p in t.partitions
-            ])
-            for t in request.topics
-        ])
+        return m.OffsetCommitResponse(
+            topics=[
+                topic_class(
+                    name=t.name, partitions=[topic_class.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=0) for p in t.partitions]
+                )
+                for t in request.topics
+            ]
+        )
 
     topic_class = m.OffsetCommitRequest.OffsetCommitRequestTopic
     partition_class = topic_class.OffsetCommitRequestPartition
-    request = m.OffsetCommitRequest(version=9, group_id="g", member_id="m", topics=[
-        topic_class(name="t", partitions=[
-            partition_class(partition_index=i, committed_offset=i, committed_metadata="x" * 200)
-            for i in range(10_000)
-        ]),
-    ])
+    request = m.OffsetCommitRequest(
+        version=9,
+        group_id="g",
+        member_id="m",
+        topics=[
+            topic_class(name="t", partitions=[partition_class(partition_index=i, committed_offset=i, committed_metadata="x" * 200) for i in range(10_000)]),
+        ],
+    )
     async with serving(handler) as server:
         client = await Client.connect(server)
         response = await client.call(request)  # about 2 MiB, far above asyncio's 64 KiB buffer limit
@@ -266,6 +292,7 @@ async def test_a_request_larger_than_the_stream_buffer_is_read_whole():
 
 
 # --- the handler ---------------------------------------------------------------------------------
+
 
 @async_test
 async def test_a_slow_handler_does_not_stall_other_connections():
@@ -318,11 +345,14 @@ async def test_requests_on_one_connection_are_handled_one_at_a_time_in_order():
         await client.close()
 
 
-@pytest.mark.parametrize("failure, expected_code", [
-    (RuntimeError("boom"), Errors.UnknownError.errno),
-    (Errors.RebalanceInProgressError("rebalancing"), Errors.RebalanceInProgressError.errno),
-    (None, Errors.UnknownError.errno),  # the handler returns the wrong response type
-])
+@pytest.mark.parametrize(
+    "failure, expected_code",
+    [
+        (RuntimeError("boom"), Errors.UnknownError.errno),
+        (Errors.RebalanceInProgressError("rebalancing"), Errors.RebalanceInProgressError.errno),
+        (None, Errors.UnknownError.errno),  # the handler returns the wrong response type
+    ],
+)
 @async_test
 async def test_handler_failures_become_error_responses_and_the_connection_goes_on(failure, expected_code):
     async def handler(header: RequestHeader, request: ApiMessage) -> ApiMessage:
@@ -364,9 +394,15 @@ async def test_the_handler_sees_the_header_and_the_peer_address():
 
     async with serving(handler) as server:
         client = await Client.connect(server, client_id="worker-1")
-        response = await client.call(m.ConsumerGroupHeartbeatRequest(
-            version=0, group_id="g", member_id="", member_epoch=0, subscribed_topic_names=["t"],
-        ))
+        response = await client.call(
+            m.ConsumerGroupHeartbeatRequest(
+                version=0,
+                group_id="g",
+                member_id="",
+                member_epoch=0,
+                subscribed_topic_names=["t"],
+            )
+        )
         assert (response.member_id, response.member_epoch) == ("abc", 1)
         [(header, peer)] = seen
         assert header.client_id == "worker-1"
@@ -377,13 +413,19 @@ async def test_the_handler_sees_the_header_and_the_peer_address():
 
 # --- Metadata and FindCoordinator ----------------------------------------------------------------
 
+
 @async_test
 async def test_metadata_presents_this_server_as_the_only_broker():
     async with serving(node_id=7, advertised_host="coordinator.local", advertised_port=19092, cluster_id="c1") as server:
         client = await Client.connect(server)
-        response = await client.call(m.MetadataRequest(version=12, topics=[
-            m.MetadataRequest.MetadataRequestTopic(name="orders"),
-        ]))
+        response = await client.call(
+            m.MetadataRequest(
+                version=12,
+                topics=[
+                    m.MetadataRequest.MetadataRequestTopic(name="orders"),
+                ],
+            )
+        )
         assert [(b.node_id, b.host, b.port) for b in response.brokers] == [(7, "coordinator.local", 19092)]
         assert (response.controller_id, response.cluster_id) == (7, "c1")
         assert [(t.name, t.error_code) for t in response.topics] == [
@@ -403,7 +445,8 @@ async def test_find_coordinator_answers_with_this_server_for_groups_only():
 
         batch = await client.call(m.FindCoordinatorRequest(version=4, key_type=0, coordinator_keys=["a", "b"]))
         assert [(c.key, c.error_code, c.node_id, c.port) for c in batch.coordinators] == [
-            ("a", 0, 3, server.port), ("b", 0, 3, server.port),
+            ("a", 0, 3, server.port),
+            ("b", 0, 3, server.port),
         ]
 
         transactional = await client.call(m.FindCoordinatorRequest(version=3, key="tx", key_type=1))
@@ -413,35 +456,50 @@ async def test_find_coordinator_answers_with_this_server_for_groups_only():
 
 # --- standard tooling ----------------------------------------------------------------------------
 
+
 @async_test
 async def test_kafka_python_admin_client_lists_groups_and_reads_offsets():
     async def handler(header: RequestHeader, request: ApiMessage) -> ApiMessage:
         if isinstance(request, m.ListGroupsRequest):
             listed = m.ListGroupsResponse.ListedGroup
-            return m.ListGroupsResponse(error_code=0, groups=[
-                listed(group_id="orders-app", protocol_type="consumer", group_state="Stable", group_type="consumer"),
-                listed(group_id="billing", protocol_type="consumer", group_state="Empty", group_type="classic"),
-            ])
+            return m.ListGroupsResponse(
+                error_code=0,
+                groups=[
+                    listed(group_id="orders-app", protocol_type="consumer", group_state="Stable", group_type="consumer"),
+                    listed(group_id="billing", protocol_type="consumer", group_state="Empty", group_type="classic"),
+                ],
+            )
         if isinstance(request, m.OffsetFetchRequest):
             group_class = m.OffsetFetchResponse.OffsetFetchResponseGroup
             topic_class = group_class.OffsetFetchResponseTopics
             partition_class = topic_class.OffsetFetchResponsePartitions
-            return m.OffsetFetchResponse(groups=[
-                group_class(group_id=group.group_id, error_code=0, topics=[
-                    topic_class(name="orders", partitions=[
-                        partition_class(partition_index=0, committed_offset=42, committed_leader_epoch=-1,
-                                        metadata="", error_code=0),
-                    ]),
-                ])
-                for group in request.groups
-            ])
+            return m.OffsetFetchResponse(
+                groups=[
+                    group_class(
+                        group_id=group.group_id,
+                        error_code=0,
+                        topics=[
+                            topic_class(
+                                name="orders",
+                                partitions=[
+                                    partition_class(partition_index=0, committed_offset=42, committed_leader_epoch=-1, metadata="", error_code=0),
+                                ],
+                            ),
+                        ],
+                    )
+                    for group in request.groups
+                ]
+            )
         raise Errors.InvalidRequestError(f"unexpected {type(request).__name__}")
 
     async with serving(handler) as server:
+
         def use_admin_client() -> tuple[list[dict], dict]:
             admin = KafkaAdminClient(
                 bootstrap_servers=f"127.0.0.1:{server.port}",
-                request_timeout_ms=5000, bootstrap_timeout_ms=5000, client_id="admin",
+                request_timeout_ms=5000,
+                bootstrap_timeout_ms=5000,
+                client_id="admin",
             )
             try:
                 return admin.list_groups(), admin.list_group_offsets({"orders-app": None})
@@ -452,12 +510,14 @@ async def test_kafka_python_admin_client_lists_groups_and_reads_offsets():
         groups, offsets = await asyncio.to_thread(use_admin_client)
 
     assert sorted((g["group_id"], g["group_state"], g["group_type"]) for g in groups) == [
-        ("billing", "Empty", "classic"), ("orders-app", "Stable", "consumer"),
+        ("billing", "Empty", "classic"),
+        ("orders-app", "Stable", "consumer"),
     ]
     assert offsets == {"orders-app": {TopicPartition("orders", 0): OffsetAndMetadata(42, "", -1)}}
 
 
 # --- lifecycle -----------------------------------------------------------------------------------
+
 
 @async_test
 async def test_close_drops_open_connections_and_cancels_requests_in_progress():
@@ -498,7 +558,6 @@ async def test_idle_connections_are_closed():
         client = await Client.connect(server)
         assert await client.closed_by_server()
         await wait_until(lambda: server.connection_count == 0)
-
 
 
 def test_binding_a_wildcard_address_needs_an_advertised_host():

@@ -8,6 +8,7 @@ keys (404 / ``KeyNotFound`` / ``None`` / exit 1), restoring and unhosted tasks (
 standby replicas, bad requests (400 with a JSON reason, the server still serving afterwards)
 and ``queryable_stores``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from pystreams.assignors.streams import StreamsAssignmentMetadata
+from pystreams.topology.ir import TaskId
+from pystreams.topology.resolve import resolve
 
 from pystreams.app import load_app
-from pystreams.assignors.streams import StreamsAssignmentMetadata
 from pystreams.broker import free_port
 from pystreams.cli import main as cli_main
 from pystreams.queries import KeyNotFound, NotAvailableYet, QueryClient, QueryError
-from pystreams.topology.ir import TaskId
-from pystreams.topology.resolve import resolve
 from pystreams.worker.packing import partition_for_key
 from pystreams.worker.queries import QueryServer, queryable_stores
 
@@ -126,7 +127,6 @@ class FakeStreamThread:
             return True, read(SortedKeyValues(self.standby[task][store]))
         return False, None
 
-
     def tasks_read(self, *, include_standby: bool | None = None) -> set[TaskId]:
         return {task for task, _, _, stale in self.reads if include_standby is None or stale == include_standby}
 
@@ -138,18 +138,14 @@ class SortedKeyValues:
         self.entries = dict(sorted(entries.items()))
 
     def range(self, key_from: bytes | None, key_to: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-        return ((k, v) for k, v in self.entries.items()
-                if (key_from is None or k >= key_from) and (key_to is None or k <= key_to))
+        return ((k, v) for k, v in self.entries.items() if (key_from is None or k >= key_from) and (key_to is None or k <= key_to))
 
     def prefix_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return ((k, v) for k, v in self.entries.items() if k.startswith(prefix))
 
 
 def _store_contents(tasks: Iterable[TaskId], value_of: Callable[[int], int]) -> dict[TaskId, dict[str, dict[bytes, bytes]]]:
-    return {
-        task: {STORE: {KEY_SERDE.serialize(PRESENT[task.partition]): VALUE_SERDE.serialize(value_of(task.partition))}}
-        for task in tasks
-    }
+    return {task: {STORE: {KEY_SERDE.serialize(PRESENT[task.partition]): VALUE_SERDE.serialize(value_of(task.partition))}} for task in tasks}
 
 
 # -- servers on an event loop in a background thread ------------------------------------------------
@@ -210,10 +206,7 @@ def cluster_factory(loop) -> Iterator[Callable[..., Cluster]]:
         endpoints = {name: f"127.0.0.1:{port}" for name, port in ports.items()}
 
         def by_host(tasks: dict[str, list[TaskId]]) -> dict[str, list[tuple[str, int]]]:
-            return {
-                endpoints[name]: [(INPUT_TOPIC, t.partition) for t in owned if t.partition not in unhosted]
-                for name, owned in tasks.items()
-            }
+            return {endpoints[name]: [(INPUT_TOPIC, t.partition) for t in owned if t.partition not in unhosted] for name, owned in tasks.items()}
 
         threads = {}
         for name in ACTIVE_TASKS:
@@ -298,12 +291,8 @@ def test_metadata_endpoint_serves_the_assignments_routing_table(cluster):
     metadata = QueryClient([cluster.endpoints["b"]]).metadata()
     assert metadata["endpoint"] == cluster.endpoints["b"]
     assert metadata["stores"] == {STORE: {"topic": INPUT_TOPIC, "partitions": PARTITIONS, "kind": "key-value", "subtopology": SUBTOPOLOGY}}
-    assert metadata["active"] == {
-        cluster.endpoints[name]: [[INPUT_TOPIC, t.partition] for t in tasks] for name, tasks in ACTIVE_TASKS.items()
-    }
-    assert metadata["standby"] == {
-        cluster.endpoints[name]: [[INPUT_TOPIC, t.partition] for t in tasks] for name, tasks in STANDBY_TASKS.items()
-    }
+    assert metadata["active"] == {cluster.endpoints[name]: [[INPUT_TOPIC, t.partition] for t in tasks] for name, tasks in ACTIVE_TASKS.items()}
+    assert metadata["standby"] == {cluster.endpoints[name]: [[INPUT_TOPIC, t.partition] for t in tasks] for name, tasks in STANDBY_TASKS.items()}
 
 
 def test_client_skips_an_unreachable_endpoint_for_metadata(cluster):
@@ -572,8 +561,9 @@ def test_window_stores_answer_for_a_keys_windows_only(loop):
     try:
         status, _, body = raw_get(server.endpoint, f"/v1/stores/{window_store}/6b30")
         assert status == 400
-        assert json.loads(body)["error"] == (f"store {window_store!r} is a window store; ask it for a key's windows "
-                                             "(/v1/stores/STORE/KEYHEX/windows?from=MS&to=MS)")
+        assert json.loads(body)["error"] == (
+            f"store {window_store!r} is a window store; ask it for a key's windows (/v1/stores/STORE/KEYHEX/windows?from=MS&to=MS)"
+        )
         status, _, body = raw_get(server.endpoint, f"/v1/stores/{window_store}/6b30/windows?from=x")
         assert status == 400 and "from must be a timestamp in epoch milliseconds" in json.loads(body)["error"]
         # A worker without an assignment yet serves empty routing, not an error.
@@ -615,8 +605,7 @@ def test_query_server_needs_host_and_port():
 @pytest.mark.parametrize("partitions", [1, PARTITIONS, 7])
 def test_queryable_stores_names_the_topic_and_partition_count_that_place_keys(partitions):
     resolved = resolve(TOPOLOGY, {INPUT_TOPIC: partitions})
-    assert queryable_stores(resolved) == {
-        STORE: {"topic": INPUT_TOPIC, "partitions": partitions, "kind": "key-value", "subtopology": SUBTOPOLOGY}}
+    assert queryable_stores(resolved) == {STORE: {"topic": INPUT_TOPIC, "partitions": partitions, "kind": "key-value", "subtopology": SUBTOPOLOGY}}
 
 
 def test_cli_exits_2_for_a_key_its_store_cannot_hold_before_asking_any_worker(tmp_path, capsys):

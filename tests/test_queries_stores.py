@@ -4,6 +4,7 @@ store's windows of one key in a time range, a session store's sessions of one ke
 prefix scans of a key-value store gathered from both workers — through ``App.query_*`` and
 ``pystreams query``.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,7 @@ MINUTE = 60_000
 BASE = 1_700_000_040_000  # a minute boundary
 #: (user, event time): ann twice in the first minute and once 70 s in (a second window and,
 #: after more than the 30 s gap, a second session); andy and bob once.
-VISITS = [("ann", BASE), ("bob", BASE + 5_000), ("ann", BASE + 10_000), ("andy", BASE + 20_000),
-          ("ann", BASE + 70_000)]
+VISITS = [("ann", BASE), ("bob", BASE + 5_000), ("ann", BASE + 10_000), ("andy", BASE + 20_000), ("ann", BASE + 70_000)]
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +50,8 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
             for address in addresses:
                 generated.start("--user-endpoint", address)
             # Every visit is counted and every task answers.
-            eventually(lambda: APP.query("counts", "ann", endpoints=addresses, timeout_s=1) == 3, generated.log_tails)
-            eventually(lambda: len(APP.query_range("counts", endpoints=addresses, timeout_s=1)) == 3,
-                       generated.log_tails)
+            eventually(lambda endpoints=addresses: APP.query("counts", "ann", endpoints=endpoints, timeout_s=1) == 3, generated.log_tails)
+            eventually(lambda endpoints=addresses: len(APP.query_range("counts", endpoints=endpoints, timeout_s=1)) == 3, generated.log_tails)
             yield addresses
     finally:
         cluster.stop()
@@ -71,9 +70,12 @@ def eventually(condition: Callable[[], bool], logs: Callable[[], str], timeout_s
 
 
 def query_cli(endpoints: list[str], *args: str) -> tuple[int, list[Any]]:
-    done = subprocess.run([sys.executable, "-m", "pystreams", "query", str(APP_PATH), *args,
-                           *[option for endpoint in endpoints for option in ("--endpoint", endpoint)]],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "pystreams", "query", str(APP_PATH), *args, *[option for endpoint in endpoints for option in ("--endpoint", endpoint)]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.stderr == "", done.stderr
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -83,13 +85,14 @@ def test_a_window_store_gives_one_keys_windows_in_a_time_range(endpoints: list[s
     assert APP.query_windows("per-minute", "ann", BASE + 1, BASE + MINUTE, endpoints=endpoints) == [(BASE + MINUTE, 1)]
     assert APP.query_windows("per-minute", "ann", BASE, BASE + MINUTE - 1, endpoints=endpoints) == [(BASE, 2)]
     assert APP.query_windows("per-minute", "nobody", endpoints=endpoints) == []
-    assert query_cli(endpoints, "per-minute", "ann", "--from-time", str(BASE + 1)) == (
-        0, [{"start": BASE + MINUTE, "value": 1}])
+    assert query_cli(endpoints, "per-minute", "ann", "--from-time", str(BASE + 1)) == (0, [{"start": BASE + MINUTE, "value": 1}])
 
 
 def test_a_session_store_gives_all_of_a_keys_sessions(endpoints: list[str]) -> None:
     assert APP.query_sessions("sessions", "ann", endpoints=endpoints) == [
-        (Windowed("ann", BASE, BASE + 10_000), 2), (Windowed("ann", BASE + 70_000, BASE + 70_000), 1)]
+        (Windowed("ann", BASE, BASE + 10_000), 2),
+        (Windowed("ann", BASE + 70_000, BASE + 70_000), 1),
+    ]
     assert query_cli(endpoints, "sessions", "bob") == (0, [{"start": BASE + 5_000, "end": BASE + 5_000, "value": 1}])
     assert query_cli(endpoints, "sessions", "nobody") == (1, [])
 
@@ -107,8 +110,10 @@ def test_range_and_prefix_scans_gather_every_task_by_serialized_key(endpoints: l
 def test_each_kind_of_store_says_how_it_is_asked(endpoints: list[str]) -> None:
     with pytest.raises(QueryError, match="'per-minute' is a window store; ask it for a key's windows"):
         APP.query("per-minute", "ann", endpoints=endpoints)
-    done = subprocess.run([sys.executable, "-m", "pystreams", "query", str(APP_PATH), "sessions", "--all",
-                           "--endpoint", endpoints[0]], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "pystreams", "query", str(APP_PATH), "sessions", "--all", "--endpoint", endpoints[0]], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
-    assert done.stderr.strip() == ("pystreams query: store 'sessions' is a session store: --from/--to/--prefix/--all "
-                                   "scan key-value stores; a session store is read by KEY")
+    assert done.stderr.strip() == (
+        "pystreams query: store 'sessions' is a session store: --from/--to/--prefix/--all scan key-value stores; a session store is read by KEY"
+    )

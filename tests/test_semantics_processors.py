@@ -1,5 +1,6 @@
 """Per-kind semantics of low-level processors: the context, stores, forwards and both kinds
 of punctuation, on the worker's kernels through the test driver."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -45,9 +46,7 @@ class Tracker(Processor):
 def tracker_app() -> App:
     app = App("tracker")
     events = app.topic("in", value=serdes.Text())
-    app.processor(events, stores=[kv_store("counts", value=serdes.Int())], value=serdes.Int(), key_changing=False)(
-        Tracker
-    ).to("out")
+    app.processor(events, stores=[kv_store("counts", value=serdes.Int())], value=serdes.Int(), key_changing=False)(Tracker).to("out")
     return app
 
 
@@ -81,8 +80,7 @@ def test_stream_time_punctuations_follow_the_highest_timestamp_and_skip_missed_i
         fired = [entry for entry in SEEN if entry[0] == "stream"]
         # A punctuation sees its own time and no current record; 1030 does not move stream time;
         # at 1450 the intervals due at 1200..1400 are skipped: it fires once, next due at 1500.
-        assert fired == [("stream", 1000, 1000, None, None), ("stream", 1100, 1100, None, None),
-                         ("stream", 1450, 1450, None, None)]
+        assert fired == [("stream", 1000, 1000, None, None), ("stream", 1100, 1100, None, None), ("stream", 1450, 1450, None, None)]
 
 
 def test_stream_time_punctuations_fire_on_kafka_streams_epoch_aligned_schedule() -> None:

@@ -1,4 +1,5 @@
 """Per-kind semantics of the stateless steps, run on the worker's kernels by the test driver."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,10 +18,7 @@ def run(app: App, records: list[tuple[Any, Any, int]], *outputs: str) -> dict[st
         source = driver.input_topic("in")
         for key, value, timestamp in records:
             source.pipe_input(key, value, timestamp=timestamp)
-        return {
-            topic: [(r.key, r.value, r.timestamp) for r in driver.output_topic(topic).read_records()]
-            for topic in outputs
-        }
+        return {topic: [(r.key, r.value, r.timestamp) for r in driver.output_topic(topic).read_records()] for topic in outputs}
 
 
 def test_map_map_values_and_select_key_transform_each_record_and_keep_its_timestamp() -> None:

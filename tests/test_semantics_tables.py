@@ -1,5 +1,6 @@
 """Per-kind semantics of tables and aggregations (count, aggregate, reduce, table sources),
 on the worker's kernels through the test driver."""
+
 from __future__ import annotations
 
 from typing import Any

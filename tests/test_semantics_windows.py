@@ -1,14 +1,16 @@
 """Per-kind semantics of windowed aggregations: window assignment, grace and lateness by the
 task's stream time, and session merging, on the worker's kernels through the test driver."""
+
 from __future__ import annotations
 
 from typing import Any
 
+from pystreams.topology.kernels import partition_for_key
+from pystreams.topology.windows import Windowed
+
 from pystreams import serdes
 from pystreams.app import App, HoppingWindow, SessionWindow, TumblingWindow
 from pystreams.testing import TopologyTestDriver
-from pystreams.topology.kernels import partition_for_key
-from pystreams.topology.windows import Windowed
 
 S = 1000
 
@@ -151,14 +153,14 @@ def test_windowed_results_are_partitioned_by_the_user_key_as_kafka_streams_does(
     for record in records:
         placed.setdefault(record.key.key, set()).add(record.partition)
     assert placed == {user: {partition_for_key(user.encode(), 4)} for user in USERS}
-    by_default = {partition_for_key(serdes.WindowedKey(serdes.Text()).serialize(r.key), 4) for r in records
-                  if r.key.key == USERS[0]}
+    by_default = {partition_for_key(serdes.WindowedKey(serdes.Text()).serialize(r.key), 4) for r in records if r.key.key == USERS[0]}
     assert len(by_default) > 1  # the old rule would have spread one user's windows
 
 
 def test_spark_sinks_place_keyed_rows_with_the_sinks_partitioner() -> None:
-    from pystreams.spark.compiler import send_rows
     from pystreams.topology.kernels import windowed_partition_for_key
+
+    from pystreams.spark.compiler import send_rows
 
     class Producer:
         def __init__(self) -> None:
@@ -167,8 +169,7 @@ def test_spark_sinks_place_keyed_rows_with_the_sinks_partitioner() -> None:
         def partitions_for(self, topic: str) -> set[int]:
             return {0, 1, 2, 3}
 
-        def send(self, topic: str, *, key: bytes | None, value: bytes | None, partition: int | None,
-                 timestamp_ms: int | None) -> None:
+        def send(self, topic: str, *, key: bytes | None, value: bytes | None, partition: int | None, timestamp_ms: int | None) -> None:
             self.sent.append((topic, key, partition))
 
     windowed = serdes.WindowedKey(serdes.Text())

@@ -1,4 +1,5 @@
 """The deterministic simulator itself: replay, coverage of its faults, convergence, the CLI."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,11 @@ def test_a_seed_replays_exactly_in_another_interpreter():
     code = "from pystreams.sim import run_seed; print(run_seed(11, 'chaos').fingerprint)"
     fingerprints = {
         subprocess.run(
-            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": hash_seed},
-            capture_output=True, text=True, check=True,
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         for hash_seed in ("1", "2")
     }
@@ -44,8 +48,16 @@ def _stats(profile: str, seeds: range) -> Counter:
 
 def test_churn_moves_members_and_topics():
     stats = _stats("churn", range(40))
-    for key in ("churn.crashes", "churn.bounces", "churn.joins", "churn.departures", "process.unreleased_instance_id",
-                "topics.changes", "revocations", "commits.accepted"):
+    for key in (
+        "churn.crashes",
+        "churn.bounces",
+        "churn.joins",
+        "churn.departures",
+        "process.unreleased_instance_id",
+        "topics.changes",
+        "revocations",
+        "commits.accepted",
+    ):
         assert stats[key] > 0, key
     for key in ("coordinator.failovers", "net.dropped", "net.duplicated", "net.partitions", "assignor.invalid"):
         assert stats[key] == 0, key
@@ -54,11 +66,29 @@ def test_churn_moves_members_and_topics():
 def test_chaos_exercises_every_fault():
     stats = _stats("chaos", range(60))
     for key in (
-        "net.dropped", "net.duplicated", "net.straggled", "net.partitions", "net.cut", "net.lost_in_failover",
-        "coordinator.failovers", "coordinator.refused_while_loading", "requests.timed_out", "answers.unexpected",
-        "churn.crashes", "churn.bounces", "churn.joins", "process.unreleased_instance_id", "topics.changes",
-        "assignor.slow", "assignor.raise", "assignor.error", "assignor.invalid", "assignor.installed",
-        "app.slow_revocations", "roll.restarts", "roll.phases",
+        "net.dropped",
+        "net.duplicated",
+        "net.straggled",
+        "net.partitions",
+        "net.cut",
+        "net.lost_in_failover",
+        "coordinator.failovers",
+        "coordinator.refused_while_loading",
+        "requests.timed_out",
+        "answers.unexpected",
+        "churn.crashes",
+        "churn.bounces",
+        "churn.joins",
+        "process.unreleased_instance_id",
+        "topics.changes",
+        "assignor.slow",
+        "assignor.raise",
+        "assignor.error",
+        "assignor.invalid",
+        "assignor.installed",
+        "app.slow_revocations",
+        "roll.restarts",
+        "roll.phases",
     ):
         assert stats[key] > 0, key
 
@@ -76,10 +106,15 @@ def test_a_group_forms_and_every_partition_is_owned_once(client_side):
     world.create_topic("orders", 12)
     world.create_topic("payments", 5)
     for index in range(4):
-        world.add_process(ProcessSpec(
-            name=f"p{index}", topics=("orders", "payments"), instance_id=f"i{index}" if index % 2 else None,
-            server_assignor=None if client_side else "uniform", client_versions=(1, 1, 1) if client_side else None,
-        ))
+        world.add_process(
+            ProcessSpec(
+                name=f"p{index}",
+                topics=("orders", "payments"),
+                instance_id=f"i{index}" if index % 2 else None,
+                server_assignor=None if client_side else "uniform",
+                client_versions=(1, 1, 1) if client_side else None,
+            )
+        )
     assert world.run_until(10_000, until=world.converged)
     owned = [partition for process in world.live_processes() for partition in process.view()]
     assert len(owned) == len(set(owned)) == 17

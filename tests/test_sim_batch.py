@@ -3,6 +3,7 @@
 2,600 seeds take about a minute on one core, so they stay in the default run. A failing chunk
 lists each failing seed with its violation and the command that replays it.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -12,11 +13,7 @@ from pystreams.sim.batch import run_chunk
 
 CHUNK = 100
 SEEDS_PER_PROFILE = {"steady": 400, "churn": 800, "chaos": 1_000, "migration": 400}
-CHUNKS = [
-    (profile, start)
-    for profile, count in SEEDS_PER_PROFILE.items()
-    for start in range(0, count, CHUNK)
-]
+CHUNKS = [(profile, start) for profile, count in SEEDS_PER_PROFILE.items() for start in range(0, count, CHUNK)]
 
 
 @pytest.mark.parametrize(("profile", "start"), CHUNKS, ids=[f"{p}-{s}" for p, s in CHUNKS])

@@ -1,6 +1,7 @@
 """The simulator catches broken rules: each test breaks one (by monkeypatching the real code,
 never by a switch in it) and asserts that some seed reports the violation it must, that the
 same seed passes with the rule intact, and that the seed replays to the same report."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -20,12 +21,15 @@ from pystreams.sim.world import Misbehaviour
 
 #: Churn plus applications that take a while (less than the rebalance timeout) to revoke.
 SLOW_APPS = replace(
-    PROFILES["churn"], name="slow-apps",
+    PROFILES["churn"],
+    name="slow-apps",
     misbehaviour=Misbehaviour(slow_revocation=0.5, slow_revocation_ms=(200, 800), restart_ms=(50, 2_500)),
 )
 #: Churn where every member uses the client-side assignor, which misbehaves half the time.
 BAD_ASSIGNORS = replace(
-    PROFILES["churn"], name="bad-assignors", client_side=1.0,
+    PROFILES["churn"],
+    name="bad-assignors",
+    client_side=1.0,
     misbehaviour=Misbehaviour(assignor=0.5, restart_ms=(50, 2_500)),
 )
 #: A steady group whose members get cut off from the coordinator now and then.
@@ -41,6 +45,7 @@ def caught(
 ) -> SeedResult:
     """The first seed whose run with the rule broken reports one of ``kinds`` and whose run
     with the rule intact passes; checks that the seed replays to the same report."""
+
     def run(seed: int, broken: bool) -> SeedResult:
         if not broken:
             return run_seed(seed, profile)
@@ -84,13 +89,12 @@ def test_a_commit_from_a_stale_member_epoch_is_caught(monkeypatch):
 
 def test_an_invalid_client_side_assignment_accepted_is_caught(monkeypatch):
     def unvalidated(request, computation, max_metadata_bytes):
-        return {
-            entry.member_id: (PartitionSet.from_wire(entry.partitions), entry.metadata_version, bytes(entry.metadata_bytes))
-            for entry in request.members
-        }
+        return {entry.member_id: (PartitionSet.from_wire(entry.partitions), entry.metadata_version, bytes(entry.metadata_bytes)) for entry in request.members}
 
     caught(
-        monkeypatch, lambda patch: patch.setattr(consumer, "_validated_assignment", unvalidated), BAD_ASSIGNORS,
+        monkeypatch,
+        lambda patch: patch.setattr(consumer, "_validated_assignment", unvalidated),
+        BAD_ASSIGNORS,
         {"invalid-assignment-installed", "target-double-assigned"},
     )
 

@@ -5,6 +5,7 @@ line naming topic, partition and offset.
 Each ``pystreams spark`` run starts its own JVM (≈ 20 s here); checks that need no Spark run
 before one starts, so the refusals take a moment.
 """
+
 from __future__ import annotations
 
 import collections
@@ -31,8 +32,7 @@ EXPECTED = collections.Counter(word for line in LINES for word in line.split())
 
 
 def spark_run(*args: str, cwd: Path, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pystreams", "spark", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_s)
+    return subprocess.run([sys.executable, "-m", "pystreams", "spark", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
 
 
 def wordcount_broker(lines: list[str]) -> EmbeddedBroker:
@@ -49,8 +49,7 @@ def wordcount_broker(lines: list[str]) -> EmbeddedBroker:
 
 
 def counts(bootstrap: str) -> dict[str, int]:
-    return {key.decode(): struct.unpack(">q", value)[0] for key, value in read_final_table(bootstrap, "word-counts").items()
-            if key is not None}
+    return {key.decode(): struct.unpack(">q", value)[0] for key, value in read_final_table(bootstrap, "word-counts").items() if key is not None}
 
 
 @pytest.fixture
@@ -82,8 +81,7 @@ def test_a_checkpoint_left_from_another_broker_is_refused_not_silently_resumed(t
 
     # Spark's failOnDataLoss=false: a warning, the new topic read from its beginning, the
     # checkpoint's state kept (so the counts add to the first run's).
-    going_on = spark_run(str(WORDCOUNT), "--once", "--bootstrap-servers", second.bootstrap_servers,
-                         "--fail-on-data-loss", "false", cwd=tmp_path)
+    going_on = spark_run(str(WORDCOUNT), "--once", "--bootstrap-servers", second.bootstrap_servers, "--fail-on-data-loss", "false", cwd=tmp_path)
     assert going_on.returncode == 0, going_on.stderr[-3000:]
     assert "possible data loss" in going_on.stderr and "text-lines: the topic was recreated" in going_on.stderr
     assert counts(second.bootstrap_servers) == {word: 2 * n for word, n in EXPECTED.items()}

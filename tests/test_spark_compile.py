@@ -1,6 +1,7 @@
 """The Spark compiler without Spark: constructs it rejects (naming the node and the reason), the
 plan each kind of step gets (per key, or per task where stream time matters), the warnings, the
 Kafka source choice and the options each source gets, and the task stores Spark state holds."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -123,7 +124,10 @@ def test_each_source_gets_the_options_it_reads() -> None:
         "failOnDataLoss": "true",
     }
     assert source_options("pystreams_kafka", "host:9092", ("a", "b"), fail_on_data_loss=False) == {
-        "bootstrap.servers": "host:9092", "topics": "a,b", "failOnDataLoss": "false"}
+        "bootstrap.servers": "host:9092",
+        "topics": "a,b",
+        "failOnDataLoss": "false",
+    }
 
 
 # -- the plan: per key where no stream time matters, per task where it does ------------------------

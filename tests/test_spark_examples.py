@@ -6,6 +6,7 @@ between orders), as a live deployment would see them; on Spark each phase is a b
 the same checkpoint, so state carries across micro-batches. Late and out-of-order input on
 several partitions is ``test_spark_lateness.py``'s.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,14 +16,13 @@ from typing import Any
 
 import pytest
 from kafka import KafkaProducer
+from spark_parity import decoded, read_final_table, run_on_spark, run_on_workers
+from test_spark_wordcount import EXAMPLES
 
 from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
-from spark_parity import decoded, read_final_table, run_on_spark, run_on_workers
-
-from test_spark_wordcount import EXAMPLES
 
 pytestmark = pytest.mark.integration
 

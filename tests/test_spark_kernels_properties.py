@@ -8,6 +8,7 @@ order, partitions merged by timestamp). Tables are compared as final tables (lat
 key; Spark emits per micro-batch, the driver per record), streams as multisets of records with
 their timestamps.
 """
+
 from __future__ import annotations
 
 import collections
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pystreams.topology.resolve import resolve
+from spark_emulation import InputRecord, SparkEmulator
 
 from pystreams import serdes
 from pystreams.app import (
@@ -34,9 +37,7 @@ from pystreams.app import (
 )
 from pystreams.spark import compile_topology
 from pystreams.testing import TopologyTestDriver
-from pystreams.topology.resolve import resolve
 from pystreams.worker.packing import partition_for_key
-from spark_emulation import InputRecord, SparkEmulator
 
 KEYS = ("a", "b", "c", "d", "e")
 BASE_MS = 1_700_000_040_000
@@ -61,8 +62,7 @@ def stateless_case() -> Case:
     numbers = app.topic("in", value=serdes.Int())
     small = numbers.filter(lambda key, n: n < 8, name="small")
     spread = small.flat_map_values(lambda key, n: [n] * (n % 3), value=serdes.Int(), name="spread")
-    parity = spread.branch(lambda key, n: None if n == 0 else ("even" if n % 2 == 0 else "odd"),
-                           branches=["even", "odd"], name="parity")
+    parity = spread.branch(lambda key, n: None if n == 0 else ("even" if n % 2 == 0 else "odd"), branches=["even", "odd"], name="parity")
     tagged = numbers.map(lambda key, n: (f"{key}{n}", n * 10), key=serdes.Text(), value=serdes.Int(), name="tagged")
     parity.even.merge(tagged, name="mixed").to("out")
     parity.odd.map_values(lambda key, n: -n, value=serdes.Int(), name="negated").to("odd")
@@ -88,8 +88,9 @@ def windows_case() -> Case:
     app = App("windows")
     numbers = app.topic("in", value=serdes.Int())
     app.count(numbers, store="per-minute", window=TumblingWindow(size=60 * S, grace=10 * S)).to("per-minute")
-    numbers.aggregate(lambda total, key, n: total + n, initial=0, store="sum-30s", name="sum_30s",
-                      window=HoppingWindow(size=30 * S, advance=10 * S, grace=5 * S)).to("sum-30s")
+    numbers.aggregate(
+        lambda total, key, n: total + n, initial=0, store="sum-30s", name="sum_30s", window=HoppingWindow(size=30 * S, advance=10 * S, grace=5 * S)
+    ).to("sum-30s")
     rekeyed = numbers.group_by(lambda key, n: f"r{n % 2}", name="by_parity")
     app.count(rekeyed, store="parity-per-minute", window=TumblingWindow(size=60 * S, grace=10 * S)).to("parity-pm")
     return Case(app, {"in": 3}, {"in"}, {"per-minute": "table", "sum-30s": "table", "parity-pm": "table"})
@@ -99,8 +100,9 @@ def sessions_case() -> Case:
     app = App("sessions")
     numbers = app.topic("in", value=serdes.Int())
 
-    @app.aggregate(numbers, initial=list, store="runs", value=serdes.Json(),
-                   window=SessionWindow(gap=20 * S, grace=15 * S), merge=lambda key, older, newer: older + newer)
+    @app.aggregate(
+        numbers, initial=list, store="runs", value=serdes.Json(), window=SessionWindow(gap=20 * S, grace=15 * S), merge=lambda key, older, newer: older + newer
+    )
     def runs(items: list[int], key: str, n: int) -> list[int]:
         return [*items, n]
 
@@ -114,8 +116,7 @@ def stream_table_case(how: str) -> Case:
     app = App(f"stream-table-{how}")
     orders = app.topic("orders", value=serdes.Int())
     prices = app.table("prices", value=serdes.Int())
-    orders.join(prices, lambda key, n, price: n * (price if price is not None else -1), how=how,
-                value=serdes.Int(), name="priced").to("out")
+    orders.join(prices, lambda key, n, price: n * (price if price is not None else -1), how=how, value=serdes.Int(), name="priced").to("out")
     return Case(app, {"orders": 2, "prices": 2}, {"orders", "prices"}, {"out": "stream"}, {"prices": 0, "orders": 1})
 
 
@@ -123,8 +124,9 @@ def stream_stream_case(how: str) -> Case:
     app = App(f"stream-stream-{how}")
     left = app.topic("left", value=serdes.Int())
     right = app.topic("right", value=serdes.Int())
-    left.join(right, lambda key, l, r: f"{l}:{r}", window=JoinWindow(before=20 * S, after=10 * S, grace=15 * S),
-              how=how, value=serdes.Text(), name="pairs").to("out")
+    left.join(
+        right, lambda key, lv, rv: f"{lv}:{rv}", window=JoinWindow(before=20 * S, after=10 * S, grace=15 * S), how=how, value=serdes.Text(), name="pairs"
+    ).to("out")
     return Case(app, {"left": 2, "right": 2}, {"left", "right"}, {"out": "stream"}, {"left": 0, "right": 1})
 
 
@@ -154,9 +156,7 @@ def processor_case() -> Case:
     app = App("processor")
     numbers = app.topic("in", value=serdes.Int())
     odd = numbers.filter(lambda key, n: n % 2 == 1, name="odd")
-    app.processor(odd, stores=[kv_store("seen", value=serdes.Int())], value=serdes.Int(), key_changing=False)(
-        Dedupe
-    ).to("out")
+    app.processor(odd, stores=[kv_store("seen", value=serdes.Int())], value=serdes.Int(), key_changing=False)(Dedupe).to("out")
     return Case(app, {"in": 2}, {"in"}, {"out": "stream"})
 
 
@@ -216,8 +216,7 @@ def in_spark_batch_order(batch: list[InputRecord], case: Case, source_topics: tu
     for record in batch:
         where = (record.topic, record.partition)
         arrival[where] = max(arrival.get(where, record.timestamp), record.timestamp)
-        keyed.append(((arrival[where], case.sides.get(record.topic, 0), source_topics.index(record.topic),
-                       record.partition, offsets[where]), record))
+        keyed.append(((arrival[where], case.sides.get(record.topic, 0), source_topics.index(record.topic), record.partition, offsets[where]), record))
         offsets[where] += 1
     return [record for _, record in sorted(keyed, key=lambda pair: pair[0])]
 

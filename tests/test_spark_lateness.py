@@ -8,6 +8,7 @@ count, both on three partitions, Spark running as two backfills so that state ca
 micro-batches; and an aggregation whose function appends to its accumulator in place, which
 must start from a fresh copy of ``initial=[]`` for every key on both runtimes.
 """
+
 from __future__ import annotations
 
 import collections
@@ -16,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from spark_parity import decoded, read_final_table, run_on_spark, run_on_workers
+from test_spark_examples import Record, create_topics, produce
 
 from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.broker import EmbeddedBroker
 from pystreams.worker.packing import partition_for_key
-from spark_parity import decoded, read_final_table, run_on_spark, run_on_workers
-from test_spark_examples import Record, create_topics, produce
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ PARTITIONS = 3
 MINUTE, GRACE = 60_000, 10_000
 BASE_MS = 1_700_000_000_000 - 1_700_000_000_000 % MINUTE
 
-APP = '''
+APP = """
 from pystreams import serdes
 from pystreams.app import App, SessionWindow, TumblingWindow
 
@@ -38,9 +39,9 @@ app = App("lateness")
 clicks = app.topic("clicks", value=serdes.Text())
 app.count(clicks, store="per-minute", window=TumblingWindow(size=60_000, grace=10_000)).to("per-minute")
 app.count(clicks, store="sessions", window=SessionWindow(gap=30_000, grace=10_000)).to("sessions")
-'''
+"""
 
-LISTS_APP = '''
+LISTS_APP = """
 from pystreams import serdes
 from pystreams.app import App
 
@@ -55,7 +56,7 @@ def seen(items, key, value):
 
 
 seen.to("seen")
-'''
+"""
 
 
 def clicks(count: int, seed: int = 14) -> list[Record]:
@@ -96,8 +97,9 @@ def kafka_streams_tumbling_counts(records: list[Record]) -> dict[tuple[str, int]
     return dict(counts)
 
 
-def run_both(spark: Any, tmp_path: Path, app_source: str, topics: dict[str, int], outputs: list[str],
-             phases: list[list[Record]]) -> dict[str, dict[str, dict[bytes | None, bytes]]]:
+def run_both(
+    spark: Any, tmp_path: Path, app_source: str, topics: dict[str, int], outputs: list[str], phases: list[list[Record]]
+) -> dict[str, dict[str, dict[bytes | None, bytes]]]:
     app_file = tmp_path / "app_under_test.py"
     app_file.write_text(app_source)
     tables: dict[str, dict[str, dict[bytes | None, bytes]]] = {}
@@ -105,8 +107,7 @@ def run_both(spark: Any, tmp_path: Path, app_source: str, topics: dict[str, int]
         for bootstrap in (workers_broker.bootstrap_servers, spark_broker.bootstrap_servers):
             create_topics(bootstrap, topics)
         total = produce(workers_broker.bootstrap_servers, [r for phase in phases for r in phase])
-        run_on_workers(load_app(str(app_file)), workers_broker.bootstrap_servers, tmp_path / "state",
-                       until_processed=total).close()
+        run_on_workers(load_app(str(app_file)), workers_broker.bootstrap_servers, tmp_path / "state", until_processed=total).close()
         tables["workers"] = {t: read_final_table(workers_broker.bootstrap_servers, t) for t in outputs}
         # One backfill per phase from one checkpoint: task state carries across micro-batches.
         for phase in phases:
@@ -137,9 +138,7 @@ def test_late_and_out_of_order_clicks_give_the_same_windows_on_both_runtimes(spa
     assert tables["spark"]["sessions"] == tables["workers"]["sessions"]
 
 
-def test_an_in_place_aggregator_starts_every_key_from_a_fresh_initial_on_both_runtimes(
-    spark: Any, tmp_path: Path
-) -> None:
+def test_an_in_place_aggregator_starts_every_key_from_a_fresh_initial_on_both_runtimes(spark: Any, tmp_path: Path) -> None:
     rng = random.Random(3)
     events = []
     for n in range(60):

@@ -2,6 +2,7 @@
 ``transformWithStateInPandas``: in a streaming query they fire without new records, reading
 the processor's store, and again in a streaming run after a backfill. (That a backfill of an
 app with them still ends is covered by the dedupe example in ``test_spark_examples``.)"""
+
 from __future__ import annotations
 
 import time
@@ -10,18 +11,17 @@ from typing import Any
 
 import pytest
 from kafka import KafkaProducer
+from spark_parity import decoded, read_final_table
+from test_spark_wordcount import WAIT_S
 
 from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
-from spark_parity import decoded, read_final_table
-
-from test_spark_wordcount import WAIT_S
 
 pytestmark = pytest.mark.integration
 
-TICKING_APP = '''
+TICKING_APP = """
 from datetime import timedelta
 
 from pystreams import serdes
@@ -47,7 +47,7 @@ class CountAndTick(Processor):
 
 
 app.processor(events, stores=[kv_store("counts", value=serdes.Int())], key_changing=False)(CountAndTick).to("out")
-'''
+"""
 
 
 def test_wall_clock_punctuations_fire_as_processing_time_timers(spark: Any, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ policies skip what a worker skips, and dead letters carry the worker's headers.
 Spark's operators run without Spark (``spark_emulation``); the worker side is the test driver
 (the worker's tasks). ``test_spark_command.py`` runs the same through ``pystreams spark``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,16 +15,16 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer
+from pystreams.topology.ir import ErrorPolicies
+from pystreams.topology.resolve import resolve
+from spark_emulation import InputRecord, SparkEmulator
 
 from pystreams import serdes
 from pystreams.app import App, Processor, TumblingWindow
 from pystreams.cluster import ClusterMetadata, TopicSpec
 from pystreams.spark import compile_topology
 from pystreams.testing import TopologyTestDriver
-from pystreams.topology.ir import ErrorPolicies
-from pystreams.topology.resolve import resolve
 from pystreams.worker.errors import RecordProcessingError
-from spark_emulation import InputRecord, SparkEmulator
 
 S = 1000
 BASE_MS = 1_700_000_040_000
@@ -63,8 +64,9 @@ def bad_records_app(**policies: Any) -> App:
 
     safe = numbers.map_values(checked, value=serdes.Int(), name="checked")
     safe.aggregate(add, initial=0, store="sums", name="sums").to("sums")
-    app.topic("win", value=serdes.Int()).aggregate(add_in_window, initial=0, store="per-minute", name="per_minute",
-                                                   window=TumblingWindow(size=60 * S)).to("per-minute")
+    app.topic("win", value=serdes.Int()).aggregate(add_in_window, initial=0, store="per-minute", name="per_minute", window=TumblingWindow(size=60 * S)).to(
+        "per-minute"
+    )
     procs = app.topic("proc", value=serdes.Int())
     app.processor(procs, key_changing=False, value=serdes.Int(), name="no_threes")(NoThrees).to("hundreds")
     return app
@@ -90,19 +92,22 @@ def pipe_all(driver: TopologyTestDriver, records: list[InputRecord]) -> None:
         topic.pipe_input(r.key, r.value, timestamp=r.timestamp, partition=r.partition)
 
 
-@pytest.mark.parametrize("bad", [
-    record(1, "a", b"xx", 0),  # deserialization, at the source
-    record(1, "a", 13, 0),  # the stateless step
-    record(1, "a", 5, 0),  # the aggregation (per key on Spark)
-    record(1, "a", 7, 0, "win"),  # the windowed aggregation (per task on Spark)
-    record(1, "a", 3, 0, "proc"),  # the processor (per task, from raw source rows)
-], ids=["deserialization", "stateless", "aggregation", "window", "processor"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        record(1, "a", b"xx", 0),  # deserialization, at the source
+        record(1, "a", 13, 0),  # the stateless step
+        record(1, "a", 5, 0),  # the aggregation (per key on Spark)
+        record(1, "a", 7, 0, "win"),  # the windowed aggregation (per task on Spark)
+        record(1, "a", 3, 0, "proc"),  # the processor (per task, from raw source rows)
+    ],
+    ids=["deserialization", "stateless", "aggregation", "window", "processor"],
+)
 def test_fail_stops_spark_with_the_failure_a_worker_reports(bad: InputRecord) -> None:
     good = record(1, "b", 1, 0, bad.topic)
     with pytest.raises(RecordProcessingError) as on_spark:
         emulator(bad_records_app()).run_batch([good, bad])
-    with TopologyTestDriver(bad_records_app(), partitions=TOPICS) as driver, \
-            pytest.raises(RecordProcessingError) as on_worker:
+    with TopologyTestDriver(bad_records_app(), partitions=TOPICS) as driver, pytest.raises(RecordProcessingError) as on_worker:
         pipe_all(driver, [good, bad])
     assert str(on_spark.value) == str(on_worker.value)
     assert f"on {bad.topic}-1@1 in node " in str(on_spark.value)  # topic-partition@offset and the node
@@ -113,10 +118,20 @@ def table(rows: list[tuple[bytes | None, bytes | None, int]]) -> dict[bytes | No
 
 
 RECORDS = [
-    record(0, "a", 1, 0), record(0, "b", 13, 1), record(0, "a", 5, 2), record(1, "c", b"xx", 3),
-    record(1, "c", 2, 6), record(0, "a", 4, 7),
-    record(0, "a", 1, 0, "win"), record(0, "a", 7, 1, "win"), record(1, "c", b"xx", 2, "win"), record(1, "c", 4, 3, "win"),
-    record(0, "a", 3, 0, "proc"), record(0, "a", 4, 1, "proc"), record(1, "c", b"x", 2, "proc"), record(1, "c", 3, 3, "proc"),
+    record(0, "a", 1, 0),
+    record(0, "b", 13, 1),
+    record(0, "a", 5, 2),
+    record(1, "c", b"xx", 3),
+    record(1, "c", 2, 6),
+    record(0, "a", 4, 7),
+    record(0, "a", 1, 0, "win"),
+    record(0, "a", 7, 1, "win"),
+    record(1, "c", b"xx", 2, "win"),
+    record(1, "c", 4, 3, "win"),
+    record(0, "a", 3, 0, "proc"),
+    record(0, "a", 4, 1, "proc"),
+    record(1, "c", b"x", 2, "proc"),
+    record(1, "c", 3, 3, "proc"),
 ]
 
 
@@ -139,12 +154,10 @@ def test_dead_letters_from_spark_carry_the_workers_headers(kafka_bootstrap: str,
     dead_letters = unique_topic("dlq")
     with ClusterMetadata(kafka_bootstrap) as cluster:
         cluster.ensure_topics([TopicSpec(dead_letters, 1)])
-    policies = {"deserialization_errors": "dead-letter", "processing_errors": "dead-letter",
-                "dead_letter_topic": dead_letters}
+    policies = {"deserialization_errors": "dead-letter", "processing_errors": "dead-letter", "dead_letter_topic": dead_letters}
     inputs = [record(0, "a", 1, 0), record(0, "b", 13, 1), record(1, "c", b"xx", 2)]
     emulator(bad_records_app(**policies), kafka_bootstrap).run_batch(inputs)
-    consumer = KafkaConsumer(dead_letters, bootstrap_servers=kafka_bootstrap, group_id=None,
-                             auto_offset_reset="earliest")
+    consumer = KafkaConsumer(dead_letters, bootstrap_servers=kafka_bootstrap, group_id=None, auto_offset_reset="earliest")
     letters: list[Any] = []
     deadline = time.monotonic() + 20
     try:
@@ -156,11 +169,9 @@ def test_dead_letters_from_spark_carry_the_workers_headers(kafka_bootstrap: str,
     on_spark = {(r.key, r.value, tuple(r.headers)) for r in letters}
     with TopologyTestDriver(bad_records_app(**policies), partitions=TOPICS) as driver:
         pipe_all(driver, inputs)
-        on_worker = {(r.key, r.value, tuple(r.headers))
-                     for r in driver.output_topic(dead_letters, key=serdes.Bytes(), value=serdes.Bytes()).read_records()}
+        on_worker = {(r.key, r.value, tuple(r.headers)) for r in driver.output_topic(dead_letters, key=serdes.Bytes(), value=serdes.Bytes()).read_records()}
     assert on_spark == on_worker
-    assert {(key, dict(headers)["pystreams.error.node"]) for key, _, headers in on_spark} == {
-        (b"b", b"checked"), (b"c", b"in")}
+    assert {(key, dict(headers)["pystreams.error.node"]) for key, _, headers in on_spark} == {(b"b", b"checked"), (b"c", b"in")}
 
 
 def test_a_sources_own_deserialization_policy_wins_over_the_apps_and_the_command_lines() -> None:
@@ -211,7 +222,6 @@ def test_a_data_loss_found_mid_query_is_said_whole() -> None:
     from pystreams.commands.spark import query_failure
     from pystreams.spark.source_offsets import DataLoss, DataLossError
 
-    error = DataLossError([DataLoss("lines", 0, "the recorded position 7 is beyond the end of the log (3)", 3)],
-                          "this query's checkpoint")
+    error = DataLossError([DataLoss("lines", 0, "the recorded position 7 is beyond the end of the log (3)", 3)], "this query's checkpoint")
     said = query_failure(f'Traceback:\n  File "x"\npystreams.spark.source_offsets.DataLossError: {error}\n\tat py4j.X')
     assert said == str(error)

@@ -2,6 +2,7 @@
 do not fit the cluster's logs (another cluster, a recreated topic, a position beyond a log's
 end or before its start) is data loss, which fails (failOnDataLoss) or, when allowed, resumes
 as Spark's own Kafka source would."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,7 @@ def test_a_recreated_topic_is_data_loss_even_when_the_offsets_fit() -> None:
         resume_positions(RECORDED, view(topic_ids={"lines": NEW_ID}), fail_on_data_loss=True, where="checkpoint ck")
     assert "--fail-on-data-loss false" in str(raised.value) and "--checkpoint" in str(raised.value)
     # Allowed to go on: a new topic, read from its beginning.
-    resumed = resume_positions(RECORDED, view(topic_ids={"lines": NEW_ID}, starts={"lines:0": 2, "lines:1": 0}),
-                               fail_on_data_loss=False, where="x")
+    resumed = resume_positions(RECORDED, view(topic_ids={"lines": NEW_ID}, starts={"lines:0": 2, "lines:1": 0}), fail_on_data_loss=False, where="x")
     assert resumed == {"lines:0": 2, "lines:1": 0}
 
 
@@ -93,8 +93,8 @@ def test_the_newest_offsets_of_each_query_are_read_from_the_checkpoint(tmp_path)
         offsets = tmp_path / "counts-to-word-counts" / "offsets"
         offsets.mkdir(parents=True, exist_ok=True)
         (offsets / str(batch)).write_text(
-            "v1\n" + json.dumps({"batchWatermarkMs": 0}) + "\n"
-            + json.dumps(SourceOffsets({"lines:0": position}, "c1", {"lines": OLD_ID}).to_json()) + "\n")
+            "v1\n" + json.dumps({"batchWatermarkMs": 0}) + "\n" + json.dumps(SourceOffsets({"lines:0": position}, "c1", {"lines": OLD_ID}).to_json()) + "\n"
+        )
     (tmp_path / "counts-to-word-counts" / "offsets" / ".1.crc").write_text("x")
     found = checkpoint_offsets(tmp_path)
     assert found == {"counts-to-word-counts (batch 1)": SourceOffsets({"lines:0": 7}, "c1", {"lines": OLD_ID})}

@@ -5,6 +5,7 @@ and apps Spark cannot run fail at compile time naming the node.
 Example topic names are fixed, so each test starts its own broker (they start in milliseconds);
 the Spark session (≈ 5 s to start) is shared by every Spark test module (``spark`` fixture).
 """
+
 from __future__ import annotations
 
 import collections
@@ -15,13 +16,13 @@ from typing import Any
 
 import pytest
 from kafka import KafkaProducer
+from spark_parity import decoded, read_final_table, run_on_workers
 
 from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
 from pystreams.spark import SparkCompileError, compile_topology
-from spark_parity import decoded, read_final_table, run_on_workers
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WAIT_S = 60.0
@@ -140,7 +141,7 @@ def test_every_example_compiles() -> None:
         assert {sink.topic for sink in plan.sinks} == set(topology.sink_topics), example.name
 
 
-WINDOWED_APP = '''
+WINDOWED_APP = """
 import pystreams as ps
 from pystreams.app import HoppingWindow, TumblingWindow
 
@@ -163,7 +164,7 @@ def bytes_5m(total, page, view):
 
 
 bytes_5m.to("bytes-5m")
-'''
+"""
 
 
 def read_windowed_table(bootstrap: str, topic: str) -> dict[tuple[str, int, int], int]:
@@ -189,9 +190,7 @@ def test_tumbling_and_hopping_aggregations_match_the_task_engine(spark: Any, tmp
     with EmbeddedBroker() as workers_broker, EmbeddedBroker() as spark_broker:
         for bootstrap in (workers_broker.bootstrap_servers, spark_broker.bootstrap_servers):
             with ClusterMetadata(bootstrap) as cluster:
-                cluster.ensure_topics(
-                    [TopicSpec("page-views", 2), TopicSpec("views-per-minute", 2), TopicSpec("bytes-5m", 2)]
-                )
+                cluster.ensure_topics([TopicSpec("page-views", 2), TopicSpec("views-per-minute", 2), TopicSpec("bytes-5m", 2)])
             producer = KafkaProducer(bootstrap_servers=bootstrap)
             for key, value, timestamp in events:
                 producer.send("page-views", key=key.encode(), value=json.dumps(value).encode(), timestamp_ms=timestamp)
@@ -230,7 +229,7 @@ def test_cli_once_backfills_and_exits(broker: str, tmp_path: Path) -> None:
     assert read_table(broker) == expected_counts(CORPUS[:25])
 
 
-CHAINED_AGGREGATIONS_APP = '''
+CHAINED_AGGREGATIONS_APP = """
 import pystreams as ps
 
 app = ps.App("chained")
@@ -251,12 +250,10 @@ def by_count(value, count):
 
 
 app.count(by_count, store="values-per-count", name="values-per-count").to("values-per-count")
-'''
+"""
 
 
-def test_cli_reports_unsupported_nodes_without_starting_spark(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_reports_unsupported_nodes_without_starting_spark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pystreams.cli import main
 
     app_file = tmp_path / "chained_app.py"

@@ -1,6 +1,6 @@
 """The record cache on its own: folding, least-recently-written eviction, size accounting."""
-import pytest
 
+import pytest
 from pystreams.state.cache import ABSENT, ENTRY_OVERHEAD_BYTES, CacheLimits, RecordCache
 
 

@@ -1,8 +1,8 @@
 """The checkpoint file: format, atomic replacement, rejection of untrustworthy contents."""
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from pystreams.state import CheckpointCorruptedError, TopicPartition, read_checkpoint, write_checkpoint
 
 offsets_strategy = st.dictionaries(
@@ -50,8 +50,7 @@ def test_stale_temporary_from_a_crash_is_ignored_and_overwritten(tmp_path):
         b"{}",
         b'{"version": 1}',
         b'{"version": 2, "offsets": []}',
-        b'{"version": 1, "offsets": [{"topic": "t", "partition": 0, "offset": 1}, '
-        b'{"topic": "t", "partition": 0, "offset": 2}]}',
+        b'{"version": 1, "offsets": [{"topic": "t", "partition": 0, "offset": 1}, {"topic": "t", "partition": 0, "offset": 2}]}',
         b'{"version": 1, "offsets": [{"topic": "", "partition": 0, "offset": 1}]}',
         b'{"version": 1, "offsets": [{"topic": "t", "partition": -1, "offset": 1}]}',
         b'{"version": 1, "offsets": [{"topic": "t", "partition": 0, "offset": "1"}]}',

@@ -1,6 +1,6 @@
 """Key-value store semantics, and the record cache folding writes between flushes."""
-import pytest
 
+import pytest
 from pystreams.state import (
     CacheLimits,
     ChangelogRecord,
@@ -58,7 +58,9 @@ def test_many_updates_of_one_key_become_one_changelog_record_and_one_forward(sto
     store.put(b"other", b"x")
     store.flush()
     assert [(r.key, r.value) for r in changelog.records(CHANGELOG)] == [
-        (b"word", b"999"), (b"word", b"4"), (b"other", b"x"),
+        (b"word", b"999"),
+        (b"word", b"4"),
+        (b"other", b"x"),
     ]
     assert len(forwarded) == 3
 
@@ -115,7 +117,9 @@ def test_range_is_inclusive_and_merges_cache_over_rocksdb(store):
     store.put(b"bb", b"cached-bb")  # only in the cache
     store.put(b"f", b"cached-f")
     assert list(store.range(b"b", b"d")) == [
-        (b"b", b"cached-b"), (b"bb", b"cached-bb"), (b"d", b"stored-d"),
+        (b"b", b"cached-b"),
+        (b"bb", b"cached-bb"),
+        (b"d", b"stored-d"),
     ]
     assert [key for key, _ in store.range(None, b"bb")] == [b"a", b"b", b"bb"]
     assert [key for key, _ in store.range(b"d", None)] == [b"d", b"e", b"f"]
@@ -143,9 +147,7 @@ def test_approximate_count_counts_flushed_and_cached(store):
 
 def test_eviction_writes_out_the_oldest_entries_through_changelog_and_forward(task, changelog):
     forwarded = []
-    store = task.key_value_store(
-        "counts", cache_limits=CacheLimits(max_entries=10, evict_to_fraction=0.5), forward=forwarded.extend
-    )
+    store = task.key_value_store("counts", cache_limits=CacheLimits(max_entries=10, evict_to_fraction=0.5), forward=forwarded.extend)
     for index in range(10):
         store.put(b"k%d" % index, b"v")
     store.put(b"k0", b"v2")  # rewriting k0 makes it the youngest entry

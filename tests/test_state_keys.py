@@ -1,7 +1,7 @@
 """Window and session key layouts: order-preserving, prefix-free, reversible."""
+
 from hypothesis import given
 from hypothesis import strategies as st
-
 from pystreams.state import keys
 
 timestamps = st.integers(min_value=keys.MIN_TIMESTAMP, max_value=keys.MAX_TIMESTAMP)

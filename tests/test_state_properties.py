@@ -1,11 +1,11 @@
 """Properties: a store always reads like a plain model of its writes, and its changelog,
 replayed into an empty store, reproduces it exactly — whatever the flush points and however
 small the cache."""
+
 import tempfile
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from pystreams.state import CacheLimits, InMemoryChangelog, TaskState
 
 KEYS = st.sampled_from([b"", b"a", b"a\x00", b"ab", b"b", b"\xff", b"\x00"])
@@ -159,11 +159,7 @@ def test_session_store_finds_what_its_model_finds_and_replays_exactly(operations
                         model[(key, start, end)] = value
                 live = {k: v for k, v in model.items() if k[2] > observed - RETENTION}
                 expected = sorted(
-                    (
-                        (k, s, e, v)
-                        for (k, s, e), v in live.items()
-                        if k == b"a" and e >= earliest_end and s <= latest_start
-                    ),
+                    ((k, s, e, v) for (k, s, e), v in live.items() if k == b"a" and e >= earliest_end and s <= latest_start),
                     key=lambda session: (session[2], session[1]),
                 )
                 assert [tuple(s) for s in store.find_sessions(b"a", earliest_end, latest_start)] == expected

@@ -1,6 +1,6 @@
 """Session store: finding mergeable sessions, removal, retention on session end."""
-import pytest
 
+import pytest
 from pystreams.state import InMemoryChangelog, Session, SessionChange, TaskState, TopicPartition
 from pystreams.state.keys import session_key
 
@@ -59,10 +59,13 @@ def test_merging_removes_old_sessions_with_tombstones(store, changelog, forwarde
     store.flush()
     assert list(store.fetch(b"k")) == [Session(b"k", 0, 30, b"merged")]
     assert [(r.key, r.value) for r in changelog.records(CHANGELOG)[2:]] == [
-        (session_key(b"k", 0, 10), None), (session_key(b"k", 20, 30), None), (session_key(b"k", 0, 30), b"merged"),
+        (session_key(b"k", 0, 10), None),
+        (session_key(b"k", 20, 30), None),
+        (session_key(b"k", 0, 30), b"merged"),
     ]
     assert forwarded[2:] == [
-        SessionChange(b"k", 0, 10, None, None), SessionChange(b"k", 20, 30, None, None),
+        SessionChange(b"k", 0, 10, None, None),
+        SessionChange(b"k", 20, 30, None, None),
         SessionChange(b"k", 0, 30, b"merged", None),
     ]
 
@@ -79,7 +82,8 @@ def test_retention_is_on_session_end(store):
     store.flush()
     assert [s.value for s in store.all()] == [b"new", b"newer"]
     assert list(store.find_sessions_in_key_range(b"a", b"z", 0, 20_000)) == [
-        Session(b"j", 10_050, 10_050, b"new"), Session(b"j", 10_200, 15_000, b"newer"),
+        Session(b"j", 10_050, 10_050, b"new"),
+        Session(b"j", 10_200, 15_000, b"newer"),
     ]
 
 

@@ -1,11 +1,11 @@
 """Task state: checkpoints, restore from the changelog, wiping untrustworthy state, the lock."""
+
 import json
 import subprocess
 import sys
 import textwrap
 
 import pytest
-
 from pystreams.state import (
     InMemoryChangelog,
     StateError,
@@ -338,9 +338,7 @@ def test_local_task_offsets_are_read_from_checkpoints(tmp_path):
     run_active(tmp_path, changelog, rounds=1)
     other = TaskState(tmp_path, APP, "0_0", 0, changelog)
     other.close()  # no stores: an empty checkpoint
-    assert read_local_task_offsets(tmp_path, APP) == {
-        TASK: {COUNTS: changelog.end_offset(COUNTS), WINDOWS: changelog.end_offset(WINDOWS)}
-    }
+    assert read_local_task_offsets(tmp_path, APP) == {TASK: {COUNTS: changelog.end_offset(COUNTS), WINDOWS: changelog.end_offset(WINDOWS)}}
     assert read_local_task_offsets(tmp_path, "other-app") == {}
 
 
@@ -387,9 +385,7 @@ os._exit(0)  # crash: no close, no final checkpoint, nothing flushed to disk by 
 
 def test_a_crash_right_after_a_checkpoint_loses_nothing_the_checkpoint_covers(tmp_path):
     # The WAL is off, so this holds only because checkpoint() persists memtables first.
-    result = subprocess.run(
-        [sys.executable, "-c", CRASHING_WORKER, str(tmp_path), "0"], capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run([sys.executable, "-c", CRASHING_WORKER, str(tmp_path), "0"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     changelog = InMemoryChangelog()  # empty: nothing may need restoring
     state = TaskState(tmp_path, APP, TASK, PARTITION, changelog)
@@ -402,9 +398,7 @@ def test_a_crash_right_after_a_checkpoint_loses_nothing_the_checkpoint_covers(tm
 
 
 def test_a_crash_after_more_writes_restores_the_tail_from_the_checkpoint(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-c", CRASHING_WORKER, str(tmp_path), "100"], capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run([sys.executable, "-c", CRASHING_WORKER, str(tmp_path), "100"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     changelog = InMemoryChangelog()
     for index in range(500):  # what the crashed worker's changelog holds

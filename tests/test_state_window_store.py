@@ -1,6 +1,6 @@
 """Window store: fetches by key and time, retention, time-ordered scans, folding."""
-import pytest
 
+import pytest
 from pystreams.state import InMemoryChangelog, TaskState, TopicPartition, WindowChange, WindowedValue
 from pystreams.state.keys import MAX_TIMESTAMP, MIN_TIMESTAMP, window_key
 
@@ -37,7 +37,10 @@ def test_get_and_fetch_with_inclusive_time_bounds(store):
     assert list(store.fetch(b"k", 100, 200)) == [(100, b"v100"), (200, b"v200")]
     assert list(store.fetch(b"k", 101, 199)) == []
     assert list(store.fetch(b"k", MIN_TIMESTAMP, MAX_TIMESTAMP)) == [
-        (0, b"v0"), (100, b"v100"), (200, b"v200"), (300, b"v300"),
+        (0, b"v0"),
+        (100, b"v100"),
+        (200, b"v200"),
+        (300, b"v300"),
     ]
     assert list(store.fetch(b"k", 300, 100)) == []
 
@@ -75,13 +78,20 @@ def test_fetch_key_range_and_fetch_all(store):
     store.put(b"c", 200, b"c200")
     store.put(b"a", 100, b"a100")
     assert list(store.fetch_all(100, 200)) == [
-        WindowedValue(b"a", 100, b"a100"), WindowedValue(b"b", 100, b"b100"), WindowedValue(b"c", 200, b"c200"),
+        WindowedValue(b"a", 100, b"a100"),
+        WindowedValue(b"b", 100, b"b100"),
+        WindowedValue(b"c", 200, b"c200"),
     ]
     assert [(w.key, w.window_start) for w in store.fetch_all(MIN_TIMESTAMP, MAX_TIMESTAMP)] == [
-        (b"a", 100), (b"b", 100), (b"c", 200), (b"a", 300),
+        (b"a", 100),
+        (b"b", 100),
+        (b"c", 200),
+        (b"a", 300),
     ]
     assert [(w.key, w.window_start) for w in store.fetch_key_range(b"a", b"b", 0, 1000)] == [
-        (b"a", 100), (b"a", 300), (b"b", 100),
+        (b"a", 100),
+        (b"a", 300),
+        (b"b", 100),
     ]
 
 
@@ -109,7 +119,8 @@ def test_flush_folds_per_window_and_forwards(store, changelog, forwarded):
     store.put(b"k", 100, None)
     store.flush()
     assert [(r.key, r.value) for r in changelog.records(CHANGELOG)] == [
-        (window_key(b"k", 0), b"9"), (window_key(b"k", 100), None),
+        (window_key(b"k", 0), b"9"),
+        (window_key(b"k", 100), None),
     ]
     assert forwarded == [WindowChange(b"k", 0, b"9", None), WindowChange(b"k", 100, None, None)]
 
@@ -146,9 +157,7 @@ def test_restore_rebuilds_identical_windows_and_applies_retention(tmp_path):
         store = state.window_store("windows", retention_ms=1_000)
         state.restore(changelog)
         assert list(store.all()) == expected
-        assert list(store.fetch_all(MIN_TIMESTAMP, MAX_TIMESTAMP)) == sorted(
-            expected, key=lambda w: (w.window_start, w.key)
-        )
+        assert list(store.fetch_all(MIN_TIMESTAMP, MAX_TIMESTAMP)) == sorted(expected, key=lambda w: (w.window_start, w.key))
 
 
 def test_retention_boundary_is_observed_time_minus_retention_plus_one(store):

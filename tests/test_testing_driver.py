@@ -1,16 +1,17 @@
 """The test driver itself: topics, clocks, partitions, stores and errors, as a user meets them."""
+
 from __future__ import annotations
 
 import os
 from typing import Any
 
 import pytest
+from pystreams.topology.errors import MissingSourceError
+from pystreams.topology.windows import Windowed
 
 from pystreams import serdes
 from pystreams.app import App, TumblingWindow
 from pystreams.testing import TestRecord, TopologyTestDriver
-from pystreams.topology.errors import MissingSourceError
-from pystreams.topology.windows import Windowed
 from pystreams.worker import RecordProcessingError
 from pystreams.worker.packing import partition_for_key
 

@@ -114,9 +114,7 @@ def _wordish(app: App):
 def test_value_only_steps_need_no_repartition():
     app = App("a")
     source = app.topic("in")
-    source.map_values(lambda k, v: v, name="clean").map(lambda k, v: (k, v), key_changing=False, name="same").count(
-        store="n"
-    )
+    source.map_values(lambda k, v: v, name="clean").map(lambda k, v: (k, v), key_changing=False, name="same").count(store="n")
     topology = app.topology()
     assert len(topology.subtopologies) == 1 and topology.repartition_topics == ()
 
@@ -222,7 +220,7 @@ def test_missing_sources_are_rejected_naming_the_nodes():
     with pytest.raises(MissingSourceError, match="no source"):
         build("a", [], [])
     orders = App("b")
-    orders.join(orders.topic("orders"), orders.table("customers"), name="j")(lambda k, l, r: l)
+    orders.join(orders.topic("orders"), orders.table("customers"), name="j")(lambda k, left, right: left)
     without_table = [n for n in orders._nodes.values() if n.name != "customers"]
     with pytest.raises(MissingSourceError, match="join 'j' reads table 'customers', which is not declared"):
         build("b", without_table, [])

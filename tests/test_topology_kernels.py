@@ -1,10 +1,10 @@
 """The per-kind rules both runtimes share (``pystreams.topology.kernels``), on plain values."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-
 from pystreams.topology.ir import JoinHow, JoinSide, Punctuation, PunctuationType, TaskId
 from pystreams.topology.kernels import (
     Aggregator,
@@ -92,15 +92,26 @@ def test_session_lookup_covers_the_gap_on_both_sides() -> None:
 
 def test_a_record_bridging_two_sessions_merges_them_in_end_order_then_aggregates() -> None:
     merged = merge_into_session(
-        [(0, 10, "a"), (20, 30, "b")], "k", "c", 15,
-        close_time=0, aggregate=lambda total, key, value: total + value,
-        merge=lambda key, left, right: left + right, new_initial=lambda: "",
+        [(0, 10, "a"), (20, 30, "b")],
+        "k",
+        "c",
+        15,
+        close_time=0,
+        aggregate=lambda total, key, value: total + value,
+        merge=lambda key, left, right: left + right,
+        new_initial=lambda: "",
     )
     assert merged == (0, 30, "abc")
     # A reduce starts from the oldest session instead of an initial value.
     reduced = merge_into_session(
-        [(0, 10, "a")], "k", "c", 12, close_time=0,
-        aggregate=lambda total, key, value: total + value, merge=lambda key, left, right: left + right, new_initial=None,
+        [(0, 10, "a")],
+        "k",
+        "c",
+        12,
+        close_time=0,
+        aggregate=lambda total, key, value: total + value,
+        merge=lambda key, left, right: left + right,
+        new_initial=None,
     )
     assert reduced == (0, 12, "ac")
     assert merge_into_session([], "k", "c", 5, close_time=0, aggregate=None, merge=None, new_initial=None) == (5, 5, "c")
@@ -110,8 +121,12 @@ def test_a_late_session_is_dropped_and_an_initial_of_none_is_still_aggregated() 
     def count(total: Any, key: Any, value: Any) -> int:
         return (total or 0) + 1
 
-    assert merge_into_session([(0, 10, 1)], "k", "x", 12, close_time=13, aggregate=count,
-                              merge=lambda key, left, right: (left or 0) + right, new_initial=lambda: None) is None
+    assert (
+        merge_into_session(
+            [(0, 10, 1)], "k", "x", 12, close_time=13, aggregate=count, merge=lambda key, left, right: (left or 0) + right, new_initial=lambda: None
+        )
+        is None
+    )
     # An initializer may return None: the record is aggregated into it, not taken as is.
     assert merge_into_session([], "k", "x", 5, close_time=0, aggregate=count, merge=None, new_initial=lambda: None) == (5, 5, 1)
 

@@ -1,4 +1,5 @@
 """The poll batch shrinks when records are expensive and grows back when they are cheap."""
+
 from __future__ import annotations
 
 import pytest

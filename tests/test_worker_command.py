@@ -1,5 +1,6 @@
 """``pystreams worker`` refuses bad high-availability settings with the reason, before it
 connects to anything."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,9 +25,7 @@ def test_a_negative_standby_count_is_a_usage_error(capsys: pytest.CaptureFixture
     assert "must be >= 0: -1" in capsys.readouterr().err
 
 
-def test_bad_client_tags_in_the_environment_name_the_variable(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_bad_client_tags_in_the_environment_name_the_variable(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PYSTREAMS_CLIENT_TAGS", "zone=a,rack")
     assert worker.main([APP, *REQUIRED]) == 2
     assert "PYSTREAMS_CLIENT_TAGS: expected KEY=VALUE, got 'rack'" in capsys.readouterr().err

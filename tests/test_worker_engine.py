@@ -3,6 +3,7 @@
 Each test owns one example app; example topic names are fixed, and the embedded broker lives
 for the session, so every example is used by exactly one test here. A dict stands in for our
 coordinator's committed offsets (OffsetFetch / OffsetCommit)."""
+
 from __future__ import annotations
 
 import collections
@@ -15,12 +16,12 @@ import msgspec
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
+from pystreams.state import RestoreProgress, TopicPartition
+from pystreams.topology.windows import Windowed
 
 from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.cluster import ClusterMetadata, TopicSpec
-from pystreams.state import RestoreProgress, TopicPartition
-from pystreams.topology.windows import Windowed
 from pystreams.worker import (
     EngineConfig,
     ErrorPolicy,
@@ -132,9 +133,7 @@ def expected_counts(lines: Iterable[str]) -> collections.Counter[str]:
     return collections.Counter(word for line in lines for word in line.lower().split())
 
 
-def test_wordcount_counts_exactly_survives_restart_and_rebuilds_from_changelog(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
+def test_wordcount_counts_exactly_survives_restart_and_rebuilds_from_changelog(kafka_bootstrap: str, tmp_path: Path) -> None:
     create_topics(kafka_bootstrap, TopicSpec("text-lines", 3), TopicSpec("word-counts", 3))
     produce(kafka_bootstrap, "text-lines", ((str(i).encode(), line.encode(), None) for i, line in enumerate(CORPUS)))
     offsets = OffsetStore()
@@ -158,11 +157,7 @@ def test_wordcount_counts_exactly_survives_restart_and_rebuilds_from_changelog(
     # its records are packed, so every entry of every record is checked.
     from kafka.partitioner.default import murmur2
 
-    repartitioned = [
-        (record.partition, key)
-        for record in read_all(kafka_bootstrap, "wordcount-words-repartition")
-        for key, _, _ in unpack(record)
-    ]
+    repartitioned = [(record.partition, key) for record in read_all(kafka_bootstrap, "wordcount-words-repartition") for key, _, _ in unpack(record)]
     assert len(repartitioned) == words_total
     assert all(partition == (murmur2(key) & 0x7FFFFFFF) % 3 for partition, key in repartitioned)
     # The output was folded by the cache: far fewer updates than words.
@@ -236,18 +231,14 @@ def sequence_app() -> Any:
     return app
 
 
-def test_packed_repartition_records_keep_per_key_order_and_are_not_recounted_after_restart(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
+def test_packed_repartition_records_keep_per_key_order_and_are_not_recounted_after_restart(kafka_bootstrap: str, tmp_path: Path) -> None:
     # Two input partitions size the repartition topic at two; one key puts every line on one of
     # them, so each word's indices reach the repartition sink in order.
     create_topics(kafka_bootstrap, TopicSpec("packing-lines", 2), TopicSpec("packing-sequences", 2))
     keys = [f"key{k}" for k in range(12)]
     per_line = 6
     # Line i holds indices i*6 .. i*6+5, spread over the keys: every key gets increasing indices.
-    lines = [
-        " ".join(f"{keys[n % len(keys)]}:{n}" for n in range(i * per_line, (i + 1) * per_line)) for i in range(50)
-    ]
+    lines = [" ".join(f"{keys[n % len(keys)]}:{n}" for n in range(i * per_line, (i + 1) * per_line)) for i in range(50)]
     produce(kafka_bootstrap, "packing-lines", ((b"same", line.encode(), None) for line in lines))
     expected = {key: [str(n) for n in range(len(lines) * per_line) if keys[n % len(keys)] == key] for key in keys}
     offsets = OffsetStore()
@@ -279,9 +270,7 @@ def test_packed_repartition_records_keep_per_key_order_and_are_not_recounted_aft
     from kafka.partitioner.default import murmur2
 
     packed = read_all(kafka_bootstrap, "packing-tokens-repartition")
-    entries = [
-        (record.partition, key.decode(), value.decode()) for record in packed for key, value, _ in unpack(record)
-    ]
+    entries = [(record.partition, key.decode(), value.decode()) for record in packed for key, value, _ in unpack(record)]
     assert len(entries) == tokens_total
     assert len(packed) < tokens_total
     assert any(len({key for key, _, _ in unpack(record)}) > 1 for record in packed)
@@ -451,9 +440,7 @@ def test_orders_enriched_by_table_join_and_paid_by_windowed_join(kafka_bootstrap
 # -- low-level processor ------------------------------------------------------------------------
 
 
-def test_dedupe_processor_forwards_first_sightings_and_its_punctuation_forgets_old_ids(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
+def test_dedupe_processor_forwards_first_sightings_and_its_punctuation_forgets_old_ids(kafka_bootstrap: str, tmp_path: Path) -> None:
     create_topics(kafka_bootstrap, TopicSpec("events", 1), TopicSpec("events-unique", 1))
     t0, second, hour = 1_700_000_000_000, 1000, 3_600_000
     events = [
@@ -476,10 +463,7 @@ def test_dedupe_processor_forwards_first_sightings_and_its_punctuation_forgets_o
         assert engine.store_contents("seen-ids") == {"e1": t0 + 2 * hour, "e4": t0 + 2 * hour + 5 * second}
     finally:
         engine.close()
-    unique = [
-        (r.key.decode(), msgspec.json.decode(r.value)["n"], r.timestamp)
-        for r in read_all(kafka_bootstrap, "events-unique")
-    ]
+    unique = [(r.key.decode(), msgspec.json.decode(r.value)["n"], r.timestamp) for r in read_all(kafka_bootstrap, "events-unique")]
     assert unique == [
         ("e1", 0, t0),
         ("e2", 1, t0 + second),
@@ -564,9 +548,7 @@ def test_error_policies_name_topic_partition_offset_and_reason(
         assert b"unlucky number" in headers["pystreams.error.reason"]
 
 
-def test_revoked_task_commits_and_a_new_owner_continues_where_it_stopped(
-    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
-) -> None:
+def test_revoked_task_commits_and_a_new_owner_continues_where_it_stopped(kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]) -> None:
     source, sink = unique_topic("numbers"), unique_topic("doubled")
     create_topics(kafka_bootstrap, TopicSpec(source, 2), TopicSpec(sink, 1))
     app = _doubling_app("revoke_test", source, sink)
@@ -601,9 +583,7 @@ def test_revoked_task_commits_and_a_new_owner_continues_where_it_stopped(
     assert out == [2 * (100 + i) for i in range(30)]  # each exactly once
 
 
-def test_lost_tasks_are_dropped_uncommitted_and_rebuilt_from_the_changelog(
-    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
-) -> None:
+def test_lost_tasks_are_dropped_uncommitted_and_rebuilt_from_the_changelog(kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]) -> None:
     from pystreams.app import App
 
     source, sink = unique_topic("keys"), unique_topic("counts")
@@ -612,8 +592,7 @@ def test_lost_tasks_are_dropped_uncommitted_and_rebuilt_from_the_changelog(
     app.count(app.topic(source), store="per-key").to(sink)
     resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
     offsets = OffsetStore()
-    engine = TaskEngine(resolved, EngineConfig(kafka_bootstrap, tmp_path / "state"),
-                        committed_offsets=offsets.fetch, commit_offsets=offsets.commit)
+    engine = TaskEngine(resolved, EngineConfig(kafka_bootstrap, tmp_path / "state"), committed_offsets=offsets.fetch, commit_offsets=offsets.commit)
     engine.start()
     try:
         engine.add_tasks(resolved.tasks)
@@ -638,9 +617,7 @@ def test_lost_tasks_are_dropped_uncommitted_and_rebuilt_from_the_changelog(
     assert latest_by_key(read_all(kafka_bootstrap, sink), serdes.Text(), serdes.Int()) == {"k": 5}
 
 
-def test_wall_clock_punctuation_fires_without_records(
-    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
-) -> None:
+def test_wall_clock_punctuation_fires_without_records(kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]) -> None:
     from pystreams.app import App, Processor, PunctuationType, punctuate
 
     source, sink = unique_topic("in"), unique_topic("ticks")

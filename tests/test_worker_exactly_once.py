@@ -8,6 +8,7 @@ coordinator and ``pystreams worker`` processes running a word count, hurt on pur
 * A zombie: a worker paused (SIGSTOP) past its session while its tasks move on, then resumed,
   cannot make any of its writes visible.
 """
+
 from __future__ import annotations
 
 import collections
@@ -36,7 +37,7 @@ _LONG = struct.Struct(">q")
 EXACTLY_ONCE = ("--processing-guarantee", "exactly_once_v2", "--commit-interval-ms", "100")
 AT_LEAST_ONCE = ("--processing-guarantee", "at_least_once", "--commit-interval-ms", "1000")
 
-APP_TEMPLATE = '''
+APP_TEMPLATE = """
 import pystreams as ps
 
 app = ps.App({app_id!r})
@@ -55,7 +56,7 @@ def counts(total, key, value):
 
 
 counts.to({sink!r})
-'''
+"""
 
 
 class WordCountApp:
@@ -73,10 +74,15 @@ class CountSequences:
     every count each word took, in order."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self._consumer = CommittedConsumer(KafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-            isolation_level="read_committed",
-        ))
+        self._consumer = CommittedConsumer(
+            KafkaConsumer(
+                bootstrap_servers=bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                isolation_level="read_committed",
+            )
+        )
         self._bootstrap, self._topic = bootstrap, topic
         self._assigned = False
         self.sequences: dict[str, list[int]] = collections.defaultdict(list)
@@ -237,8 +243,10 @@ def test_at_least_once_loses_nothing_under_the_same_kills_and_reports_its_over_c
     finally:
         reader.close()
     # What exactly-once exists to prevent, as seen in this run (it may also be nothing).
-    print(f"at-least-once under {6} worker kills and a coordinator kill: {len(over)} of {len(expected)} words "
-          f"over-counted by {sum(over.values())} in total; {len(repeats)} words' counts repeated or went back")
+    print(
+        f"at-least-once under {6} worker kills and a coordinator kill: {len(over)} of {len(expected)} words "
+        f"over-counted by {sum(over.values())} in total; {len(repeats)} words' counts repeated or went back"
+    )
 
 
 def test_a_zombie_resumed_after_its_tasks_moved_cannot_make_its_writes_visible(cluster: Cluster, app: WordCountApp, workers: Workers) -> None:
@@ -259,8 +267,13 @@ def test_a_zombie_resumed_after_its_tasks_moved_cannot_make_its_writes_visible(c
         workers.start(*EXACTLY_ONCE)
         wait_for(lambda: "started tasks" in workers.log(2), 60, "the replacement to start tasks")
         zombie.send_signal(signal.SIGCONT)
-        wait_for(lambda: "asking the group what this member owns now" in workers.log(0)[zombie_log_at_pause:]
-                 or "lost tasks" in workers.log(0)[zombie_log_at_pause:], 60, "the zombie to find out")
+        wait_for(
+            lambda: (
+                "asking the group what this member owns now" in workers.log(0)[zombie_log_at_pause:] or "lost tasks" in workers.log(0)[zombie_log_at_pause:]
+            ),
+            60,
+            "the zombie to find out",
+        )
         feed.join()
         counts = read_until(reader, expected)
         assert counts == expected, f"counts differ (got, expected): {_diff(counts, expected)}\n" + workers.log_tails()
@@ -270,7 +283,6 @@ def test_a_zombie_resumed_after_its_tasks_moved_cannot_make_its_writes_visible(c
     after_resume = workers.log(0)[zombie_log_at_pause:]
     assert "Traceback" not in after_resume, after_resume[-4000:]
     assert zombie.poll() is None, "the zombie should recover and stay in the group, not die"
-
 
 
 def test_standbys_and_interactive_queries_keep_working_under_exactly_once(cluster: Cluster, app: WordCountApp, workers: Workers) -> None:

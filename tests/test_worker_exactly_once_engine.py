@@ -3,6 +3,7 @@
 mid-transaction is left running, unclosed, like a zombie; a second engine with another
 transactional id takes its tasks over, must fence it, and the output read ``read_committed``
 must count every word exactly once, each word's counts only going up."""
+
 from __future__ import annotations
 
 import collections
@@ -18,13 +19,13 @@ import pytest
 from conftest import KafkaUnderTest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
+from pystreams.state import TopicPartition
+from pystreams.topology.ir import TaskId
 
 from pystreams import serdes
 from pystreams.app import App
 from pystreams.cluster import ClusterMetadata, TopicSpec
 from pystreams.guarantee import ProcessingGuarantee
-from pystreams.state import TopicPartition
-from pystreams.topology.ir import TaskId
 from pystreams.worker import EngineConfig, TaskEngine, resolve_against_cluster
 from pystreams.worker.commits import TaskMigratedError
 from pystreams.worker.committed_consumer import CommittedConsumer
@@ -72,8 +73,9 @@ def read_committed(bootstrap: str, topic: str) -> list[Any]:
     """Every committed record of ``topic`` (read_committed + the transaction filter, to the
     end: no record held for a marker)."""
     ends_reader = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
-    consumer = CommittedConsumer(KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed",
-                                               enable_auto_commit=False, auto_offset_reset="earliest"))
+    consumer = CommittedConsumer(
+        KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, isolation_level="read_committed", enable_auto_commit=False, auto_offset_reset="earliest")
+    )
     try:
         partitions = [KafkaTopicPartition(topic, p) for p in sorted(ends_reader.partitions_for_topic(topic) or ())]
         ends = ends_reader.end_offsets(partitions)
@@ -109,10 +111,17 @@ def fresh_wordcount(bootstrap: str, label: str) -> tuple[App, str, str]:
 
 def engine_for(app: App, bootstrap: str, state_dir: Path, name: str) -> TaskEngine:
     resolved = resolve_against_cluster(app.topology(), bootstrap)
-    engine = TaskEngine(resolved, EngineConfig(
-        bootstrap, state_dir, client_id=name, commit_interval_ms=100,
-        processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE_V2, transactional_id=f"{app.app_id}-{name}",
-    ))
+    engine = TaskEngine(
+        resolved,
+        EngineConfig(
+            bootstrap,
+            state_dir,
+            client_id=name,
+            commit_interval_ms=100,
+            processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE_V2,
+            transactional_id=f"{app.app_id}-{name}",
+        ),
+    )
     engine.start()
     engine.add_tasks(resolved.tasks)
     return engine
@@ -200,7 +209,9 @@ def _transactional_producer(bootstrap: str, transactional_id: str) -> KafkaProdu
     return producer
 
 
-def _write_positions(producer: KafkaProducer, topic: str, records: list[tuple[TaskId, PositionKind, str, dict[TopicPartition, int]]], *, commit: bool = True) -> None:
+def _write_positions(
+    producer: KafkaProducer, topic: str, records: list[tuple[TaskId, PositionKind, str, dict[TopicPartition, int]]], *, commit: bool = True
+) -> None:
     producer.begin_transaction()
     for task_id, kind, writer, offsets in records:
         key, value = encode_position(task_id, kind, writer, offsets)
@@ -212,7 +223,9 @@ def _write_positions(producer: KafkaProducer, topic: str, records: list[tuple[Ta
 
 @pytest.mark.parametrize("previous_owner_ended", ["released", "crashed"])
 def test_a_takeover_sees_positions_committed_behind_another_tasks_open_transaction(
-    any_kafka: KafkaUnderTest, unique_topic: Any, previous_owner_ended: str,
+    any_kafka: KafkaUnderTest,
+    unique_topic: Any,
+    previous_owner_ended: str,
 ) -> None:
     """Tasks 0_0 and 1_0 share positions partition 0. The owner of 0_0 died with a transaction
     open that holds a position record of 0_0; 1_0's owner committed positions after it. Whoever
@@ -242,7 +255,9 @@ def test_a_takeover_sees_positions_committed_behind_another_tasks_open_transacti
 
     reader = PositionReader(
         KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"),
-        topic, fence=fence, timeout_s=WAIT_S,
+        topic,
+        fence=fence,
+        timeout_s=WAIT_S,
     )
     try:
         plans = reader.takeover([counting], me=f"new-{run}")
@@ -275,7 +290,9 @@ def test_a_writer_fenced_once_is_fenced_again_when_its_transactional_id_comes_ba
 
     reader = PositionReader(
         KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"),
-        topic, fence=fence, timeout_s=15.0,
+        topic,
+        fence=fence,
+        timeout_s=15.0,
     )
     second = None
     try:

@@ -6,6 +6,7 @@ so another worker takes them over long before the session timeout would have; it
 says what it really processed. The error policies (``--deserialization-errors``,
 ``--processing-errors``, ``--dead-letter-topic``) decide what a bad record does.
 """
+
 from __future__ import annotations
 
 import re
@@ -34,8 +35,7 @@ SESSION_TIMEOUT_MS = 60_000
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    running = Cluster(tmp_path, group_args=("--heartbeat-interval-ms", "300", "--session-timeout-ms",
-                                            str(SESSION_TIMEOUT_MS), "--metadata-refresh-ms", "500"))
+    running = Cluster(tmp_path, group_args=("--heartbeat-interval-ms", "300", "--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--metadata-refresh-ms", "500"))
     try:
         ensure_input_topics(running.bootstrap, ["events"], partitions=PARTITIONS)
         yield running
@@ -62,8 +62,7 @@ class Counts:
     """The latest count per user in ``event-counts``."""
 
     def __init__(self, bootstrap: str) -> None:
-        self._consumer = KafkaConsumer("event-counts", bootstrap_servers=bootstrap, group_id=None,
-                                       auto_offset_reset="earliest")
+        self._consumer = KafkaConsumer("event-counts", bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
         self.latest: dict[str, int] = {}
 
     def read(self) -> dict[str, int]:
@@ -122,9 +121,7 @@ def dead_letters(bootstrap: str, topic: str, expected: int, timeout_s: float = 2
 
 
 @pytest.mark.parametrize("policy", ["fail", "log-and-continue", "dead-letter"])
-def test_a_value_that_is_not_json_does_what_the_deserialization_policy_says(
-    cluster: Cluster, workers: Workers, policy: str
-) -> None:
+def test_a_value_that_is_not_json_does_what_the_deserialization_policy_says(cluster: Cluster, workers: Workers, policy: str) -> None:
     from pystreams.cluster import ClusterMetadata, TopicSpec
 
     extra = ["--deserialization-errors", policy]
@@ -151,25 +148,21 @@ def test_a_value_that_is_not_json_does_what_the_deserialization_policy_says(
         wait_for(lambda: {"ann", "cid"} <= set(counts.read()), 30, "the good records to be counted")
         assert "bad" not in counts.read() and worker.poll() is None
         log = workers.log(0)
-        assert f"deserialization error on events-1@1 in node 'events'" in log and f"(skipped: {policy})" in log
+        assert "deserialization error on events-1@1 in node 'events'" in log and f"(skipped: {policy})" in log
     finally:
         counts.close()
     assert workers.stop_all() == [0]
-    assert re.search(r"^worker: stopped after processing 3 records \(1 skipped by the error policies\)$",
-                     workers.log(0), re.MULTILINE), workers.log(0)
+    assert re.search(r"^worker: stopped after processing 3 records \(1 skipped by the error policies\)$", workers.log(0), re.MULTILINE), workers.log(0)
     if policy == "dead-letter":
         (letter,) = dead_letters(cluster.bootstrap, "events-dlq", 1)
         headers = dict(letter.headers)
         assert (letter.key, letter.value) == (b"bad", b"not json {")  # the original bytes
         assert headers["pystreams.error.kind"] == b"deserialization"
-        assert (headers["pystreams.error.topic"], headers["pystreams.error.partition"],
-                headers["pystreams.error.offset"]) == (b"events", b"1", b"1")
+        assert (headers["pystreams.error.topic"], headers["pystreams.error.partition"], headers["pystreams.error.offset"]) == (b"events", b"1", b"1")
         assert b"bad JSON" in headers["pystreams.error.reason"]
 
 
-def test_processing_errors_are_skipped_by_their_own_policy_while_deserialization_errors_still_fail(
-    cluster: Cluster, workers: Workers
-) -> None:
+def test_processing_errors_are_skipped_by_their_own_policy_while_deserialization_errors_still_fail(cluster: Cluster, workers: Workers) -> None:
     counts = Counts(cluster.bootstrap)
     try:
         worker = workers.start("--processing-errors", "log-and-continue", env={"JSON_EVENTS_POISON": "bob"})
@@ -196,16 +189,35 @@ def test_a_worker_given_a_wrong_coordinator_address_says_what_is_there_and_gives
         ensure_input_topics(broker.bootstrap_servers, ["events"], partitions=1)
         address = f"127.0.0.1:{free_port()}" if given == "nothing-listens" else broker.bootstrap_servers
         done = subprocess.run(
-            [sys.executable, "-m", "pystreams", "worker", str(APP), "--bootstrap-servers", broker.bootstrap_servers,
-             "--coordinator", address, "--state-dir", str(tmp_path / "state"), "--coordinator-connect-timeout-ms", "3000"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=90,
+            [
+                sys.executable,
+                "-m",
+                "pystreams",
+                "worker",
+                str(APP),
+                "--bootstrap-servers",
+                broker.bootstrap_servers,
+                "--coordinator",
+                address,
+                "--state-dir",
+                str(tmp_path / "state"),
+                "--coordinator-connect-timeout-ms",
+                "3000",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=90,
         )
     finally:
         broker.stop()
     output = done.stdout
     assert done.returncode == 1, output
-    said = (f"nothing listens at {address} — is the coordinator running?" if given == "nothing-listens"
-            else f"{address} is a Kafka broker, not a pystreams coordinator")
+    said = (
+        f"nothing listens at {address} — is the coordinator running?"
+        if given == "nothing-listens"
+        else f"{address} is a Kafka broker, not a pystreams coordinator"
+    )
     levels = [line.split()[2] for line in output.splitlines() if said in line and line[:2] == "20"]
     if given == "nothing-listens":
         assert levels[0] == "INFO" and "WARNING" in levels, output  # a coordinator may just be starting

@@ -2,6 +2,7 @@
 killed worker's task restoring only what they had not applied; a new worker warms a task up
 while its old owner keeps processing, and takes it over only after WarmUpReady; interactive
 queries answer the same from every worker, before and after a move."""
+
 from __future__ import annotations
 
 import re
@@ -55,8 +56,7 @@ def fill(bootstrap: str, partition: int, first: int, keys: int, version: int, ch
     sent = 0
     try:
         for start in range(first, first + keys, chunk):
-            producer.send(INPUT, key=b"fill", value=f"{start} {min(chunk, first + keys - start)} {version}".encode(),
-                          partition=partition)
+            producer.send(INPUT, key=b"fill", value=f"{start} {min(chunk, first + keys - start)} {version}".encode(), partition=partition)
             sent += 1
         producer.flush()
     finally:
@@ -80,9 +80,7 @@ def standby_has(endpoint: str, key: str, version: int) -> bool:
         return False
 
 
-def test_a_killed_workers_standby_takes_over_restoring_a_small_fraction_of_a_million_keys(
-    cluster: Cluster, workers: Workers
-) -> None:
+def test_a_killed_workers_standby_takes_over_restoring_a_small_fraction_of_a_million_keys(cluster: Cluster, workers: Workers) -> None:
     keys = 1_000_000
     create_input(cluster.bootstrap, 1)
     endpoints = [f"127.0.0.1:{free_port()}" for _ in range(2)]
@@ -95,8 +93,7 @@ def test_a_killed_workers_standby_takes_over_restoring_a_small_fraction_of_a_mil
 
     fill(cluster.bootstrap, 0, 0, keys, version=1)
     last_key = f"k{keys - 1}"
-    wait_for(lambda: standby_has(endpoints[standby], last_key, 1), 180,
-             "the standby to apply the last key\n" + workers.log_tails())
+    wait_for(lambda: standby_has(endpoints[standby], last_key, 1), 180, "the standby to apply the last key\n" + workers.log_tails())
     # Every worker routes a query to the active, wherever it is asked.
     for endpoint in endpoints:
         assert QueryClient([endpoint]).get("keys", "k123456", *_serdes()) == 1
@@ -106,7 +103,7 @@ def test_a_killed_workers_standby_takes_over_restoring_a_small_fraction_of_a_mil
     workers.processes[active].send_signal(signal.SIGKILL)
     assert workers.processes[active].wait(10) == -signal.SIGKILL
     wait_for(lambda: started_tasks(workers.log(standby)), 60, "the standby to take over\n" + workers.log_tails())
-    (_, tasks, restored), = started_tasks(workers.log(standby))
+    ((_, tasks, restored),) = started_tasks(workers.log(standby))
     assert tasks == ["0_0"]
     print(f"\nfail-over with a standby: restored {restored} of {keys} changelog records")
     assert restored <= keys // 20, f"the new active restored {restored} records: the standby was not used"
@@ -149,9 +146,7 @@ def processing_gaps_ms(bootstrap: str, since_ms: int) -> dict[str, int]:
         consumer.close()
 
 
-def test_a_new_worker_warms_a_task_up_before_it_moves_and_the_others_never_stop(
-    cluster: Cluster, workers: Workers
-) -> None:
+def test_a_new_worker_warms_a_task_up_before_it_moves_and_the_others_never_stop(cluster: Cluster, workers: Workers) -> None:
     partitions, keys_per_task = 4, 50_000
     create_input(cluster.bootstrap, partitions)
     ha = ("--acceptable-recovery-lag", "2000", "--max-warmup-replicas", "1")
@@ -159,8 +154,7 @@ def test_a_new_worker_warms_a_task_up_before_it_moves_and_the_others_never_stop(
     workers.start(*ha)
     # Both workers settled with the four tasks between them: the first one's share moving to the
     # second is not the move this test watches.
-    wait_for(lambda: sorted(active_tasks(workers.log(i)) for i in range(2)) == [2, 2], 30,
-             "two workers to share the four tasks\n" + workers.log_tails())
+    wait_for(lambda: sorted(active_tasks(workers.log(i)) for i in range(2)) == [2, 2], 30, "two workers to share the four tasks\n" + workers.log_tails())
     for partition in range(partitions):
         fill(cluster.bootstrap, partition, partition * 1_000_000, keys_per_task, version=1)
     with CommandTicker(cluster.bootstrap, partitions):
@@ -168,15 +162,14 @@ def test_a_new_worker_warms_a_task_up_before_it_moves_and_the_others_never_stop(
         # (a partition is processed in order): from here the changelogs only grow by the trickle,
         # so what is left to restore after WarmUpReady does not depend on how busy the machine is.
         with ProgressWatch(cluster.bootstrap) as progress:
-            wait_for(lambda: len(progress.tasks_past_the_fill()) == partitions, 90,
-                     "the actives to process the fill\n" + workers.log_tails())
+            wait_for(lambda: len(progress.tasks_past_the_fill()) == partitions, 90, "the actives to process the fill\n" + workers.log_tails())
         joined_at_ms = time.time_ns() // 1_000_000
         logged_before_join = [len(workers.log(i)) for i in range(2)]
         workers.start(*ha)
         wait_for(lambda: started_tasks(workers.log(2)), 90, "the new worker to take a task\n" + workers.log_tails())
         time.sleep(2)
     new_log = workers.log(2)
-    (moved_at, moved, restored), = started_tasks(new_log)
+    ((moved_at, moved, restored),) = started_tasks(new_log)
     # It warmed the task up first, said so, and then restored only the remainder.
     warmed = re.search(r"replicas (\S+) \(warm-ups (\S+)\)", new_log)
     assert warmed is not None and warmed.group(2) in moved, new_log
@@ -184,7 +177,7 @@ def test_a_new_worker_warms_a_task_up_before_it_moves_and_the_others_never_stop(
     assert new_log.index("WARM_UP_READY") < new_log.index("started tasks")
     assert restored <= 2_000 + 5_000, f"restored {restored} records after the warm-up"
     # Only the moving task was ever revoked; every other task kept running on its owner.
-    revoked = [tasks for i in range(2) for tasks in re.findall(r"revoked tasks (.+) \(committed\)", workers.log(i)[logged_before_join[i]:])]
+    revoked = [tasks for i in range(2) for tasks in re.findall(r"revoked tasks (.+) \(committed\)", workers.log(i)[logged_before_join[i] :])]
     assert all(set(tasks.split(", ")) <= set(moved) for tasks in revoked), revoked
     gaps = processing_gaps_ms(cluster.bootstrap, joined_at_ms)
     print(f"\nlongest processing gap per task after the join (ms): {dict(sorted(gaps.items()))}; moved {moved}")
@@ -224,8 +217,7 @@ class ProgressWatch:
 
 def tasks_that_processed(bootstrap: str, version: int) -> set[str]:
     """The tasks whose progress records show a command of ``version`` processed."""
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                             consumer_timeout_ms=1_000)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest", consumer_timeout_ms=1_000)
     try:
         consumer.assign([KafkaTopicPartition(PROGRESS, p) for p in sorted(consumer.partitions_for_topic(PROGRESS) or ())])
         tasks = set()
@@ -238,9 +230,7 @@ def tasks_that_processed(bootstrap: str, version: int) -> set[str]:
         consumer.close()
 
 
-def test_with_two_stream_threads_every_task_of_a_killed_worker_resumes_on_the_survivor(
-    cluster: Cluster, workers: Workers
-) -> None:
+def test_with_two_stream_threads_every_task_of_a_killed_worker_resumes_on_the_survivor(cluster: Cluster, workers: Workers) -> None:
     """A process's stream threads share its state directory. After a fail-over a task may be
     promoted on one thread while its standby is still open on the other; it starts once that
     replica closes, not at some later rebalance."""
@@ -249,17 +239,14 @@ def test_with_two_stream_threads_every_task_of_a_killed_worker_resumes_on_the_su
     create_input(cluster.bootstrap, partitions)
     for _ in range(2):
         workers.start("--threads", "2", "--num-standby-replicas", "1")
-    wait_for(lambda: all("replicas 0_" in workers.log(i) for i in range(2)), 60,
-             "both workers to hold replicas\n" + workers.log_tails())
+    wait_for(lambda: all("replicas 0_" in workers.log(i) for i in range(2)), 60, "both workers to hold replicas\n" + workers.log_tails())
     for partition in range(partitions):
         fill(cluster.bootstrap, partition, partition * 1_000, 1_000, version=1)
-    wait_for(lambda: tasks_that_processed(cluster.bootstrap, 1) == everything, 60,
-             "every task to process\n" + workers.log_tails())
+    wait_for(lambda: tasks_that_processed(cluster.bootstrap, 1) == everything, 60, "every task to process\n" + workers.log_tails())
 
     workers.processes[0].send_signal(signal.SIGKILL)
     assert workers.processes[0].wait(10) == -signal.SIGKILL
     for partition in range(partitions):
         fill(cluster.bootstrap, partition, partition * 1_000, 10, version=2)
-    wait_for(lambda: tasks_that_processed(cluster.bootstrap, 2) == everything, 60,
-             "every task to resume on the survivor\n" + workers.log_tails())
+    wait_for(lambda: tasks_that_processed(cluster.bootstrap, 2) == everything, 60, "every task to resume on the survivor\n" + workers.log_tails())
     assert workers.stop_all([1]) == [0]

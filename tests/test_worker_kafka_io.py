@@ -1,4 +1,5 @@
 """kafka-python plumbing of the engine, against the real broker."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,9 +23,7 @@ def _send_a_then_b_then_a(producer: KafkaProducer, bootstrap: str, a: str, b: st
     lingering.get(8)
 
 
-def test_a_producer_keeps_writing_a_topic_after_another_topic_appears(
-    kafka_bootstrap: str, unique_topic: Callable[[str], str]
-) -> None:
+def test_a_producer_keeps_writing_a_topic_after_another_topic_appears(kafka_bootstrap: str, unique_topic: Callable[[str], str]) -> None:
     """The worker's producer tracks every topic it writes from the start; otherwise a topic
     known only from the broker's bootstrap answer can be dropped from its metadata by the
     refresh for a new topic, and its sends wait for a leader until they expire."""
@@ -43,8 +42,8 @@ def test_a_restore_reads_to_the_true_end_of_a_changelog_whose_last_batch_is_larg
     may hand over only part of that batch: taking the position after one poll as the end stopped
     a restore short (a store missing its newest records)."""
     from kafka import KafkaConsumer
-
     from pystreams.state import TopicPartition
+
     from pystreams.worker.kafka_io import ChangelogRestorer
 
     topic = unique_topic("changelog")

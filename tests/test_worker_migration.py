@@ -4,6 +4,7 @@ restarted with ``--group-protocol consumer`` (same instance id and state directo
 time, then one is rolled back to classic. Every final count is exact, the output never stalls
 longer than a session timeout, and ``pystreams groups --describe`` shows the group's type (and
 each member's protocol) at each step."""
+
 from __future__ import annotations
 
 import collections
@@ -113,8 +114,9 @@ def workers(cluster: Cluster, tmp_path: Path) -> Iterator[Workers]:
 
 
 def describe(coordinator: str) -> dict | None:
-    result = subprocess.run([sys.executable, "-m", "pystreams", "groups", "--coordinator", coordinator,
-                             "--describe", GROUP, "--json"], capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "pystreams", "groups", "--coordinator", coordinator, "--describe", GROUP, "--json"], capture_output=True, text=True, timeout=30
+    )
     return json.loads(result.stdout) if result.returncode == 0 else None
 
 
@@ -129,8 +131,7 @@ def wait_described(coordinator: str, group_type: str, classic: int, consumer: in
         protocols = collections.Counter(member["member_type"] for member in document["members"])
         return protocols == collections.Counter({"classic": classic, "consumer": consumer}) - collections.Counter()
 
-    wait_for(matches, 30, f"a {group_type} group with {classic} classic and {consumer} consumer members; last seen "
-                          f"{seen[0]}\n{workers.log_tails()}")
+    wait_for(matches, 30, f"a {group_type} group with {classic} classic and {consumer} consumer members; last seen {seen[0]}\n{workers.log_tails()}")
     assert seen[0] is not None
     return seen[0]
 
@@ -143,8 +144,7 @@ def test_a_word_count_fleet_migrates_from_classic_to_consumer_and_back_online(cl
     output = Output(cluster.bootstrap)
     try:
         with Feed(cluster.bootstrap) as feed:
-            wait_for(lambda: all("started tasks" in workers.log(i) for i in slots.values()), 60,
-                     "three classic workers to run tasks\n" + workers.log_tails())
+            wait_for(lambda: all("started tasks" in workers.log(i) for i in slots.values()), 60, "three classic workers to run tasks\n" + workers.log_tails())
             described = wait_described(cluster.coordinator_address, "classic", 3, 0, workers)
             assert {m["instance_id"] for m in described["members"]} == {"w0", "w1", "w2"}
             wait_for(lambda: output.counts, 30, "the first counts")
@@ -157,8 +157,7 @@ def test_a_word_count_fleet_migrates_from_classic_to_consumer_and_back_online(cl
                 assert process.wait(30) == 0, workers.log_tails()
                 slots[slot] = len(workers.processes)
                 workers.start(*protocol, "--instance-id", f"w{slot}", state_of=slot)
-                wait_for(lambda: "started tasks" in workers.log(slots[slot]), 60,
-                         f"restarted w{slot} to run tasks\n" + workers.log_tails())
+                wait_for(lambda: "started tasks" in workers.log(slots[slot]), 60, f"restarted w{slot} to run tasks\n" + workers.log_tails())
 
             # Classic -> consumer, one worker at a time: the group converts at the first.
             for slot in range(3):

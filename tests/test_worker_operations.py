@@ -3,6 +3,7 @@ and replica progress in metrics and logs, and the settings around them.
 
 Unit tests drive the routes and the collector with stand-in stream threads; the integration
 test runs real ``pystreams worker`` processes against the embedded broker and a coordinator."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,12 +19,12 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from pystreams.state import RestoreProgress, TopicPartition
+from pystreams.topology.ir import TaskId
 from worker_support import Cluster, wait_for
 
 from pystreams.broker import free_port
 from pystreams.commands.worker import _client_tags_from_env
-from pystreams.state import RestoreProgress, TopicPartition
-from pystreams.topology.ir import TaskId
 from pystreams.worker.engine import EngineCounters
 from pystreams.worker.http import HttpSite, OperationsRoutes
 from pystreams.worker.metrics import THREAD_STATES, WorkerMetrics
@@ -88,11 +89,7 @@ def _serve(threads, state_dir: Path, *, started=lambda: True):
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 # -- probes ------------------------------------------------------------------------------------------
@@ -119,16 +116,14 @@ def test_readyz_and_healthz_follow_the_stream_threads(tmp_path: Path) -> None:
 
 def test_metrics_expose_what_the_threads_hold(tmp_path: Path) -> None:
     thread = FakeThread("stream-thread-0")
-    thread.engine.counters = EngineCounters(polls=9, records_consumed=120, process_seconds=0.5, standby_records=33,
-                                            task_migrations=2, tasks_revived=3)
+    thread.engine.counters = EngineCounters(polls=9, records_consumed=120, process_seconds=0.5, standby_records=33, task_migrations=2, tasks_revived=3)
     thread.engine.records_produced = 77
     thread.engine.transactions_committed, thread.engine.transactions_aborted = 41, 4
     thread.engine.aborted_records_dropped = 17
     thread.engine.standby_tasks = {TaskId(0, 2): object()}
     thread.records_processed = 125
     thread.running_tasks = frozenset({TaskId(0, 0), TaskId(0, 1)})
-    thread.lags = LagSnapshot(active={TaskId(0, 0): 5, TaskId(0, 1): 0}, replicas={TaskId(0, 2): 40, TaskId(0, 3): 1},
-                              warmups=frozenset({TaskId(0, 3)}))
+    thread.lags = LagSnapshot(active={TaskId(0, 0): 5, TaskId(0, 1): 0}, replicas={TaskId(0, 2): 40, TaskId(0, 3): 1}, warmups=frozenset({TaskId(0, 3)}))
     thread.restoring = frozenset({TaskId(0, 4)})
     changelog = TopicPartition("app-counts-changelog", 4)
     thread.restores(RestoreProgress("0_4", "counts", changelog, 0, 0, 1000, False))
@@ -288,10 +283,27 @@ def test_a_worker_reports_readiness_throughput_and_restores(tmp_path: Path) -> N
         port = free_port()
         log = tmp_path / f"{name}.log"
         process = subprocess.Popen(
-            [sys.executable, "-m", "pystreams", "worker", str(DEMO_APP), "--bootstrap-servers", cluster.bootstrap,
-             "--coordinator", cluster.coordinator_address, "--state-dir", str(state), "--http-port", str(port),
-             "--http-host", "127.0.0.1", "--commit-interval-ms", "200"],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "pystreams",
+                "worker",
+                str(DEMO_APP),
+                "--bootstrap-servers",
+                cluster.bootstrap,
+                "--coordinator",
+                cluster.coordinator_address,
+                "--state-dir",
+                str(state),
+                "--http-port",
+                str(port),
+                "--http-host",
+                "127.0.0.1",
+                "--commit-interval-ms",
+                "200",
+            ],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
         )
         processes.append(process)
         return process, port, log
@@ -310,8 +322,7 @@ def test_a_worker_reports_readiness_throughput_and_restores(tmp_path: Path) -> N
             producer.send("events", key=f"k{n % 25}".encode(), value=b"x")
         producer.flush()
         producer.close()
-        wait_for(lambda: _value(_get(port, "/metrics")[1], "pystreams_records_consumed_total") == 500, 30,
-                 "the first worker to consume the 500 records")
+        wait_for(lambda: _value(_get(port, "/metrics")[1], "pystreams_records_consumed_total") == 500, 30, "the first worker to consume the 500 records")
         body = _get(port, "/metrics")[1]
         assert _value(body, "pystreams_records_processed_total") == 500
         assert _value(body, "pystreams_worker_ready") == 1

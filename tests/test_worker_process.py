@@ -5,6 +5,7 @@ complete after a SIGKILL, and ``pystreams dev examples/wordcount.py`` checks its
 Each test has its own broker and coordinator: the app id (= group id) and topic names are the
 example's, so sharing them between tests would mix their data.
 """
+
 from __future__ import annotations
 
 import signal
@@ -122,25 +123,26 @@ def test_pystreams_dev_with_a_port_taken_says_which_and_how_to_choose_another_an
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        ports = {"broker": ["--broker-port", str(taken), "--coordinator-port", "0"],
-                 "coordinator": ["--broker-port", "0", "--coordinator-port", str(taken)]}[role]
-        result = subprocess.run([sys.executable, "-m", "pystreams", "dev", *ports], capture_output=True, text=True,
-                                timeout=60, cwd=ROOT)
+        ports = {"broker": ["--broker-port", str(taken), "--coordinator-port", "0"], "coordinator": ["--broker-port", "0", "--coordinator-port", str(taken)]}[
+            role
+        ]
+        result = subprocess.run([sys.executable, "-m", "pystreams", "dev", *ports], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 1
     assert result.stdout == ""  # no broker was started, so none is stopped
     assert result.stderr.splitlines() == [
         f"pystreams dev: port {taken} on 127.0.0.1, the {role}'s, is taken ("
-        + ("another `pystreams dev`, or a Kafka broker?" if role == "broker"
-           else "another `pystreams dev` or `pystreams coordinator`?")
+        + ("another `pystreams dev`, or a Kafka broker?" if role == "broker" else "another `pystreams dev` or `pystreams coordinator`?")
         + f"); choose another with --{role}-port PORT, or --{role}-port 0 for a free one"
     ]
 
 
 def test_pystreams_dev_counts_the_corpus_end_to_end() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "pystreams", "dev", str(APP), "--broker-port", "0", "--listen", "127.0.0.1:0",
-         "--timeout-s", "40"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        [sys.executable, "-m", "pystreams", "dev", str(APP), "--broker-port", "0", "--listen", "127.0.0.1:0", "--timeout-s", "40"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert CHECK_OK_PREFIX in result.stdout
@@ -160,9 +162,9 @@ visits.count(store="per-minute", window=TumblingWindow(size=timedelta(minutes=1)
 
 def test_a_workers_windowed_results_are_partitioned_by_the_user_key(tmp_path: Path) -> None:
     from kafka import KafkaConsumer, KafkaProducer
+    from pystreams.topology.kernels import partition_for_key
 
     from pystreams.serdes import Text, WindowedKey
-    from pystreams.topology.kernels import partition_for_key
 
     (tmp_path / "windowed.py").write_text(WINDOWED_APP)
     users = [f"user-{n}" for n in range(20)]
@@ -177,8 +179,7 @@ def test_a_workers_windowed_results_are_partitioned_by_the_user_key(tmp_path: Pa
         producer.close()
         for workers in fleet_of(Workers(running.bootstrap, running.coordinator_address, tmp_path, tmp_path / "windowed.py")):
             workers.start()
-            consumer = KafkaConsumer("visits-per-minute", bootstrap_servers=running.bootstrap, group_id=None,
-                                     auto_offset_reset="earliest")
+            consumer = KafkaConsumer("visits-per-minute", bootstrap_servers=running.bootstrap, group_id=None, auto_offset_reset="earliest")
             placed: dict[str, set[int]] = {}
             windows: set[tuple[str, int]] = set()
             deadline = time.monotonic() + 60

@@ -2,6 +2,7 @@
 static worker restarted right after a SIGKILL. Real processes on the embedded broker; the
 coordinator keeps its records in Kafka so it can be killed and started again.
 """
+
 from __future__ import annotations
 
 import signal

@@ -5,6 +5,7 @@ written by ``pystreams credentials`` and an ACL file; the embedded broker stays 
 has no TLS), which is exactly what ``--broker-security-protocol`` is for. Workers authenticate
 with SCRAM-SHA-512, their password in the environment, never on the command line.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,28 +39,61 @@ def secured_cluster(tmp_path: Path) -> Iterator[tuple[str, str, dict[str, str]]]
     credentials = tmp_path / "credentials.json"
     made = subprocess.run(
         [sys.executable, "-m", "pystreams", "credentials", "--file", str(credentials), "--add", "wordcount", "--password-env", "WORKER_PASSWORD"],
-        env=dict(os.environ, WORKER_PASSWORD=PASSWORD), capture_output=True, text=True, timeout=30,
+        env=dict(os.environ, WORKER_PASSWORD=PASSWORD),
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert made.returncode == 0, made.stderr
     acls = tmp_path / "acls.json"
-    acls.write_text(json.dumps({"acls": [
-        {"principal": "User:wordcount", "operation": "Read", "resource_type": "Group", "resource_name": "wordcount"},
-    ]}))
+    acls.write_text(
+        json.dumps(
+            {
+                "acls": [
+                    {"principal": "User:wordcount", "operation": "Read", "resource_type": "Group", "resource_name": "wordcount"},
+                ]
+            }
+        )
+    )
     broker = EmbeddedBroker(port=None)
     broker.start()
     port = free_port()
     log = (tmp_path / "coordinator.log").open("wb")
     coordinator = subprocess.Popen(
-        [sys.executable, "-m", "pystreams", "coordinator", "--log", "memory", "--bootstrap-servers", broker.bootstrap_servers,
-         "--listen", f"SASL_SSL://127.0.0.1:{port}", "--ssl-certfile", str(tmp_path / "server.pem"),
-         "--sasl-credentials-file", str(credentials), "--acl-file", str(acls),
-         "--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "pystreams",
+            "coordinator",
+            "--log",
+            "memory",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--listen",
+            f"SASL_SSL://127.0.0.1:{port}",
+            "--ssl-certfile",
+            str(tmp_path / "server.pem"),
+            "--sasl-credentials-file",
+            str(credentials),
+            "--acl-file",
+            str(acls),
+            "--heartbeat-interval-ms",
+            "300",
+            "--session-timeout-ms",
+            "3000",
+            "--metadata-refresh-ms",
+            "500",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     environment = {
-        "PYSTREAMS_SECURITY_PROTOCOL": "SASL_SSL", "PYSTREAMS_SSL_CAFILE": str(tmp_path / "ca.pem"),
-        "PYSTREAMS_SASL_MECHANISM": "SCRAM-SHA-512", "PYSTREAMS_SASL_PLAIN_USERNAME": "wordcount",
-        "PYSTREAMS_SASL_PLAIN_PASSWORD": PASSWORD, "PYSTREAMS_BROKER_SECURITY_PROTOCOL": "PLAINTEXT",
+        "PYSTREAMS_SECURITY_PROTOCOL": "SASL_SSL",
+        "PYSTREAMS_SSL_CAFILE": str(tmp_path / "ca.pem"),
+        "PYSTREAMS_SASL_MECHANISM": "SCRAM-SHA-512",
+        "PYSTREAMS_SASL_PLAIN_USERNAME": "wordcount",
+        "PYSTREAMS_SASL_PLAIN_PASSWORD": PASSWORD,
+        "PYSTREAMS_BROKER_SECURITY_PROTOCOL": "PLAINTEXT",
     }
     try:
         wait_for(lambda: listening(port), 20, "the coordinator to listen")
@@ -84,7 +118,7 @@ def test_a_worker_fleet_counts_words_over_sasl_ssl(secured_cluster: tuple[str, s
         reader = LatestValueReader(bootstrap, "word-counts")
         latest: dict[str, int] = {}
 
-        def counted() -> bool:
+        def counted(reader: LatestValueReader = reader, latest: dict[str, int] = latest) -> bool:
             latest.update(reader.read_more(0.3))
             return latest == expected
 

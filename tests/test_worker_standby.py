@@ -1,6 +1,7 @@
 """Standby replicas in the task engine, against the embedded broker: a replica follows the
 active's changelog without processing input, reports its lag, and its promotion to active
 restores only what it had not applied yet."""
+
 from __future__ import annotations
 
 import time
@@ -9,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_worker_engine import OffsetStore, create_topics, produce, run_until
 
 from pystreams import serdes
 from pystreams.app import App, Processor, kv_store
 from pystreams.cluster import TopicSpec
 from pystreams.worker import EngineConfig, TaskEngine, resolve_against_cluster
-
-from test_worker_engine import OffsetStore, create_topics, produce, run_until
 
 pytestmark = pytest.mark.integration
 
@@ -127,9 +127,7 @@ def test_a_demoted_active_stays_as_a_replica_and_local_state_is_reported_as_lag(
         reopened.close()
 
 
-def test_a_sibling_threads_replica_delays_a_promotion_until_it_closes(
-    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
-) -> None:
+def test_a_sibling_threads_replica_delays_a_promotion_until_it_closes(kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]) -> None:
     """The stream threads of a process share one state directory; the assignor may give a
     task's active to one thread while another still has its replica open. The task is left
     out (no error), and starts from the replica's state once the replica closes."""
@@ -183,10 +181,14 @@ def test_a_replica_of_a_task_with_an_unlogged_store_follows_and_reports_its_lag(
     create_topics(kafka_bootstrap, TopicSpec(source, 1))
     app = App(unique_topic("unlogged_app"))
     events = app.topic(source, key=serdes.Text(), value=serdes.Text())
-    app.processor(events, stores=[
-        kv_store("logged", key=serdes.Text(), value=serdes.Text()),
-        kv_store("scratch", key=serdes.Text(), value=serdes.Text(), logging=False),
-    ], key_changing=False)(RememberTwice)
+    app.processor(
+        events,
+        stores=[
+            kv_store("logged", key=serdes.Text(), value=serdes.Text()),
+            kv_store("scratch", key=serdes.Text(), value=serdes.Text(), logging=False),
+        ],
+        key_changing=False,
+    )(RememberTwice)
     resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
     (task,) = resolved.tasks
     offsets = OffsetStore()

@@ -1,11 +1,13 @@
 """A worker restarted on the same state directory with a different topology says
 TopologyChanged when it joins (a rolling deploy of new code); otherwise no reason."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
-from pystreams.app import App
 from pystreams.assignors.streams import MemberReason
+
+from pystreams.app import App
 from pystreams.worker.process import topology_change_reason
 
 

@@ -2,15 +2,16 @@
 (both sans-IO), and the transactional producer wrapper driven by a scripted kafka-python
 stand-in (which only records calls and raises what it is told to: the decisions are the
 state machine's)."""
+
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
 from kafka import errors as kafka_errors
-
 from pystreams.state import TopicPartition
 from pystreams.topology.ir import TaskId
+
 from pystreams.worker.errors import ProduceError
 from pystreams.worker.positions import (
     Fence,
@@ -28,11 +29,11 @@ from pystreams.worker.positions import (
 )
 from pystreams.worker.transaction import (
     CommitOutcome,
-    TransactionErrorKind,
     MembershipLost,
     Recovery,
     Transaction,
     TransactionError,
+    TransactionErrorKind,
     TransactionState,
     classify,
 )
@@ -84,11 +85,14 @@ def test_an_error_while_committing_aborts_and_the_tasks_are_rebuilt() -> None:
     assert t.state is S.READY and t.aborted_count == 1
 
 
-@pytest.mark.parametrize("error", [
-    kafka_errors.ProducerFencedError(),
-    kafka_errors.InvalidProducerEpochError(),
-    ProduceError("wrapped"),  # with the fencing error as its cause, as RecordSender raises it
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        kafka_errors.ProducerFencedError(),
+        kafka_errors.InvalidProducerEpochError(),
+        ProduceError("wrapped"),  # with the fencing error as its cause, as RecordSender raises it
+    ],
+)
 def test_fencing_errors_from_the_broker_mean_task_migration_and_a_new_producer(error: BaseException) -> None:
     if isinstance(error, ProduceError):
         error.__cause__ = kafka_errors.ProducerFencedError()
@@ -127,8 +131,9 @@ def test_fatal_errors_stop_the_thread() -> None:
 
 def test_a_send_refused_after_fencing_is_a_fencing_error() -> None:
     # What kafka-python raises from send() once its producer was fenced: the cause is an argument.
-    refused = kafka_errors.KafkaError("Cannot perform send because at least one previous transactional or "
-                                      "idempotent request has failed with errors.", kafka_errors.ProducerFencedError())
+    refused = kafka_errors.KafkaError(
+        "Cannot perform send because at least one previous transactional or idempotent request has failed with errors.", kafka_errors.ProducerFencedError()
+    )
     assert classify(refused) is TransactionErrorKind.FENCED
     wrapped = RuntimeError("node failed")
     wrapped.__cause__ = refused
@@ -252,7 +257,9 @@ def test_position_records_round_trip() -> None:
 
 def test_the_table_keeps_the_latest_record_and_skips_unreadable_ones() -> None:
     table = PositionTable()
-    table.apply([(0, *encode_position(T, PositionKind.COMMIT, "a", {IN: 1})), (1, b"1_3", b"{not json"), (2, *encode_position(T, PositionKind.COMMIT, "a", {IN: 5}))])
+    table.apply(
+        [(0, *encode_position(T, PositionKind.COMMIT, "a", {IN: 1})), (1, b"1_3", b"{not json"), (2, *encode_position(T, PositionKind.COMMIT, "a", {IN: 5}))]
+    )
     assert table.latest[T].input_offsets() == {IN: 5} and table.unreadable == 1
 
 
@@ -266,8 +273,9 @@ def test_the_table_keeps_the_record_at_the_highest_offset_whatever_order_transac
     assert table.latest[T].writer == "b"
     table.apply([(9, str(T).encode(), None)])
     assert T not in table.latest
-    assert pending_writers([(4, *encode_position(T, PositionKind.COMMIT, "b", {IN: 9})),
-                            (2, *encode_position(T, PositionKind.CLAIM, "b", {IN: 8}))]) == {T: {"b": 4}}
+    assert pending_writers([(4, *encode_position(T, PositionKind.COMMIT, "b", {IN: 9})), (2, *encode_position(T, PositionKind.CLAIM, "b", {IN: 8}))]) == {
+        T: {"b": 4}
+    }
 
 
 def test_a_fence_covers_the_writers_records_before_it_and_not_a_later_incarnations() -> None:

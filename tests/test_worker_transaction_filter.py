@@ -1,6 +1,7 @@
 """The fetch-side transaction filter: the pure rule on records and markers, then the same rule
 fed by kafka-python's own parsing of hand-built record batches (transactional data batches and
 COMMIT/ABORT control batches, as a broker writes them), through the fetcher hook."""
+
 from __future__ import annotations
 
 import struct
@@ -46,10 +47,10 @@ def test_an_aborted_transaction_is_dropped_and_counted() -> None:
 
 def test_records_behind_an_open_transaction_wait_so_release_stays_in_offset_order() -> None:
     f = TransactionFilter()
-    f.add_batch(7, [0])                 # open
-    f.add_batch(NO_TRANSACTION, [1])    # committed by nature, but behind 0
+    f.add_batch(7, [0])  # open
+    f.add_batch(NO_TRANSACTION, [1])  # committed by nature, but behind 0
     f.add_batch(8, [2])
-    f.add_marker(8, committed=True)     # 8 is resolved, still behind 0
+    f.add_marker(8, committed=True)  # 8 is resolved, still behind 0
     assert f.take_released() == []
     f.add_marker(7, committed=False)
     assert f.take_released() == [1, 2]

@@ -1,10 +1,11 @@
 """The warm-up reasons a Streams member sends (sans-IO)."""
+
 from __future__ import annotations
 
 import pytest
-
 from pystreams.assignors.streams import MemberReason
 from pystreams.topology.ir import TaskId
+
 from pystreams.worker.warmup import WarmUpTracker
 
 A, B = TaskId(1, 0), TaskId(1, 1)

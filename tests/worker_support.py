@@ -1,5 +1,6 @@
 """Shared by the worker-process tests: a broker and coordinator per test, and a fleet of
 ``pystreams worker`` processes with their logs."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,7 @@ class Cluster:
     #: Heartbeats every 300 ms, sessions of 3 s: group changes take moments in tests.
     FAST_GROUP_ARGS = ("--heartbeat-interval-ms", "300", "--session-timeout-ms", "3000", "--metadata-refresh-ms", "500")
 
-    def __init__(self, tmp_path: Path, *, log: str = "memory", bootstrap: str | None = None,
-                 group_args: Sequence[str] = FAST_GROUP_ARGS) -> None:
+    def __init__(self, tmp_path: Path, *, log: str = "memory", bootstrap: str | None = None, group_args: Sequence[str] = FAST_GROUP_ARGS) -> None:
         # ``bootstrap``: an existing Kafka cluster (Apache Kafka in Docker) instead of a fresh
         # embedded broker; the test then owns nothing of it but its own topics.
         self.group_args = tuple(group_args)
@@ -51,10 +51,21 @@ class Cluster:
 
     def start_coordinator(self) -> None:
         self.coordinator = subprocess.Popen(
-            [sys.executable, "-m", "pystreams", "coordinator", "--log", self.log_kind,
-             "--bootstrap-servers", self.bootstrap, "--listen", f"127.0.0.1:{self.port}",
-             *self.group_args],
-            stdout=self._log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "pystreams",
+                "coordinator",
+                "--log",
+                self.log_kind,
+                "--bootstrap-servers",
+                self.bootstrap,
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                *self.group_args,
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
         )
         wait_for(lambda: listening(self.port), 20, "the coordinator to listen")
 
@@ -94,18 +105,32 @@ class Workers:
         self.bootstrap, self.coordinator, self.tmp_path, self.app = bootstrap, coordinator, tmp_path, app
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, *extra_args: str, state_of: int | None = None,
-              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(self, *extra_args: str, state_of: int | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start a worker (logging to ``worker-<index>.log``); ``state_of`` reuses the state
         directory of an earlier worker, as a restarted one would; ``env`` adds variables."""
         index = len(self.processes)
         log = (self.tmp_path / f"worker-{index}.log").open("wb")
         state = index if state_of is None else state_of
         process = subprocess.Popen(
-            [sys.executable, "-m", "pystreams", "worker", str(self.app), "--bootstrap-servers", self.bootstrap,
-             "--coordinator", self.coordinator, "--state-dir", str(self.tmp_path / f"state-{state}"),
-             "--commit-interval-ms", str(COMMIT_INTERVAL_MS), *extra_args],
-            stdout=log, stderr=subprocess.STDOUT, env=None if env is None else {**os.environ, **env},
+            [
+                sys.executable,
+                "-m",
+                "pystreams",
+                "worker",
+                str(self.app),
+                "--bootstrap-servers",
+                self.bootstrap,
+                "--coordinator",
+                self.coordinator,
+                "--state-dir",
+                str(self.tmp_path / f"state-{state}"),
+                "--commit-interval-ms",
+                str(COMMIT_INTERVAL_MS),
+                *extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env},
         )
         log.close()
         self.processes.append(process)
@@ -113,9 +138,7 @@ class Workers:
 
     def log_tails(self, lines: int = 25) -> str:
         """The end of every worker's log, for failure messages."""
-        return "\n".join(
-            f"--- worker {i} ---\n" + "\n".join(self.log(i).splitlines()[-lines:]) for i in range(len(self.processes))
-        )
+        return "\n".join(f"--- worker {i} ---\n" + "\n".join(self.log(i).splitlines()[-lines:]) for i in range(len(self.processes)))
 
     def log(self, index: int) -> str:
         return (self.tmp_path / f"worker-{index}.log").read_text(errors="replace")
@@ -158,7 +181,7 @@ class Trickle:
 
     def _run(self) -> None:
         while self.sent < len(self._lines):
-            batch = self._lines[self.sent:self.sent + self._per_batch]
+            batch = self._lines[self.sent : self.sent + self._per_batch]
             self._produce(self._bootstrap, self._topic, batch)
             self.sent += len(batch)
             time.sleep(self._pause_s)
@@ -189,8 +212,7 @@ class CommandTicker:
         while not self._stop.wait(0.05):
             version += 1
             for partition in range(self._partitions):
-                self._producer.send(HA_KEYS_INPUT, key=b"tick", value=f"{partition * 1_000_000} 1 {version}".encode(),
-                                    partition=partition)
+                self._producer.send(HA_KEYS_INPUT, key=b"tick", value=f"{partition * 1_000_000} 1 {version}".encode(), partition=partition)
                 self.sent += 1
 
     def __enter__(self) -> CommandTicker:

@@ -89,9 +89,7 @@ def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store], errors: E
     _check_acyclic(subtopologies, internal_topics)
 
     node_list = list(ordered.values())
-    canonical = canonical_form(
-        app_id, node_list, list(built_stores.values()), subtopologies, list(internal_topics.values()), groups
-    )
+    canonical = canonical_form(app_id, node_list, list(built_stores.values()), subtopologies, list(internal_topics.values()), groups)
     external_sources = sorted({t for n in node_list if n.is_source and not n.internal for t in n.topics})
     return Topology(
         app_id=app_id,
@@ -152,16 +150,12 @@ def _check_references(declared: dict[str, Node], stores: dict[str, Store]) -> No
             )
         for store_name in node.stores:
             if store_name not in stores:
-                raise StoreError(
-                    f"{node.kind} node {node.name!r} uses store {store_name!r}, which no node declares", nodes=[node.name]
-                )
+                raise StoreError(f"{node.kind} node {node.name!r} uses store {store_name!r}, which no node declares", nodes=[node.name])
         seen.add(node.name)
     for store in stores.values():
         owner = declared.get(store.owner)
         if owner is None or store.name not in owner.stores:
-            raise StoreError(
-                f"store {store.name!r} names owner {store.owner!r}, which does not use it", nodes=[store.owner]
-            )
+            raise StoreError(f"store {store.name!r} names owner {store.owner!r}, which does not use it", nodes=[store.owner])
 
 
 # --------------------------------------------------------------------------- 2. repartition
@@ -180,9 +174,7 @@ def _insert_repartitions(app_id: str, declared: dict[str, Node]) -> dict[str, No
 
     def emit(node: Node) -> None:
         if node.name in ordered:
-            raise InvalidNameError(
-                f"node name {node.name!r} clashes with a repartition node; pass name=", nodes=[node.name]
-            )
+            raise InvalidNameError(f"node name {node.name!r} clashes with a repartition node; pass name=", nodes=[node.name])
         ordered[node.name] = node
 
     def emit_pair(base: str, parent: Node, source: Node | None, partitions: int | None) -> str:
@@ -421,15 +413,10 @@ def _copartition_groups(nodes: dict[str, Node]) -> list[CopartitionGroup]:
         if len(source_nodes) < 2 and not any(nodes[s].pattern for s in source_nodes):
             continue  # one named topic is trivially co-partitioned with itself
         topics = tuple(t for s in source_nodes for t in nodes[s].topics)
-        explicit = {
-            nodes[s].topics[0]: nodes[s].partitions
-            for s in source_nodes
-            if nodes[s].internal and nodes[s].partitions is not None
-        }
+        explicit = {nodes[s].topics[0]: nodes[s].partitions for s in source_nodes if nodes[s].internal and nodes[s].partitions is not None}
         if len(set(explicit.values())) > 1:
             raise CopartitionError(
-                f"join {', '.join(map(repr, joins))} needs co-partitioned inputs, but repartition topics have "
-                f"different fixed partition counts: {explicit}",
+                f"join {', '.join(map(repr, joins))} needs co-partitioned inputs, but repartition topics have different fixed partition counts: {explicit}",
                 nodes=joins,
                 topics=list(explicit),
             )
@@ -462,9 +449,7 @@ def _check_sources_and_sinks(nodes: dict[str, Node], internal_topics: dict[str, 
             )
     for name, source in named_sources.items():
         if name in internal_topics:
-            raise InvalidNameError(
-                f"source {source!r} reads {name!r}, an internal topic of this app", nodes=[source], topics=[name]
-            )
+            raise InvalidNameError(f"source {source!r} reads {name!r}, an internal topic of this app", nodes=[source], topics=[name])
 
 
 def subtopology_order(subtopologies: Iterable[SubTopology], internal_topics: Mapping[str, InternalTopic]) -> list[int]:
@@ -481,13 +466,9 @@ def subtopology_order(subtopologies: Iterable[SubTopology], internal_topics: Map
     except graphlib.CycleError as error:
         cycle = error.args[1]
         topics = sorted(
-            t.name
-            for t in internal_topics.values()
-            if t.role is TopicRole.REPARTITION and t.subtopology in cycle and t.reader_subtopology in cycle
+            t.name for t in internal_topics.values() if t.role is TopicRole.REPARTITION and t.subtopology in cycle and t.reader_subtopology in cycle
         )
-        raise TopologyError(
-            f"sub-topologies {cycle} feed each other through repartition topics {topics}", topics=topics
-        ) from None
+        raise TopologyError(f"sub-topologies {cycle} feed each other through repartition topics {topics}", topics=topics) from None
 
 
 def _check_acyclic(subtopologies: list[SubTopology], internal_topics: dict[str, InternalTopic]) -> None:

@@ -33,9 +33,7 @@ def _node_line(node: Node) -> str:
     elif isinstance(node, StreamStreamJoinNode):
         details.append(f"{node.how} {JoinKind.STREAM_STREAM} join, {node.side} side")
     if node.punctuations:
-        details.append(
-            "punctuate " + ", ".join(f"{p.method} every {p.interval_ms}ms {p.type}" for p in node.punctuations)
-        )
+        details.append("punctuate " + ", ".join(f"{p.method} every {p.interval_ms}ms {p.type}" for p in node.punctuations))
     if node.timestamp_extractor is not None:
         details.append("event time from extractor")
     if node.kind is NodeKind.BRANCH_OUTPUT:
@@ -69,10 +67,7 @@ def describe(topology: Topology, resolved: ResolvedTopology | None = None) -> st
         for store in topology.stores.values():
             window = f", {describe_window(store.window)}" if store.window is not None else ""
             changelog = store.changelog_topic or "no changelog"
-            lines.append(
-                f"  {store.name}: {store.kind} in sub-topology {store.subtopology}, owner {store.owner}"
-                f"{window}, {changelog}"
-            )
+            lines.append(f"  {store.name}: {store.kind} in sub-topology {store.subtopology}, owner {store.owner}{window}, {changelog}")
     lines.append("Topics")
     for topic in topology.external_source_topics:
         lines.append(f"  {topic}: source{_partitions(resolved, topic)}")

@@ -21,9 +21,9 @@ from .ir import (
     InternalTopic,
     JoinKind,
     Node,
+    Store,
     StreamStreamJoinNode,
     StreamTableJoinNode,
-    Store,
     SubTopology,
 )
 from .windows import window_fields

@@ -106,9 +106,7 @@ class NodeKind(enum.StrEnum):
 
 #: Kinds whose input must be partitioned by the current key; a changed key upstream gets a
 #: repartition topic in front of them.
-KEYED_INPUT_KINDS = frozenset(
-    {NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE, NodeKind.STREAM_TABLE_JOIN, NodeKind.STREAM_STREAM_JOIN}
-)
+KEYED_INPUT_KINDS = frozenset({NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE, NodeKind.STREAM_TABLE_JOIN, NodeKind.STREAM_STREAM_JOIN})
 #: Kinds whose output is a table (an update stream of a keyed state).
 TABLE_KINDS = frozenset({NodeKind.TABLE_SOURCE, NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE})
 
@@ -179,8 +177,7 @@ class ErrorPolicies:
         if ErrorPolicy.DEAD_LETTER in dead_letters and not self.dead_letter_topic:
             from .errors import TopologyError
 
-            raise TopologyError("the dead-letter error policy needs a dead-letter topic (--dead-letter-topic, "
-                                "or dead_letter_topic= in App(...))")
+            raise TopologyError("the dead-letter error policy needs a dead-letter topic (--dead-letter-topic, or dead_letter_topic= in App(...))")
 
     def deserialization_policy(self, source_node: str | None) -> ErrorPolicy:
         return self.sources.get(source_node, self.deserialization) if source_node else self.deserialization

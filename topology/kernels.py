@@ -22,6 +22,7 @@ Stream time is Kafka Streams': the highest timestamp seen, per task (a processor
 punctuations) or per windowed node of a task (what decides that a window has closed). Times
 are epoch milliseconds.
 """
+
 from __future__ import annotations
 
 import copy
@@ -222,9 +223,7 @@ def close_time(stream_time: int, grace_ms: int) -> int:
     return stream_time - grace_ms
 
 
-def open_windows(
-    window: TumblingWindow | HoppingWindow, timestamp: int, closed_before: int
-) -> tuple[list[TimeWindow], list[TimeWindow]]:
+def open_windows(window: TumblingWindow | HoppingWindow, timestamp: int, closed_before: int) -> tuple[list[TimeWindow], list[TimeWindow]]:
     """The windows a record at ``timestamp`` falls in, split into (still open, closed): a
     window ``[start, end)`` is closed once ``end <= close_time`` (Kafka Streams: end + grace
     <= stream time). Oldest first."""
@@ -561,8 +560,7 @@ def _aggregation_functions(
     node: AggregationNode, key_serde: Any
 ) -> tuple[Callable[..., Any], Callable[[Any, Any], Any], Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
     """``fn``, the first-record rule, and the codecs an aggregation kernel binds locally."""
-    return (node.fn, Aggregator.of(node).first, key_serde.serialize, node.value_serde.serialize,
-            node.value_serde.deserialize)
+    return (node.fn, Aggregator.of(node).first, key_serde.serialize, node.value_serde.serialize, node.value_serde.deserialize)
 
 
 def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serde: Any) -> Emit:
@@ -581,8 +579,12 @@ def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serd
 
 
 def _windowed_aggregation(
-    node: AggregationNode, window: TumblingWindow | HoppingWindow, store: WindowBytes, key_serde: Any,
-    task: TaskPosition, clock: NodeClock,
+    node: AggregationNode,
+    window: TumblingWindow | HoppingWindow,
+    store: WindowBytes,
+    key_serde: Any,
+    task: TaskPosition,
+    clock: NodeClock,
 ) -> Emit:
     fn, first, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
     grace = window.grace_ms
@@ -596,7 +598,13 @@ def _windowed_aggregation(
             task.late_records_dropped += 1
             log.debug(
                 "task %s node %s: record at %d is late for window [%d, %d) (stream time %d, grace %d)",
-                task.task_id, node.name, timestamp, bounds.start_ms, bounds.end_ms, observed, grace,
+                task.task_id,
+                node.name,
+                timestamp,
+                bounds.start_ms,
+                bounds.end_ms,
+                observed,
+                grace,
             )
         stored_key = key_bytes(key)
         for bounds in still_open:
@@ -609,7 +617,11 @@ def _windowed_aggregation(
 
 
 def _session_aggregation(
-    node: AggregationNode, window: SessionWindow, store: SessionBytes, key_serde: Any, task: TaskPosition,
+    node: AggregationNode,
+    window: SessionWindow,
+    store: SessionBytes,
+    key_serde: Any,
+    task: TaskPosition,
     clock: NodeClock,
 ) -> Emit:
     fn, _, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
@@ -626,8 +638,13 @@ def _session_aggregation(
         overlapping = list(store.find_sessions(stored_key, *session_lookup_bounds(timestamp, gap)))
         merged = merge_into_session(
             [(session.start, session.end, value_of(session.value)) for session in overlapping],
-            key, value, timestamp,
-            close_time=close_time(observed, grace), aggregate=fn, merge=merger, new_initial=new_initial,
+            key,
+            value,
+            timestamp,
+            close_time=close_time(observed, grace),
+            aggregate=fn,
+            merge=merger,
+            new_initial=new_initial,
         )
         if merged is None:
             task.late_records_dropped += 1
@@ -726,10 +743,7 @@ def _processor(wiring: NodeWiring) -> Emit:
     instance = node.fn()
     context = NodeProcessorContext(wiring.task(), wiring.typed_stores, node.stores)
     context.emit = wiring.forward
-    punctuations = [
-        ScheduledPunctuation(punctuation, getattr(instance, punctuation.method), context, node.name)
-        for punctuation in node.punctuations
-    ]
+    punctuations = [ScheduledPunctuation(punctuation, getattr(instance, punctuation.method), context, node.name) for punctuation in node.punctuations]
     wiring.processors.append(ProcessorInstance(node.name, instance, context, punctuations))
     process = instance.process
 
@@ -808,11 +822,7 @@ class RecordFailure:
     reason: str
 
     def describe(self) -> str:
-        where = (
-            f"{self.topic}-{self.partition}@{self.offset}"
-            if self.topic is not None
-            else "a record forwarded from a store flush"
-        )
+        where = f"{self.topic}-{self.partition}@{self.offset}" if self.topic is not None else "a record forwarded from a store flush"
         node = f" in node {self.node!r}" if self.node else ""
         return f"task {self.task_id}: {self.kind} error on {where}{node}: {self.reason}"
 
@@ -856,9 +866,15 @@ DEAD_LETTER_HEADER_PREFIX = "pystreams.error."
 def dead_letter_headers(failure: RecordFailure) -> list[tuple[str, bytes]]:
     """Where a dead letter came from and why it failed; its key and value are the record's
     original bytes."""
-    fields = (("kind", str(failure.kind)), ("topic", failure.topic or ""), ("partition", str(failure.partition)),
-              ("offset", str(failure.offset)), ("task", failure.task_id), ("node", failure.node or ""),
-              ("reason", failure.reason))
+    fields = (
+        ("kind", str(failure.kind)),
+        ("topic", failure.topic or ""),
+        ("partition", str(failure.partition)),
+        ("offset", str(failure.offset)),
+        ("task", failure.task_id),
+        ("node", failure.node or ""),
+        ("reason", failure.reason),
+    )
     return [(DEAD_LETTER_HEADER_PREFIX + name, text.encode()) for name, text in fields]
 
 
@@ -881,5 +897,4 @@ def failure_policy(errors: ErrorPolicies, failure: RecordFailure, error: BaseExc
 def skip_hint(kind: ErrorKind) -> str:
     """How to have records that fail this way skipped rather than stop processing."""
     option = "deserialization" if kind is ErrorKind.DESERIALIZATION else "processing"
-    return (f"to skip such records: --{option}-errors log-and-continue, or dead-letter with --dead-letter-topic; "
-            f"App({option}_errors=...) in code")
+    return f"to skip such records: --{option}-errors log-and-continue, or dead-letter with --dead-letter-topic; App({option}_errors=...) in code"

@@ -23,8 +23,7 @@ def check_name(what: str, name: str) -> str:
     """Return ``name`` if Kafka could use it in a topic name, else raise naming ``what``."""
     if not isinstance(name, str) or not _LEGAL.fullmatch(name) or name in (".", ".."):
         raise InvalidNameError(
-            f"{what} name {name!r} is not usable: use letters, digits, '.', '_' and '-' only "
-            f"(pass name= to choose another)",
+            f"{what} name {name!r} is not usable: use letters, digits, '.', '_' and '-' only (pass name= to choose another)",
             nodes=[name] if isinstance(name, str) else [],
         )
     if len(name) > MAX_TOPIC_NAME_LENGTH:

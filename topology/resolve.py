@@ -74,9 +74,7 @@ class ResolvedTopology:
         whose stores are all unlogged)."""
         stores = self.topology.stores
         return tuple(
-            (topic, task.partition)
-            for name in self.topology.subtopologies[task.subtopology].stores
-            if (topic := stores[name].changelog_topic) is not None
+            (topic, task.partition) for name in self.topology.subtopologies[task.subtopology].stores if (topic := stores[name].changelog_topic) is not None
         )
 
     @property
@@ -87,8 +85,7 @@ class ResolvedTopology:
     def topics_to_create(self) -> tuple[TopicToCreate, ...]:
         """The internal topics with their partition counts and configs, sorted by name."""
         return tuple(
-            TopicToCreate(name=t.name, partitions=self.partitions[t.name], config=dict(t.config), role=t.role)
-            for t in self.topology.internal_topics.values()
+            TopicToCreate(name=t.name, partitions=self.partitions[t.name], config=dict(t.config), role=t.role) for t in self.topology.internal_topics.values()
         )
 
 
@@ -103,9 +100,7 @@ def resolve(topology: Topology, partitions_by_topic: Mapping[str, int]) -> Resol
             raise ValueError(f"topic {topic!r}: partition count must be a positive int, got {count!r}")
     internal = topology.internal_topics
     source_topics = _source_topics(topology, partitions_by_topic)
-    counts: dict[str, int] = {
-        t: partitions_by_topic[t] for ts in source_topics.values() for t in ts if t not in internal
-    }
+    counts: dict[str, int] = {t: partitions_by_topic[t] for ts in source_topics.values() for t in ts if t not in internal}
     task_counts: dict[int, int] = {}
 
     for sub_id in subtopology_order(topology.subtopologies, internal):
@@ -115,9 +110,7 @@ def resolve(topology: Topology, partitions_by_topic: Mapping[str, int]) -> Resol
                 _copartition(topology, group.source_nodes, group.required_by, source_topics, counts)
         known = [counts[t] for n in sub.source_nodes for t in source_topics[n] if t in counts]
         if not known:
-            raise TopologyError(
-                f"sub-topology {sub_id} has no input with a known partition count", nodes=sub.source_nodes
-            )
+            raise TopologyError(f"sub-topology {sub_id} has no input with a known partition count", nodes=sub.source_nodes)
         task_counts[sub_id] = max(known)
         for topic in internal.values():
             if topic.role is TopicRole.REPARTITION and topic.subtopology == sub_id and topic.name not in counts:
@@ -157,9 +150,7 @@ def _source_topics(topology: Topology, partitions_by_topic: Mapping[str, int]) -
         if node.pattern is not None:
             topics = matching_topics(node.pattern, node.name, candidates)
             if not topics:
-                raise MissingSourceError(
-                    f"source {node.name!r}: pattern {node.pattern!r} matches no topic", nodes=[node.name]
-                )
+                raise MissingSourceError(f"source {node.name!r}: pattern {node.pattern!r} matches no topic", nodes=[node.name])
         else:
             missing = [t for t in node.topics if t not in partitions_by_topic]
             if missing:
@@ -194,8 +185,7 @@ def _copartition(
     if len(set(external.values())) > 1:
         listing = ", ".join(f"{t!r} ({n} partitions)" for t, n in external.items())
         raise CopartitionError(
-            f"join {', '.join(map(repr, joins))} needs co-partitioned inputs, but {listing} differ; "
-            f"sources {list(source_nodes)}",
+            f"join {', '.join(map(repr, joins))} needs co-partitioned inputs, but {listing} differ; sources {list(source_nodes)}",
             nodes=[*joins, *source_nodes],
             topics=list(external),
         )
@@ -220,9 +210,7 @@ def _copartition(
                 counts[topic] = target
 
 
-def _check_existing_internal_topics(
-    internal: Mapping[str, InternalTopic], existing: Mapping[str, int], counts: Mapping[str, int]
-) -> None:
+def _check_existing_internal_topics(internal: Mapping[str, InternalTopic], existing: Mapping[str, int], counts: Mapping[str, int]) -> None:
     for name in internal:
         if name in existing and existing[name] != counts[name]:
             raise TopologyError(

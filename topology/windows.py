@@ -105,9 +105,7 @@ class HoppingWindow:
         """Every window containing the timestamp, oldest first (none start before epoch 0)."""
         last_start = timestamp_ms - timestamp_ms % self.advance_ms
         first_start = max(0, last_start - self.size_ms + self.advance_ms)
-        return tuple(
-            TimeWindow(start, start + self.size_ms) for start in range(first_start, last_start + 1, self.advance_ms)
-        )
+        return tuple(TimeWindow(start, start + self.size_ms) for start in range(first_start, last_start + 1, self.advance_ms))
 
 
 @dataclass(frozen=True, slots=True, init=False)

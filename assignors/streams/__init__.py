@@ -1,4 +1,5 @@
 """The Streams client-side task assignor, its placement of replicas and its KIP-848 metadata."""
+
 from .metadata import (
     CLASSIC_METADATA_VERSION,
     MAXIMUM_METADATA_VERSION,

@@ -37,6 +37,7 @@ version that member understands):
 The rest of the code sees one in-memory model, ``StreamsAssignmentMetadata``, whatever version
 the bytes had.
 """
+
 from __future__ import annotations
 
 import enum
@@ -44,7 +45,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from uuid import UUID
 
 import msgspec
-
 from pystreams.topology.ir import TaskId
 
 MINIMUM_METADATA_VERSION = 1
@@ -181,7 +181,10 @@ class _EncodedAssignmentV2(msgspec.Struct, frozen=True):
 
 _member_decoder = msgspec.msgpack.Decoder(StreamsMemberMetadata)
 _classic_member_decoder = msgspec.msgpack.Decoder(ClassicStreamsMemberMetadata)
-_assignment_decoders: dict[int, msgspec.msgpack.Decoder[_AssignmentV1] | msgspec.msgpack.Decoder[_AssignmentV2]] = {1: msgspec.msgpack.Decoder(_AssignmentV1), 2: msgspec.msgpack.Decoder(_AssignmentV2)}
+_assignment_decoders: dict[int, msgspec.msgpack.Decoder[_AssignmentV1] | msgspec.msgpack.Decoder[_AssignmentV2]] = {
+    1: msgspec.msgpack.Decoder(_AssignmentV1),
+    2: msgspec.msgpack.Decoder(_AssignmentV2),
+}
 _encoder = msgspec.msgpack.Encoder(order="deterministic")
 #: For maps with int keys (built in sorted order: "deterministic" takes str keys only).
 _insertion_order_encoder = msgspec.msgpack.Encoder()
@@ -210,10 +213,11 @@ class AssignmentMetadataWriter:
     1,000-member assignment cheap.
     """
 
-    def __init__(self, partitions_by_host: Mapping[str, Sequence[tuple[str, int]]], standby_partitions_by_host: Mapping[str, Sequence[tuple[str, int]]]) -> None:
+    def __init__(
+        self, partitions_by_host: Mapping[str, Sequence[tuple[str, int]]], standby_partitions_by_host: Mapping[str, Sequence[tuple[str, int]]]
+    ) -> None:
         self._by_host, self._standby_by_host = partitions_by_host, standby_partitions_by_host
-        self._topics = sorted({topic for hosts in (partitions_by_host, standby_partitions_by_host)
-                               for pairs in hosts.values() for topic, _ in pairs})
+        self._topics = sorted({topic for hosts in (partitions_by_host, standby_partitions_by_host) for pairs in hosts.values() for topic, _ in pairs})
         self._encoded: dict[tuple[int, bool], msgspec.Raw] = {}
         self._encoded_topics = msgspec.Raw(_encoder.encode(self._topics))
 
@@ -322,8 +326,7 @@ def _expand_hosts(compact: Mapping[str, Mapping[int, Sequence[int]]], topics: Se
     """Raises ValueError (bad metadata) for a topic index outside ``topics``."""
     try:
         return {
-            host: sorted((topics[index], partition) for index, partitions in by_topic.items() for partition in partitions)
-            for host, by_topic in compact.items()
+            host: sorted((topics[index], partition) for index, partitions in by_topic.items() for partition in partitions) for host, by_topic in compact.items()
         }
     except IndexError:
         raise ValueError(f"a topic index is outside the {len(topics)} topics listed") from None

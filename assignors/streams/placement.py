@@ -28,6 +28,7 @@ member id), in the spirit of Kafka Streams' HighAvailabilityTaskAssignor:
 Cost: about O((T + L) log P) for T tasks, P processes and L reported lags, plus, per
 standby, one look at each distinct combination of rack tag values.
 """
+
 from __future__ import annotations
 
 import heapq

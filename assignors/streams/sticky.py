@@ -24,6 +24,7 @@ Errors (the whole group gets the same one):
 * a member whose reason is SHUTDOWN: every member keeps its current partitions and its
   assignment metadata carries SHUTDOWN, so every worker of the app stops.
 """
+
 from __future__ import annotations
 
 import logging
@@ -151,10 +152,16 @@ class StickyTaskAssignor:
         with self._lock:
             reason = self._reason
         meta = self.member_metadata()
-        return encode_member_metadata(ClassicStreamsMemberMetadata(
-            process_id=meta.process_id, user_endpoint=meta.user_endpoint, client_tags=meta.client_tags,
-            topology_hash=meta.topology_hash, task_lags=meta.task_lags, reason=int(reason),
-        ))
+        return encode_member_metadata(
+            ClassicStreamsMemberMetadata(
+                process_id=meta.process_id,
+                user_endpoint=meta.user_endpoint,
+                client_tags=meta.client_tags,
+                topology_hash=meta.topology_hash,
+                task_lags=meta.task_lags,
+                reason=int(reason),
+            )
+        )
 
     def on_assignment(self, error: int, assignment: MemberAssignment, group_epoch: int) -> None:
         """``error`` given to the callback is the group-level error, or else the one the
@@ -279,9 +286,7 @@ def _keep_targets(spec: AssignmentSpec, error: AssignmentError) -> GroupAssignme
     members = {}
     for mid, member in sorted(spec.members.items()):
         version = _assignment_version(member) if member.metadata is not None else MINIMUM_METADATA_VERSION
-        members[mid] = MemberAssignment(
-            partitions=member.target_partitions, metadata_version=version, metadata=writer.encode(version, error=int(error))
-        )
+        members[mid] = MemberAssignment(partitions=member.target_partitions, metadata_version=version, metadata=writer.encode(version, error=int(error)))
     return GroupAssignment(members=members, error=int(error))
 
 
@@ -304,9 +309,7 @@ def _shutdown(spec: AssignmentSpec, owner_of: Mapping[TaskId, str], versions: Ma
     )
 
 
-def _processes(
-    metadata: Mapping[str, StreamsMemberMetadata], partitions_of_task: Mapping[TaskId, object]
-) -> list[ProcessSpec]:
+def _processes(metadata: Mapping[str, StreamsMemberMetadata], partitions_of_task: Mapping[TaskId, object]) -> list[ProcessSpec]:
     """Members grouped by process id; a process's lag for a task is its members' lowest."""
     by_process: dict[UUID, list[str]] = {}
     for mid in sorted(metadata):
@@ -349,9 +352,7 @@ def _partitions_by_host(
     return hosts
 
 
-def _current_owners(
-    spec: AssignmentSpec, partitions_of_task: Mapping[TaskId, tuple[TopicIdPartition, ...]]
-) -> dict[TaskId, str]:
+def _current_owners(spec: AssignmentSpec, partitions_of_task: Mapping[TaskId, tuple[TopicIdPartition, ...]]) -> dict[TaskId, str]:
     """Task -> the member whose target holds most of its partitions (ties: lowest member id)."""
     holder: dict[TopicIdPartition, str] = {}
     for mid in sorted(spec.members, reverse=True):  # the lowest id wins a (malformed) shared partition

@@ -58,6 +58,7 @@ a rebalance, as a KIP-848 member's would: the member rejoins.
 Partitions are ``PartitionSet`` values (topic ids); topic names go through the injected
 :class:`~pystreams.client.topics.TopicResolver`.
 """
+
 from __future__ import annotations
 
 import enum
@@ -79,7 +80,8 @@ from pystreams.client.classic_leader import (
     to_ids,
     to_names,
 )
-from pystreams.client.common import Revocations, Subscription as _Subscription, parse_subscription
+from pystreams.client.common import Revocations, parse_subscription
+from pystreams.client.common import Subscription as _Subscription
 from pystreams.client.events import (
     CoordinatorUnavailable,
     LeftGroup,
@@ -184,9 +186,11 @@ class ClassicMemberConfig:
             raise ValueError("group_id must be non-empty")
         if self.instance_id == "":
             raise ValueError("instance_id, when given, must be non-empty")
-        for name, value in (("session_timeout_ms", self.session_timeout_ms),
-                            ("heartbeat_interval_ms", self.heartbeat_interval_ms),
-                            ("rebalance_timeout_ms", self.rebalance_timeout_ms)):
+        for name, value in (
+            ("session_timeout_ms", self.session_timeout_ms),
+            ("heartbeat_interval_ms", self.heartbeat_interval_ms),
+            ("rebalance_timeout_ms", self.rebalance_timeout_ms),
+        ):
             if value <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
@@ -269,10 +273,7 @@ class ClassicGroupMember:
         self.config = config
         self.topics = topics
         self.rebalance_protocol = config.rebalance_protocol
-        self._protocols = [
-            _Protocol(a, BUILTIN_ASSIGNORS[a][0](), None) if isinstance(a, str) else _Protocol(a.name, a, a)
-            for a in config.assignors
-        ]
+        self._protocols = [_Protocol(a, BUILTIN_ASSIGNORS[a][0](), None) if isinstance(a, str) else _Protocol(a.name, a, a) for a in config.assignors]
         self._state = ClassicState.UNJOINED
         self._member_id = ""
         self._generation = NO_GENERATION
@@ -436,8 +437,7 @@ class ClassicGroupMember:
                 return
         leader = self._leader
         if leader is not None and self.is_leader and self._state is ClassicState.STABLE:
-            counts = {name: (t.num_partitions if (t := self.topics.topic(name)) else None)
-                      for name in leader.topic_partition_counts}
+            counts = {name: (t.num_partitions if (t := self.topics.topic(name)) else None) for name in leader.topic_partition_counts}
             if counts != leader.topic_partition_counts:
                 self._request_rejoin("the metadata of a subscribed topic changed")
 
@@ -611,9 +611,7 @@ class ClassicGroupMember:
             self._start_revocation(self._owned)
         else:
             topics = set(self._current_topics())
-            unsubscribed = PartitionSet(
-                {t: ps for t, ps in self._owned.by_topic.items() if self.topics.name_of(t) not in topics}
-            )
+            unsubscribed = PartitionSet({t: ps for t, ps in self._owned.by_topic.items() if self.topics.name_of(t) not in topics})
             if unsubscribed:
                 self._start_revocation(unsubscribed)
 
@@ -640,10 +638,16 @@ class ClassicGroupMember:
         protocols = [
             JoinGroupRequest.JoinGroupRequestProtocol(
                 name=p.name,
-                metadata=encode_subscription(Subscription(
-                    topics=topics, user_data=user_data[p.name], owned_partitions=owned,
-                    generation_id=self._generation, rack_id=self.config.rack_id,
-                ), SUBSCRIPTION_VERSION),
+                metadata=encode_subscription(
+                    Subscription(
+                        topics=topics,
+                        user_data=user_data[p.name],
+                        owned_partitions=owned,
+                        generation_id=self._generation,
+                        rack_id=self.config.rack_id,
+                    ),
+                    SUBSCRIPTION_VERSION,
+                ),
             )
             for p in self._protocols
         ]
@@ -670,8 +674,7 @@ class ClassicGroupMember:
         self._rebalance_heard_ms = None  # the coordinator has the join: rejoined in time
         if code == _NONE:
             if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
-                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"JoinGroup answered protocol type "
-                           f"{response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
+                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"JoinGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
                 return
             self._state = ClassicState.COMPLETING_REBALANCE
             self._generation = response.generation_id
@@ -696,8 +699,7 @@ class ClassicGroupMember:
                 protocol_type=PROTOCOL_TYPE,
                 protocol_name=self._protocol_name,
                 assignments=[
-                    SyncGroupRequest.SyncGroupRequestAssignment(member_id=member_id, assignment=data)
-                    for member_id, data in sorted(assignments.items())
+                    SyncGroupRequest.SyncGroupRequestAssignment(member_id=member_id, assignment=data) for member_id, data in sorted(assignments.items())
                 ],
             )
         elif code == _MEMBER_ID_REQUIRED:
@@ -727,9 +729,7 @@ class ClassicGroupMember:
     def _lead(self, response: JoinGroupResponse) -> dict[str, bytes]:
         protocol = next((p for p in self._protocols if p.name == response.protocol_name), None)
         if protocol is None:
-            raise _SelectedProtocolUnknown(
-                f"the coordinator selected protocol {response.protocol_name!r}, which this member does not have"
-            )
+            raise _SelectedProtocolUnknown(f"the coordinator selected protocol {response.protocol_name!r}, which this member does not have")
         memory = self._leader
         previous = memory.targets if memory is not None and memory.generation == self._generation - 1 else None
         result = assign_group(
@@ -753,16 +753,14 @@ class ClassicGroupMember:
         code = response.error_code
         if code == _NONE:
             if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
-                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol type "
-                           f"{response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
+                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
                 return
             if not self._generation_unchanged(in_flight) or self._state is not ClassicState.COMPLETING_REBALANCE:
                 # A heartbeat reset the generation meanwhile: this rebalance failed, rejoin.
                 self._rejoin_after(None, "the generation was reset during the rebalance")
                 return
             if response.protocol_name is not None and response.protocol_name != self._protocol_name:
-                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol "
-                           f"{response.protocol_name!r}, not {self._protocol_name!r}")
+                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol {response.protocol_name!r}, not {self._protocol_name!r}")
                 return
             self._state = ClassicState.STABLE
             self._rejoin_needed = False
@@ -818,8 +816,7 @@ class ClassicGroupMember:
             return
         protocol.client.on_assignment(
             _NONE,
-            MemberAssignment(partitions=assigned.by_topic, metadata_version=CLASSIC_METADATA_VERSION,
-                             metadata=user_data or b""),
+            MemberAssignment(partitions=assigned.by_topic, metadata_version=CLASSIC_METADATA_VERSION, metadata=user_data or b""),
             self._generation,
         )
 
@@ -998,15 +995,13 @@ class ClassicGroupMember:
     def _check_timeouts(self, now_ms: int) -> None:
         join = self._join_deadline()
         if join is not None and now_ms >= join:
-            log.warning("group %s: not rejoined and synced within the rebalance timeout; giving up every partition",
-                        self.config.group_id)
+            log.warning("group %s: not rejoined and synced within the rebalance timeout; giving up every partition", self.config.group_id)
             self._lose_owned(_REQUEST_TIMED_OUT)  # the answer may still come: then carry on
         rebalance = self._rebalance_deadline()
         if rebalance is not None and now_ms >= rebalance:
             # Not rejoined within the rebalance timeout (revocations too slow, Kafka's max poll
             # interval): the coordinator has gone on without this member.
-            log.warning("group %s: did not rejoin within the rebalance timeout; giving up every partition",
-                        self.config.group_id)
+            log.warning("group %s: did not rejoin within the rebalance timeout; giving up every partition", self.config.group_id)
             if self._state is ClassicState.LEAVING:
                 self._lose_revoking(_REQUEST_TIMED_OUT)  # then LeaveGroup, best effort
             else:
@@ -1033,11 +1028,13 @@ class ClassicGroupMember:
         self._leave_due = False
         request = LeaveGroupRequest(
             group_id=self.config.group_id,
-            members=[LeaveGroupRequest.MemberIdentity(
-                member_id=self._member_id,
-                group_instance_id=self.config.instance_id,
-                reason="the consumer is being closed" if self._closed else "the consumer left the group",
-            )],
+            members=[
+                LeaveGroupRequest.MemberIdentity(
+                    member_id=self._member_id,
+                    group_instance_id=self.config.instance_id,
+                    reason="the consumer is being closed" if self._closed else "the consumer left the group",
+                )
+            ],
         )
         self._leave = _InFlight(request, now_ms, self._generation, self._member_id)
         return request
@@ -1069,8 +1066,7 @@ class ClassicGroupMember:
         if api is None:
             message = f"group {self.config.group_id!r}: {server_message}"
         else:
-            message = (f"group {self.config.group_id!r}: {api} failed with {error_name(error_code)} "
-                       f"({error_code}), which is fatal")
+            message = f"group {self.config.group_id!r}: {api} failed with {error_name(error_code)} ({error_code}), which is fatal"
             if error_code == _FENCED_INSTANCE_ID:
                 message += f": another member uses instance id {self.config.instance_id!r}"
             elif error_code == Errors.GroupMaxSizeReachedError.errno:

@@ -24,6 +24,7 @@ An assignment is written at the version of the member's own subscription, so an 
 reads it. The assignor raising :class:`PartitionAssignorError` keeps every member on what it
 owns, as KIP-848 keeps the target when a client-side assignor fails.
 """
+
 from __future__ import annotations
 
 import enum
@@ -104,8 +105,7 @@ def decode_members(members: Sequence[JoinGroupMemberWire]) -> list[JoinedMember]
         try:
             subscription: Subscription | None = decode_subscription(bytes(member.metadata))
         except ConsumerProtocolError as error:
-            log.warning("member %s sent a subscription that cannot be read (%s); it gets no partitions",
-                        member.member_id, error)
+            log.warning("member %s sent a subscription that cannot be read (%s); it gets no partitions", member.member_id, error)
             subscription = None
         joined.append(JoinedMember(member.member_id, member.group_instance_id, subscription))
     return joined
@@ -152,23 +152,22 @@ def assign_group(
         if topic is not None:
             topic_table[topic.topic_id] = topic
 
-    owned = {m.member_id: to_ids(m.subscription.owned_partitions, topics) if m.subscription else NO_PARTITIONS
-             for m in members}
+    owned = {m.member_id: to_ids(m.subscription.owned_partitions, topics) if m.subscription else NO_PARTITIONS for m in members}
     spec_members: dict[str, MemberSpec] = {}
     for member in members:
         subscription = member.subscription
-        topic_ids = frozenset(
-            t.topic_id for name in (subscription.topics if subscription else ()) if (t := topics.topic(name)) is not None
-        )
+        topic_ids = frozenset(t.topic_id for name in (subscription.topics if subscription else ()) if (t := topics.topic(name)) is not None)
         sticky_to = owned[member.member_id]
         if previous_targets is not None and member.member_id in previous_targets:
             sticky_to = previous_targets[member.member_id]
         metadata = None
         if client_side:
             metadata = AssignorMetadata(
-                reason=0, version=CLASSIC_METADATA_VERSION,
+                reason=0,
+                version=CLASSIC_METADATA_VERSION,
                 data=(subscription.user_data or b"") if subscription else b"",
-                minimum_version=CLASSIC_METADATA_VERSION, maximum_version=CLASSIC_METADATA_VERSION,
+                minimum_version=CLASSIC_METADATA_VERSION,
+                maximum_version=CLASSIC_METADATA_VERSION,
             )
         spec_members[member.member_id] = MemberSpec(
             subscribed_topic_ids=topic_ids,
@@ -216,9 +215,7 @@ def _known(topic_table: Mapping[UUID, TopicMetadata]) -> PartitionSet:
     return PartitionSet({topic_id: range(topic.num_partitions) for topic_id, topic in topic_table.items()})
 
 
-def _withhold_moving_partitions(
-    targets: Mapping[str, PartitionSet], owned: Mapping[str, PartitionSet]
-) -> dict[str, PartitionSet]:
+def _withhold_moving_partitions(targets: Mapping[str, PartitionSet], owned: Mapping[str, PartitionSet]) -> dict[str, PartitionSet]:
     """KIP-429's first phase: a member gets no partition that another member still owns."""
     claimants: dict[tuple[UUID, int], set[str]] = {}
     for member_id, partitions in owned.items():
@@ -226,8 +223,6 @@ def _withhold_moving_partitions(
             claimants.setdefault(partition, set()).add(member_id)
     handed = {}
     for member_id, target in targets.items():
-        held_elsewhere = PartitionSet.from_pairs(
-            p for p in target if p in claimants and claimants[p] != {member_id}
-        )
+        held_elsewhere = PartitionSet.from_pairs(p for p in target if p in claimants and claimants[p] != {member_id})
         handed[member_id] = target - held_elsewhere
     return handed

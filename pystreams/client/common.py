@@ -1,5 +1,6 @@
 """What the KIP-848 member and the classic member keep the same way: a subscription (topic names
 or one regex, checked once) and the book of revocations handed to the caller."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -37,6 +37,7 @@ The member is sans-IO; this module owns the IO around it:
   ``metadata_max_age_ms`` it is also refreshed periodically and the member told
   (``metadata_changed``), so a leader notices new partitions and a regex subscription new topics.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -172,9 +173,7 @@ class KafkaConnection:
     (ApiVersions, then SASL when configured); ``server`` is what ApiVersions said.
     """
 
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: Address, client_id: str
-    ) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: Address, client_id: str) -> None:
         self.address = address
         self._reader = reader
         self._writer = writer
@@ -188,12 +187,17 @@ class KafkaConnection:
 
     @classmethod
     async def open(
-        cls, address: Address, client_id: str, timeout_s: float, security: ClientSecurity | None = None,
+        cls,
+        address: Address,
+        client_id: str,
+        timeout_s: float,
+        security: ClientSecurity | None = None,
     ) -> KafkaConnection:
         security = security or ClientSecurity()
         context = security.ssl_context()
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(*address, ssl=context, server_hostname=address[0] if context else None), timeout_s,
+            asyncio.open_connection(*address, ssl=context, server_hostname=address[0] if context else None),
+            timeout_s,
         )
         connection = cls(reader, writer, address, client_id)
         try:
@@ -523,8 +527,10 @@ class MemberDriver:
                         **_topic_field(topic, version),
                         partitions=[
                             partition_class(
-                                partition_index=partition, committed_offset=offset,
-                                committed_leader_epoch=-1, committed_metadata=metadata,
+                                partition_index=partition,
+                                committed_offset=offset,
+                                committed_leader_epoch=-1,
+                                committed_metadata=metadata,
                             )
                             for partition, offset in sorted(partitions)
                         ],
@@ -558,15 +564,14 @@ class MemberDriver:
             topic_class = group_class.OffsetFetchRequestTopics
             request = m.OffsetFetchRequest(
                 require_stable=require_stable,
-                groups=[group_class(
-                    group_id=self.config.group_id,
-                    member_id=self.member.member_id if in_group else None,
-                    member_epoch=self.member.member_epoch if in_group else -1,
-                    topics=[
-                        topic_class(**_topic_field(topic, version), partition_indexes=sorted(indexes))
-                        for topic, indexes in by_topic.items()
-                    ],
-                )],
+                groups=[
+                    group_class(
+                        group_id=self.config.group_id,
+                        member_id=self.member.member_id if in_group else None,
+                        member_epoch=self.member.member_epoch if in_group else -1,
+                        topics=[topic_class(**_topic_field(topic, version), partition_indexes=sorted(indexes)) for topic, indexes in by_topic.items()],
+                    )
+                ],
             )
             response, failure = await self._offsets_call(request, version)
             if response is None:
@@ -758,8 +763,13 @@ class MemberDriver:
                 self._give_up(f"no coordinator reached within {self.connect_timeout_ms / 1000:g} s, giving up: {reason}")
                 return
             delay_ms = self._backoff.next_ms()
-            log.log(self._connect_failure_level(exc, reason, now, failing_ms),
-                    "group %s: no coordinator: %s; retrying in %d ms", self.config.group_id, reason, delay_ms)
+            log.log(
+                self._connect_failure_level(exc, reason, now, failing_ms),
+                "group %s: no coordinator: %s; retrying in %d ms",
+                self.config.group_id,
+                reason,
+                delay_ms,
+            )
             await asyncio.sleep(delay_ms / 1000)
             return
         if self._failing_since_ms is not None:
@@ -805,17 +815,18 @@ class MemberDriver:
                 if bootstrap_connection.server is not None and not bootstrap_connection.server.is_pystreams_coordinator:
                     raise _CoordinatorLookupError(
                         f"{address[0]}:{address[1]} is a Kafka broker, not a pystreams coordinator: point --coordinator "
-                        "at the address `pystreams coordinator` listens on (its --listen)", wrong_server=True)
+                        "at the address `pystreams coordinator` listens on (its --listen)",
+                        wrong_server=True,
+                    )
                 self.find_coordinator_count += 1
                 response = await bootstrap_connection.send(
                     m.FindCoordinatorRequest(key_type=CoordinatorType.GROUP, coordinator_keys=[self.config.group_id]),
-                    _VERSIONS[m.FindCoordinatorRequest], timeout_s,
+                    _VERSIONS[m.FindCoordinatorRequest],
+                    timeout_s,
                 )
                 [entry] = response.coordinators
                 if entry.error_code != _NONE:
-                    raise _CoordinatorLookupError(
-                        f"FindCoordinator: {Errors.for_code(entry.error_code).__name__} {entry.error_message or ''}"
-                    )
+                    raise _CoordinatorLookupError(f"FindCoordinator: {Errors.for_code(entry.error_code).__name__} {entry.error_message or ''}")
                 coordinator = (entry.host, entry.port)
                 if coordinator == address:
                     connection = bootstrap_connection
@@ -825,7 +836,9 @@ class MemberDriver:
                     connection.close()
                     raise _CoordinatorLookupError(
                         f"{coordinator[0]}:{coordinator[1]} (named by FindCoordinator at {address[0]}:{address[1]}) is "
-                        "a Kafka broker, not a pystreams coordinator", wrong_server=True)
+                        "a Kafka broker, not a pystreams coordinator",
+                        wrong_server=True,
+                    )
                 keep = connection is bootstrap_connection
                 return connection
             except _CoordinatorLookupError as exc:
@@ -852,15 +865,18 @@ class _CoordinatorLookupError(Exception):
     def at(cls, address: Address, error: BaseException, timeout_s: float) -> _CoordinatorLookupError:
         where = f"{address[0]}:{address[1]}"
         if isinstance(error, ConnectionRefusedError):
-            return cls(f"nothing listens at {where} — is the coordinator running? (`pystreams coordinator`, "
-                       "or `pystreams dev`; --coordinator names its address)")
+            return cls(
+                f"nothing listens at {where} — is the coordinator running? (`pystreams coordinator`, or `pystreams dev`; --coordinator names its address)"
+            )
         if isinstance(error, socket.gaierror):
             return cls(f"cannot resolve the host of {where} ({error.strerror}); check --coordinator")
         if isinstance(error, TimeoutError):
             return cls(f"{where} did not answer within {timeout_s:g} s (a firewall, or a host that is down?)")
         if isinstance(error, (ConnectionLost, HandshakeError)):
-            return cls(f"{where} does not talk like a pystreams coordinator ({error}); is it the coordinator's "
-                       "Kafka-protocol port, and do TLS/SASL settings match its listener?")
+            return cls(
+                f"{where} does not talk like a pystreams coordinator ({error}); is it the coordinator's "
+                "Kafka-protocol port, and do TLS/SASL settings match its listener?"
+            )
         return cls(f"cannot connect to {where}: {error}")
 
 

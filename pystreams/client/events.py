@@ -5,6 +5,7 @@ The KIP-848 member (:mod:`pystreams.client.member`) and the classic member
 worker, the simulator), so that either can be driven without knowing which one it is. See
 ``pystreams.client.member`` for what each event asks of the caller.
 """
+
 from __future__ import annotations
 
 import enum

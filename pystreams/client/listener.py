@@ -13,17 +13,18 @@ The member state machine never calls a listener itself (it returns events, see
 ``pystreams.client.member``); :func:`notify_listener` is the one place where events become
 listener calls, so drivers and tests share the mapping.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from pystreams.partitions import PartitionSet
 from pystreams.client.member import (
     MemberEvent,
     PartitionsAssigned,
     PartitionsLost,
     RevokePartitions,
 )
+from pystreams.partitions import PartitionSet
 
 
 @runtime_checkable

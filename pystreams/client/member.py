@@ -44,6 +44,7 @@ whenever ``metadata()`` returns something different from what was last sent.
 
 Owned, revoking and pending partitions are ``PartitionSet`` values (sets of ``TopicIdPartition``, topic ids only).
 """
+
 from __future__ import annotations
 
 import enum
@@ -65,6 +66,8 @@ from pystreams.assignors.api import (
 from pystreams.client.common import Revocations, Subscription, parse_subscription
 from pystreams.client.events import (
     IN_GROUP as _IN_GROUP,
+)
+from pystreams.client.events import (
     AssignmentAbandoned,
     AssignmentInstalled,
     CoordinatorUnavailable,
@@ -80,8 +83,6 @@ from pystreams.client.events import (
     error_name,
 )
 from pystreams.partitions import NO_PARTITIONS, PartitionSet
-from pystreams.protocol.sentinels import COORDINATOR_MOVED, JOIN_EPOCH, LEAVE_EPOCH, LEAVE_STATIC_EPOCH, RETRIABLE
-
 from pystreams.protocol.messages import (
     ConsumerGroupHeartbeatRequest,
     ConsumerGroupHeartbeatResponse,
@@ -90,17 +91,10 @@ from pystreams.protocol.messages import (
     ConsumerGroupPrepareAssignmentRequest,
     ConsumerGroupPrepareAssignmentResponse,
 )
+from pystreams.protocol.sentinels import COORDINATOR_MOVED, JOIN_EPOCH, LEAVE_EPOCH, LEAVE_STATIC_EPOCH, RETRIABLE
 
-Request = (
-    ConsumerGroupHeartbeatRequest
-    | ConsumerGroupPrepareAssignmentRequest
-    | ConsumerGroupInstallAssignmentRequest
-)
-Response = (
-    ConsumerGroupHeartbeatResponse
-    | ConsumerGroupPrepareAssignmentResponse
-    | ConsumerGroupInstallAssignmentResponse
-)
+Request = ConsumerGroupHeartbeatRequest | ConsumerGroupPrepareAssignmentRequest | ConsumerGroupInstallAssignmentRequest
+Response = ConsumerGroupHeartbeatResponse | ConsumerGroupPrepareAssignmentResponse | ConsumerGroupInstallAssignmentResponse
 
 
 #: The Install ``Error`` the member sends when its assignor raises PartitionAssignorError
@@ -469,10 +463,7 @@ class GroupMember:
             else:
                 # An Install may have been applied; re-sending an old assignment could install
                 # it over a newer one, so the round is abandoned and the coordinator re-elects.
-                self._abandon_computation(
-                    AssignmentAbandoned("install", Errors.RequestTimedOutError.errno,
-                                        "install request failed; outcome unknown")
-                )
+                self._abandon_computation(AssignmentAbandoned("install", Errors.RequestTimedOutError.errno, "install request failed; outcome unknown"))
 
     # ------------------------------------------------------------------ heartbeats
 
@@ -513,11 +504,7 @@ class GroupMember:
         full = self._sent is None
         assert self._subscription is not None
         subscription = self._subscription
-        assignors = (
-            tuple(_assignor_entry(a) for a in self.config.client_assignors)
-            if self.config.client_assignors
-            else None
-        )
+        assignors = tuple(_assignor_entry(a) for a in self.config.client_assignors) if self.config.client_assignors else None
         reported = self._owned | self.revoking_partitions
         sent = self._sent
 
@@ -537,8 +524,12 @@ class GroupMember:
         if assignors is not None and (sent is None or assignors != sent.assignors):
             client_assignors = [
                 ConsumerGroupHeartbeatRequest.Assignor(
-                    name=name, minimum_version=min_version, maximum_version=max_version,
-                    reason=reason, metadata_version=version, metadata_bytes=data,
+                    name=name,
+                    minimum_version=min_version,
+                    maximum_version=max_version,
+                    reason=reason,
+                    metadata_version=version,
+                    metadata_bytes=data,
                 )
                 for name, min_version, max_version, reason, version, data in assignors
             ]
@@ -560,21 +551,19 @@ class GroupMember:
             topic_partitions=topic_partitions,
         )
         self._sent = _SentFields(
-            topics=subscription.topics, regex=subscription.regex, assignors=assignors,
+            topics=subscription.topics,
+            regex=subscription.regex,
+            assignors=assignors,
             owned=reported,
         )
-        self._heartbeat = _InFlightHeartbeat(
-            request, now_ms, carries_ack=self._ack_pending, is_leave=False
-        )
+        self._heartbeat = _InFlightHeartbeat(request, now_ms, carries_ack=self._ack_pending, is_leave=False)
         if self._first_unsettled_send_ms is None and not joining:
             self._first_unsettled_send_ms = now_ms
         self._ack_pending = False
         self._report_owned = False
         return request
 
-    def _on_heartbeat_response(
-        self, in_flight: _InFlightHeartbeat, response: ConsumerGroupHeartbeatResponse, now_ms: int
-    ) -> None:
+    def _on_heartbeat_response(self, in_flight: _InFlightHeartbeat, response: ConsumerGroupHeartbeatResponse, now_ms: int) -> None:
         if in_flight.is_leave:
             self._finish_leave(self._leave_epoch)  # whatever the answer, the member is gone
             return
@@ -605,9 +594,7 @@ class GroupMember:
         self._ack_pending = self._ack_pending or in_flight.carries_ack
         self._heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
 
-    def _on_heartbeat_success(
-        self, in_flight: _InFlightHeartbeat, response: ConsumerGroupHeartbeatResponse, now_ms: int
-    ) -> None:
+    def _on_heartbeat_success(self, in_flight: _InFlightHeartbeat, response: ConsumerGroupHeartbeatResponse, now_ms: int) -> None:
         if response.member_id:
             self._member_id = response.member_id
         self._member_epoch = response.member_epoch
@@ -787,10 +774,7 @@ class GroupMember:
                 "or its session expire, before this one can join"
             )
         else:
-            message = (
-                f"group {self.config.group_id!r}: heartbeat failed with "
-                f"{error_name(error_code)} ({error_code}), which is not retriable"
-            )
+            message = f"group {self.config.group_id!r}: heartbeat failed with {error_name(error_code)} ({error_code}), which is not retriable"
         if server_message:
             message += f": {server_message}"
         lost = self._owned | self.revoking_partitions
@@ -817,10 +801,7 @@ class GroupMember:
         if self._computation.phase is not _AssignPhase.IDLE or self._state not in _IN_GROUP:
             return
         if not self.config.client_assignors:
-            self._events.append(
-                AssignmentAbandoned("assign", 0, "asked to compute an assignment but this "
-                                    "member has no client-side assignor")
-            )
+            self._events.append(AssignmentAbandoned("assign", 0, "asked to compute an assignment but this member has no client-side assignor"))
             return
         self._computation = _Computation(phase=_AssignPhase.PREPARE_DUE)
 
@@ -886,17 +867,12 @@ class GroupMember:
             return
         if code != _NONE:
             # UNKNOWN_MEMBER_ID (not, or no longer, the chosen member) and anything else.
-            self._abandon_computation(
-                AssignmentAbandoned("prepare", code, response.error_message or error_name(code))
-            )
+            self._abandon_computation(AssignmentAbandoned("prepare", code, response.error_message or error_name(code)))
             return
-        assignor = next(
-            (a for a in self.config.client_assignors if a.name == response.assignor_name), None
-        )
+        assignor = next((a for a in self.config.client_assignors if a.name == response.assignor_name), None)
         if assignor is None:
             self._abandon_computation(
-                AssignmentAbandoned("assign", 0, f"the group selected assignor "
-                                    f"{response.assignor_name!r}, which this member does not have")
+                AssignmentAbandoned("assign", 0, f"the group selected assignor {response.assignor_name!r}, which this member does not have")
             )
             return
         spec = assignment_spec_from_prepare(response)
@@ -920,9 +896,7 @@ class GroupMember:
             self._computation.phase = _AssignPhase.INSTALL_AWAITS_EPOCH
             self._heartbeat_asap = True
         else:
-            self._abandon_computation(
-                AssignmentAbandoned("install", code, response.error_message or error_name(code))
-            )
+            self._abandon_computation(AssignmentAbandoned("install", code, response.error_message or error_name(code)))
 
     # ------------------------------------------------------------------ time
 
@@ -951,10 +925,5 @@ def assignment_spec_from_prepare(
                 maximum_version=metadata.maximum_version,
             ),
         )
-    topics = {
-        topic.topic_id: TopicMetadata(
-            topic_id=topic.topic_id, name=topic.topic_name, num_partitions=topic.num_partitions
-        )
-        for topic in response.topics
-    }
+    topics = {topic.topic_id: TopicMetadata(topic_id=topic.topic_id, name=topic.topic_name, num_partitions=topic.num_partitions) for topic in response.topics}
     return AssignmentSpec(members=members, topics=topics)

@@ -7,6 +7,7 @@ cluster metadata, a test's dictionary, the simulator's topic table. The member o
 synchronously; keeping it fresh (``refresh``) is the caller's IO, done by the driver before it
 hands the member a response naming topics the resolver does not know.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping

@@ -3,6 +3,7 @@
 Memory storage only: every topic is gone when it stops. Meant for development and tests, not
 for production data.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,6 @@ Stops cleanly on Ctrl-C (SIGINT) or SIGTERM.
 """
 
 
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
@@ -68,16 +67,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--log-file",
         default=os.environ.get(LOG_FILE_ENV),
         metavar="PATH",
-        help="append the broker's own log to PATH (default: a temporary file removed on exit; "
-        f"env {LOG_FILE_ENV})",
+        help=f"append the broker's own log to PATH (default: a temporary file removed on exit; env {LOG_FILE_ENV})",
     )
     parser.add_argument(
         "--startup-timeout",
         type=options.positive_seconds,
         default=os.environ.get(STARTUP_TIMEOUT_ENV, str(DEFAULT_STARTUP_TIMEOUT)),
         metavar="SECONDS",
-        help="give up if the broker does not answer Kafka requests by then "
-        f"(default: {DEFAULT_STARTUP_TIMEOUT:g}, env {STARTUP_TIMEOUT_ENV})",
+        help=f"give up if the broker does not answer Kafka requests by then (default: {DEFAULT_STARTUP_TIMEOUT:g}, env {STARTUP_TIMEOUT_ENV})",
     )
 
 
@@ -106,8 +103,7 @@ def run(args: argparse.Namespace) -> int:
         while not stop_requested.wait(0.25):
             if not broker.is_running():
                 print(
-                    f"pystreams broker: the broker exited unexpectedly with status "
-                    f"{broker.returncode()}:\n{broker.log_tail(20)}",
+                    f"pystreams broker: the broker exited unexpectedly with status {broker.returncode()}:\n{broker.log_tail(20)}",
                     file=sys.stderr,
                 )
                 return 1

@@ -9,6 +9,7 @@ The coordinator validates values (bounds, heartbeat < session); its error is pri
 exit status is 1. Tables by default, ``--json`` for scripts; ``--coordinator`` may come from
 ``PYSTREAMS_COORDINATOR``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group", required=True, metavar="GROUP", help="the group whose configs to read or change")
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--describe", action="store_true", help="show the group's configs")
-    action.add_argument("--alter", nargs="+", metavar="KEY=VALUE",
-                        help="set configs; KEY= (empty value) deletes the group's override")
+    action.add_argument("--alter", nargs="+", metavar="KEY=VALUE", help="set configs; KEY= (empty value) deletes the group's override")
     add_coordinator_option(parser)
 
 
@@ -69,27 +69,36 @@ def _describe(args: argparse.Namespace, client) -> int:
     from pystreams.protocol import messages as m
 
     Resource = m.DescribeConfigsRequest.DescribeConfigsResource
-    response = client.send(m.DescribeConfigsRequest(
-        resources=[Resource(resource_type=GROUP_RESOURCE_TYPE, resource_name=args.group, configuration_keys=None)],
-        include_synonyms=False, include_documentation=False,
-    ))
+    response = client.send(
+        m.DescribeConfigsRequest(
+            resources=[Resource(resource_type=GROUP_RESOURCE_TYPE, resource_name=args.group, configuration_keys=None)],
+            include_synonyms=False,
+            include_documentation=False,
+        )
+    )
     (result,) = response.results
     if result.error_code:
         return fail("configs", f"{args.group}: {error_text(result.error_code, result.error_message)}")
     entries = sorted(result.configs or [], key=lambda entry: entry.name)
     if args.json:
-        print_json({
-            "group": args.group,
-            "configs": [
-                {"name": e.name, "value": e.value, "source": CONFIG_SOURCES.get(e.config_source, str(e.config_source)),
-                 "is_default": _is_default(e), "read_only": bool(e.read_only)}
-                for e in entries
-            ],
-        })
+        print_json(
+            {
+                "group": args.group,
+                "configs": [
+                    {
+                        "name": e.name,
+                        "value": e.value,
+                        "source": CONFIG_SOURCES.get(e.config_source, str(e.config_source)),
+                        "is_default": _is_default(e),
+                        "read_only": bool(e.read_only),
+                    }
+                    for e in entries
+                ],
+            }
+        )
         return 0
     print(f"configs of group {args.group}:")
-    print_table(("NAME", "VALUE", "SOURCE"),
-                ((e.name, e.value, CONFIG_SOURCES.get(e.config_source, str(e.config_source))) for e in entries))
+    print_table(("NAME", "VALUE", "SOURCE"), ((e.name, e.value, CONFIG_SOURCES.get(e.config_source, str(e.config_source))) for e in entries))
     return 0
 
 
@@ -104,14 +113,18 @@ def _alter(args: argparse.Namespace, client, alterations: list[tuple[str, int, s
     from pystreams.protocol import messages as m
 
     Resource = m.IncrementalAlterConfigsRequest.AlterConfigsResource
-    response = client.send(m.IncrementalAlterConfigsRequest(
-        resources=[Resource(
-            resource_type=GROUP_RESOURCE_TYPE, resource_name=args.group,
-            configs=[Resource.AlterableConfig(name=key, config_operation=operation, value=value)
-                     for key, operation, value in alterations],
-        )],
-        validate_only=False,
-    ))
+    response = client.send(
+        m.IncrementalAlterConfigsRequest(
+            resources=[
+                Resource(
+                    resource_type=GROUP_RESOURCE_TYPE,
+                    resource_name=args.group,
+                    configs=[Resource.AlterableConfig(name=key, config_operation=operation, value=value) for key, operation, value in alterations],
+                )
+            ],
+            validate_only=False,
+        )
+    )
     (result,) = response.responses
     if result.error_code:
         if args.json:

@@ -10,6 +10,7 @@ Every option can also come from a ``PYSTREAMS_*`` environment variable (listed i
 a command-line option wins. SIGTERM or SIGINT stop it cleanly: new requests are refused with
 NOT_COORDINATOR, queued requests and in-flight appends finish, the producers close.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,122 +51,272 @@ class _Option:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-
 _CLUSTER_OPTIONS = [
-    _Option("--bootstrap-servers", "PYSTREAMS_BOOTSTRAP_SERVERS", None,
-            "the Kafka cluster holding the record log and the topics (HOST:PORT[,HOST:PORT...]); "
-            "required with --log kafka", {"metavar": "SERVERS"}),
-    _Option("--log", "PYSTREAMS_LOG", "kafka",
-            "where group records live: kafka (the compacted log topic) or memory (lost on exit)",
-            {"choices": ["kafka", "memory"]}),
-    _Option("--log-topic", "PYSTREAMS_LOG_TOPIC", DEFAULT_LOG_TOPIC,
-            "the compacted topic of the record log; one partition per shard", {"metavar": "TOPIC"}),
+    _Option(
+        "--bootstrap-servers",
+        "PYSTREAMS_BOOTSTRAP_SERVERS",
+        None,
+        "the Kafka cluster holding the record log and the topics (HOST:PORT[,HOST:PORT...]); required with --log kafka",
+        {"metavar": "SERVERS"},
+    ),
+    _Option(
+        "--log",
+        "PYSTREAMS_LOG",
+        "kafka",
+        "where group records live: kafka (the compacted log topic) or memory (lost on exit)",
+        {"choices": ["kafka", "memory"]},
+    ),
+    _Option("--log-topic", "PYSTREAMS_LOG_TOPIC", DEFAULT_LOG_TOPIC, "the compacted topic of the record log; one partition per shard", {"metavar": "TOPIC"}),
 ]
 
 _SERVER_OPTIONS = [
-    _Option("--listen", "PYSTREAMS_LISTEN", DEFAULT_LISTEN,
-            "[PROTOCOL://]HOST:PORT to serve the Kafka protocol on (Kafka's listeners; PROTOCOL is PLAINTEXT, SSL, "
-            "SASL_PLAINTEXT or SASL_SSL); port 0 picks a free port", {"metavar": "[PROTOCOL://]HOST:PORT"}),
-    _Option("--advertised-listener", "PYSTREAMS_ADVERTISED_LISTENER", None,
-            "address clients are told to connect to (needed when --listen binds 0.0.0.0)",
-            {"type": options.host_port, "metavar": "HOST:PORT"}),
-    _Option("--shards", "PYSTREAMS_SHARDS", str(DEFAULT_SHARDS),
-            "number of shards = partitions of the log topic; cannot change once the topic exists",
-            {"type": options.positive_int, "metavar": "N"}),
-    _Option("--metrics-port", "PYSTREAMS_METRICS_PORT", None,
-            "serve Prometheus metrics (GET /metrics, GET /ready) on this port; 0 picks one; off by default",
-            {"type": options.port, "metavar": "PORT"}),
-    _Option("--metrics-host", "PYSTREAMS_METRICS_HOST", None,
-            "address for the metrics endpoint (default: the --listen host)", {"metavar": "HOST"}),
-    _Option("--session-timeout-ms", "PYSTREAMS_SESSION_TIMEOUT_MS", str(_SESSION_DEFAULTS[0]),
-            "group.consumer.session.timeout.ms", {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--min-session-timeout-ms", "PYSTREAMS_MIN_SESSION_TIMEOUT_MS", None,
-            "group.consumer.min.session.timeout.ms (default: 45000, or the session timeout if lower)",
-            {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--max-session-timeout-ms", "PYSTREAMS_MAX_SESSION_TIMEOUT_MS", None,
-            "group.consumer.max.session.timeout.ms (default: 60000, or the session timeout if higher)",
-            {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--heartbeat-interval-ms", "PYSTREAMS_HEARTBEAT_INTERVAL_MS", str(_HEARTBEAT_DEFAULTS[0]),
-            "group.consumer.heartbeat.interval.ms", {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--min-heartbeat-interval-ms", "PYSTREAMS_MIN_HEARTBEAT_INTERVAL_MS", None,
-            "group.consumer.min.heartbeat.interval.ms (default: 5000, or the interval if lower)",
-            {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--max-heartbeat-interval-ms", "PYSTREAMS_MAX_HEARTBEAT_INTERVAL_MS", None,
-            "group.consumer.max.heartbeat.interval.ms (default: 15000, or the interval if higher)",
-            {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--metadata-refresh-ms", "PYSTREAMS_METADATA_REFRESH_MS", "5000",
-            "how often topic metadata is read from the cluster", {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--event-queue-size", "PYSTREAMS_EVENT_QUEUE_SIZE", "1024",
-            "events a shard queues before callers wait", {"type": options.positive_int, "metavar": "N"}),
-    _Option("--log-level", "PYSTREAMS_LOG_LEVEL", "INFO",
-            "logging level of the coordinator's own log (stderr)",
-            {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"], "type": str.upper}),
+    _Option(
+        "--listen",
+        "PYSTREAMS_LISTEN",
+        DEFAULT_LISTEN,
+        "[PROTOCOL://]HOST:PORT to serve the Kafka protocol on (Kafka's listeners; PROTOCOL is PLAINTEXT, SSL, "
+        "SASL_PLAINTEXT or SASL_SSL); port 0 picks a free port",
+        {"metavar": "[PROTOCOL://]HOST:PORT"},
+    ),
+    _Option(
+        "--advertised-listener",
+        "PYSTREAMS_ADVERTISED_LISTENER",
+        None,
+        "address clients are told to connect to (needed when --listen binds 0.0.0.0)",
+        {"type": options.host_port, "metavar": "HOST:PORT"},
+    ),
+    _Option(
+        "--shards",
+        "PYSTREAMS_SHARDS",
+        str(DEFAULT_SHARDS),
+        "number of shards = partitions of the log topic; cannot change once the topic exists",
+        {"type": options.positive_int, "metavar": "N"},
+    ),
+    _Option(
+        "--metrics-port",
+        "PYSTREAMS_METRICS_PORT",
+        None,
+        "serve Prometheus metrics (GET /metrics, GET /ready) on this port; 0 picks one; off by default",
+        {"type": options.port, "metavar": "PORT"},
+    ),
+    _Option("--metrics-host", "PYSTREAMS_METRICS_HOST", None, "address for the metrics endpoint (default: the --listen host)", {"metavar": "HOST"}),
+    _Option(
+        "--session-timeout-ms",
+        "PYSTREAMS_SESSION_TIMEOUT_MS",
+        str(_SESSION_DEFAULTS[0]),
+        "group.consumer.session.timeout.ms",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--min-session-timeout-ms",
+        "PYSTREAMS_MIN_SESSION_TIMEOUT_MS",
+        None,
+        "group.consumer.min.session.timeout.ms (default: 45000, or the session timeout if lower)",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--max-session-timeout-ms",
+        "PYSTREAMS_MAX_SESSION_TIMEOUT_MS",
+        None,
+        "group.consumer.max.session.timeout.ms (default: 60000, or the session timeout if higher)",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--heartbeat-interval-ms",
+        "PYSTREAMS_HEARTBEAT_INTERVAL_MS",
+        str(_HEARTBEAT_DEFAULTS[0]),
+        "group.consumer.heartbeat.interval.ms",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--min-heartbeat-interval-ms",
+        "PYSTREAMS_MIN_HEARTBEAT_INTERVAL_MS",
+        None,
+        "group.consumer.min.heartbeat.interval.ms (default: 5000, or the interval if lower)",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--max-heartbeat-interval-ms",
+        "PYSTREAMS_MAX_HEARTBEAT_INTERVAL_MS",
+        None,
+        "group.consumer.max.heartbeat.interval.ms (default: 15000, or the interval if higher)",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--metadata-refresh-ms",
+        "PYSTREAMS_METADATA_REFRESH_MS",
+        "5000",
+        "how often topic metadata is read from the cluster",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--event-queue-size", "PYSTREAMS_EVENT_QUEUE_SIZE", "1024", "events a shard queues before callers wait", {"type": options.positive_int, "metavar": "N"}
+    ),
+    _Option(
+        "--log-level",
+        "PYSTREAMS_LOG_LEVEL",
+        "INFO",
+        "logging level of the coordinator's own log (stderr)",
+        {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"], "type": str.upper},
+    ),
 ]
 
 
 _CLASSIC_OPTIONS = [
-    _Option("--migration-policy", "PYSTREAMS_MIGRATION_POLICY", "bidirectional",
-            "group.consumer.migration.policy: which online conversions between classic and consumer groups happen "
-            "(a group may override it through `pystreams configs`)",
-            {"choices": ["bidirectional", "upgrade", "downgrade", "disabled"], "type": str.lower}),
-    _Option("--group-min-session-timeout-ms", "PYSTREAMS_GROUP_MIN_SESSION_TIMEOUT_MS", "6000",
-            "group.min.session.timeout.ms: the shortest session timeout a classic member may ask for",
-            {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--group-max-session-timeout-ms", "PYSTREAMS_GROUP_MAX_SESSION_TIMEOUT_MS", "1800000",
-            "group.max.session.timeout.ms: the longest session timeout a classic member may ask for",
-            {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--group-max-size", "PYSTREAMS_GROUP_MAX_SIZE", str(2**31 - 1),
-            "group.max.size: members of one classic group", {"type": options.positive_int, "metavar": "N"}),
-    _Option("--group-initial-rebalance-delay-ms", "PYSTREAMS_GROUP_INITIAL_REBALANCE_DELAY_MS", "3000",
-            "group.initial.rebalance.delay.ms: how long an empty classic group waits for more members before its "
-            "first assignment", {"type": options.non_negative_int, "metavar": "MS"}),
+    _Option(
+        "--migration-policy",
+        "PYSTREAMS_MIGRATION_POLICY",
+        "bidirectional",
+        "group.consumer.migration.policy: which online conversions between classic and consumer groups happen "
+        "(a group may override it through `pystreams configs`)",
+        {"choices": ["bidirectional", "upgrade", "downgrade", "disabled"], "type": str.lower},
+    ),
+    _Option(
+        "--group-min-session-timeout-ms",
+        "PYSTREAMS_GROUP_MIN_SESSION_TIMEOUT_MS",
+        "6000",
+        "group.min.session.timeout.ms: the shortest session timeout a classic member may ask for",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--group-max-session-timeout-ms",
+        "PYSTREAMS_GROUP_MAX_SESSION_TIMEOUT_MS",
+        "1800000",
+        "group.max.session.timeout.ms: the longest session timeout a classic member may ask for",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--group-max-size",
+        "PYSTREAMS_GROUP_MAX_SIZE",
+        str(2**31 - 1),
+        "group.max.size: members of one classic group",
+        {"type": options.positive_int, "metavar": "N"},
+    ),
+    _Option(
+        "--group-initial-rebalance-delay-ms",
+        "PYSTREAMS_GROUP_INITIAL_REBALANCE_DELAY_MS",
+        "3000",
+        "group.initial.rebalance.delay.ms: how long an empty classic group waits for more members before its first assignment",
+        {"type": options.non_negative_int, "metavar": "MS"},
+    ),
 ]
 
 _SECURITY_OPTIONS = [
-    _Option("--ssl-certfile", "PYSTREAMS_SSL_CERTFILE", None,
-            "the listener's certificate chain (PEM; may hold the key too) for SSL and SASL_SSL", {"metavar": "FILE"}),
+    _Option(
+        "--ssl-certfile",
+        "PYSTREAMS_SSL_CERTFILE",
+        None,
+        "the listener's certificate chain (PEM; may hold the key too) for SSL and SASL_SSL",
+        {"metavar": "FILE"},
+    ),
     _Option("--ssl-keyfile", "PYSTREAMS_SSL_KEYFILE", None, "the certificate's private key (PEM)", {"metavar": "FILE"}),
-    _Option("--ssl-cafile", "PYSTREAMS_SSL_CAFILE", None,
-            "CAs that client certificates must chain to (with --ssl-client-auth)", {"metavar": "FILE"}),
-    _Option("--ssl-client-auth", "PYSTREAMS_SSL_CLIENT_AUTH", "none",
-            "ssl.client.auth: none, requested or required (mTLS: the certificate's DN is the principal)",
-            {"choices": ["none", "requested", "required"]}),
-    _Option("--sasl-enabled-mechanisms", "PYSTREAMS_SASL_ENABLED_MECHANISMS", "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
-            "sasl.enabled.mechanisms, comma-separated", {"metavar": "MECHANISMS"}),
-    _Option("--sasl-credentials-file", "PYSTREAMS_SASL_CREDENTIALS_FILE", None,
-            "SCRAM credentials written by `pystreams credentials` (or put the JSON itself in PYSTREAMS_SASL_CREDENTIALS)",
-            {"metavar": "FILE"}),
-    _Option("--acl-file", "PYSTREAMS_ACL_FILE", None,
-            "ACLs (JSON, re-read when it changes); without it every client may do everything", {"metavar": "FILE"}),
-    _Option("--super-users", "PYSTREAMS_SUPER_USERS", "",
-            "super.users: principals ACLs do not restrict, ;-separated (User:admin;User:ops)", {"metavar": "PRINCIPALS"}),
+    _Option("--ssl-cafile", "PYSTREAMS_SSL_CAFILE", None, "CAs that client certificates must chain to (with --ssl-client-auth)", {"metavar": "FILE"}),
+    _Option(
+        "--ssl-client-auth",
+        "PYSTREAMS_SSL_CLIENT_AUTH",
+        "none",
+        "ssl.client.auth: none, requested or required (mTLS: the certificate's DN is the principal)",
+        {"choices": ["none", "requested", "required"]},
+    ),
+    _Option(
+        "--sasl-enabled-mechanisms",
+        "PYSTREAMS_SASL_ENABLED_MECHANISMS",
+        "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        "sasl.enabled.mechanisms, comma-separated",
+        {"metavar": "MECHANISMS"},
+    ),
+    _Option(
+        "--sasl-credentials-file",
+        "PYSTREAMS_SASL_CREDENTIALS_FILE",
+        None,
+        "SCRAM credentials written by `pystreams credentials` (or put the JSON itself in PYSTREAMS_SASL_CREDENTIALS)",
+        {"metavar": "FILE"},
+    ),
+    _Option("--acl-file", "PYSTREAMS_ACL_FILE", None, "ACLs (JSON, re-read when it changes); without it every client may do everything", {"metavar": "FILE"}),
+    _Option(
+        "--super-users",
+        "PYSTREAMS_SUPER_USERS",
+        "",
+        "super.users: principals ACLs do not restrict, ;-separated (User:admin;User:ops)",
+        {"metavar": "PRINCIPALS"},
+    ),
 ]
 
 _LIMIT_OPTIONS = [
-    _Option("--socket-request-max-bytes", "PYSTREAMS_SOCKET_REQUEST_MAX_BYTES", str(100 * 1024 * 1024),
-            "socket.request.max.bytes: the largest request accepted", {"type": options.positive_int, "metavar": "BYTES"}),
-    _Option("--queued-max-request-bytes", "PYSTREAMS_QUEUED_MAX_REQUEST_BYTES", str(256 * 1024 * 1024),
-            "queued.max.request.bytes: bytes of large requests read or served at once", {"type": options.positive_int, "metavar": "BYTES"}),
-    _Option("--connections-max-idle-ms", "PYSTREAMS_CONNECTIONS_MAX_IDLE_MS", str(10 * 60 * 1000),
-            "connections.max.idle.ms: close connections idle this long", {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--request-read-timeout-ms", "PYSTREAMS_REQUEST_READ_TIMEOUT_MS", "30000",
-            "a request that has started must arrive whole within this time", {"type": options.positive_int, "metavar": "MS"}),
-    _Option("--max-connections", "PYSTREAMS_MAX_CONNECTIONS", "4096",
-            "max.connections: client connections at once", {"type": options.positive_int, "metavar": "N"}),
-    _Option("--max-connections-per-ip", "PYSTREAMS_MAX_CONNECTIONS_PER_IP", "1024",
-            "max.connections.per.ip", {"type": options.positive_int, "metavar": "N"}),
-    _Option("--group-consumer-max-size", "PYSTREAMS_GROUP_CONSUMER_MAX_SIZE", str(2**31 - 1),
-            "group.consumer.max.size: members of one consumer group", {"type": options.positive_int, "metavar": "N"}),
-    _Option("--max-groups", "PYSTREAMS_MAX_GROUPS", "100000",
-            "groups this coordinator holds at most (spread over the shards)", {"type": options.positive_int, "metavar": "N"}),
-    _Option("--offset-metadata-max-bytes", "PYSTREAMS_OFFSET_METADATA_MAX_BYTES", "4096",
-            "offset.metadata.max.bytes: commit metadata per partition", {"type": options.positive_int, "metavar": "BYTES"}),
-    _Option("--assignor-metadata-max-bytes", "PYSTREAMS_ASSIGNOR_METADATA_MAX_BYTES", str(256 * 1024),
-            "a client assignor's metadata per member (heartbeat and install)", {"type": options.positive_int, "metavar": "BYTES"}),
-    _Option("--regex-max-bytes", "PYSTREAMS_REGEX_MAX_BYTES", "4096",
-            "the longest SubscribedTopicRegex accepted", {"type": options.positive_int, "metavar": "BYTES"}),
-    _Option("--regex-cache-bytes", "PYSTREAMS_REGEX_CACHE_BYTES", str(32 * 1024 * 1024),
-            "memory for compiled regexes (an LRU cache bounded by size)", {"type": options.positive_int, "metavar": "BYTES"}),
+    _Option(
+        "--socket-request-max-bytes",
+        "PYSTREAMS_SOCKET_REQUEST_MAX_BYTES",
+        str(100 * 1024 * 1024),
+        "socket.request.max.bytes: the largest request accepted",
+        {"type": options.positive_int, "metavar": "BYTES"},
+    ),
+    _Option(
+        "--queued-max-request-bytes",
+        "PYSTREAMS_QUEUED_MAX_REQUEST_BYTES",
+        str(256 * 1024 * 1024),
+        "queued.max.request.bytes: bytes of large requests read or served at once",
+        {"type": options.positive_int, "metavar": "BYTES"},
+    ),
+    _Option(
+        "--connections-max-idle-ms",
+        "PYSTREAMS_CONNECTIONS_MAX_IDLE_MS",
+        str(10 * 60 * 1000),
+        "connections.max.idle.ms: close connections idle this long",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--request-read-timeout-ms",
+        "PYSTREAMS_REQUEST_READ_TIMEOUT_MS",
+        "30000",
+        "a request that has started must arrive whole within this time",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
+        "--max-connections", "PYSTREAMS_MAX_CONNECTIONS", "4096", "max.connections: client connections at once", {"type": options.positive_int, "metavar": "N"}
+    ),
+    _Option("--max-connections-per-ip", "PYSTREAMS_MAX_CONNECTIONS_PER_IP", "1024", "max.connections.per.ip", {"type": options.positive_int, "metavar": "N"}),
+    _Option(
+        "--group-consumer-max-size",
+        "PYSTREAMS_GROUP_CONSUMER_MAX_SIZE",
+        str(2**31 - 1),
+        "group.consumer.max.size: members of one consumer group",
+        {"type": options.positive_int, "metavar": "N"},
+    ),
+    _Option(
+        "--max-groups",
+        "PYSTREAMS_MAX_GROUPS",
+        "100000",
+        "groups this coordinator holds at most (spread over the shards)",
+        {"type": options.positive_int, "metavar": "N"},
+    ),
+    _Option(
+        "--offset-metadata-max-bytes",
+        "PYSTREAMS_OFFSET_METADATA_MAX_BYTES",
+        "4096",
+        "offset.metadata.max.bytes: commit metadata per partition",
+        {"type": options.positive_int, "metavar": "BYTES"},
+    ),
+    _Option(
+        "--assignor-metadata-max-bytes",
+        "PYSTREAMS_ASSIGNOR_METADATA_MAX_BYTES",
+        str(256 * 1024),
+        "a client assignor's metadata per member (heartbeat and install)",
+        {"type": options.positive_int, "metavar": "BYTES"},
+    ),
+    _Option(
+        "--regex-max-bytes",
+        "PYSTREAMS_REGEX_MAX_BYTES",
+        "4096",
+        "the longest SubscribedTopicRegex accepted",
+        {"type": options.positive_int, "metavar": "BYTES"},
+    ),
+    _Option(
+        "--regex-cache-bytes",
+        "PYSTREAMS_REGEX_CACHE_BYTES",
+        str(32 * 1024 * 1024),
+        "memory for compiled regexes (an LRU cache bounded by size)",
+        {"type": options.positive_int, "metavar": "BYTES"},
+    ),
 ]
 
 
@@ -196,13 +347,15 @@ def add_coordinator_options(parser: argparse.ArgumentParser, *, cluster: bool = 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_coordinator_options(parser, cluster=True)
     repair = parser.add_argument_group(
-        "repair", "instead of serving, find records of the log that a load cannot replay (their groups are "
+        "repair",
+        "instead of serving, find records of the log that a load cannot replay (their groups are "
         "quarantined) and, with --skip-unreadable, append the tombstones that release them; safe beside a "
         "running coordinator, which serves the released groups after its next restart",
     )
     repair.add_argument("--repair", action="store_true", help="list the unreadable records of the log and exit")
-    repair.add_argument("--skip-unreadable", action="store_true",
-                        help="with --repair: tombstone every unreadable record's key (its group then loads without it)")
+    repair.add_argument(
+        "--skip-unreadable", action="store_true", help="with --repair: tombstone every unreadable record's key (its group then loads without it)"
+    )
 
 
 # --- settings ----------------------------------------------------------------------------------
@@ -234,8 +387,9 @@ def _parse(value: Any, convert: Any) -> Any:
     return convert(value) if isinstance(value, str) else value
 
 
-def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | None = None, log: str | None = None,
-                       log_topic: str | None = None) -> CoordinatorSettings:
+def settings_from_args(
+    args: argparse.Namespace, *, bootstrap_servers: str | None = None, log: str | None = None, log_topic: str | None = None
+) -> CoordinatorSettings:
     """Validated settings; raises ValueError with a message for the user."""
     from pystreams.coordinator.authorizer import Authorizer
     from pystreams.coordinator.config import CoordinatorConfig
@@ -258,7 +412,9 @@ def settings_from_args(args: argparse.Namespace, *, bootstrap_servers: str | Non
     listener = Listener.parse(args.listen)
     security = ListenerSecurity(
         protocol=listener.protocol,
-        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, ssl_cafile=args.ssl_cafile,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_cafile=args.ssl_cafile,
         ssl_client_auth=args.ssl_client_auth,
         sasl_enabled_mechanisms=tuple(m.strip().upper() for m in args.sasl_enabled_mechanisms.split(",") if m.strip()),
         credentials=credentials_from(args.sasl_credentials_file) if uses_sasl(listener.protocol) else None,
@@ -329,9 +485,9 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
     COORDINATOR_LOAD_IN_PROGRESS until ``coordinator.wait_until_loaded()`` returns).
     """
     from pystreams.cluster import ClusterMetadata
+    from pystreams.coordinator import subscriptions
     from pystreams.coordinator.log import KafkaLog, MemoryLog
     from pystreams.coordinator.metrics import MetricsHttpServer, coordinator_registry
-    from pystreams.coordinator import subscriptions
     from pystreams.coordinator.runtime import Coordinator, StaticTopics
     from pystreams.protocol.server import KafkaProtocolServer
 
@@ -348,15 +504,19 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
     else:
         record_log = MemoryLog(settings.shards)
     coordinator = Coordinator(
-        record_log, config=settings.config, topic_source=topic_source,
-        metadata_refresh_ms=settings.metadata_refresh_ms, queue_size=settings.event_queue_size,
+        record_log,
+        config=settings.config,
+        topic_source=topic_source,
+        metadata_refresh_ms=settings.metadata_refresh_ms,
+        queue_size=settings.event_queue_size,
         authorizer=settings.authorizer,
     )
     host, port = settings.listen
     advertised_host, advertised_port = settings.advertised or (None, None)
     subscriptions.configure(max_bytes=settings.regex_cache_bytes, max_pattern_bytes=settings.regex_max_bytes)
-    server = KafkaProtocolServer(host, port, coordinator.handle, limits=settings.limits, security=settings.security,
-                                 advertised_host=advertised_host, advertised_port=advertised_port)
+    server = KafkaProtocolServer(
+        host, port, coordinator.handle, limits=settings.limits, security=settings.security, advertised_host=advertised_host, advertised_port=advertised_port
+    )
     _warn_if_open(settings)
     metrics = None
     try:
@@ -392,11 +552,11 @@ def _warn_if_open(settings: CoordinatorSettings) -> None:
     if settings.security is not None and not settings.security.authenticates and not is_loopback(host):
         logging.getLogger("pystreams.coordinator").warning(
             "listening on %s without authentication: any client that reaches it can join, commit and alter any group. "
-            "Use a SASL_SSL listener (--listen SASL_SSL://HOST:PORT) and --acl-file.", host,
+            "Use a SASL_SSL listener (--listen SASL_SSL://HOST:PORT) and --acl-file.",
+            host,
         )
     if settings.authorizer is not None and settings.security is not None and not settings.security.authenticates:
-        logging.getLogger("pystreams.coordinator").warning(
-            "ACLs are enforced but clients do not authenticate: every client is User:ANONYMOUS")
+        logging.getLogger("pystreams.coordinator").warning("ACLs are enforced but clients do not authenticate: every client is User:ANONYMOUS")
 
 
 def _install_stop_signals(stop: asyncio.Event) -> None:
@@ -453,8 +613,7 @@ async def serve(settings: CoordinatorSettings, *, stop: asyncio.Event | None = N
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 

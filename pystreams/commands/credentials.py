@@ -7,6 +7,7 @@ readable by its owner). ``--remove USER`` takes a user out; ``--list`` names the
 password itself is never stored. Give the file to ``pystreams coordinator
 --sasl-credentials-file``, or its contents to PYSTREAMS_SASL_CREDENTIALS.
 """
+
 from __future__ import annotations
 
 import argparse

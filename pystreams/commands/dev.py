@@ -16,6 +16,7 @@ top counts read from ``word-counts``, and once every word is counted compares th
 In app mode the coordinator's heartbeat interval and metadata refresh default to 1 s (instead
 of 5 s) unless given, so that the workers' first rebalances take moments.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,8 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from pystreams.commands import options
 from pystreams.commands import coordinator as coordinator_command
+from pystreams.commands import options
 
 HELP = "start the embedded Kafka broker and a coordinator together for local development"
 
@@ -56,24 +57,22 @@ _LONG = struct.Struct(">q")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("app", nargs="?", default=None,
-                        help="optional app (path/to/app.py) to run in worker processes")
+    parser.add_argument("app", nargs="?", default=None, help="optional app (path/to/app.py) to run in worker processes")
     parser.add_argument(
         "--broker-port",
         type=options.port,
         default=os.environ.get(BROKER_PORT_ENV, str(DEFAULT_BROKER_PORT)),
         help=f"port of the embedded broker; 0 picks a free port (default: {DEFAULT_BROKER_PORT}, env {BROKER_PORT_ENV})",
     )
-    parser.add_argument("--workers", type=options.positive_int, default=2,
-                        help="worker processes to run the app in (default: 2)")
-    parser.add_argument("--corpus", default=None,
-                        help="text fed to text-lines for a word-count app (default: data/corpus.txt next to the app)")
-    parser.add_argument("--timeout-s", type=float, default=300.0,
-                        help="give up waiting for the corpus to be fully counted after this long (default: 300)")
+    parser.add_argument("--workers", type=options.positive_int, default=2, help="worker processes to run the app in (default: 2)")
+    parser.add_argument("--corpus", default=None, help="text fed to text-lines for a word-count app (default: data/corpus.txt next to the app)")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="give up waiting for the corpus to be fully counted after this long (default: 300)")
     parser.add_argument(
-        "--coordinator-port", type=options.port, default=os.environ.get(COORDINATOR_PORT_ENV) or None,
+        "--coordinator-port",
+        type=options.port,
+        default=os.environ.get(COORDINATOR_PORT_ENV) or None,
         help=f"port of the coordinator on the --listen host (shorthand for --listen HOST:PORT); 0 picks a free port "
-             f"(default: {coordinator_command.DEFAULT_LISTEN.rpartition(':')[2]}, env {COORDINATOR_PORT_ENV})",
+        f"(default: {coordinator_command.DEFAULT_LISTEN.rpartition(':')[2]}, env {COORDINATOR_PORT_ENV})",
     )
     coordinator_command.add_coordinator_options(parser, cluster=False)
 
@@ -127,12 +126,16 @@ def taken_ports(args: argparse.Namespace) -> list[str]:
         args.listen = str(listener)
     lines = []
     if args.broker_port and not port_is_free(LOOPBACK, args.broker_port):
-        lines.append(f"port {args.broker_port} on {LOOPBACK}, the broker's, is taken (another `pystreams dev`, or a "
-                     "Kafka broker?); choose another with --broker-port PORT, or --broker-port 0 for a free one")
+        lines.append(
+            f"port {args.broker_port} on {LOOPBACK}, the broker's, is taken (another `pystreams dev`, or a "
+            "Kafka broker?); choose another with --broker-port PORT, or --broker-port 0 for a free one"
+        )
     if listener.port and not port_is_free(listener.host, listener.port):
-        lines.append(f"port {listener.port} on {listener.host}, the coordinator's, is taken (another `pystreams dev` or "
-                     "`pystreams coordinator`?); choose another with --coordinator-port PORT, or --coordinator-port 0 "
-                     "for a free one")
+        lines.append(
+            f"port {listener.port} on {listener.host}, the coordinator's, is taken (another `pystreams dev` or "
+            "`pystreams coordinator`?); choose another with --coordinator-port PORT, or --coordinator-port 0 "
+            "for a free one"
+        )
     return lines
 
 
@@ -160,8 +163,11 @@ async def _serve_dev(settings: coordinator_command.CoordinatorSettings, args: ar
             if not await coordinator_command.wait_loaded_or_stopped(running, stop):
                 return 0
             if args is None or args.app is None:
-                print(f"{coordinator_command.READY_LINE}; clients bootstrap at {running.address} "
-                      f"(the group coordinator), data lives at {settings.bootstrap_servers}; Ctrl-C stops both", flush=True)
+                print(
+                    f"{coordinator_command.READY_LINE}; clients bootstrap at {running.address} "
+                    f"(the group coordinator), data lives at {settings.bootstrap_servers}; Ctrl-C stops both",
+                    flush=True,
+                )
                 await stop.wait()
                 print("stopping the coordinator", flush=True)
                 return 0
@@ -177,8 +183,7 @@ async def _serve_dev(settings: coordinator_command.CoordinatorSettings, args: ar
 # --- app mode ----------------------------------------------------------------------------------
 
 
-async def _run_app(args: argparse.Namespace, bootstrap: str, coordinator: str, stop: asyncio.Event,
-                   components: contextlib.AsyncExitStack) -> int:
+async def _run_app(args: argparse.Namespace, bootstrap: str, coordinator: str, stop: asyncio.Event, components: contextlib.AsyncExitStack) -> int:
     from pystreams.app import load_app
 
     loop = asyncio.get_running_loop()
@@ -191,8 +196,7 @@ async def _run_app(args: argparse.Namespace, bootstrap: str, coordinator: str, s
 
     workdir = Path(tempfile.mkdtemp(prefix=f"pystreams-dev-{topology.app_id}-"))
     workers = await components.enter_async_context(_worker_processes(args, bootstrap, coordinator, workdir))
-    print(f"{coordinator_command.READY_LINE}; {len(workers)} workers run {topology.app_id!r} "
-          f"(logs in {workdir}); Ctrl-C stops everything", flush=True)
+    print(f"{coordinator_command.READY_LINE}; {len(workers)} workers run {topology.app_id!r} (logs in {workdir}); Ctrl-C stops everything", flush=True)
     if not is_wordcount:
         await stop.wait()
         return 0
@@ -201,8 +205,7 @@ async def _run_app(args: argparse.Namespace, bootstrap: str, coordinator: str, s
     lines = corpus_path.read_text(encoding="utf-8").splitlines()
     expected = count_words(lines)
     sent = await loop.run_in_executor(None, produce_lines, bootstrap, WORDCOUNT_INPUT, lines)
-    print(f"fed {sent} lines ({sum(expected.values())} words, {len(expected)} distinct) from {corpus_path} to {WORDCOUNT_INPUT!r}",
-          flush=True)
+    print(f"fed {sent} lines ({sum(expected.values())} words, {len(expected)} distinct) from {corpus_path} to {WORDCOUNT_INPUT!r}", flush=True)
     return await _watch_counts(bootstrap, expected, stop, workers, timeout_s=args.timeout_s)
 
 
@@ -213,10 +216,19 @@ async def _worker_processes(args: argparse.Namespace, bootstrap: str, coordinato
         for index in range(args.workers):
             log_file = (workdir / f"worker-{index}.log").open("wb")
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "pystreams", "worker", str(args.app),
-                "--bootstrap-servers", bootstrap, "--coordinator", coordinator,
-                "--state-dir", str(workdir / f"state-{index}"),
-                stdout=log_file, stderr=asyncio.subprocess.STDOUT,
+                sys.executable,
+                "-m",
+                "pystreams",
+                "worker",
+                str(args.app),
+                "--bootstrap-servers",
+                bootstrap,
+                "--coordinator",
+                coordinator,
+                "--state-dir",
+                str(workdir / f"state-{index}"),
+                stdout=log_file,
+                stderr=asyncio.subprocess.STDOUT,
             )
             log_file.close()  # the child has its own descriptor
             processes.append(process)
@@ -235,8 +247,9 @@ async def _worker_processes(args: argparse.Namespace, bootstrap: str, coordinato
             print(f"worker {index}: exited with status {status}", flush=True)
 
 
-async def _watch_counts(bootstrap: str, expected: Mapping[str, int], stop: asyncio.Event,
-                        workers: list[asyncio.subprocess.Process], *, timeout_s: float) -> int:
+async def _watch_counts(
+    bootstrap: str, expected: Mapping[str, int], stop: asyncio.Event, workers: list[asyncio.subprocess.Process], *, timeout_s: float
+) -> int:
     loop = asyncio.get_running_loop()
     reader = LatestValueReader(bootstrap, WORDCOUNT_OUTPUT)
     total = sum(expected.values())
@@ -253,8 +266,11 @@ async def _watch_counts(bootstrap: str, expected: Mapping[str, int], stop: async
                 top = ", ".join(f"{w}={c}" for w, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:5])
                 print(f"progress: {counted}/{total} words counted ({100 * counted // max(total, 1)}%); top: {top}", flush=True)
             if done:
-                print(f"{CHECK_OK_PREFIX}: the final counts of {WORDCOUNT_OUTPUT!r} equal a direct Python count of the corpus "
-                      f"({len(expected)} distinct words, {total} words)", flush=True)
+                print(
+                    f"{CHECK_OK_PREFIX}: the final counts of {WORDCOUNT_OUTPUT!r} equal a direct Python count of the corpus "
+                    f"({len(expected)} distinct words, {total} words)",
+                    flush=True,
+                )
                 return 0
             if stop.is_set():
                 print("interrupted before the corpus was fully counted", flush=True)
@@ -319,9 +335,9 @@ class LatestValueReader:
         from pystreams.worker.committed_consumer import CommittedConsumer
 
         self.topic = topic
-        self._consumer = CommittedConsumer(KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                                         auto_offset_reset="earliest", group_id=None,
-                                                         isolation_level="read_committed"))
+        self._consumer = CommittedConsumer(
+            KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", group_id=None, isolation_level="read_committed")
+        )
         self._assigned = False
         self._topic_partition = TopicPartition
         self.latest: dict[str, int] = {}

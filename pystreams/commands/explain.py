@@ -6,6 +6,7 @@ Commands raise :class:`CommandError` for what they detect themselves (an unwrita
 from below (an app file that does not load, pyspark not installed). ``pystreams.cli`` prints
 either, and exits 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,11 @@ def missing_topics_message(topics: Any, bootstrap_servers: str | None, *, role: 
     where = f" on {bootstrap_servers}" if bootstrap_servers else ""
     plural = "s" if len(names) > 1 else ""
     server = f" --bootstrap-servers {bootstrap_servers}" if bootstrap_servers else ""
-    return (f"{role}{plural} {', '.join(repr(n) for n in names)} do{'' if plural else 'es'} not exist{where}; "
-            f"create {'them' if plural else 'it'} first: pystreams topics --create {' --create '.join(names)}"
-            f" --partitions N{server}")
+    return (
+        f"{role}{plural} {', '.join(repr(n) for n in names)} do{'' if plural else 'es'} not exist{where}; "
+        f"create {'them' if plural else 'it'} first: pystreams topics --create {' --create '.join(names)}"
+        f" --partitions N{server}"
+    )
 
 
 def verbose(args: argparse.Namespace) -> bool:
@@ -91,5 +94,7 @@ def check_java() -> None:
             raise CommandError(f"JAVA_HOME={java_home} has no bin/java; point JAVA_HOME at a Java 17 installation")
         return
     if shutil.which("java") is None:
-        raise CommandError("Spark needs Java 17, and none was found (JAVA_HOME is unset and no java is on PATH); "
-                           "install a JDK 17 (e.g. apt-get install openjdk-17-jdk-headless) or set JAVA_HOME")
+        raise CommandError(
+            "Spark needs Java 17, and none was found (JAVA_HOME is unset and no java is on PATH); "
+            "install a JDK 17 (e.g. apt-get install openjdk-17-jdk-headless) or set JAVA_HOME"
+        )

@@ -13,6 +13,7 @@
 Tables by default, ``--json`` for scripts. ``--coordinator`` may come from
 ``PYSTREAMS_COORDINATOR``. Exit status: 0 ok, 1 the coordinator (or the regex) said no, 2 usage.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,7 @@ HELP = "list and describe groups on a coordinator; validate a regex subscription
 COORDINATOR_ENV = "PYSTREAMS_COORDINATOR"
 DEFAULT_COORDINATOR = "127.0.0.1:9093"
 GROUP_TYPES = ("consumer", "classic")
-GROUP_STATES = ("empty", "assigning", "reconciling", "stable", "dead",
-                "preparingrebalance", "completingrebalance")  # the last two are classic groups'
+GROUP_STATES = ("empty", "assigning", "reconciling", "stable", "dead", "preparingrebalance", "completingrebalance")  # the last two are classic groups'
 #: ConsumerGroupDescribe v1's MemberType (KAFKA-17750): how each member speaks to the group.
 MEMBER_TYPES = {-1: "unknown", 0: "classic", 1: "consumer"}
 
@@ -40,11 +40,12 @@ MEMBER_TYPES = {-1: "unknown", 0: "classic", 1: "consumer"}
 
 def add_coordinator_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--coordinator", metavar="HOST:PORT", default=os.environ.get(COORDINATOR_ENV, DEFAULT_COORDINATOR),
+        "--coordinator",
+        metavar="HOST:PORT",
+        default=os.environ.get(COORDINATOR_ENV, DEFAULT_COORDINATOR),
         help=f"the pystreams coordinator to ask (default: {DEFAULT_COORDINATOR}, env {COORDINATOR_ENV})",
     )
-    parser.add_argument("--timeout-s", type=float, default=10.0, metavar="S",
-                        help="give up on a connection or an answer after this long (default: 10)")
+    parser.add_argument("--timeout-s", type=float, default=10.0, metavar="S", help="give up on a connection or an answer after this long (default: 10)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     options.add_client_security_options(parser)
 
@@ -104,8 +105,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--list", action="store_true", help="list the groups (ListGroups)")
     action.add_argument("--describe", metavar="GROUP", help="describe a consumer group (ConsumerGroupDescribe)")
-    action.add_argument("--validate-regex", metavar="PATTERN",
-                        help="check a SubscribedTopicRegex with the coordinator's RE2 rules (no coordinator needed)")
+    action.add_argument("--validate-regex", metavar="PATTERN", help="check a SubscribedTopicRegex with the coordinator's RE2 rules (no coordinator needed)")
     parser.add_argument("--type", metavar="TYPES", help=f"with --list: comma-separated group types ({', '.join(GROUP_TYPES)})")
     parser.add_argument("--state", metavar="STATES", help="with --list: comma-separated states (Empty, Assigning, Reconciling, Stable, ...)")
     add_coordinator_option(parser)
@@ -152,8 +152,7 @@ def _validate_regex(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"pattern": pattern, "valid": True, "error": None})
     else:
-        print(f"valid: {pattern!r} is a valid RE2 regular expression (it must match whole topic names; "
-              "internal topics starting with '__' never match)")
+        print(f"valid: {pattern!r} is a valid RE2 regular expression (it must match whole topic names; internal topics starting with '__' never match)")
     return 0
 
 
@@ -167,13 +166,9 @@ def _list(args: argparse.Namespace, client) -> int:
         return fail("groups", error_text(response.error_code, None))
     groups = sorted(response.groups or [], key=lambda group: group.group_id)
     if args.json:
-        print_json([
-            {"group_id": g.group_id, "group_type": g.group_type, "group_state": g.group_state, "protocol_type": g.protocol_type}
-            for g in groups
-        ])
+        print_json([{"group_id": g.group_id, "group_type": g.group_type, "group_state": g.group_state, "protocol_type": g.protocol_type} for g in groups])
     elif groups:
-        print_table(("GROUP", "TYPE", "STATE", "PROTOCOL-TYPE"),
-                    ((g.group_id, g.group_type, g.group_state, g.protocol_type) for g in groups))
+        print_table(("GROUP", "TYPE", "STATE", "PROTOCOL-TYPE"), ((g.group_id, g.group_type, g.group_state, g.protocol_type) for g in groups))
     else:
         print("no groups")
     return 0
@@ -186,9 +181,7 @@ def format_partitions(topic_partitions: Iterable[Any]) -> str:
 
 def format_named(partitions: Mapping[str, Iterable[int]]) -> str:
     """``foo:0-2,5 bar:1`` from partitions by topic name."""
-    return " ".join(
-        f"{topic}:{_ranges(sorted(numbers))}" for topic, numbers in sorted(partitions.items()) if numbers
-    ) or "-"
+    return " ".join(f"{topic}:{_ranges(sorted(numbers))}" for topic, numbers in sorted(partitions.items()) if numbers) or "-"
 
 
 def _ranges(indexes: list[int]) -> str:
@@ -223,34 +216,37 @@ def _describe(args: argparse.Namespace, client) -> int:
         return fail("groups", f"{args.describe}: {error_text(group.error_code, group.error_message)}")
     members = sorted(group.members or [], key=lambda member: member.member_id)
     if args.json:
-        print_json({
-            "group_id": group.group_id,
-            "group_type": "consumer",
-            "group_state": group.group_state,
-            "group_epoch": group.group_epoch,
-            "assignment_epoch": group.assignment_epoch,
-            "assignor": group.assignor_name,
-            "members": [
-                {
-                    "member_id": member.member_id,
-                    "instance_id": member.instance_id,
-                    "rack_id": member.rack_id,
-                    "member_epoch": member.member_epoch,
-                    "member_type": _member_type(member),
-                    "client_id": member.client_id,
-                    "client_host": member.client_host,
-                    "subscribed_topic_names": list(member.subscribed_topic_names or []),
-                    "subscribed_topic_regex": member.subscribed_topic_regex,
-                    "assignment": _assignment_json(member.assignment),
-                    "target_assignment": _assignment_json(member.target_assignment),
-                }
-                for member in members
-            ],
-        })
+        print_json(
+            {
+                "group_id": group.group_id,
+                "group_type": "consumer",
+                "group_state": group.group_state,
+                "group_epoch": group.group_epoch,
+                "assignment_epoch": group.assignment_epoch,
+                "assignor": group.assignor_name,
+                "members": [
+                    {
+                        "member_id": member.member_id,
+                        "instance_id": member.instance_id,
+                        "rack_id": member.rack_id,
+                        "member_epoch": member.member_epoch,
+                        "member_type": _member_type(member),
+                        "client_id": member.client_id,
+                        "client_host": member.client_host,
+                        "subscribed_topic_names": list(member.subscribed_topic_names or []),
+                        "subscribed_topic_regex": member.subscribed_topic_regex,
+                        "assignment": _assignment_json(member.assignment),
+                        "target_assignment": _assignment_json(member.target_assignment),
+                    }
+                    for member in members
+                ],
+            }
+        )
         return 0
-    print_table(("GROUP", "TYPE", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR", "MEMBERS"),
-                [(group.group_id, "consumer", group.group_state, group.group_epoch, group.assignment_epoch,
-                  group.assignor_name, len(members))])
+    print_table(
+        ("GROUP", "TYPE", "STATE", "GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR", "MEMBERS"),
+        [(group.group_id, "consumer", group.group_state, group.group_epoch, group.assignment_epoch, group.assignor_name, len(members))],
+    )
     if not members:
         return 0
     print()
@@ -261,13 +257,19 @@ def _describe(args: argparse.Namespace, client) -> int:
         return " ".join(part for part in (names, regex) if part) or "-"
 
     print_table(
-        ("MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "PROTOCOL", "EPOCH", "SUBSCRIPTION", "ASSIGNMENT",
-         "TARGET-ASSIGNMENT"),
+        ("MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "PROTOCOL", "EPOCH", "SUBSCRIPTION", "ASSIGNMENT", "TARGET-ASSIGNMENT"),
         (
-            (member.member_id, member.instance_id or "-", member.client_id, member.client_host, _member_type(member),
-             member.member_epoch, subscription(member),
-             format_partitions(member.assignment.topic_partitions if member.assignment else []),
-             format_partitions(member.target_assignment.topic_partitions if member.target_assignment else []))
+            (
+                member.member_id,
+                member.instance_id or "-",
+                member.client_id,
+                member.client_host,
+                _member_type(member),
+                member.member_epoch,
+                subscription(member),
+                format_partitions(member.assignment.topic_partitions if member.assignment else []),
+                format_partitions(member.target_assignment.topic_partitions if member.target_assignment else []),
+            )
             for member in members
         ),
     )
@@ -286,37 +288,47 @@ def _describe_classic(args: argparse.Namespace, group: Any) -> int:
     consumer = group.protocol_type == "consumer"
     decoded = {member.member_id: _embedded(member) if consumer else (None, None) for member in members}
     if args.json:
-        print_json({
-            "group_id": group.group_id,
-            "group_type": "classic",
-            "group_state": group.group_state,
-            "protocol_type": group.protocol_type,
-            "protocol": group.protocol_data,
-            "members": [
-                {
-                    "member_id": member.member_id,
-                    "instance_id": member.group_instance_id,
-                    "member_type": "classic",
-                    "client_id": member.client_id,
-                    "client_host": member.client_host,
-                    "subscribed_topic_names": decoded[member.member_id][0],
-                    "assignment": decoded[member.member_id][1],
-                }
-                for member in members
-            ],
-        })
+        print_json(
+            {
+                "group_id": group.group_id,
+                "group_type": "classic",
+                "group_state": group.group_state,
+                "protocol_type": group.protocol_type,
+                "protocol": group.protocol_data,
+                "members": [
+                    {
+                        "member_id": member.member_id,
+                        "instance_id": member.group_instance_id,
+                        "member_type": "classic",
+                        "client_id": member.client_id,
+                        "client_host": member.client_host,
+                        "subscribed_topic_names": decoded[member.member_id][0],
+                        "assignment": decoded[member.member_id][1],
+                    }
+                    for member in members
+                ],
+            }
+        )
         return 0
-    print_table(("GROUP", "TYPE", "STATE", "PROTOCOL-TYPE", "PROTOCOL", "MEMBERS"),
-                [(group.group_id, "classic", group.group_state, group.protocol_type or "-", group.protocol_data or "-",
-                  len(members))])
+    print_table(
+        ("GROUP", "TYPE", "STATE", "PROTOCOL-TYPE", "PROTOCOL", "MEMBERS"),
+        [(group.group_id, "classic", group.group_state, group.protocol_type or "-", group.protocol_data or "-", len(members))],
+    )
     if not members:
         return 0
     print()
     print_table(
         ("MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "PROTOCOL", "SUBSCRIPTION", "ASSIGNMENT"),
         (
-            (member.member_id, member.group_instance_id or "-", member.client_id, member.client_host, "classic",
-             ",".join(decoded[member.member_id][0] or []) or "-", format_named(decoded[member.member_id][1] or {}))
+            (
+                member.member_id,
+                member.group_instance_id or "-",
+                member.client_id,
+                member.client_host,
+                "classic",
+                ",".join(decoded[member.member_id][0] or []) or "-",
+                format_named(decoded[member.member_id][1] or {}),
+            )
             for member in members
         ),
     )

@@ -1,4 +1,5 @@
 """Value parsers the commands share for argparse options and PYSTREAMS_* variables."""
+
 from __future__ import annotations
 
 import argparse
@@ -86,21 +87,34 @@ def add_error_policy_options(parser: argparse.ArgumentParser) -> None:
     import os
 
     group = parser.add_argument_group(
-        "bad records", "what a record that cannot be deserialized or processed does (Kafka Streams' "
+        "bad records",
+        "what a record that cannot be deserialized or processed does (Kafka Streams' "
         "exception handlers): fail stops (the record is met again by the task's next owner), "
         "log-and-continue skips it with a warning, dead-letter writes it to --dead-letter-topic and skips it; "
-        "unset: the app's own (App(...), default fail); a source's own policy wins over these")
-    group.add_argument("--deserialization-errors", type=error_policy, metavar="{" + ",".join(ERROR_POLICIES) + "}",
-                       default=os.environ.get("PYSTREAMS_DESERIALIZATION_ERRORS") or None,
-                       help="default.deserialization.exception.handler (env PYSTREAMS_DESERIALIZATION_ERRORS)")
-    group.add_argument("--processing-errors", type=error_policy, metavar="{" + ",".join(ERROR_POLICIES) + "}",
-                       default=os.environ.get("PYSTREAMS_PROCESSING_ERRORS") or None,
-                       help="processing.exception.handler: exceptions of the app's functions "
-                            "(env PYSTREAMS_PROCESSING_ERRORS)")
-    group.add_argument("--dead-letter-topic", default=os.environ.get("PYSTREAMS_DEAD_LETTER_TOPIC") or None,
-                       metavar="TOPIC", help="errors.dead.letter.queue.topic.name: where dead letters go, with "
-                                            "headers pystreams.error.* saying where from and why; it must exist "
-                                            "(env PYSTREAMS_DEAD_LETTER_TOPIC)")
+        "unset: the app's own (App(...), default fail); a source's own policy wins over these",
+    )
+    group.add_argument(
+        "--deserialization-errors",
+        type=error_policy,
+        metavar="{" + ",".join(ERROR_POLICIES) + "}",
+        default=os.environ.get("PYSTREAMS_DESERIALIZATION_ERRORS") or None,
+        help="default.deserialization.exception.handler (env PYSTREAMS_DESERIALIZATION_ERRORS)",
+    )
+    group.add_argument(
+        "--processing-errors",
+        type=error_policy,
+        metavar="{" + ",".join(ERROR_POLICIES) + "}",
+        default=os.environ.get("PYSTREAMS_PROCESSING_ERRORS") or None,
+        help="processing.exception.handler: exceptions of the app's functions (env PYSTREAMS_PROCESSING_ERRORS)",
+    )
+    group.add_argument(
+        "--dead-letter-topic",
+        default=os.environ.get("PYSTREAMS_DEAD_LETTER_TOPIC") or None,
+        metavar="TOPIC",
+        help="errors.dead.letter.queue.topic.name: where dead letters go, with "
+        "headers pystreams.error.* saying where from and why; it must exist "
+        "(env PYSTREAMS_DEAD_LETTER_TOPIC)",
+    )
 
 
 # --- client security (kafka-python's names) -------------------------------------------------------
@@ -125,11 +139,20 @@ def add_client_security_options(parser: argparse.ArgumentParser, *, prefix: str 
     group = parser.add_argument_group(f"security toward {what}")
     env_prefix = "PYSTREAMS_" + prefix.upper().replace("-", "_")
     for flag, name, env, help_text in _SECURITY_FIELDS:
-        group.add_argument(f"--{prefix}{flag}", dest=f"{prefix.replace('-', '_')}{name}", default=os.environ.get(env_prefix + env),
-                           metavar=name.upper().split("_", 1)[-1], help=f"{help_text} (env {env_prefix + env})")
-    group.add_argument(f"--{prefix}no-ssl-check-hostname", dest=f"{prefix.replace('-', '_')}no_ssl_check_hostname", action="store_true",
-                       default=os.environ.get(env_prefix + "SSL_CHECK_HOSTNAME", "").lower() in ("0", "false", "no"),
-                       help=f"do not check the server certificate's host name (env {env_prefix}SSL_CHECK_HOSTNAME=false)")
+        group.add_argument(
+            f"--{prefix}{flag}",
+            dest=f"{prefix.replace('-', '_')}{name}",
+            default=os.environ.get(env_prefix + env),
+            metavar=name.upper().split("_", 1)[-1],
+            help=f"{help_text} (env {env_prefix + env})",
+        )
+    group.add_argument(
+        f"--{prefix}no-ssl-check-hostname",
+        dest=f"{prefix.replace('-', '_')}no_ssl_check_hostname",
+        action="store_true",
+        default=os.environ.get(env_prefix + "SSL_CHECK_HOSTNAME", "").lower() in ("0", "false", "no"),
+        help=f"do not check the server certificate's host name (env {env_prefix}SSL_CHECK_HOSTNAME=false)",
+    )
 
 
 def client_security_from_args(args: argparse.Namespace, *, prefix: str = "", fallback: Any = None) -> Any:

@@ -15,6 +15,7 @@ as JSON when it can be; windows, sessions and scans print one JSON object per li
 Exit status: 0 found, 1 nothing for the key (or the scan), 3 not available yet (restoring or
 moving), 2 bad usage or an unanswerable query.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,19 +31,22 @@ from pystreams import serdes
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("app", help="path/to/app.py or module[:attribute]")
     parser.add_argument("store", help="the store's name")
-    parser.add_argument("key", nargs="?", default=None,
-                        help="the key (a window or session store's grouping key), as text (see the command's help)")
+    parser.add_argument("key", nargs="?", default=None, help="the key (a window or session store's grouping key), as text (see the command's help)")
     parser.add_argument("--from", dest="key_from", metavar="KEY", help="key-value store: range scan from KEY (inclusive)")
     parser.add_argument("--to", dest="key_to", metavar="KEY", help="key-value store: range scan to KEY (inclusive)")
     parser.add_argument("--prefix", metavar="P", help="key-value store: the keys starting with P")
     parser.add_argument("--all", action="store_true", help="key-value store: every entry")
     parser.add_argument("--from-time", type=int, metavar="MS", help="window store: windows starting at or after MS")
     parser.add_argument("--to-time", type=int, metavar="MS", help="window store: windows starting at or before MS")
-    parser.add_argument("--endpoint", action="append", default=None, metavar="HOST:PORT",
-                        help="a worker's user endpoint; repeatable (env PYSTREAMS_QUERY_ENDPOINTS, comma-separated)")
+    parser.add_argument(
+        "--endpoint",
+        action="append",
+        default=None,
+        metavar="HOST:PORT",
+        help="a worker's user endpoint; repeatable (env PYSTREAMS_QUERY_ENDPOINTS, comma-separated)",
+    )
     parser.add_argument("--stale", action="store_true", help="standby replicas may answer (possibly behind)")
-    parser.add_argument("--timeout-s", type=float, default=10.0, metavar="S",
-                        help="how long a restoring or moving task may be waited for (default 10)")
+    parser.add_argument("--timeout-s", type=float, default=10.0, metavar="S", help="how long a restoring or moving task may be waited for (default 10)")
 
 
 def parse_key(serde: serdes.Serde, text: str) -> Any:
@@ -78,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"pystreams query: store {args.store!r} is a {spec.kind} store: {usage}", file=sys.stderr)
         return 2
     try:
-        key, key_from, key_to, prefix = (None if text is None else _key(spec.key_serde, text)
-                                         for text in (args.key, args.key_from, args.key_to, args.prefix))
+        key, key_from, key_to, prefix = (None if text is None else _key(spec.key_serde, text) for text in (args.key, args.key_from, args.key_to, args.prefix))
     except (ValueError, TypeError, msgspec.MsgspecError) as error:
         print(f"pystreams query: {error}", file=sys.stderr)
         return 2
@@ -92,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
             sessions = app.query_sessions(args.store, key, **options)
             return _print_lines({"start": s.start_ms, "end": s.end_ms, "value": value} for s, value in sessions)
         if scan:
-            entries = (app.query_prefix(args.store, prefix, **options) if prefix is not None
-                       else app.query_range(args.store, key_from, key_to, **options))
+            entries = app.query_prefix(args.store, prefix, **options) if prefix is not None else app.query_range(args.store, key_from, key_to, **options)
             return _print_lines({"key": k, "value": v} for k, v in entries)
         value = app.query(args.store, key, **options)
     except NotAvailableYet as error:
@@ -129,8 +131,7 @@ def _usage_error(kind: Any, args: argparse.Namespace, scan: bool) -> str:
     if timed and kind is StoreKind.SESSION:
         return "--from-time/--to-time are for window stores; a session store gives all of a key's sessions"
     if args.key is None:
-        return "give the KEY (the grouping key) whose " + ("windows" if kind is StoreKind.WINDOW else "sessions") \
-            + " to read"
+        return "give the KEY (the grouping key) whose " + ("windows" if kind is StoreKind.WINDOW else "sessions") + " to read"
     return ""
 
 

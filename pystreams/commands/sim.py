@@ -6,6 +6,7 @@ failing seed is printed with a one-line command that replays it. ``--seed S`` ru
 if it fails, the last events before the violation are printed too. Exit status 1 on any
 violation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,19 +45,22 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     convergence = summary.convergence()
     if args.json:
-        print(json.dumps({
-            "profile": summary.profile,
-            "seeds": summary.seeds,
-            "first_seed": args.first_seed,
-            "steps": summary.steps,
-            "simulated_ms": summary.simulated_ms,
-            "violations": summary.violations,
-            "failures": [
-                {"seed": f.seed, "violation": str(f.violations[0]), "replay": f.replay_command} for f in summary.failures
-            ],
-            "convergence_after_faults": convergence,
-            "wall_seconds": round(elapsed, 2),
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "profile": summary.profile,
+                    "seeds": summary.seeds,
+                    "first_seed": args.first_seed,
+                    "steps": summary.steps,
+                    "simulated_ms": summary.simulated_ms,
+                    "violations": summary.violations,
+                    "failures": [{"seed": f.seed, "violation": str(f.violations[0]), "replay": f.replay_command} for f in summary.failures],
+                    "convergence_after_faults": convergence,
+                    "wall_seconds": round(elapsed, 2),
+                },
+                indent=2,
+            )
+        )
     else:
         print(
             f"profile {summary.profile}: {summary.seeds} seeds ({seeds.start}..{seeds.stop - 1}), "
@@ -79,17 +83,22 @@ def _run_one(seed: int, profile: str, *, as_json: bool) -> int:
 
     result = run_seed(seed, profile, trace=True)
     if as_json:
-        print(json.dumps({
-            "profile": result.profile,
-            "seed": result.seed,
-            "steps": result.steps,
-            "simulated_ms": result.simulated_ms,
-            "faults_stopped_at_ms": result.faults_stopped_at_ms,
-            "converged_after_ms": result.converged_after_ms,
-            "violations": [str(v) for v in result.violations],
-            "fingerprint": result.fingerprint,
-            "trace": result.trace[-TRACE_LINES:] if result.violations else [],
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "profile": result.profile,
+                    "seed": result.seed,
+                    "steps": result.steps,
+                    "simulated_ms": result.simulated_ms,
+                    "faults_stopped_at_ms": result.faults_stopped_at_ms,
+                    "converged_after_ms": result.converged_after_ms,
+                    "violations": [str(v) for v in result.violations],
+                    "fingerprint": result.fingerprint,
+                    "trace": result.trace[-TRACE_LINES:] if result.violations else [],
+                },
+                indent=2,
+            )
+        )
         return 0 if result.ok else 1
     if result.violations:
         print(f"the last {TRACE_LINES} events before the violation (time ms, step, event):")

@@ -17,6 +17,7 @@ PYSTREAMS_SPARK_MASTER, PYSTREAMS_SPARK_CHECKPOINT, PYSTREAMS_SPARK_ONCE (1/true
 PYSTREAMS_SPARK_FAIL_ON_DATA_LOSS, PYSTREAMS_DESERIALIZATION_ERRORS, PYSTREAMS_PROCESSING_ERRORS,
 PYSTREAMS_DEAD_LETTER_TOPIC.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -95,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter would bury our last line
     app = load_app(args.app)
     topology = app.topology()
-    errors = topology.errors.overridden(deserialization=args.deserialization_errors, processing=args.processing_errors,
-                                        dead_letter_topic=args.dead_letter_topic)
+    errors = topology.errors.overridden(
+        deserialization=args.deserialization_errors, processing=args.processing_errors, dead_letter_topic=args.dead_letter_topic
+    )
     errors.check()
     topology = dataclasses.replace(topology, errors=errors)
     from pystreams.spark.compiler import cluster_pattern_matcher, compile_topology
@@ -119,8 +121,7 @@ def run(args: argparse.Namespace) -> int:
         quiet_task_failures(spark)  # a failed query is said once, below, not in three stack traces
     job = None
     try:
-        job = to_spark(topology, spark, bootstrap_servers=args.bootstrap_servers, checkpoint=checkpoint,
-                       fail_on_data_loss=args.fail_on_data_loss)
+        job = to_spark(topology, spark, bootstrap_servers=args.bootstrap_servers, checkpoint=checkpoint, fail_on_data_loss=args.fail_on_data_loss)
         job.start(available_now=args.once)
         print(
             f"pystreams spark: {topology.app_id} running on {args.master}: {len(job.queries)} queries"
@@ -148,9 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
 #: The failures of our own code a query can end with: their message is the whole story, the
 #: JVM and Python stack traces around it are not.
-_OWN_FAILURES = re.compile(
-    r"(?:RecordProcessingError|DataLossError): (.*?)(?=\n\s*(?:at |File \"|JVM stacktrace|Traceback|SQLSTATE|===)|\Z)",
-    re.DOTALL)
+_OWN_FAILURES = re.compile(r"(?:RecordProcessingError|DataLossError): (.*?)(?=\n\s*(?:at |File \"|JVM stacktrace|Traceback|SQLSTATE|===)|\Z)", re.DOTALL)
 
 
 def query_failure(text: str) -> str | None:

@@ -5,6 +5,7 @@ Kafka Streams never creates its source topics — the app's owner does — and s
 the small tool to create them (``--create NAME --partitions N``, idempotent: an existing topic
 with that partition count is left alone); the Kubernetes dev overlay runs it as a Job.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,18 +19,20 @@ HELP = "list topics, or create topics (idempotent) on a Kafka cluster"
 
 def configure(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    parser.add_argument("--bootstrap-servers", default=env("PYSTREAMS_BOOTSTRAP_SERVERS"),
-                        help="the Kafka cluster (env PYSTREAMS_BOOTSTRAP_SERVERS)")
+    parser.add_argument("--bootstrap-servers", default=env("PYSTREAMS_BOOTSTRAP_SERVERS"), help="the Kafka cluster (env PYSTREAMS_BOOTSTRAP_SERVERS)")
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--list", action="store_true", help="print every topic with its partition count")
-    action.add_argument("--create", action="append", metavar="TOPIC", default=[],
-                        help="create TOPIC unless it exists; repeatable")
-    parser.add_argument("--partitions", type=options.positive_int, default=1,
-                        help="partitions of the topics created (default 1)")
-    parser.add_argument("--config", action="append", type=options.key_value, metavar="KEY=VALUE", default=[],
-                        help="a topic config of the topics created, e.g. retention.ms=604800000; repeatable")
-    parser.add_argument("--timeout-s", type=options.positive_seconds, default=30.0,
-                        help="give up after this long (default 30)")
+    action.add_argument("--create", action="append", metavar="TOPIC", default=[], help="create TOPIC unless it exists; repeatable")
+    parser.add_argument("--partitions", type=options.positive_int, default=1, help="partitions of the topics created (default 1)")
+    parser.add_argument(
+        "--config",
+        action="append",
+        type=options.key_value,
+        metavar="KEY=VALUE",
+        default=[],
+        help="a topic config of the topics created, e.g. retention.ms=604800000; repeatable",
+    )
+    parser.add_argument("--timeout-s", type=options.positive_seconds, default=30.0, help="give up after this long (default 30)")
 
 
 def run(args: argparse.Namespace) -> int:

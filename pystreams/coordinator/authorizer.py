@@ -19,6 +19,7 @@ no longer parses keeps the previous ACLs and logs why::
                "resource_name": "wordcount", "pattern_type": "literal",
                "permission": "allow", "host": "*"}]}
 """
+
 from __future__ import annotations
 
 import json
@@ -148,8 +149,9 @@ class Acls:
 class Authorizer:
     """ACLs from a file (re-read when it changes) plus ``super.users``."""
 
-    def __init__(self, path: str | os.PathLike[str], super_users: Iterable[str] = (), *,
-                 clock: Callable[[], float] = time.monotonic, check_interval_s: float = 1.0) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], super_users: Iterable[str] = (), *, clock: Callable[[], float] = time.monotonic, check_interval_s: float = 1.0
+    ) -> None:
         self.path = os.fspath(path)
         self.super_users = frozenset(super_users)
         self._clock = clock

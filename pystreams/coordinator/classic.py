@@ -13,6 +13,7 @@ method it mirrors.
 Group state that is not in the record (who is parked, the rebalance in progress) is runtime
 state: every handler guards the group first, so a failure rolls it back with the records.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,16 +46,31 @@ def protocols_of(request) -> tuple[tuple[str, bytes], ...]:
     return tuple((p.name, bytes(p.metadata)) for p in request.protocols or ())
 
 
-def join_response(version: int, *, error: int = 0, member_id: str = "", generation: int = -1, protocol_type: str | None = None,
-                  protocol_name: str | None = None, leader: str = "", members: list | None = None, skip_assignment: bool = False,
-                  message: str | None = None):
+def join_response(
+    version: int,
+    *,
+    error: int = 0,
+    member_id: str = "",
+    generation: int = -1,
+    protocol_type: str | None = None,
+    protocol_name: str | None = None,
+    leader: str = "",
+    members: list | None = None,
+    skip_assignment: bool = False,
+    message: str | None = None,
+):
     """A JoinGroup answer that encodes at ``version`` (names are non-nullable before v7)."""
     nullable = version >= 7
     response = m.JoinGroupResponse(
-        throttle_time_ms=0, error_code=error, generation_id=generation,
+        throttle_time_ms=0,
+        error_code=error,
+        generation_id=generation,
         protocol_type=protocol_type if nullable else (protocol_type or ""),
         protocol_name=protocol_name if nullable else (protocol_name or ""),
-        leader=leader or "", skip_assignment=skip_assignment, member_id=member_id, members=members or [],
+        leader=leader or "",
+        skip_assignment=skip_assignment,
+        member_id=member_id,
+        members=members or [],
     )
     response.API_VERSION = version
     return response
@@ -121,8 +137,11 @@ class ClassicGroupManager:
         if not self._accept_joining_member(group, member_id):
             if member_id in group.members:
                 self._remove_member(group, group.members[member_id], now_ms, error=None)
-            return join_response(version, error=Errors.GroupMaxSizeReachedError.errno,
-                                 message=f"Group {group.group_id} already has {self.config.classic_max_group_size} members.")
+            return join_response(
+                version,
+                error=Errors.GroupMaxSizeReachedError.errno,
+                message=f"Group {group.group_id} already has {self.config.classic_max_group_size} members.",
+            )
         if member_id:
             response = self._join_existing_member(group, request, version, now_ms)
         else:
@@ -196,15 +215,21 @@ class ClassicGroupManager:
     def _current_generation_answer(self, group: ClassicGroup, member: ClassicMember, version: int):
         """A member that lost its JoinGroup answer gets it again, without a rebalance."""
         return join_response(
-            version, member_id=member.member_id, generation=group.generation, protocol_type=group.protocol_type,
-            protocol_name=group.protocol_name, leader=group.leader_id or "",
+            version,
+            member_id=member.member_id,
+            generation=group.generation,
+            protocol_type=group.protocol_type,
+            protocol_name=group.protocol_name,
+            leader=group.leader_id or "",
             members=self._member_list(group, version) if group.is_leader(member.member_id) else [],
         )
 
     def _member_list(self, group: ClassicGroup, version: int) -> list:
         Member = m.JoinGroupResponse.JoinGroupResponseMember
-        return [Member(member_id=mb.member_id, group_instance_id=mb.instance_id if version >= 5 else None, metadata=mb.metadata(group.protocol_name))
-                for mb in group.members.values()]
+        return [
+            Member(member_id=mb.member_id, group_instance_id=mb.instance_id if version >= 5 else None, metadata=mb.metadata(group.protocol_name))
+            for mb in group.members.values()
+        ]
 
     def _add_member(self, group: ClassicGroup, request, version: int, member_id: str, now_ms: int):
         """Kafka's addMemberThenRebalanceOrCompleteJoin."""
@@ -267,12 +292,25 @@ class ClassicGroupManager:
                 new.awaiting_join = None
                 is_leader = group.is_leader(new_id)
                 if version >= SKIP_ASSIGNMENT_VERSION:
-                    return join_response(version, member_id=new_id, generation=group.generation, protocol_type=group.protocol_type,
-                                         protocol_name=group.protocol_name, leader=group.leader_id or "",
-                                         members=self._member_list(group, version) if is_leader else [], skip_assignment=is_leader)
+                    return join_response(
+                        version,
+                        member_id=new_id,
+                        generation=group.generation,
+                        protocol_type=group.protocol_type,
+                        protocol_name=group.protocol_name,
+                        leader=group.leader_id or "",
+                        members=self._member_list(group, version) if is_leader else [],
+                        skip_assignment=is_leader,
+                    )
                 # Before v9 a static leader must not run the assignment: it is told the old leader's id.
-                return join_response(version, member_id=new_id, generation=group.generation, protocol_type=group.protocol_type,
-                                     protocol_name=group.protocol_name, leader=current_leader or "")
+                return join_response(
+                    version,
+                    member_id=new_id,
+                    generation=group.generation,
+                    protocol_type=group.protocol_type,
+                    protocol_name=group.protocol_name,
+                    leader=current_leader or "",
+                )
             self._maybe_prepare_rebalance_or_complete_join(group, now_ms)
         elif group.state is Completing:
             self._prepare_rebalance(group, now_ms)  # the leader may have assigned to the old id
@@ -335,11 +373,18 @@ class ClassicGroupManager:
             self.ctx.schedule(EmptyGroupTimer(group.group_id), now_ms + self.config.empty_group_retention_ms)
             return
         for member in group.members.values():
-            self._answer_join(member, join_response(
-                member.join_version, member_id=member.member_id, generation=group.generation,
-                protocol_type=group.protocol_type, protocol_name=group.protocol_name, leader=group.leader_id or "",
-                members=self._member_list(group, member.join_version) if group.is_leader(member.member_id) else [],
-            ))
+            self._answer_join(
+                member,
+                join_response(
+                    member.join_version,
+                    member_id=member.member_id,
+                    generation=group.generation,
+                    protocol_type=group.protocol_type,
+                    protocol_name=group.protocol_name,
+                    leader=group.leader_id or "",
+                    members=self._member_list(group, member.join_version) if group.is_leader(member.member_id) else [],
+                ),
+            )
             self._reschedule_heartbeat(group, member, now_ms)
             member.is_new = False
             group.pending_sync.add(member.member_id)
@@ -570,6 +615,8 @@ def leave_response(version: int, error: int, outcomes: list[tuple[str, str | Non
         single = outcomes[0][2] if outcomes else 0
         return m.LeaveGroupResponse(throttle_time_ms=0, error_code=error or single, members=[])
     Member = m.LeaveGroupResponse.MemberResponse
-    return m.LeaveGroupResponse(throttle_time_ms=0, error_code=error, members=[
-        Member(member_id=member_id, group_instance_id=instance_id, error_code=code) for member_id, instance_id, code in outcomes
-    ])
+    return m.LeaveGroupResponse(
+        throttle_time_ms=0,
+        error_code=error,
+        members=[Member(member_id=member_id, group_instance_id=instance_id, error_code=code) for member_id, instance_id, code in outcomes],
+    )

@@ -10,6 +10,7 @@ generation. ``persisted`` is that record's value, live and after a load alike; i
 The manager in ``classic.py`` decides; this module holds the data and the small rules about it
 (protocol votes, leader election, member validation, offset-commit validation).
 """
+
 from __future__ import annotations
 
 import enum
@@ -211,7 +212,9 @@ class ClassicGroup:
             if holder is None:
                 raise RequestError(Errors.UnknownMemberIdError, f"Instance id {instance_id} is not a member of group {self.group_id} ({operation}).")
             if holder != member_id:
-                raise RequestError(Errors.FencedInstanceIdError, f"Instance id {instance_id} is now member {holder}; member {member_id} is fenced ({operation}).")
+                raise RequestError(
+                    Errors.FencedInstanceIdError, f"Instance id {instance_id} is now member {holder}; member {member_id} is fenced ({operation})."
+                )
         member = self.members.get(member_id)
         if member is None:
             raise RequestError(Errors.UnknownMemberIdError, f"Member {member_id} is not a member of group {self.group_id} ({operation}).")

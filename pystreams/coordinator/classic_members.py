@@ -25,6 +25,7 @@ assignment's userData (Kafka drops both). A member is told to rejoin for a newer
 assignment epoch) rather than a newer group epoch: with a client-side assignor the two differ
 while the assignment is computed, and rejoining then would only spin.
 """
+
 from __future__ import annotations
 
 import logging
@@ -154,7 +155,9 @@ class ClassicMemberManager:
         Every protocol must decode, since their userData reaches the assignors."""
         total = sum(len(metadata) for _, metadata in protocols)
         if total > self.config.max_assignor_metadata_bytes:
-            raise RequestError(Errors.InvalidRequestError, f"protocol metadata is {total} bytes; at most {self.config.max_assignor_metadata_bytes} are accepted")
+            raise RequestError(
+                Errors.InvalidRequestError, f"protocol metadata is {total} bytes; at most {self.config.max_assignor_metadata_bytes} are accepted"
+            )
         try:
             decoded = [cp.decode_subscription(metadata) for _, metadata in protocols]
         except cp.ConsumerProtocolError as error:
@@ -165,9 +168,7 @@ class ClassicMemberManager:
         """The partitions it reports owning, by topic id (topics we do not know are dropped)."""
         topics = self.ctx.topics
         return PartitionSet.from_pairs(
-            (topics[name].topic_id, partition)
-            for name, partitions in subscription.owned_partitions.items() if name in topics
-            for partition in partitions
+            (topics[name].topic_id, partition) for name, partitions in subscription.owned_partitions.items() if name in topics for partition in partitions
         )
 
     @staticmethod

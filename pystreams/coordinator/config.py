@@ -1,4 +1,5 @@
 """Coordinator (broker-level) configuration and the dynamic per-group overrides of KIP-848."""
+
 from __future__ import annotations
 
 import re

@@ -5,11 +5,12 @@ replays each record on the spot, so the state a handler reads after emitting is 
 shard replaying the log would have. Timers (session, revocation, client-side computation) and
 the computation in flight are runtime state, re-armed on load.
 """
+
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Set as AbstractSet
-import logging
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 from uuid import UUID
@@ -27,10 +28,10 @@ from pystreams.assignors.api import (
 )
 from pystreams.coordinator import records as r
 from pystreams.coordinator.classic_group import ClassicGroup, ClassicGroupState
+from pystreams.coordinator.config import HEARTBEAT_INTERVAL, SESSION_TIMEOUT
 from pystreams.coordinator.consumer_group import CLASSIC_METADATA_VERSION, CONSUMER, ConsumerGroup, ConsumerMember, GroupState
 from pystreams.coordinator.context import ShardContext
 from pystreams.coordinator.errors import RequestError
-from pystreams.coordinator.config import HEARTBEAT_INTERVAL, SESSION_TIMEOUT
 from pystreams.coordinator.reconciliation import MemberAssignmentState, reconcile
 from pystreams.coordinator.subscriptions import InvalidRegex, subscribed_names, subscribed_topic_ids, validate_regex
 from pystreams.coordinator.timers import (
@@ -126,7 +127,10 @@ def validate_heartbeat(request: HeartbeatRequest, server_assignors: tuple[str, .
         if not assignor.minimum_version <= assignor.metadata_version <= assignor.maximum_version:
             raise RequestError(invalid, f"Assignor {assignor.name}: MetadataVersion must lie within [MinimumVersion, MaximumVersion].")
         if len(assignor.metadata_bytes) > max_metadata_bytes:
-            raise RequestError(invalid, f"Assignor {assignor.name}: MetadataBytes is {len(assignor.metadata_bytes)} bytes; this coordinator accepts at most {max_metadata_bytes}.")
+            raise RequestError(
+                invalid,
+                f"Assignor {assignor.name}: MetadataBytes is {len(assignor.metadata_bytes)} bytes; this coordinator accepts at most {max_metadata_bytes}.",
+            )
     if request.server_assignor is not None and request.server_assignor not in server_assignors:
         raise RequestError(
             Errors.UnsupportedAssignorError,
@@ -202,9 +206,7 @@ class ConsumerGroupManager:
             before = self.ctx.groups.get(request.group_id)
             group = self._consumer_group(request, now_ms)
             # Converted from a classic group at rest (Stable) or in a rebalance.
-            converted = (
-                before.state is ClassicGroupState.STABLE if isinstance(before, ClassicGroup) and group is not None else None
-            )
+            converted = before.state is ClassicGroupState.STABLE if isinstance(before, ClassicGroup) and group is not None else None
             if request.member_epoch in (LEAVE_EPOCH, LEAVE_STATIC_EPOCH):
                 return self._leave(group, request, now_ms)
             if request.member_epoch == 0:
@@ -334,7 +336,9 @@ class ConsumerGroupManager:
         self._maybe_restart_computation(group, member.member_id, now_ms)
         return HeartbeatResponse(member_id=member.member_id, member_epoch=LEAVE_STATIC_EPOCH, heartbeat_interval_ms=0)
 
-    def _update_and_reconcile(self, group: ConsumerGroup, member: ConsumerMember, request, is_new: bool, now_ms: int, *, converted: bool | None = None) -> HeartbeatResponse:
+    def _update_and_reconcile(
+        self, group: ConsumerGroup, member: ConsumerMember, request, is_new: bool, now_ms: int, *, converted: bool | None = None
+    ) -> HeartbeatResponse:
         """``converted``: this heartbeat converted a classic group (True: one that was Stable)."""
         updated, bump = _apply_request_fields(member, request, self.ctx.request)
         self._check_classic_members_readable(group, updated)
@@ -372,12 +376,7 @@ class ConsumerGroupManager:
             # The member has its rebalance timeout to deliver, counted from this notification.
             self.ctx.schedule(ComputationTimer(group.group_id), now_ms + member.rebalance_timeout_ms)
 
-        include_assignment = (
-            request.member_epoch == 0
-            or changed
-            or (owned is not None and owned != member.assigned)
-            or not group.is_reconciled(member)
-        )
+        include_assignment = request.member_epoch == 0 or changed or (owned is not None and owned != member.assigned) or not group.is_reconciled(member)
         return HeartbeatResponse(
             member_id=member.member_id,
             member_epoch=member.member_epoch,
@@ -422,9 +421,7 @@ class ConsumerGroupManager:
                 if other.member_id == member.member_id or other.classic is not None or member.classic is not None:
                     continue
                 theirs = other.assignor(assignor.name)
-                if theirs is not None and (
-                    assignor.maximum_version < theirs.minimum_version or theirs.maximum_version < assignor.minimum_version
-                ):
+                if theirs is not None and (assignor.maximum_version < theirs.minimum_version or theirs.maximum_version < assignor.minimum_version):
                     raise RequestError(
                         Errors.UnsupportedAssignorError,
                         f"Assignor {assignor.name} versions [{assignor.minimum_version}, {assignor.maximum_version}] do not overlap "
@@ -501,10 +498,7 @@ class ConsumerGroupManager:
     @staticmethod
     def _target_covers_subscriptions(group: ConsumerGroup) -> bool:
         targeted = {pair for target in group.targets.values() for pair in target.partitions}
-        return all(
-            (topic.topic_id, partition) in targeted
-            for topic in group.subscribed_topics.values() for partition in range(topic.num_partitions)
-        )
+        return all((topic.topic_id, partition) in targeted for topic in group.subscribed_topics.values() for partition in range(topic.num_partitions))
 
     def refresh_subscription_metadata(self, group: ConsumerGroup) -> bool:
         """Re-resolve the group's subscribed topics against the topic image; True if changed."""
@@ -605,7 +599,9 @@ class ConsumerGroupManager:
                 continue
             if old is not None and old.partitions == partitions and old.metadata_version == version and old.metadata == metadata:
                 continue
-            self.ctx.emit(r.TargetAssignmentMember(group.group_id, member_id, r.TargetAssignmentMemberValue(partitions.to_wire(r.TopicPartitions), version, metadata)))
+            self.ctx.emit(
+                r.TargetAssignmentMember(group.group_id, member_id, r.TargetAssignmentMemberValue(partitions.to_wire(r.TopicPartitions), version, metadata))
+            )
         self.ctx.emit(r.TargetAssignmentMetadata(group.group_id, r.TargetAssignmentMetadataValue(epoch, error)))
 
     # --- client-side assignment ----------------------------------------------------------------
@@ -725,7 +721,10 @@ class ConsumerGroupManager:
                     topic_partitions=PartitionSet.of(s.target_partitions).to_wire(Response.Member.TopicPartitions),
                 )
             )
-        topics = [Response.TopicMetadata(topic_id=t.topic_id, topic_name=t.name, num_partitions=t.num_partitions) for t in sorted(spec.topics.values(), key=lambda t: t.name)]
+        topics = [
+            Response.TopicMetadata(topic_id=t.topic_id, topic_name=t.name, num_partitions=t.num_partitions)
+            for t in sorted(spec.topics.values(), key=lambda t: t.name)
+        ]
         return Response(group_epoch=group.group_epoch, assignor_name=computation.assignor, members=members, topics=topics)
 
     def consumer_group_install_assignment(self, request, now_ms: int):
@@ -744,7 +743,9 @@ class ConsumerGroupManager:
                 )
             if request.error:
                 # The assignor could not compute: keep the current target, record the error.
-                self.install_target(group, {mid: (t.partitions, t.metadata_version, t.metadata) for mid, t in group.targets.items()}, request.group_epoch, request.error)
+                self.install_target(
+                    group, {mid: (t.partitions, t.metadata_version, t.metadata) for mid, t in group.targets.items()}, request.group_epoch, request.error
+                )
             else:
                 assignment = _validated_assignment(request, computation, self.config.max_assignor_metadata_bytes)
                 self.install_target(group, assignment, request.group_epoch, 0)
@@ -765,7 +766,12 @@ class ConsumerGroupManager:
         if group is None or group.group_type != CONSUMER:
             return
         match timer:
-            case SessionTimer(member_id=member_id) | RevocationTimer(member_id=member_id) | ClassicMemberJoinTimer(member_id=member_id) | ClassicMemberSyncTimer(member_id=member_id):
+            case (
+                SessionTimer(member_id=member_id)
+                | RevocationTimer(member_id=member_id)
+                | ClassicMemberJoinTimer(member_id=member_id)
+                | ClassicMemberSyncTimer(member_id=member_id)
+            ):
                 member = group.members.get(member_id)
                 if member is not None:
                     self.remove_member(group, member, now_ms)
@@ -822,7 +828,14 @@ class ConsumerGroupManager:
                 described.append(Group(error_code=exc.code, error_message=exc.message, group_id=group_id, group_state=GroupState.DEAD.value))
                 continue
             if group is None or group.group_type != "consumer":
-                described.append(Group(error_code=Errors.GroupIdNotFoundError.errno, error_message=f"Group {group_id} not found.", group_id=group_id, group_state=GroupState.DEAD.value))
+                described.append(
+                    Group(
+                        error_code=Errors.GroupIdNotFoundError.errno,
+                        error_message=f"Group {group_id} not found.",
+                        group_id=group_id,
+                        group_state=GroupState.DEAD.value,
+                    )
+                )
                 continue
             names = group.topic_names_by_id()
             client_side, assignor = self.select_assignor(group)
@@ -841,8 +854,11 @@ class ConsumerGroupManager:
                         subscribed_topic_regex=member.subscribed_topic_regex,
                         assignment=assignment(member.assigned | member.revoking, names, member.error, member.metadata_version, member.metadata),
                         target_assignment=assignment(
-                            target.partitions if target else NO_PARTITIONS, names, group.assignment_error,
-                            target.metadata_version if target else 0, target.metadata if target else b"",
+                            target.partitions if target else NO_PARTITIONS,
+                            names,
+                            group.assignment_error,
+                            target.metadata_version if target else 0,
+                            target.metadata if target else b"",
                         ),
                         member_type=CLASSIC_MEMBER_TYPE if member.classic is not None else CONSUMER_MEMBER_TYPE,
                     )
@@ -891,19 +907,12 @@ def _apply_request_fields(member: ConsumerMember, request, context) -> tuple[Con
         changes["classic"] = None
         changes.setdefault("assignors", ())
     updated = replace(member, **changes) if changes else member
-    subscription_changed = (
-        updated.subscribed_topic_names != member.subscribed_topic_names
-        or updated.subscribed_topic_regex != member.subscribed_topic_regex
-    )
+    subscription_changed = updated.subscribed_topic_names != member.subscribed_topic_names or updated.subscribed_topic_regex != member.subscribed_topic_regex
     if member.classic is not None:
         # Switching protocols is not a reason to reassign (the KIP's Online Migration keeps
         # the upgraded member's partitions at the same epoch); a new subscription is.
         return updated, subscription_changed
-    trigger = (
-        subscription_changed
-        or updated.server_assignor != member.server_assignor
-        or _assignors_trigger(member.assignors, updated.assignors)
-    )
+    trigger = subscription_changed or updated.server_assignor != member.server_assignor or _assignors_trigger(member.assignors, updated.assignors)
     return updated, trigger
 
 
@@ -932,7 +941,10 @@ def _validated_assignment(request, computation: ClientComputation, max_metadata_
         if entry.member_id in assignment:
             raise RequestError(invalid, f"Member {entry.member_id} appears twice in the assignment.")
         if len(entry.metadata_bytes) > max_metadata_bytes:
-            raise RequestError(invalid, f"The metadata for member {entry.member_id} is {len(entry.metadata_bytes)} bytes; this coordinator accepts at most {max_metadata_bytes}.")
+            raise RequestError(
+                invalid,
+                f"The metadata for member {entry.member_id} is {len(entry.metadata_bytes)} bytes; this coordinator accepts at most {max_metadata_bytes}.",
+            )
         partitions: dict[UUID, set[int]] = {}
         for item in entry.partitions:
             topic = computation.prepared_topics.get(item.topic_id)

@@ -4,6 +4,7 @@ Nothing here decides anything: the manager in ``consumer.py`` generates records,
 applies a record to the model — live, and identically when a shard loads its log. ``pre_image``
 is replay's inverse for one key: the record that restores what the key holds now.
 """
+
 from __future__ import annotations
 
 import enum
@@ -134,9 +135,7 @@ class ConsumerGroup:
 
     def is_reconciled(self, member: ConsumerMember) -> bool:
         return (
-            member.member_epoch in (self.assignment_epoch, LEAVE_STATIC_EPOCH)
-            and not member.revoking
-            and member.assigned == self.target_of(member.member_id)
+            member.member_epoch in (self.assignment_epoch, LEAVE_STATIC_EPOCH) and not member.revoking and member.assigned == self.target_of(member.member_id)
         )
 
     @property
@@ -169,8 +168,8 @@ class ConsumerGroup:
         """Every member but ``member_id`` speaks the classic protocol, and ``member_id`` does not
         (Kafka's allMembersUseClassicProtocolExcept)."""
         member = self.members.get(member_id)
-        return member is not None and member.classic is None and all(
-            other.classic is not None for other in self.members.values() if other.member_id != member_id
+        return (
+            member is not None and member.classic is None and all(other.classic is not None for other in self.members.values() if other.member_id != member_id)
         )
 
     def supports_classic_protocols(self, protocol_type: str, names: list[str]) -> bool:
@@ -340,12 +339,8 @@ class ConsumerGroup:
             "assignment_error": self.assignment_error,
             "subscribed_topics": dict(self.subscribed_topics),
             "static_members": dict(self.static_members),
-            "members": {
-                mid: (m.metadata_value(0), m.assignment_value()) for mid, m in sorted(self.members.items())
-            },
-            "targets": {
-                mid: (t.partitions, t.metadata_version, t.metadata) for mid, t in sorted(self.targets.items())
-            },
+            "members": {mid: (m.metadata_value(0), m.assignment_value()) for mid, m in sorted(self.members.items())},
+            "targets": {mid: (t.partitions, t.metadata_version, t.metadata) for mid, t in sorted(self.targets.items())},
             "owners": dict(self.owners),
         }
 

@@ -19,6 +19,7 @@ that failed.
 The shard's group registry lives here too: groups of every type by id, plus the groups held back
 after a load because some of their records could not be read (``quarantined``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping

@@ -13,6 +13,7 @@ shapes a classic consumer group would carry, so tools decode them without knowin
 A group that does not exist is "Dead" with no members; from v6 on (KIP-1043) it also carries
 GROUP_ID_NOT_FOUND, before v6 no error.
 """
+
 from __future__ import annotations
 
 from uuid import UUID
@@ -113,14 +114,24 @@ def _classic_group(group: ClassicGroup):
         for member in group.members.values()
     ]
     return Group(
-        error_code=0, group_id=group.group_id, group_state=group.state.value, protocol_type=group.protocol_type or "",
-        protocol_data=(group.protocol_name or "") if stable else "", members=members,
+        error_code=0,
+        group_id=group.group_id,
+        group_state=group.state.value,
+        protocol_type=group.protocol_type or "",
+        protocol_data=(group.protocol_name or "") if stable else "",
+        members=members,
     )
 
 
 def _failed_group(group_id: str, error: RequestError):
     return m.DescribeGroupsResponse.DescribedGroup(
-        error_code=error.code, error_message=error.message, group_id=group_id, group_state="", protocol_type="", protocol_data="", members=[],
+        error_code=error.code,
+        error_message=error.message,
+        group_id=group_id,
+        group_state="",
+        protocol_type="",
+        protocol_data="",
+        members=[],
     )
 
 
@@ -128,8 +139,13 @@ def _dead_group(group_id: str, version: int):
     Group = m.DescribeGroupsResponse.DescribedGroup
     if version >= NOT_FOUND_ERROR_VERSION:
         return Group(
-            error_code=Errors.GroupIdNotFoundError.errno, error_message=f"Group {group_id} not found.",
-            group_id=group_id, group_state=GroupState.DEAD.value, protocol_type="", protocol_data="", members=[],
+            error_code=Errors.GroupIdNotFoundError.errno,
+            error_message=f"Group {group_id} not found.",
+            group_id=group_id,
+            group_state=GroupState.DEAD.value,
+            protocol_type="",
+            protocol_data="",
+            members=[],
         )
     return Group(error_code=0, group_id=group_id, group_state=GroupState.DEAD.value, protocol_type="", protocol_data="", members=[])
 
@@ -157,9 +173,7 @@ def _assignment(partitions: PartitionSet, names: dict[UUID, str]) -> bytes:
     by_topic = sorted((names.get(topic_id, str(topic_id)), sorted(indexes)) for topic_id, indexes in partitions.by_topic.items())
     assignment = ConsumerProtocolAssignment(
         version=ASSIGNMENT_VERSION,
-        assigned_partitions=[
-            ConsumerProtocolAssignment.TopicPartition(topic=topic, partitions=indexes) for topic, indexes in by_topic
-        ],
+        assigned_partitions=[ConsumerProtocolAssignment.TopicPartition(topic=topic, partitions=indexes) for topic, indexes in by_topic],
         user_data=None,
     )
     return bytes(assignment.encode())

@@ -1,4 +1,5 @@
 """The error a handler answers with: a Kafka error code and the reason, for the response."""
+
 from __future__ import annotations
 
 import kafka.errors as Errors

@@ -4,6 +4,7 @@ IncrementalAlterConfigs on GROUP resources, kept as GroupConfig records.
 The overrides live in the shard context (``ctx.group_configs``), where every manager reads them
 through ``ctx.group_config(group_id, name)``.
 """
+
 from __future__ import annotations
 
 import kafka.errors as Errors
@@ -51,7 +52,15 @@ class GroupConfigManager:
         results = []
         for resource in request.resources:
             if resource.resource_type != GROUP_RESOURCE:
-                results.append(Result(error_code=Errors.InvalidRequestError.errno, error_message=_ONLY_GROUPS, resource_type=resource.resource_type, resource_name=resource.resource_name, configs=[]))
+                results.append(
+                    Result(
+                        error_code=Errors.InvalidRequestError.errno,
+                        error_message=_ONLY_GROUPS,
+                        resource_type=resource.resource_type,
+                        resource_name=resource.resource_name,
+                        configs=[],
+                    )
+                )
                 continue
             overrides = self.ctx.group_configs.get(resource.resource_name, {})
             names = resource.configuration_keys or list(GROUP_CONFIG_NAMES)
@@ -83,6 +92,7 @@ class GroupConfigManager:
         Result = Response.AlterConfigsResourceResponse
         results = []
         for resource in request.resources:
+
             def result(code=0, message=None, resource=resource):
                 return Result(error_code=code, error_message=message, resource_type=resource.resource_type, resource_name=resource.resource_name)
 

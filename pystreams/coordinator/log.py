@@ -39,6 +39,7 @@ Backends:
 Blocking kafka-python calls run on one worker thread per claimed partition, so the event loop
 never blocks and one slow partition never holds up another.
 """
+
 from __future__ import annotations
 
 import abc
@@ -203,7 +204,7 @@ class _MemoryPartition(PartitionLog):
         entries = list(self._owner._entries[self.partition])  # a stable view: appends may follow
         chunk = self._owner._read_chunk
         for start in range(0, len(entries), chunk):
-            yield [r.read_stored(start + i, key, value) for i, (key, value) in enumerate(entries[start:start + chunk])]
+            yield [r.read_stored(start + i, key, value) for i, (key, value) in enumerate(entries[start : start + chunk])]
             await asyncio.sleep(0)  # a big log must not starve the other shards
 
     async def append(self, records: Sequence[r.Record]) -> None:
@@ -389,7 +390,9 @@ class _AppendAssembler:
             return self._take()
         log.warning(
             "log partition %d: dropping %d of %d records of an append its writer never finished",
-            self._partition, len(self._pending), self._count,
+            self._partition,
+            len(self._pending),
+            self._count,
         )
         self.dropped_records += len(self._pending)
         self._pending, self._append_id = [], None
@@ -452,7 +455,10 @@ class _KafkaPartition(PartitionLog):
             for index, record in enumerate(records):
                 key, value = r.encode(record)
                 producer.send(
-                    self._owner.topic, key=key, value=value, partition=self.partition,
+                    self._owner.topic,
+                    key=key,
+                    value=value,
+                    partition=self.partition,
                     headers=[(FRAME_HEADER, _FRAME.pack(append_id, index, count))],
                 )
             producer.commit_transaction()

@@ -32,6 +32,7 @@ per request on the hot path. ``GET /metrics``; ``GET /ready`` (and ``/readyz``) 
 once every shard is active and 503 before (a readiness probe); ``GET /healthz`` answers 200
 while the process serves (a liveness probe).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -177,8 +178,7 @@ def _counter(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], 
 class CoordinatorCollector(Collector):
     """Reads the coordinator (and its server's refusal counts) at scrape time."""
 
-    def __init__(self, coordinator: Coordinator, refusals: Callable[[], Mapping[str, int]] | None = None,
-                 connections: Callable[[], int] | None = None) -> None:
+    def __init__(self, coordinator: Coordinator, refusals: Callable[[], Mapping[str, int]] | None = None, connections: Callable[[], int] | None = None) -> None:
         self._coordinator = coordinator
         self._refusals = refusals or (lambda: {})
         self._connections = connections or (lambda: 0)
@@ -220,45 +220,68 @@ class CoordinatorCollector(Collector):
         idle = [runner.idle.ratio() for runner in coordinator.runners]
         rebalances = coordinator.metrics.rebalances
         loads = coordinator.metrics.load_times
-        yield _gauge("group_count", "Number of groups by rebalance protocol (KIP-848 group-count).",
-                     (({"protocol": p}, n) for p, n in by_protocol.items()))
-        yield _gauge("consumer_group_count", "Number of consumer groups by state (consumer-group-count).",
-                     (({"state": s}, n) for s, n in sorted(by_state.items())))
+        yield _gauge("group_count", "Number of groups by rebalance protocol (KIP-848 group-count).", (({"protocol": p}, n) for p, n in by_protocol.items()))
+        yield _gauge(
+            "consumer_group_count", "Number of consumer groups by state (consumer-group-count).", (({"state": s}, n) for s, n in sorted(by_state.items()))
+        )
         for state in ("Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"):
             by_classic_state.setdefault(state, 0)
-        yield _gauge("classic_group_count", "Number of classic groups by state (classic-group-count).",
-                     (({"state": s}, n) for s, n in sorted(by_classic_state.items())))
-        yield _gauge("consumer_group_classic_members", "Members of consumer groups that still speak the classic protocol (online migration).",
-                     [({}, classic_members)])
-        yield _counter("group_conversions", "Online conversions between classic and consumer groups since start.",
-                       (({"direction": d}, n) for d, n in sorted(coordinator.metrics.conversions.items())))
-        yield _gauge("partition_count", "Number of record-log partitions (shards) by state (partition-count).",
-                     (({"state": s}, n) for s, n in by_partition_state.items()))
-        yield _gauge("event_queue_size", "Events waiting in the shards' queues (event-queue-size).",
-                     [({}, sum(runner.queue_size for runner in coordinator.runners))])
-        yield _gauge("shard_event_queue_size", "Events waiting in one shard's queue.",
-                     (({"shard": str(runner.shard_id)}, runner.queue_size) for runner in coordinator.runners))
-        yield _gauge("consumer_group_rebalance_rate", "New target assignments per second over the last minute (consumer-group-rebalance-rate).",
-                     [({}, rebalances.rate())])
-        yield _gauge("consumer_group_rebalance_count", "New target assignments since start (consumer-group-rebalance-count).",
-                     [({}, rebalances.total)])
+        yield _gauge(
+            "classic_group_count", "Number of classic groups by state (classic-group-count).", (({"state": s}, n) for s, n in sorted(by_classic_state.items()))
+        )
+        yield _gauge(
+            "consumer_group_classic_members", "Members of consumer groups that still speak the classic protocol (online migration).", [({}, classic_members)]
+        )
+        yield _counter(
+            "group_conversions",
+            "Online conversions between classic and consumer groups since start.",
+            (({"direction": d}, n) for d, n in sorted(coordinator.metrics.conversions.items())),
+        )
+        yield _gauge(
+            "partition_count",
+            "Number of record-log partitions (shards) by state (partition-count).",
+            (({"state": s}, n) for s, n in by_partition_state.items()),
+        )
+        yield _gauge(
+            "event_queue_size", "Events waiting in the shards' queues (event-queue-size).", [({}, sum(runner.queue_size for runner in coordinator.runners))]
+        )
+        yield _gauge(
+            "shard_event_queue_size",
+            "Events waiting in one shard's queue.",
+            (({"shard": str(runner.shard_id)}, runner.queue_size) for runner in coordinator.runners),
+        )
+        yield _gauge(
+            "consumer_group_rebalance_rate",
+            "New target assignments per second over the last minute (consumer-group-rebalance-rate).",
+            [({}, rebalances.rate())],
+        )
+        yield _gauge("consumer_group_rebalance_count", "New target assignments since start (consumer-group-rebalance-count).", [({}, rebalances.total)])
         yield _gauge("partition_load_time_avg", "Average shard load time in ms (partition-load-time-avg).", [({}, loads.avg_ms)])
         yield _gauge("partition_load_time_max", "Longest shard load time in ms (partition-load-time-max).", [({}, loads.max_ms)])
-        yield _gauge("thread_idle_ratio_min", "Lowest share of the last minute a shard spent waiting for events (thread-idle-ratio-min).",
-                     [({}, min(idle) if idle else 1.0)])
-        yield _gauge("thread_idle_ratio_avg", "Average share of the last minute the shards spent waiting for events (thread-idle-ratio-avg).",
-                     [({}, sum(idle) / len(idle) if idle else 1.0)])
+        yield _gauge(
+            "thread_idle_ratio_min",
+            "Lowest share of the last minute a shard spent waiting for events (thread-idle-ratio-min).",
+            [({}, min(idle) if idle else 1.0)],
+        )
+        yield _gauge(
+            "thread_idle_ratio_avg",
+            "Average share of the last minute the shards spent waiting for events (thread-idle-ratio-avg).",
+            [({}, sum(idle) / len(idle) if idle else 1.0)],
+        )
 
         refusals = CounterMetricFamily(OWN_PREFIX + "refusals", "Connections and requests refused, by reason.", labels=["reason"])
         for reason, count in sorted(self._refusals().items()):
             refusals.add_metric([reason], count)
         yield refusals
-        yield CounterMetricFamily(OWN_PREFIX + "handler_failures", "Requests whose handler raised; rolled back, answered UNKNOWN_SERVER_ERROR.",
-                                  value=handler_failures)
-        yield CounterMetricFamily(OWN_PREFIX + "shard_reloads", "Shards reloaded from the log after a failed append.",
-                                  value=sum(runner.reload_count for runner in coordinator.runners))
-        yield _gauge("quarantined_groups", "Groups not served because a record of theirs cannot be replayed.",
-                     [({}, quarantined)], prefix=OWN_PREFIX)
+        yield CounterMetricFamily(
+            OWN_PREFIX + "handler_failures", "Requests whose handler raised; rolled back, answered UNKNOWN_SERVER_ERROR.", value=handler_failures
+        )
+        yield CounterMetricFamily(
+            OWN_PREFIX + "shard_reloads",
+            "Shards reloaded from the log after a failed append.",
+            value=sum(runner.reload_count for runner in coordinator.runners),
+        )
+        yield _gauge("quarantined_groups", "Groups not served because a record of theirs cannot be replayed.", [({}, quarantined)], prefix=OWN_PREFIX)
         yield _gauge("connections", "Open client connections.", [({}, self._connections())], prefix=OWN_PREFIX)
 
 

@@ -23,6 +23,7 @@ whichever side the log ends on. Committed offsets are never touched.
 Where Kafka and the KIP differ, the KIP wins: assignment userData survives both ways, as the
 assignor's metadata at version -1 (Kafka drops it, or refuses to upgrade since KAFKA-18134).
 """
+
 from __future__ import annotations
 
 import copy
@@ -111,8 +112,10 @@ class Migration:
         def known(partitions_by_name) -> PartitionSet:
             return PartitionSet.from_pairs(
                 (topics[name].topic_id, partition)
-                for name, partitions in partitions_by_name.items() if name in topics
-                for partition in partitions if 0 <= partition < topics[name].num_partitions
+                for name, partitions in partitions_by_name.items()
+                if name in topics
+                for partition in partitions
+                if 0 <= partition < topics[name].num_partitions
             )
 
         assigned = known(assignment.partitions)
@@ -185,7 +188,12 @@ class Migration:
             log.info("group %s: only classic members remain, but group.consumer.migration.policy=%s keeps it a consumer group", group.group_id, policy)
             return False
         if remaining > self.ctx.config.classic_max_group_size:
-            log.info("group %s: %d classic members exceed group.max.size %d; it stays a consumer group", group.group_id, remaining, self.ctx.config.classic_max_group_size)
+            log.info(
+                "group %s: %d classic members exceed group.max.size %d; it stays a consumer group",
+                group.group_id,
+                remaining,
+                self.ctx.config.classic_max_group_size,
+            )
             return False
         return True
 
@@ -193,22 +201,23 @@ class Migration:
         """Kafka's ClassicGroup.fromConsumerGroup and convertToClassicGroup: every member but
         ``exclude``, generation = group epoch, each member's target as its classic assignment."""
         group_id = group.group_id
-        classic = ClassicGroup(group_id, state=ClassicGroupState.STABLE, current_state_timestamp=now_ms,
-                               generation=group.group_epoch, protocol_type=CONSUMER)
+        classic = ClassicGroup(group_id, state=ClassicGroupState.STABLE, current_state_timestamp=now_ms, generation=group.group_epoch, protocol_type=CONSUMER)
         for member in group.members.values():
             if member.member_id == exclude:
                 continue
             assert member.classic is not None, "callers convert only groups whose other members are all classic"
-            classic.add(ClassicMember(
-                member_id=member.member_id,
-                instance_id=member.instance_id,
-                client_id=member.client_id,
-                client_host=member.client_host,
-                rebalance_timeout_ms=member.rebalance_timeout_ms,
-                session_timeout_ms=member.classic.session_timeout_ms,
-                protocol_type=CONSUMER,
-                protocols=tuple((p.name, p.metadata) for p in member.classic.supported_protocols),
-            ))
+            classic.add(
+                ClassicMember(
+                    member_id=member.member_id,
+                    instance_id=member.instance_id,
+                    client_id=member.client_id,
+                    client_host=member.client_host,
+                    rebalance_timeout_ms=member.rebalance_timeout_ms,
+                    session_timeout_ms=member.classic.session_timeout_ms,
+                    protocol_type=CONSUMER,
+                    protocols=tuple((p.name, p.metadata) for p in member.classic.supported_protocols),
+                )
+            )
         try:
             classic.protocol_name = classic.select_protocol()
         except AssertionError:
@@ -256,8 +265,12 @@ def _drop_double_owners(group_id: str, members: list[tuple[ConsumerMember, int]]
     for index, (member, session) in enumerate(members):
         duplicates = PartitionSet.from_pairs(pair for pair in member.assigned if pair in held)
         if duplicates:
-            log.warning("group %s: member %s's classic assignment repeats %d partition(s) held by another member; they are dropped",
-                        group_id, member.member_id, len(duplicates))
+            log.warning(
+                "group %s: member %s's classic assignment repeats %d partition(s) held by another member; they are dropped",
+                group_id,
+                member.member_id,
+                len(duplicates),
+            )
             member = copy.copy(member)
             member.assigned = member.assigned - duplicates
             members[index] = (member, session)

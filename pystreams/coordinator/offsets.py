@@ -12,6 +12,7 @@ Bounds on what a stranger can store: commit metadata is at most ``offset.metadat
 (OFFSET_METADATA_TOO_LARGE, as Kafka), topic names follow Kafka's rules, and the all-zero topic
 id is no topic.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,8 +23,8 @@ from uuid import UUID
 import kafka.errors as Errors
 
 from pystreams.coordinator import records as r
-from pystreams.coordinator.errors import RequestError
 from pystreams.coordinator.context import ShardContext
+from pystreams.coordinator.errors import RequestError
 from pystreams.protocol import messages as m
 
 NIL_UUID = UUID(int=0)

@@ -12,6 +12,7 @@ owning, and who else still holds what. The three phases of the KIP:
 
 Revoking and assigning never happen in the same step.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

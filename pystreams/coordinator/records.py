@@ -15,9 +15,10 @@ through the strict decoder (msgspec does not validate on construction, so a ``No
 ``str`` belongs would otherwise be written) and bounds its size. A record read back that does
 not decode is an ``UnreadableRecord`` carrying the reason, never an exception that stops a load.
 """
+
 from __future__ import annotations
 
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 from uuid import UUID
 
 import msgspec
@@ -71,17 +72,17 @@ class ClassicGroupKey(_Key, frozen=True, tag="classic-group"):
     pass
 
 
-RecordKey = Union[
-    GroupMetadataKey,
-    PartitionMetadataKey,
-    MemberMetadataKey,
-    TargetAssignmentMetadataKey,
-    TargetAssignmentMemberKey,
-    CurrentAssignmentKey,
-    OffsetCommitKey,
-    GroupConfigKey,
-    ClassicGroupKey,
-]
+RecordKey = (
+    GroupMetadataKey
+    | PartitionMetadataKey
+    | MemberMetadataKey
+    | TargetAssignmentMetadataKey
+    | TargetAssignmentMemberKey
+    | CurrentAssignmentKey
+    | OffsetCommitKey
+    | GroupConfigKey
+    | ClassicGroupKey
+)
 
 # --- values ------------------------------------------------------------------------------------
 
@@ -270,7 +271,19 @@ class ClassicGroupMetadata(_Record, frozen=True):
     KEY = ClassicGroupKey
 
 
-Record = Union[
+Record = (
+    GroupMetadata
+    | PartitionMetadata
+    | MemberMetadata
+    | TargetAssignmentMetadata
+    | TargetAssignmentMember
+    | CurrentAssignment
+    | OffsetCommit
+    | GroupConfig
+    | ClassicGroupMetadata
+)
+
+_KINDS: tuple[type[Record], ...] = (
     GroupMetadata,
     PartitionMetadata,
     MemberMetadata,
@@ -280,16 +293,10 @@ Record = Union[
     OffsetCommit,
     GroupConfig,
     ClassicGroupMetadata,
-]
-
-_KINDS: tuple[type[Record], ...] = (
-    GroupMetadata, PartitionMetadata, MemberMetadata, TargetAssignmentMetadata,
-    TargetAssignmentMember, CurrentAssignment, OffsetCommit, GroupConfig, ClassicGroupMetadata,
 )
 
 #: The record kinds of a KIP-848 consumer group (a conversion tombstones them all).
-CONSUMER_GROUP_KINDS = (GroupMetadata, PartitionMetadata, MemberMetadata, TargetAssignmentMetadata,
-                        TargetAssignmentMember, CurrentAssignment)
+CONSUMER_GROUP_KINDS = (GroupMetadata, PartitionMetadata, MemberMetadata, TargetAssignmentMetadata, TargetAssignmentMember, CurrentAssignment)
 _KIND_BY_KEY: dict[type[_Key], type[Record]] = {kind.KEY: kind for kind in _KINDS}
 
 

@@ -7,6 +7,7 @@ not superseded by a later record of the same key; ``skip`` appends a tombstone f
 which supersedes it, so the next load of its shard (a coordinator restart) serves the group from
 its other records. Nothing is rewritten in place: the log only grows, as it always does.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -45,6 +45,7 @@ does not know triggers a refresh, at most one per ``metadata_min_interval_ms``. 
 image is delivered to every shard as an ``update_topics`` event (coalesced: a shard only ever
 applies the newest image). Topics of the log itself are hidden.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -66,9 +67,9 @@ from pystreams.assignors.api import TopicMetadata
 from pystreams.coordinator import records as r
 from pystreams.coordinator.authorizer import PERMISSIONS, Authorizer
 from pystreams.coordinator.config import CoordinatorConfig
+from pystreams.coordinator.context import DEFERRED
 from pystreams.coordinator.log import LogConfigurationError, LogFencedError, PartitionLog, RecordLog
 from pystreams.coordinator.metrics import CoordinatorMetrics, IdleTracker
-from pystreams.coordinator.context import DEFERRED
 from pystreams.coordinator.shard import CoordinatorResult, GroupCoordinatorShard, HandlerFailed, RequestContext
 from pystreams.protocol import codec
 from pystreams.protocol import messages as m
@@ -325,7 +326,10 @@ class ShardRunner:
                 for quarantine in shard.finish_load():
                     log.error(
                         "shard %d: group %r is quarantined: %s. Its other records were loaded and the other groups are "
-                        "served; `pystreams coordinator repair` releases it.", self.shard_id, quarantine.group_id, quarantine.describe(),
+                        "served; `pystreams coordinator repair` releases it.",
+                        self.shard_id,
+                        quarantine.group_id,
+                        quarantine.describe(),
                     )
                 waited = time.monotonic()
                 topics = await self._topics()  # the newest image: older offers are moot
@@ -466,7 +470,9 @@ class ShardRunner:
             self.metrics.rebalances.record(count)
         # Conversions, as their records show them: a group of one type tombstoned and one of the
         # other type written for it in the same batch.
-        ended = {(type(record), record.group_id) for record in records if record.value is None and isinstance(record, (r.GroupMetadata, r.ClassicGroupMetadata))}
+        ended = {
+            (type(record), record.group_id) for record in records if record.value is None and isinstance(record, (r.GroupMetadata, r.ClassicGroupMetadata))
+        }
         for record in records:
             if record.value is None:
                 continue
@@ -521,8 +527,14 @@ class Coordinator:
         factory = shard_factory or (lambda: GroupCoordinatorShard(self.config))
         self.runners = [
             ShardRunner(
-                shard_id, log, shard_factory=factory, topics=self._current_topics, clock_ms=clock_ms,
-                queue_size=queue_size, max_batch=max_batch, metrics=self.metrics,
+                shard_id,
+                log,
+                shard_factory=factory,
+                topics=self._current_topics,
+                clock_ms=clock_ms,
+                queue_size=queue_size,
+                max_batch=max_batch,
+                metrics=self.metrics,
             )
             for shard_id in range(self.shard_count)
         ]
@@ -595,8 +607,10 @@ class Coordinator:
         route = self._routes.get(request.API_KEY)
         if route is None:
             return codec.error_response(
-                header, Errors.UnsupportedVersionError.errno,
-                f"{type(request).__name__.removesuffix('Request')} is not served by this coordinator yet", request,
+                header,
+                Errors.UnsupportedVersionError.errno,
+                f"{type(request).__name__.removesuffix('Request')} is not served by this coordinator yet",
+                request,
             )
         if self.authorizer is not None and request.API_KEY in PERMISSIONS:
             principal = session.principal if session is not None else ANONYMOUS
@@ -614,8 +628,7 @@ class Coordinator:
         m.IncrementalAlterConfigsRequest.API_KEY: ("resources", lambda r: r.resource_name if r.resource_type == 16 else None, "responses"),
     }
 
-    async def _authorized(self, route: Route, header: RequestHeader, request: ApiMessage, context: RequestContext,
-                          principal: str, host: str) -> ApiMessage:
+    async def _authorized(self, route: Route, header: RequestHeader, request: ApiMessage, context: RequestContext, principal: str, host: str) -> ApiMessage:
         """Kafka's answers to what a principal may not do: GROUP/CLUSTER_AUTHORIZATION_FAILED for
         the request or for each group it may not touch; ListGroups lists what it may describe."""
         assert self.authorizer is not None
@@ -630,18 +643,22 @@ class Coordinator:
         if items is None or (request.API_KEY == m.OffsetFetchRequest.API_KEY and header.request_api_version < 8):
             if allows(principal, host, operation, resource_type, request.group_id):
                 return await route(header, request, context)
-            return codec.error_response(header, Errors.GroupAuthorizationFailedError.errno,
-                                        f"{principal} may not {operation} group {request.group_id!r}", request)
+            return codec.error_response(
+                header, Errors.GroupAuthorizationFailedError.errno, f"{principal} may not {operation} group {request.group_id!r}", request
+            )
         items_field, group_of, results_field = items
         entries = list(getattr(request, items_field) or [])
         denied = [
-            index for index, entry in enumerate(entries)
+            index
+            for index, entry in enumerate(entries)
             if (group := group_of(entry)) is not None and not allows(principal, host, operation, resource_type, group)
         ]
         if not denied:
             return await route(header, request, context)
         refusal = codec.error_response(
-            header, Errors.GroupAuthorizationFailedError.errno, f"{principal} may not {operation} this group",
+            header,
+            Errors.GroupAuthorizationFailedError.errno,
+            f"{principal} may not {operation} this group",
             _with_fields(request, header, **{items_field: [entries[i] for i in denied]}),
         )
         refused = iter(getattr(refusal, results_field))
@@ -686,10 +703,12 @@ class Coordinator:
             shard_id = next(iter(by_shard), 0)
             return await self._call(shard_id, header, request, context)
         shard_ids = list(by_shard)
-        responses = await asyncio.gather(*(
-            self._call(shard_id, header, _with_fields(request, header, **{items_field: [items[i] for i in by_shard[shard_id]]}), context)
-            for shard_id in shard_ids
-        ))
+        responses = await asyncio.gather(
+            *(
+                self._call(shard_id, header, _with_fields(request, header, **{items_field: [items[i] for i in by_shard[shard_id]]}), context)
+                for shard_id in shard_ids
+            )
+        )
         merged: list[Any] = [None] * len(items)
         for shard_id, response in zip(shard_ids, responses, strict=False):
             results = list(getattr(response, results_field) or [])
@@ -755,7 +774,9 @@ class Coordinator:
             except Exception as error:
                 failures += 1
                 (log.warning if failures in (1, 10) or failures % 100 == 0 else log.debug)(
-                    "fetching topic metadata failed (%d in a row): %r", failures, error,
+                    "fetching topic metadata failed (%d in a row): %r",
+                    failures,
+                    error,
                 )
                 await asyncio.sleep(min(0.2 * 2 ** min(failures, 5), self._metadata_refresh_s))
                 continue

@@ -24,6 +24,7 @@ supersedes quarantines its group (``finish_load``): that group answers COORDINAT
 with the offset and the reason, every other group is served, and
 ``pystreams coordinator repair`` writes the tombstone that releases it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -258,8 +259,9 @@ class GroupCoordinatorShard:
         by something else, or damaged) lets the later record win, as compaction would."""
         other = self.ctx.groups.peek(group_id)
         if other is not None and not isinstance(other, kind):
-            log.warning("group %s: a %s record follows the %s group without its tombstone; the later record wins",
-                        group_id, kind.__name__, type(other).__name__)
+            log.warning(
+                "group %s: a %s record follows the %s group without its tombstone; the later record wins", group_id, kind.__name__, type(other).__name__
+            )
             self.ctx.groups.pop(group_id)
 
     def pre_image(self, record: r.Record) -> r.Record:

@@ -10,6 +10,7 @@ compiled patterns are kept in an LRU cache bounded by an estimate of their size 
 (``configure``), not by their count: a stream of distinct large patterns evicts, it does not pile
 up.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict

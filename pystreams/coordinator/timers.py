@@ -3,6 +3,7 @@
 Timer keys are small frozen values, one type per kind of deadline, so expiry dispatches with
 ``match`` and a key can never be confused with another kind's.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -82,8 +83,15 @@ class ClassicMemberSyncTimer:
 
 
 TimerKey = (
-    SessionTimer | RevocationTimer | ComputationTimer | EmptyGroupTimer
-    | ClassicHeartbeatTimer | ClassicJoinTimer | ClassicSyncTimer | ClassicMemberJoinTimer | ClassicMemberSyncTimer
+    SessionTimer
+    | RevocationTimer
+    | ComputationTimer
+    | EmptyGroupTimer
+    | ClassicHeartbeatTimer
+    | ClassicJoinTimer
+    | ClassicSyncTimer
+    | ClassicMemberJoinTimer
+    | ClassicMemberSyncTimer
 )
 
 

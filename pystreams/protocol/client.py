@@ -7,6 +7,7 @@ speak. Framing is the shared sans-IO ``ClientFraming``. One request in flight at
 retries, no metadata, no coordinator lookup — the tools talk to the coordinator they are
 pointed at.
 """
+
 from __future__ import annotations
 
 import socket
@@ -26,7 +27,12 @@ class ProtocolClientError(Exception):
 
 class KafkaProtocolClient:
     def __init__(
-        self, host: str, port: int, *, client_id: str = "pystreams-tools", timeout_s: float = 10.0,
+        self,
+        host: str,
+        port: int,
+        *,
+        client_id: str = "pystreams-tools",
+        timeout_s: float = 10.0,
         security: ClientSecurity | None = None,
     ) -> None:
         self.host = host

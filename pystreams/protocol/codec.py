@@ -16,6 +16,7 @@ What Kafka does with requests it cannot serve (and what the typed errors below a
   UNSUPPORTED_VERSION in a v0 response that lists the ApiVersions versions the broker speaks, so
   the client can retry with one of them.
 """
+
 from __future__ import annotations
 
 import io
@@ -30,8 +31,8 @@ from kafka.protocol.api_message import ApiMessage
 
 from pystreams.protocol import messages as m
 from pystreams.protocol.linear_decoding import decode_body
-from pystreams.protocol.validation import InvalidRequestField, check_message
 from pystreams.protocol.registry import API_VERSIONS_KEY, SUPPORTED_APIS, ApiSpec, api_spec
+from pystreams.protocol.validation import InvalidRequestField, check_message
 
 # api key (int16) + api version (int16) + correlation id (int32): readable before knowing the API.
 _FIXED_HEADER = struct.Struct(">hhi")
@@ -127,7 +128,9 @@ def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest:
     if spec is None:
         raise UnknownApiKeyError(
             f"unknown API key {api_key}",
-            api_key=api_key, api_version=api_version, correlation_id=correlation_id,
+            api_key=api_key,
+            api_version=api_version,
+            correlation_id=correlation_id,
         )
 
     try:
@@ -137,7 +140,9 @@ def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest:
     except Exception as exc:  # any failure here means the bytes are not a header
         raise MalformedRequestError(
             f"cannot parse the {spec.name} v{api_version} request header: {exc!r}",
-            api_key=api_key, api_version=api_version, correlation_id=correlation_id,
+            api_key=api_key,
+            api_version=api_version,
+            correlation_id=correlation_id,
         ) from exc
 
     if not spec.supports(api_version):
@@ -151,11 +156,13 @@ def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest:
         request, end = decode_body(spec.request_class, body, api_version)
     except Exception as exc:  # the generated decoder raises struct.error, IndexError, ValueError, ...
         raise MalformedRequestError(
-            f"cannot parse the {spec.name} v{api_version} request body: {exc!r}", header=header,
+            f"cannot parse the {spec.name} v{api_version} request body: {exc!r}",
+            header=header,
         ) from exc
     if end > len(body):  # a string or bytes field ran past the frame and was cut short
         raise MalformedRequestError(
-            f"the {spec.name} v{api_version} request body is truncated ({len(body)} bytes, fields need {end})", header=header,
+            f"the {spec.name} v{api_version} request body is truncated ({len(body)} bytes, fields need {end})",
+            header=header,
         )
     request._header = header  # as kafka-python's own decode(header=True) does
     try:
@@ -244,117 +251,178 @@ def _api_versions_error(version: int, code: int, message: str | None, request: A
     spec = SUPPORTED_APIS[API_VERSIONS_KEY]
     api_keys = []
     if code == Errors.UnsupportedVersionError.errno:  # the one row the client needs to retry
-        api_keys.append(m.ApiVersionsResponse.ApiVersion(
-            api_key=spec.api_key, min_version=spec.min_version, max_version=spec.max_version,
-        ))
+        api_keys.append(
+            m.ApiVersionsResponse.ApiVersion(
+                api_key=spec.api_key,
+                min_version=spec.min_version,
+                max_version=spec.max_version,
+            )
+        )
     return m.ApiVersionsResponse(error_code=code, api_keys=api_keys, throttle_time_ms=0)
 
 
 def _metadata_error(version: int, code: int, message: str | None, request: ApiMessage | None) -> ApiMessage:
     topics = []
-    for topic in (getattr(request, "topics", None) or []):
+    for topic in getattr(request, "topics", None) or []:
         name = topic.name
         if name is None and version < 12:  # the response name is nullable only from v12
             name = ""
-        topics.append(m.MetadataResponse.MetadataResponseTopic(
-            error_code=code, name=name, topic_id=topic.topic_id or _ZERO_UUID,
-            is_internal=False, partitions=[],
-        ))
+        topics.append(
+            m.MetadataResponse.MetadataResponseTopic(
+                error_code=code,
+                name=name,
+                topic_id=topic.topic_id or _ZERO_UUID,
+                is_internal=False,
+                partitions=[],
+            )
+        )
     return m.MetadataResponse(throttle_time_ms=0, brokers=[], topics=topics, error_code=code)
 
 
 def _find_coordinator_error(version: int, code: int, message: str | None, request: ApiMessage | None) -> ApiMessage:
     if version < 4:
         return m.FindCoordinatorResponse(
-            throttle_time_ms=0, error_code=code, error_message=message,
-            node_id=_NO_NODE_ID, host=_NO_HOST, port=_NO_PORT,
+            throttle_time_ms=0,
+            error_code=code,
+            error_message=message,
+            node_id=_NO_NODE_ID,
+            host=_NO_HOST,
+            port=_NO_PORT,
         )
     keys = getattr(request, "coordinator_keys", None) or []
-    return m.FindCoordinatorResponse(throttle_time_ms=0, coordinators=[
-        m.FindCoordinatorResponse.Coordinator(
-            key=key, node_id=_NO_NODE_ID, host=_NO_HOST, port=_NO_PORT, error_code=code, error_message=message,
-        )
-        for key in keys
-    ])
+    return m.FindCoordinatorResponse(
+        throttle_time_ms=0,
+        coordinators=[
+            m.FindCoordinatorResponse.Coordinator(
+                key=key,
+                node_id=_NO_NODE_ID,
+                host=_NO_HOST,
+                port=_NO_PORT,
+                error_code=code,
+                error_message=message,
+            )
+            for key in keys
+        ],
+    )
 
 
 def _describe_groups_error(version: int, code: int, message: str | None, request: ApiMessage | None) -> ApiMessage:
-    return m.DescribeGroupsResponse(throttle_time_ms=0, groups=[
-        m.DescribeGroupsResponse.DescribedGroup(
-            error_code=code, error_message=message, group_id=group_id,
-            group_state="", protocol_type="", protocol_data="", members=[],
-        )
-        for group_id in (getattr(request, "groups", None) or [])
-    ])
+    return m.DescribeGroupsResponse(
+        throttle_time_ms=0,
+        groups=[
+            m.DescribeGroupsResponse.DescribedGroup(
+                error_code=code,
+                error_message=message,
+                group_id=group_id,
+                group_state="",
+                protocol_type="",
+                protocol_data="",
+                members=[],
+            )
+            for group_id in (getattr(request, "groups", None) or [])
+        ],
+    )
 
 
 def _offset_commit_error(version: int, code: int, message: str | None, request: ApiMessage | None) -> ApiMessage:
     topic_class = m.OffsetCommitResponse.OffsetCommitResponseTopic
     partition_class = topic_class.OffsetCommitResponsePartition
-    return m.OffsetCommitResponse(throttle_time_ms=0, topics=[
-        topic_class(
-            name=topic.name, topic_id=topic.topic_id,
-            partitions=[partition_class(partition_index=p.partition_index, error_code=code) for p in topic.partitions],
-        )
-        for topic in (getattr(request, "topics", None) or [])
-    ])
+    return m.OffsetCommitResponse(
+        throttle_time_ms=0,
+        topics=[
+            topic_class(
+                name=topic.name,
+                topic_id=topic.topic_id,
+                partitions=[partition_class(partition_index=p.partition_index, error_code=code) for p in topic.partitions],
+            )
+            for topic in (getattr(request, "topics", None) or [])
+        ],
+    )
 
 
 def _offset_fetch_error(version: int, code: int, message: str | None, request: ApiMessage | None) -> ApiMessage:
     if version >= 8:
-        return m.OffsetFetchResponse(throttle_time_ms=0, groups=[
-            m.OffsetFetchResponse.OffsetFetchResponseGroup(group_id=group.group_id, error_code=code, topics=[])
-            for group in (getattr(request, "groups", None) or [])
-        ])
+        return m.OffsetFetchResponse(
+            throttle_time_ms=0,
+            groups=[
+                m.OffsetFetchResponse.OffsetFetchResponseGroup(group_id=group.group_id, error_code=code, topics=[])
+                for group in (getattr(request, "groups", None) or [])
+            ],
+        )
     if version >= 2:
         return m.OffsetFetchResponse(throttle_time_ms=0, error_code=code, topics=[])
     # v1 has no top-level error code: every requested partition carries it.
     topic_class = m.OffsetFetchResponse.OffsetFetchResponseTopic
     partition_class = topic_class.OffsetFetchResponsePartition
-    return m.OffsetFetchResponse(topics=[
-        topic_class(name=topic.name, partitions=[
-            partition_class(partition_index=index, committed_offset=-1, metadata="", error_code=code)
-            for index in topic.partition_indexes
-        ])
-        for topic in (getattr(request, "topics", None) or [])
-    ])
+    return m.OffsetFetchResponse(
+        topics=[
+            topic_class(
+                name=topic.name,
+                partitions=[partition_class(partition_index=index, committed_offset=-1, metadata="", error_code=code) for index in topic.partition_indexes],
+            )
+            for topic in (getattr(request, "topics", None) or [])
+        ]
+    )
 
 
 def _describe_configs_error(version: int, code: int, message: str | None, request: ApiMessage | None) -> ApiMessage:
-    return m.DescribeConfigsResponse(throttle_time_ms=0, results=[
-        m.DescribeConfigsResponse.DescribeConfigsResult(
-            error_code=code, error_message=message,
-            resource_type=resource.resource_type, resource_name=resource.resource_name, configs=[],
-        )
-        for resource in (getattr(request, "resources", None) or [])
-    ])
+    return m.DescribeConfigsResponse(
+        throttle_time_ms=0,
+        results=[
+            m.DescribeConfigsResponse.DescribeConfigsResult(
+                error_code=code,
+                error_message=message,
+                resource_type=resource.resource_type,
+                resource_name=resource.resource_name,
+                configs=[],
+            )
+            for resource in (getattr(request, "resources", None) or [])
+        ],
+    )
 
 
 def _incremental_alter_configs_error(version: int, code: int, message: str | None, request: ApiMessage | None) -> ApiMessage:
-    return m.IncrementalAlterConfigsResponse(throttle_time_ms=0, responses=[
-        m.IncrementalAlterConfigsResponse.AlterConfigsResourceResponse(
-            error_code=code, error_message=message,
-            resource_type=resource.resource_type, resource_name=resource.resource_name,
-        )
-        for resource in (getattr(request, "resources", None) or [])
-    ])
+    return m.IncrementalAlterConfigsResponse(
+        throttle_time_ms=0,
+        responses=[
+            m.IncrementalAlterConfigsResponse.AlterConfigsResourceResponse(
+                error_code=code,
+                error_message=message,
+                resource_type=resource.resource_type,
+                resource_name=resource.resource_name,
+            )
+            for resource in (getattr(request, "resources", None) or [])
+        ],
+    )
 
 
 def _join_group_error(version: int, code: int, message: str | None, request: ApiMessage | None) -> ApiMessage:
     return m.JoinGroupResponse(
-        throttle_time_ms=0, error_code=code, generation_id=-1,
-        protocol_type=None, protocol_name=None if version >= 7 else "",
-        leader="", member_id="", members=[],
+        throttle_time_ms=0,
+        error_code=code,
+        generation_id=-1,
+        protocol_type=None,
+        protocol_name=None if version >= 7 else "",
+        leader="",
+        member_id="",
+        members=[],
     )
 
 
 def _consumer_group_describe_error(version: int, code: int, message: str | None, request: ApiMessage | None) -> ApiMessage:
-    return m.ConsumerGroupDescribeResponse(throttle_time_ms=0, groups=[
-        m.ConsumerGroupDescribeResponse.DescribedGroup(
-            error_code=code, error_message=message, group_id=group_id, group_state="", members=[],
-        )
-        for group_id in (getattr(request, "group_ids", None) or [])
-    ])
+    return m.ConsumerGroupDescribeResponse(
+        throttle_time_ms=0,
+        groups=[
+            m.ConsumerGroupDescribeResponse.DescribedGroup(
+                error_code=code,
+                error_message=message,
+                group_id=group_id,
+                group_state="",
+                members=[],
+            )
+            for group_id in (getattr(request, "group_ids", None) or [])
+        ],
+    )
 
 
 def _top_level_error(response_class: type[ApiMessage]) -> _ErrorBuilder:
@@ -394,9 +462,6 @@ def _error_builder(spec: ApiSpec) -> _ErrorBuilder:
     if builder is not None:
         return builder
     error_code_field = spec.response_class.fields.get("error_code")
-    if error_code_field is None or not all(
-        error_code_field.for_version_q(v) for v in range(spec.min_version, spec.max_version + 1)
-    ):
-        raise LookupError(f"{spec.name} has no top-level ErrorCode in every served version; "
-                          "add its error shape to _SHAPED_ERROR_BUILDERS")
+    if error_code_field is None or not all(error_code_field.for_version_q(v) for v in range(spec.min_version, spec.max_version + 1)):
+        raise LookupError(f"{spec.name} has no top-level ErrorCode in every served version; add its error shape to _SHAPED_ERROR_BUILDERS")
     return _top_level_error(spec.response_class)

@@ -11,6 +11,7 @@ Versions: v1 added owned partitions (KIP-429), v2 the generation, v3 the rack id
 version than 3 decodes as 3 (its extra fields are ignored, Kafka's forward-compatibility rule);
 an assignment of 0 bytes is no partitions (a member that joined but never synced, KAFKA-17733).
 """
+
 from __future__ import annotations
 
 import struct
@@ -76,15 +77,16 @@ def encode_subscription(subscription: Subscription, version: int | None = None) 
     version = subscription.version if version is None else version
     version = max(0, min(version, HIGHEST_VERSION))
     tp = ConsumerProtocolSubscription.TopicPartition
-    return bytes(ConsumerProtocolSubscription(
-        version=version,
-        topics=list(subscription.topics),
-        user_data=subscription.user_data,
-        owned_partitions=[tp(topic=topic, partitions=sorted(numbers))
-                          for topic, numbers in sorted(subscription.owned_partitions.items())],
-        generation_id=subscription.generation_id,
-        rack_id=subscription.rack_id,
-    ).encode())
+    return bytes(
+        ConsumerProtocolSubscription(
+            version=version,
+            topics=list(subscription.topics),
+            user_data=subscription.user_data,
+            owned_partitions=[tp(topic=topic, partitions=sorted(numbers)) for topic, numbers in sorted(subscription.owned_partitions.items())],
+            generation_id=subscription.generation_id,
+            rack_id=subscription.rack_id,
+        ).encode()
+    )
 
 
 def decode_subscription(data: bytes) -> Subscription:
@@ -112,12 +114,13 @@ def encode_assignment(assignment: Assignment, version: int | None = None) -> byt
     version = assignment.version if version is None else version
     version = max(0, min(version, HIGHEST_VERSION))
     tp = ConsumerProtocolAssignment.TopicPartition
-    return bytes(ConsumerProtocolAssignment(
-        version=version,
-        assigned_partitions=[tp(topic=topic, partitions=sorted(numbers))
-                             for topic, numbers in sorted(assignment.partitions.items()) if numbers],
-        user_data=assignment.user_data,
-    ).encode())
+    return bytes(
+        ConsumerProtocolAssignment(
+            version=version,
+            assigned_partitions=[tp(topic=topic, partitions=sorted(numbers)) for topic, numbers in sorted(assignment.partitions.items()) if numbers],
+            user_data=assignment.user_data,
+        ).encode()
+    )
 
 
 def decode_assignment(data: bytes) -> Assignment:

@@ -5,6 +5,7 @@ dropped client-side assignment from its implementation; pystreams gives it code 
 the API keys it picked for Prepare/Install, far from Kafka's range. Registered with
 kafka-python so ``kafka.errors.for_code`` knows it.
 """
+
 from kafka import errors as _kafka_errors
 
 

@@ -8,6 +8,7 @@ into ``(correlation_id, response)``, reading response header v0 or v1 and applyi
 that an ApiVersions error is written at v0. It does no IO: callers write ``request_bytes`` and
 feed what they read to ``receive``.
 """
+
 from __future__ import annotations
 
 import io
@@ -50,7 +51,10 @@ class ClientFraming:
         correlation_id = self._next_correlation_id
         self._next_correlation_id = (self._next_correlation_id + 1) & 0x7FFFFFFF
         header = RequestHeader(
-            request_api_key=request.API_KEY, request_api_version=version, correlation_id=correlation_id, client_id=self.client_id,
+            request_api_key=request.API_KEY,
+            request_api_version=version,
+            correlation_id=correlation_id,
+            client_id=self.client_id,
         )
         payload = bytes(header.encode(flexible=spec.request_header_version(version) == 2)) + bytes(request.encode(version=version))
         self._pending[correlation_id] = (spec, version)
@@ -70,8 +74,8 @@ class ClientFraming:
                 raise FramingError(f"a response frame of {size} bytes: is this a Kafka listener?")
             if len(self._buffer) < _FRAME_SIZE.size + size:
                 break
-            frame = bytes(self._buffer[_FRAME_SIZE.size:_FRAME_SIZE.size + size])
-            del self._buffer[:_FRAME_SIZE.size + size]
+            frame = bytes(self._buffer[_FRAME_SIZE.size : _FRAME_SIZE.size + size])
+            del self._buffer[: _FRAME_SIZE.size + size]
             decoded = self._decode(frame)
             if decoded is not None:
                 out.append(decoded)

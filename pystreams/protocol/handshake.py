@@ -11,6 +11,7 @@ response back; it returns a :class:`ServerInfo`. So the exchange is written once
 2. With SASL: SaslHandshake v1 naming the mechanism, then SaslAuthenticate with the tokens of
    kafka-python's own client mechanisms (PLAIN, SCRAM-SHA-256/512) until they are done.
 """
+
 from __future__ import annotations
 
 from collections.abc import Generator
@@ -86,7 +87,9 @@ def _sasl(security: ClientSecurity, host: str, info: ServerInfo) -> Generator[tu
     while not mechanism.is_done():
         response = yield m.SaslAuthenticateRequest(auth_bytes=mechanism.auth_bytes()), authenticate_version
         if response.error_code:
-            raise AuthenticationFailed(f"SASL/{security.sasl_mechanism} as {security.sasl_plain_username!r}: {response.error_message or Errors.for_code(response.error_code).__name__}")
+            raise AuthenticationFailed(
+                f"SASL/{security.sasl_mechanism} as {security.sasl_plain_username!r}: {response.error_message or Errors.for_code(response.error_code).__name__}"
+            )
         try:
             mechanism.receive(response.auth_bytes)
         except Exception as error:  # the server's proof did not check out (SCRAM)

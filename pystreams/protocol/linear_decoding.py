@@ -16,6 +16,7 @@ imports this module first). kafka-python is pinned below 4 in pyproject.toml;
 ``tests/test_protocol_decoding.py`` pins the behaviour, so an upgrade that moves these
 internals fails loudly there rather than silently re-opening the hole.
 """
+
 from __future__ import annotations
 
 from kafka.protocol.schemas.fields.codecs import types as _types
@@ -43,7 +44,7 @@ class FrameView:
 
     def read(self, size: int = -1) -> bytes:
         end = len(self._data) if size is None or size < 0 else min(len(self._data), self._pos + size)
-        chunk = bytes(self._data[self._pos:end])
+        chunk = bytes(self._data[self._pos : end])
         self._pos = end
         return chunk
 

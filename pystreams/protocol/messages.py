@@ -4,6 +4,7 @@ The KIP-848 APIs are generated from the JSON specs in ``schemas/`` (the one sour
 their shape, as Apache Kafka generates its ``*Data`` classes); the APIs Kafka already has are
 kafka-python's own classes, so standard tooling and pystreams agree byte for byte.
 """
+
 from __future__ import annotations
 
 from kafka.protocol.admin.configs import (
@@ -47,14 +48,36 @@ from pystreams.protocol import schemas as _schemas
 
 
 # kafka-python ships no types, so mypy cannot see that ApiMessage.__init_subclass__ takes load_json.
-class ConsumerGroupHeartbeatRequest(ApiMessage, load_json=_schemas): pass  # type: ignore[call-arg]  # untyped base
-class ConsumerGroupHeartbeatResponse(ApiMessage, load_json=_schemas): pass  # type: ignore[call-arg]  # untyped base
-class ConsumerGroupDescribeRequest(ApiMessage, load_json=_schemas): pass  # type: ignore[call-arg]  # untyped base
-class ConsumerGroupDescribeResponse(ApiMessage, load_json=_schemas): pass  # type: ignore[call-arg]  # untyped base
-class ConsumerGroupPrepareAssignmentRequest(ApiMessage, load_json=_schemas): pass  # type: ignore[call-arg]  # untyped base
-class ConsumerGroupPrepareAssignmentResponse(ApiMessage, load_json=_schemas): pass  # type: ignore[call-arg]  # untyped base
-class ConsumerGroupInstallAssignmentRequest(ApiMessage, load_json=_schemas): pass  # type: ignore[call-arg]  # untyped base
-class ConsumerGroupInstallAssignmentResponse(ApiMessage, load_json=_schemas): pass  # type: ignore[call-arg]  # untyped base
+class ConsumerGroupHeartbeatRequest(ApiMessage, load_json=_schemas):
+    pass  # type: ignore[call-arg]  # untyped base
+
+
+class ConsumerGroupHeartbeatResponse(ApiMessage, load_json=_schemas):
+    pass  # type: ignore[call-arg]  # untyped base
+
+
+class ConsumerGroupDescribeRequest(ApiMessage, load_json=_schemas):
+    pass  # type: ignore[call-arg]  # untyped base
+
+
+class ConsumerGroupDescribeResponse(ApiMessage, load_json=_schemas):
+    pass  # type: ignore[call-arg]  # untyped base
+
+
+class ConsumerGroupPrepareAssignmentRequest(ApiMessage, load_json=_schemas):
+    pass  # type: ignore[call-arg]  # untyped base
+
+
+class ConsumerGroupPrepareAssignmentResponse(ApiMessage, load_json=_schemas):
+    pass  # type: ignore[call-arg]  # untyped base
+
+
+class ConsumerGroupInstallAssignmentRequest(ApiMessage, load_json=_schemas):
+    pass  # type: ignore[call-arg]  # untyped base
+
+
+class ConsumerGroupInstallAssignmentResponse(ApiMessage, load_json=_schemas):
+    pass  # type: ignore[call-arg]  # untyped base
 
 
 __all__ = [name for name in dir() if name.endswith(("Request", "Response")) and not name.startswith("_")]

@@ -8,6 +8,7 @@ The lowest versions follow Apache Kafka 4 (KIP-896 removed OffsetCommit v0-1, Of
 DescribeConfigs v0); kafka-python's JSON specs carry the same ``validVersions`` lower bounds, and
 the import-time check below refuses a row that reaches outside what the message class can encode.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
@@ -115,10 +116,7 @@ def _build_table(rows: tuple[tuple[type[ApiMessage], type[ApiMessage], int, int]
         for message_class in (request_class, response_class):
             low, high = _schema_version_range(message_class)
             if not low <= min_version <= max_version <= high:
-                raise ValueError(
-                    f"{spec.name}: versions {min_version}-{max_version} outside "
-                    f"{message_class.name}'s schema range {low}-{high}"
-                )
+                raise ValueError(f"{spec.name}: versions {min_version}-{max_version} outside {message_class.name}'s schema range {low}-{high}")
         table[spec.api_key] = spec
     return MappingProxyType(table)
 

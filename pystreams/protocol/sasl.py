@@ -12,6 +12,7 @@ never the password (:class:`CredentialStore`, a JSON document in a file or an en
 variable, written by ``pystreams credentials``). PLAIN checks a password against the same salted
 keys, so one store serves both mechanisms.
 """
+
 from __future__ import annotations
 
 import base64
@@ -102,7 +103,12 @@ class CredentialStore:
         return cls.loads(text, str(path))
 
     def dumps(self) -> str:
-        return json.dumps({"users": {user: {mech: cred.to_json() for mech, cred in sorted(mechs.items())} for user, mechs in sorted(self.users.items())}}, indent=2) + "\n"
+        return (
+            json.dumps(
+                {"users": {user: {mech: cred.to_json() for mech, cred in sorted(mechs.items())} for user, mechs in sorted(self.users.items())}}, indent=2
+            )
+            + "\n"
+        )
 
     def with_user(self, user: str, password: str, *, iterations: int = MIN_ITERATIONS, mechanisms: Iterable[str] = SCRAM_MECHANISMS) -> CredentialStore:
         """A copy with ``user``'s credentials (re)made from ``password``."""
@@ -187,9 +193,12 @@ class SaslServer:
             if self._mechanism == PLAIN:
                 return self._plain(token)
             return self._scram_step(token)
-        except (ScramException, UnicodeDecodeError, ValueError) as error:
+        except (ScramException, UnicodeDecodeError, ValueError):
             self._stage = _Stage.FAILED
-            return AuthStep(Errors.SaslAuthenticationFailedError.errno, f"Authentication failed during authentication due to invalid credentials with SASL mechanism {self._mechanism}")
+            return AuthStep(
+                Errors.SaslAuthenticationFailedError.errno,
+                f"Authentication failed during authentication due to invalid credentials with SASL mechanism {self._mechanism}",
+            )
 
     def _plain(self, token: bytes) -> AuthStep:
         parts = token.split(b"\x00")

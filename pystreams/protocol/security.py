@@ -9,6 +9,7 @@ The coordinator's listener takes :class:`ListenerSecurity`, with Kafka's names: 
 ``PROTOCOL://HOST:PORT`` (``listeners``), TLS has ``ssl.client.auth`` none|requested|required,
 and SASL has ``sasl.enabled.mechanisms``. TLS is Python's ``ssl`` (OpenSSL), never our own.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -85,11 +86,15 @@ class ClientSecurity:
         """Keyword arguments for kafka-python's consumers, producers and admin clients."""
         config: dict[str, Any] = {"security_protocol": self.security_protocol}
         if self.tls:
-            config.update(ssl_cafile=self.ssl_cafile, ssl_certfile=self.ssl_certfile, ssl_keyfile=self.ssl_keyfile,
-                          ssl_password=self.ssl_password, ssl_check_hostname=self.ssl_check_hostname)
+            config.update(
+                ssl_cafile=self.ssl_cafile,
+                ssl_certfile=self.ssl_certfile,
+                ssl_keyfile=self.ssl_keyfile,
+                ssl_password=self.ssl_password,
+                ssl_check_hostname=self.ssl_check_hostname,
+            )
         if self.sasl:
-            config.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_plain_username,
-                          sasl_plain_password=self.sasl_plain_password)
+            config.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_plain_username, sasl_plain_password=self.sasl_plain_password)
         return config
 
 
@@ -195,8 +200,16 @@ def principal_from_certificate(peercert: dict[str, Any] | None) -> str | None:
     """Kafka's default SSL principal: the subject's distinguished name (RFC 2253 order)."""
     if not peercert or not peercert.get("subject"):
         return None
-    names = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
-             "localityName": "L", "stateOrProvinceName": "ST", "domainComponent": "DC", "emailAddress": "EMAILADDRESS"}
+    names = {
+        "commonName": "CN",
+        "organizationName": "O",
+        "organizationalUnitName": "OU",
+        "countryName": "C",
+        "localityName": "L",
+        "stateOrProvinceName": "ST",
+        "domainComponent": "DC",
+        "emailAddress": "EMAILADDRESS",
+    }
     parts = []
     for rdn in reversed(peercert["subject"]):
         parts.append("+".join(f"{names.get(key, key)}={_escape_dn(value)}" for key, value in rdn))
@@ -205,6 +218,6 @@ def principal_from_certificate(peercert: dict[str, Any] | None) -> str | None:
 
 def _escape_dn(value: str) -> str:
     out = value
-    for char in ('\\', ',', '+', '"', '<', '>', ';', '='):
+    for char in ("\\", ",", "+", '"', "<", ">", ";", "="):
         out = out.replace(char, "\\" + char)
     return out

@@ -5,6 +5,7 @@ epoch the coordinator holds for it while it is away). Error groups: which error 
 the coordinator up again" and which are worth retrying as they are; the member client, its
 driver and the tools all decide with these sets.
 """
+
 from __future__ import annotations
 
 import kafka.errors as Errors
@@ -17,8 +18,10 @@ LEAVE_STATIC_EPOCH = -2
 COORDINATOR_MOVED = frozenset({Errors.NotCoordinatorError.errno, Errors.CoordinatorNotAvailableError.errno})
 
 #: Transient errors: the same request may succeed after a back-off.
-RETRIABLE = COORDINATOR_MOVED | frozenset({
-    Errors.CoordinatorLoadInProgressError.errno,
-    Errors.RequestTimedOutError.errno,
-    Errors.NetworkExceptionError.errno,
-})
+RETRIABLE = COORDINATOR_MOVED | frozenset(
+    {
+        Errors.CoordinatorLoadInProgressError.errno,
+        Errors.RequestTimedOutError.errno,
+        Errors.NetworkExceptionError.errno,
+    }
+)

@@ -29,6 +29,7 @@ FindCoordinator as a one-broker cluster that coordinates every group. Everything
 API's error response (the exception's ``errno`` if it is a ``kafka.errors.BrokerResponseError``,
 UNKNOWN_SERVER_ERROR otherwise), as Kafka answers a request whose processing failed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -124,8 +125,14 @@ class ServerLimits:
     queued_max_request_bytes: int = 256 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "request_read_timeout_ms", "max_connections", "max_connections_per_ip",
-                     "decode_in_thread_bytes", "queued_max_request_bytes"):
+        for name in (
+            "max_request_bytes",
+            "request_read_timeout_ms",
+            "max_connections",
+            "max_connections_per_ip",
+            "decode_in_thread_bytes",
+            "queued_max_request_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.queued_max_request_bytes < self.max_request_bytes:
@@ -216,7 +223,10 @@ class KafkaProtocolServer:
         if self._server is not None:
             raise RuntimeError("server already started")
         self._server = await asyncio.start_server(
-            self._serve_connection, self._host, self._requested_port, ssl=self._ssl_context,
+            self._serve_connection,
+            self._host,
+            self._requested_port,
+            ssl=self._ssl_context,
             ssl_handshake_timeout=self.limits.request_read_timeout_ms / 1000 if self._ssl_context else None,
         )
         log.info("Kafka protocol server listening on %s://%s:%d", self.security.protocol, self._host, self.port)
@@ -277,15 +287,15 @@ class KafkaProtocolServer:
             and _SOFTWARE_NAME_OR_VERSION.fullmatch(request.client_software_version or "")
         ):
             return codec.error_response(
-                header, Errors.InvalidRequestError.errno, "invalid client software name or version", request,
+                header,
+                Errors.InvalidRequestError.errno,
+                "invalid client software name or version",
+                request,
             )
         return m.ApiVersionsResponse(
             error_code=0,
             throttle_time_ms=0,
-            api_keys=[
-                m.ApiVersionsResponse.ApiVersion(api_key=key, min_version=low, max_version=high)
-                for key, low, high in advertised_versions()
-            ],
+            api_keys=[m.ApiVersionsResponse.ApiVersion(api_key=key, min_version=low, max_version=high) for key, low, high in advertised_versions()],
         )
 
     async def handle_metadata(self, header: RequestHeader, request: ApiMessage) -> ApiMessage:
@@ -298,9 +308,15 @@ class KafkaProtocolServer:
             name = topic.name
             if name is None and header.request_api_version < 12:  # nullable only from v12
                 name = ""
-            topics.append(m.MetadataResponse.MetadataResponseTopic(
-                error_code=unknown, name=name, topic_id=topic.topic_id, is_internal=False, partitions=[],
-            ))
+            topics.append(
+                m.MetadataResponse.MetadataResponseTopic(
+                    error_code=unknown,
+                    name=name,
+                    topic_id=topic.topic_id,
+                    is_internal=False,
+                    partitions=[],
+                )
+            )
         return m.MetadataResponse(
             throttle_time_ms=0,
             brokers=[m.MetadataResponse.MetadataResponseBroker(node_id=me.node_id, host=me.host, port=me.port, rack=None)],
@@ -323,20 +339,26 @@ class KafkaProtocolServer:
             if node is None:
                 return codec.error_response(header, not_available, None, request)
             return m.FindCoordinatorResponse(
-                throttle_time_ms=0, error_code=0, error_message=None,
-                node_id=node.node_id, host=node.host, port=node.port,
+                throttle_time_ms=0,
+                error_code=0,
+                error_message=None,
+                node_id=node.node_id,
+                host=node.host,
+                port=node.port,
             )
         coordinators = []
         for key in request.coordinator_keys:
             node = self.coordinator_for(key, request.key_type)
-            coordinators.append(m.FindCoordinatorResponse.Coordinator(
-                key=key,
-                node_id=node.node_id if node else -1,
-                host=node.host if node else "",
-                port=node.port if node else -1,
-                error_code=0 if node else not_available,
-                error_message=None,
-            ))
+            coordinators.append(
+                m.FindCoordinatorResponse.Coordinator(
+                    key=key,
+                    node_id=node.node_id if node else -1,
+                    host=node.host if node else "",
+                    port=node.port if node else -1,
+                    error_code=0 if node else not_available,
+                    error_message=None,
+                )
+            )
         return m.FindCoordinatorResponse(throttle_time_ms=0, coordinators=coordinators)
 
     # --- connections -----------------------------------------------------------------------------
@@ -466,7 +488,8 @@ class KafkaProtocolServer:
             if exc.answerable:
                 header = exc.header
                 return codec.encode_response(
-                    header, codec.error_response(header, Errors.UnsupportedVersionError.errno),
+                    header,
+                    codec.error_response(header, Errors.UnsupportedVersionError.errno),
                 )
             self.refusals["unsupported_version"] += 1
             log.warning("closing connection from %s: %s", peer, exc)
@@ -495,7 +518,11 @@ class KafkaProtocolServer:
             log.log(
                 logging.DEBUG if expected else logging.ERROR,
                 "%s v%d (correlation id %d) from %s failed: %r",
-                decoded.spec.name, decoded.api_version, decoded.correlation_id, peer, exc,
+                decoded.spec.name,
+                decoded.api_version,
+                decoded.correlation_id,
+                peer,
+                exc,
                 exc_info=not expected,
             )
             if isinstance(exc, Errors.BrokerResponseError) and exc.errno is not None:
@@ -519,7 +546,10 @@ class KafkaProtocolServer:
             return codec.encode_response(decoded.header, response), code == Errors.IllegalSaslStateError.errno
         step = session.sasl.authenticate(bytes(request.auth_bytes))
         response = m.SaslAuthenticateResponse(
-            error_code=step.error_code, error_message=step.error_message, auth_bytes=step.auth_bytes, session_lifetime_ms=0,
+            error_code=step.error_code,
+            error_message=step.error_message,
+            auth_bytes=step.auth_bytes,
+            session_lifetime_ms=0,
         )
         if step.error_code:
             self.refusals["authentication_failed"] += 1

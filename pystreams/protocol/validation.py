@@ -12,6 +12,7 @@ the same rules are checked on the decoded message, walking its schema:
 A violation is an :class:`InvalidRequestField` naming the field path and the rule; the server
 answers it with INVALID_REQUEST in the API's own error shape.
 """
+
 from __future__ import annotations
 
 from typing import Any

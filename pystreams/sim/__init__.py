@@ -9,6 +9,7 @@ Invariants are checked after every step; ``run_seed(seed, profile)`` replays a s
   scenarios per ``profiles``, ``batch`` — many seeds; ``invariants`` — what must always hold;
   ``process``, ``coordinator``, ``network``, ``assignors``, ``events`` — the parts.
 """
+
 from pystreams.sim.batch import BatchSummary, run_seeds
 from pystreams.sim.invariants import Violation
 from pystreams.sim.profiles import PROFILES, Profile

@@ -11,12 +11,13 @@ an error) when a member's metadata version lies outside its own range: it cannot
 After every failure it changes its metadata (a retry counter in the bytes) so that its member's
 next heartbeat asks for a new assignment, as a Streams assignor does with its reason.
 """
+
 from __future__ import annotations
 
 import enum
 import math
-from collections import Counter
 import random
+from collections import Counter
 from collections.abc import Callable
 from uuid import UUID
 
@@ -88,7 +89,8 @@ class SimAssignor:
         self.compute_ms = 0
         self.last_invalid_kind = None
         unreadable = [
-            member_id for member_id, member in spec.members.items()
+            member_id
+            for member_id, member in spec.members.items()
             if member.metadata is None or not self.minimum_version <= member.metadata.version <= self.maximum_version
         ]
         if unreadable:
@@ -108,9 +110,7 @@ class SimAssignor:
         elif outcome is Outcome.INVALID:
             self.retries += 1
             self.last_invalid_kind = self._corrupt(assignment, spec)
-        return GroupAssignment(
-            members={member_id: MemberAssignment(partitions=_frozen(parts)) for member_id, parts in assignment.items()}
-        )
+        return GroupAssignment(members={member_id: MemberAssignment(partitions=_frozen(parts)) for member_id, parts in assignment.items()})
 
     def _failed(self, outcome: Outcome, error: int) -> GroupAssignment:
         self.last_outcome = outcome
@@ -150,9 +150,7 @@ def sticky_balanced(spec: AssignmentSpec) -> dict[str, dict[UUID, set[int]]]:
     up to a common cap, the rest goes to the least loaded subscriber (ties by member id)."""
     member_ids = sorted(spec.members)
     assignment: dict[str, dict[UUID, set[int]]] = {member_id: {} for member_id in member_ids}
-    subscribers = {
-        topic: [m for m in member_ids if topic in spec.members[m].subscribed_topic_ids] for topic in sorted(spec.topics)
-    }
+    subscribers = {topic: [m for m in member_ids if topic in spec.members[m].subscribed_topic_ids] for topic in sorted(spec.topics)}
     partitions = [(topic, p) for topic in sorted(spec.topics) if subscribers[topic] for p in range(spec.topics[topic].num_partitions)]
     active = sum(1 for m in member_ids if spec.members[m].subscribed_topic_ids)
     if not partitions or not active:

@@ -4,6 +4,7 @@ Only aggregates and the failing seeds are kept, so memory does not grow with the
 seeds. Chunks run one after the other, or on ``jobs`` worker processes (each seed is
 independent and deterministic, so the summary does not depend on how the work was split).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -68,7 +69,7 @@ class BatchSummary:
 
 def chunks(seeds: Sequence[int], size: int = DEFAULT_CHUNK) -> Iterator[Sequence[int]]:
     for start in range(0, len(seeds), size):
-        yield seeds[start:start + size]
+        yield seeds[start : start + size]
 
 
 def run_chunk(profile: str, seeds: Iterable[int]) -> BatchSummary:

@@ -14,6 +14,7 @@ A fail-over kills the live shard (its timers and in-flight client-side computati
 it); after a load time a new shard replays the whole log, gets the topic metadata, and runs
 its fail-over duties (``on_loaded``). Until then requests get no answer.
 """
+
 from __future__ import annotations
 
 import itertools

@@ -3,6 +3,7 @@
 The sequence number breaks ties, so two events at the same millisecond always run in the order
 they were scheduled and a seed replays exactly.
 """
+
 from __future__ import annotations
 
 import heapq

@@ -29,15 +29,16 @@
   (Kafka's ``maybeDeleteEmptyClassicGroup`` / ``maybeDeleteEmptyConsumerGroup``); a non-empty
   one is converted and its epoch continues.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pystreams.partitions import PartitionSet, TopicIdPartition
 from pystreams.coordinator import records as r
 from pystreams.coordinator.classic_group import ClassicGroup
 from pystreams.coordinator.consumer_group import ConsumerGroup
+from pystreams.partitions import PartitionSet, TopicIdPartition
 from pystreams.protocol import consumer_protocol
 from pystreams.protocol.sentinels import LEAVE_STATIC_EPOCH
 
@@ -198,7 +199,7 @@ class InvariantChecker:
         protocol's, or after DeleteGroups) starts its epochs again; a non-empty group is only
         ever converted, and its epoch carries on, so its history stays."""
         log = self.world.coordinator.log
-        for record in log[self._log_checked:]:
+        for record in log[self._log_checked :]:
             if isinstance(record, (r.GroupMetadata, r.ClassicGroupMetadata)) and record.value is None:
                 gid = record.group_id
                 if self._members_seen.get(gid, 0) == 0:
@@ -289,18 +290,11 @@ class InvariantChecker:
             return CommitContext(None, frozenset())
         if isinstance(group, ClassicGroup):
             return CommitContext(group.generation, classic_assignment(self.world, member.assignment))
-        held = frozenset(
-            TopicIdPartition(topic, p) for holding in (member.assigned, member.revoking) for topic, p in holding
-        )
+        held = frozenset(TopicIdPartition(topic, p) for holding in (member.assigned, member.revoking) for topic, p in holding)
         return CommitContext(member.member_epoch, held)
 
     def after_commit(self, process: MemberProcess, request, context: CommitContext, response) -> None:
-        accepted = [
-            (topic.name, partition.partition_index)
-            for topic in response.topics
-            for partition in topic.partitions
-            if partition.error_code == 0
-        ]
+        accepted = [(topic.name, partition.partition_index) for topic in response.topics for partition in topic.partitions if partition.error_code == 0]
         if not accepted:
             return
         world = self.world
@@ -339,13 +333,15 @@ def classic_assignment(world: Simulation, data: bytes) -> frozenset[TopicIdParti
     topics = world.coordinator.topics
     return frozenset(
         TopicIdPartition(topics[name].topic_id, p)
-        for name, partitions in consumer_protocol.decode_assignment(data).partitions.items() if name in topics
+        for name, partitions in consumer_protocol.decode_assignment(data).partitions.items()
+        if name in topics
         for p in partitions
     )
 
 
 def _diff(a: dict, b: dict) -> str:
     """The first difference between two nested snapshots, as a short readable path."""
+
     def walk(x, y, path: str) -> str | None:
         if isinstance(x, dict) and isinstance(y, dict):
             for key in sorted(set(x) | set(y), key=repr):

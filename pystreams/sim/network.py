@@ -15,6 +15,7 @@ stale epoch or a stale set of owned partitions, and the coordinator fences a liv
 does not hear of it until its next heartbeat) or releases partitions the member still holds.
 ``duplicate_requests`` and ``ordered_requests=False`` lift those guarantees, to show exactly that.
 """
+
 from __future__ import annotations
 
 import random

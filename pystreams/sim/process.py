@@ -23,6 +23,7 @@ heartbeat: ``owned_partitions`` (being processed) plus ``revoking_partitions`` (
 application for revocation and not released by ``revocation_done`` yet: it is still
 committing them). A crashed process owns nothing.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -31,25 +32,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import kafka.errors as Errors
+from kafka.protocol.api_message import ApiMessage
 
-from pystreams.partitions import NO_PARTITIONS, PartitionSet, TopicIdPartition
 from pystreams.client.classic import ClassicGroupMember, ClassicMemberConfig
-from pystreams.coordinator.classic_group import ClassicGroup
 from pystreams.client.member import (
     AssignmentAbandoned,
     AssignmentInstalled,
     GroupMember,
+    InstanceIdUnreleased,
     LeftGroup,
     MemberConfig,
-    InstanceIdUnreleased,
     MemberFailed,
     MemberState,
     PartitionsAssigned,
     PartitionsLost,
     RevokePartitions,
 )
-from kafka.protocol.api_message import ApiMessage
-
+from pystreams.coordinator.classic_group import ClassicGroup
+from pystreams.partitions import NO_PARTITIONS, PartitionSet, TopicIdPartition
 from pystreams.protocol import messages as m
 from pystreams.protocol.registry import api_spec
 from pystreams.sim.assignors import Outcome, SimAssignor

@@ -14,6 +14,7 @@
 * ``hostile`` — chaos on a network that also duplicates and reorders a member's requests,
   which KIP-848 does not survive by design (see ``pystreams.sim.network``); for exploration.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace

@@ -12,6 +12,7 @@ timed out, and it counts only members that heartbeated successfully since; the t
 is still measured from the moment faults stopped. A run ends with a brand-new shard replaying
 the whole log, which must equal the live one.
 """
+
 from __future__ import annotations
 
 from collections import Counter

@@ -9,6 +9,7 @@ component drawing more numbers does not reshuffle the others); nothing reads the
 and nothing iterates a set of strings (string hashing differs between interpreter runs), so a
 seed replays exactly in any process.
 """
+
 from __future__ import annotations
 
 import random
@@ -22,13 +23,13 @@ import kafka.errors as Errors
 from kafka.protocol.api_message import ApiMessage
 
 from pystreams.assignors.api import TopicMetadata
-from pystreams.partitions import TopicIdPartition
 from pystreams.client.member import MemberState
-from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.classic_group import ClassicGroup, ClassicGroupState
+from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.consumer_group import GroupState
 from pystreams.coordinator.context import DEFERRED
 from pystreams.coordinator.subscriptions import subscribed_names
+from pystreams.partitions import TopicIdPartition
 from pystreams.protocol import consumer_protocol
 from pystreams.protocol import messages as m
 from pystreams.sim.assignors import Outcome
@@ -86,7 +87,9 @@ CALM = Misbehaviour()
 
 
 class Simulation:
-    def __init__(self, seed: int, timing: Timing | None = None, *, trace: bool | Literal["all"] = False, group_id: str = "sim-group", max_steps: int = 400_000) -> None:
+    def __init__(
+        self, seed: int, timing: Timing | None = None, *, trace: bool | Literal["all"] = False, group_id: str = "sim-group", max_steps: int = 400_000
+    ) -> None:
         self.seed = seed
         self.timing = timing or Timing()
         self.group_id = group_id
@@ -282,7 +285,9 @@ class Simulation:
         process, incarnation, request_id, request = route
         self.network.send(process.name, self._arrive_at_member, process, incarnation, request_id, request, response, self.coordinator.incarnation)
 
-    def _arrive_at_member(self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage, response: ApiMessage, coordinator_incarnation: int) -> None:
+    def _arrive_at_member(
+        self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage, response: ApiMessage, coordinator_incarnation: int
+    ) -> None:
         if coordinator_incarnation != self.coordinator.incarnation:
             self.stats["net.lost_in_failover"] += 1  # the connection to that coordinator is gone
             return
@@ -441,9 +446,7 @@ class Simulation:
                 return f"{process.name} has not heartbeated successfully since faults stopped"
             if member.state is not MemberState.STABLE or member.member_epoch != group.assignment_epoch:
                 return f"{process.name} is {member.state.value} at epoch {member.member_epoch} (assignment epoch {group.assignment_epoch})"
-            target = frozenset(
-                TopicIdPartition(topic, p) for topic, p in group.target_of(member.member_id)
-            )
+            target = frozenset(TopicIdPartition(topic, p) for topic, p in group.target_of(member.member_id))
             if process.view() != target:
                 return f"{process.name} owns {len(process.view())} partitions, its target has {len(target)}"
             covered |= target
@@ -522,7 +525,9 @@ def _loading_response(request: ApiMessage) -> ApiMessage:
         Topic = m.OffsetCommitResponse.OffsetCommitResponseTopic
         return m.OffsetCommitResponse(
             topics=[
-                Topic(name=t.name, partitions=[Topic.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=_LOADING) for p in t.partitions])
+                Topic(
+                    name=t.name, partitions=[Topic.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=_LOADING) for p in t.partitions]
+                )
                 for t in request.topics
             ]
         )

@@ -53,6 +53,7 @@ Where the runtimes still differ (``SparkPlan.warnings`` names the nodes concerne
   branches of other sinks, being other queries, still process it; a dead letter of a failure
   inside a stateful step holds the row that step was given, not the source record's bytes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,7 +65,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pystreams.topology.errors import TopologyError
-from pystreams.topology.kernels import sink_partitioner
 from pystreams.topology.ir import (
     AggregateNode,
     AggregationNode,
@@ -91,9 +91,10 @@ from pystreams.topology.ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     TableSourceNode,
-    ToStreamNode,
     Topology,
+    ToStreamNode,
 )
+from pystreams.topology.kernels import sink_partitioner
 
 from .operators import (
     KEYED_COLUMNS,
@@ -341,8 +342,7 @@ class _Compilation:
             plan: KeyedPlan | TaskPlan = KeyedPlan(node.name, ((0, flow),), step)
         else:
             self.warn_if_repartitioned(node, flow)
-            task_step = TaskStep(self.topology.app_id, node.subtopology, inputs, (store,), out_key, out_value,
-                                 table=shipped)
+            task_step = TaskStep(self.topology.app_id, node.subtopology, inputs, (store,), out_key, out_value, table=shipped)
             plan = TaskPlan(node.name, ((0, flow),), task_step)
         self.stateful.append(node.name)
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
@@ -379,11 +379,7 @@ class _Compilation:
 
     def stream_stream_join(self, merge: Node) -> None:
         topology = self.topology
-        sides = {
-            side_node.side: side_node
-            for p in merge.parents
-            if isinstance(side_node := topology.nodes[p], StreamStreamJoinNode)
-        }
+        sides = {side_node.side: side_node for p in merge.parents if isinstance(side_node := topology.nodes[p], StreamStreamJoinNode)}
         if len(merge.parents) != 2 or set(sides) != {JoinSide.LEFT, JoinSide.RIGHT}:
             raise _unsupported(merge, "it merges stream-stream join sides with other streams")
         left, right = sides[JoinSide.LEFT], sides[JoinSide.RIGHT]
@@ -414,13 +410,9 @@ class _Compilation:
         for name in node.stores:
             store = self.topology.stores[name]
             if store.owner != node.name:
-                raise _unsupported(
-                    node, f"it reads store {name!r} of node {store.owner!r}; Spark state is private to one operator"
-                )
+                raise _unsupported(node, f"it reads store {name!r} of node {store.owner!r}; Spark state is private to one operator")
             if store.kind is not StoreKind.KEY_VALUE:
-                raise _unsupported(
-                    node, f"its store {name!r} is a {store.kind} store; only key-value stores map onto Spark state"
-                )
+                raise _unsupported(node, f"its store {name!r} is a {store.kind} store; only key-value stores map onto Spark state")
             stores.append(_shipped_store(node, store))
         # The processor's task sees every source record (each moves stream time), so its input
         # is the raw source; the stateless steps before it run inside the task.
@@ -429,9 +421,7 @@ class _Compilation:
         run = ProcessorRun(flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, (), flow.base.node)
         out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
         inputs = {0: (_shipped_node(node), flow.key_serde, flow.value_serde)}
-        step = TaskStep(
-            self.topology.app_id, node.subtopology, inputs, tuple(stores), out_key, out_value, processor=run
-        )
+        step = TaskStep(self.topology.app_id, node.subtopology, inputs, tuple(stores), out_key, out_value, processor=run)
         plan = TaskPlan(node.name, ((0, raw),), step)
         self.stateful.append(node.name)
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
@@ -477,8 +467,7 @@ class _Compilation:
         sinks = tuple(_with_topic_index(sink, topics) for sink in self.sinks)
         for warning in dict.fromkeys(self.warnings):
             log.warning("Spark: %s", warning)
-        return SparkPlan(self.topology, topics, sinks, tuple(self.stateful), tuple(dict.fromkeys(self.warnings)),
-                         tuple(self.source_nodes[t] for t in topics))
+        return SparkPlan(self.topology, topics, sinks, tuple(self.stateful), tuple(dict.fromkeys(self.warnings)), tuple(self.source_nodes[t] for t in topics))
 
 
 _PLANNERS: Mapping[type[NodeBase], Callable[[_Compilation, Node], None]] = {
@@ -652,13 +641,10 @@ class _Builder:
         from pyspark.sql import functions as F
 
         if id(plan) not in self._built:
-            options = source_options(self.source_format, self.bootstrap_servers, plan.topics,
-                                     fail_on_data_loss=self.fail_on_data_loss)
+            options = source_options(self.source_format, self.bootstrap_servers, plan.topics, fail_on_data_loss=self.fail_on_data_loss)
             raw = self.spark.readStream.format(self.source_format).options(**options).load()
             ts = F.unix_millis("timestamp") if self.source_format == "kafka" else F.col("timestamp")
-            self._built[id(plan)] = raw.select(
-                "key", "value", ts.alias("ts"), "topic", F.col("partition").cast("int").alias("partition"), "offset"
-            )
+            self._built[id(plan)] = raw.select("key", "value", ts.alias("ts"), "topic", F.col("partition").cast("int").alias("partition"), "offset")
         return self._built[id(plan)]
 
     def rows(self, flow: Flow, *, task_partitions: int | None = None, lane: int = 0) -> Any:
@@ -666,9 +652,7 @@ class _Builder:
         base = flow.base
         if isinstance(base, UnionPlan):
             ordered = flow.ordered
-            frames = [
-                self.rows(f, task_partitions=task_partitions, lane=lane + index) for index, f in enumerate(base.inputs)
-            ]
+            frames = [self.rows(f, task_partitions=task_partitions, lane=lane + index) for index, f in enumerate(base.inputs)]
             if not ordered:
                 frames = [frame.select("key", "value", "ts") for frame in frames]
             union = frames[0]
@@ -677,9 +661,18 @@ class _Builder:
             return union
         source_node = base.node if isinstance(base, SourcePlan) else None
         run = FlowRun(
-            flow.base_key, flow.base_value, flow.timestamp_extractor, flow.steps, flow.key_serde, flow.value_serde,
-            from_source=isinstance(base, SourcePlan), sources=self.sources, task_partitions=task_partitions, lane=lane,
-            errors=self.errors, source_node=source_node,
+            flow.base_key,
+            flow.base_value,
+            flow.timestamp_extractor,
+            flow.steps,
+            flow.key_serde,
+            flow.value_serde,
+            from_source=isinstance(base, SourcePlan),
+            sources=self.sources,
+            task_partitions=task_partitions,
+            lane=lane,
+            errors=self.errors,
+            source_node=source_node,
             subtopology=self.topology.nodes[source_node or base.node].subtopology,
         )
         if isinstance(base, SourcePlan):
@@ -716,9 +709,7 @@ class _Builder:
         # No row for a null key, in a table or an aggregation (the kernels skip them too).
         rows = self._inputs(plan.inputs, KEYED_COLUMNS, by_task=False).where("key IS NOT NULL")
         step = dataclasses.replace(plan.step, errors=self.errors)
-        return rows.groupBy("key").applyInPandasWithState(
-            keyed_update(step), ROWS, "value binary", "update", GroupStateTimeout.NoTimeout
-        )
+        return rows.groupBy("key").applyInPandasWithState(keyed_update(step), ROWS, "value binary", "update", GroupStateTimeout.NoTimeout)
 
     def task(self, plan: TaskPlan) -> Any:
         columns = PROCESSOR_COLUMNS if plan.step.processor is not None else TASK_COLUMNS
@@ -745,8 +736,7 @@ def cluster_partition_counts(bootstrap_servers: str, topology: Topology) -> dict
 # -- the query ------------------------------------------------------------------------------------
 
 
-def send_rows(producer: Any, rows: Iterable[tuple[str, bytes | None, bytes | None, int | None]],
-              partitioner: Callable[[bytes, int], int] | None) -> None:
+def send_rows(producer: Any, rows: Iterable[tuple[str, bytes | None, bytes | None, int | None]], partitioner: Callable[[bytes, int], int] | None) -> None:
     """Send (topic, key, value, timestamp) rows; a keyed row goes to ``partitioner``'s partition
     when there is one (a windowed sink's), else where the producer's default puts it."""
     for topic, key, value, ts in rows:
@@ -756,10 +746,10 @@ def send_rows(producer: Any, rows: Iterable[tuple[str, bytes | None, bytes | Non
         producer.send(topic, key=key, value=value, partition=partition, timestamp_ms=ts if ts is not None and ts >= 0 else None)
 
 
-def _write_batch_to_kafka(bootstrap_servers: str,
-                          partitioner: Callable[[bytes, int], int] | None = None) -> Callable[[Any, int], None]:
+def _write_batch_to_kafka(bootstrap_servers: str, partitioner: Callable[[bytes, int], int] | None = None) -> Callable[[Any, int], None]:
     """Each micro-batch's rows to Kafka; a key's partition is ``partitioner``'s (the sink's:
     ``kernels.sink_partitioner``, the worker's rule) or the producer's default."""
+
     def produce(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
         from kafka import KafkaProducer
@@ -790,16 +780,14 @@ def _write_batch_to_kafka(bootstrap_servers: str,
     return write
 
 
-def source_options(source_format: str, bootstrap_servers: str, topics: Iterable[str], *,
-                   fail_on_data_loss: bool = True) -> dict[str, str]:
+def source_options(source_format: str, bootstrap_servers: str, topics: Iterable[str], *, fail_on_data_loss: bool = True) -> dict[str, str]:
     """The reader options for ``source_format``: Spark's connector (``kafka``) reads every
     topic from the earliest offset, as a new worker group does; ours takes the same. Both take
     Spark's ``failOnDataLoss``."""
     topic_list = ",".join(topics)
     data_loss = {FAIL_ON_DATA_LOSS: str(fail_on_data_loss).lower()}
     if source_format == "kafka":
-        return {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topic_list, "startingOffsets": "earliest",
-                **data_loss}
+        return {"kafka.bootstrap.servers": bootstrap_servers, "subscribe": topic_list, "startingOffsets": "earliest", **data_loss}
     return {"bootstrap.servers": bootstrap_servers, "topics": topic_list, **data_loss}
 
 
@@ -919,8 +907,7 @@ def to_spark(
         built = {}
         for sink in plan.sinks:
             # A fresh builder per query: queries must not share DataFrames of stateful steps.
-            builder = _Builder(spark, bootstrap_servers, source_format, plan, counts, backfill=backfill,
-                               fail_on_data_loss=fail_on_data_loss)
+            builder = _Builder(spark, bootstrap_servers, source_format, plan, counts, backfill=backfill, fail_on_data_loss=fail_on_data_loss)
             rows = builder.rows(sink.input)
             built[sink.node] = (
                 rows.select(F.lit(sink.topic).alias("topic"), "key", "value", "ts")

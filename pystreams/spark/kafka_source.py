@@ -11,6 +11,7 @@ in order.
 Rows: ``key binary, value binary, topic string, partition int, offset long, timestamp long``
 (timestamps are epoch milliseconds, as everywhere in pystreams).
 """
+
 from __future__ import annotations
 
 import logging
@@ -82,8 +83,7 @@ def log_view(cluster: Any, consumer: Any, partitions: Sequence[Any], ends: Mappi
     starts = {partition_key(p.topic, p.partition): o for p, o in first_offsets(consumer, partitions).items()}
     if ends is None:
         ends = {partition_key(p.topic, p.partition): o for p, o in true_end_offsets(consumer, partitions, timeout_s=FETCH_TIMEOUT_S).items()}
-    return LogView(cluster.cluster_id(), {name: str(meta.topic_id) for name, meta in metadata.items()}, starts,
-                   dict(ends))
+    return LogView(cluster.cluster_id(), {name: str(meta.topic_id) for name, meta in metadata.items()}, starts, dict(ends))
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -116,8 +116,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _resume_positions(self, start: Mapping[str, Any], view: LogView) -> dict[str, int]:
         """Where the read after ``start`` begins: ``DataLossError`` when its log is not the
         cluster's any more, unless failOnDataLoss is off (then a warning, and Spark's way on)."""
-        return resume_positions(SourceOffsets.from_json(start), view, fail_on_data_loss=self.fail_on_data_loss,
-                                where="this query's checkpoint")
+        return resume_positions(SourceOffsets.from_json(start), view, fail_on_data_loss=self.fail_on_data_loss, where="this query's checkpoint")
 
     def _partitions(self) -> list[Any]:
         from kafka import TopicPartition
@@ -180,8 +179,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             while position < partition.end:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
-                        f"could not read {partition.topic}[{partition.partition}] "
-                        f"offsets {position}..{partition.end} within {FETCH_TIMEOUT_S:g} s"
+                        f"could not read {partition.topic}[{partition.partition}] offsets {position}..{partition.end} within {FETCH_TIMEOUT_S:g} s"
                     )
                 records = consumer.poll(timeout_ms=500).get(tp, [])
                 wanted = [r for r in records if r.offset < partition.end]

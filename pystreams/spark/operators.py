@@ -18,6 +18,7 @@ calling conventions.
 ``TaskRunner`` and the functions under ``keyed_*`` and ``run_flow`` need no Spark: the tests
 drive them with dict-backed state to check them against the test driver.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -261,8 +262,7 @@ def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
         if task_partitions is None:
             tasks = partitions
         else:
-            tasks = pa.array([0 if key is None else partition_for_key(key, task_partitions) for key in out_keys],
-                             pa.int32())
+            tasks = pa.array([0 if key is None else partition_for_key(key, task_partitions) for key in out_keys], pa.int32())
         yield pa.RecordBatch.from_arrays(
             [
                 pa.array(out_keys, pa.binary()),
@@ -279,12 +279,22 @@ def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
     errors.flush()
 
 
-def _source_row_failed(run: FlowRun, batch: Any, index: int, kind: ErrorKind, node: str | None, error: BaseException,
-                       key: bytes | None, value: bytes | None) -> None:
+def _source_row_failed(
+    run: FlowRun, batch: Any, index: int, kind: ErrorKind, node: str | None, error: BaseException, key: bytes | None, value: bytes | None
+) -> None:
     """A source row (``topic, partition, offset`` in columns 3-5) failed: apply the policy."""
     partition = batch.column(4)[index].as_py()
-    run.errors.failed(kind, error, task=f"{run.subtopology}_{partition}", node=node, topic=batch.column(3)[index].as_py(),
-                      partition=partition, offset=batch.column(5)[index].as_py(), key=key, value=value)
+    run.errors.failed(
+        kind,
+        error,
+        task=f"{run.subtopology}_{partition}",
+        node=node,
+        topic=batch.column(3)[index].as_py(),
+        partition=partition,
+        offset=batch.column(5)[index].as_py(),
+        key=key,
+        value=value,
+    )
 
 
 def _same(data: Any) -> Any:
@@ -296,8 +306,14 @@ def _ordered_schema() -> Any:
 
     return pa.schema(
         [
-            ("key", pa.binary()), ("value", pa.binary()), ("ts", pa.int64()), ("arrival", pa.int64()),
-            ("origin", pa.int64()), ("seq", pa.int64()), ("offset", pa.int64()), ("task", pa.int32()),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("ts", pa.int64()),
+            ("arrival", pa.int64()),
+            ("origin", pa.int64()),
+            ("seq", pa.int64()),
+            ("offset", pa.int64()),
+            ("task", pa.int32()),
         ]
     )
 
@@ -357,9 +373,7 @@ class KeyedStep:
     errors: RecordErrors = field(default_factory=RecordErrors)
 
 
-def keyed_batch(
-    step: KeyedStep, key_bytes: bytes, frame: Any, stored: bytes | None
-) -> tuple[GroupKeyStore, list[OutputRow]]:
+def keyed_batch(step: KeyedStep, key_bytes: bytes, frame: Any, stored: bytes | None) -> tuple[GroupKeyStore, list[OutputRow]]:
     """One group's rows of one micro-batch (in worker order) through the kernels; the group's
     store after them, and the rows to emit."""
     store = GroupKeyStore(stored)
@@ -372,28 +386,23 @@ def keyed_batch(
     position = TaskPosition(step.app_id, TaskId(step.subtopology, -1))
     emits = {}
     for side, (node, key_serde, value_serde) in step.inputs.items():
-        wiring = NodeWiring(node=node, forward=collect, stores={step.store.name: store},
-                            specs={step.store.name: step.store}, position=position)
-        emits[side] = (guard(node.name, NODE_KERNELS[type(node)](wiring)), key_serde.deserialize,
-                       value_serde.deserialize)
+        wiring = NodeWiring(node=node, forward=collect, stores={step.store.name: store}, specs={step.store.name: step.store}, position=position)
+        emits[side] = (guard(node.name, NODE_KERNELS[type(node)](wiring)), key_serde.deserialize, value_serde.deserialize)
     errors = step.errors
     last_ts = -1
-    for value_bytes, timestamp, origin, offset in zip(frame["value"], frame["ts"], frame["origin"], frame["offset"],
-                                                      strict=True):
+    for value_bytes, timestamp, origin, offset in zip(frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True):
         emit, key_of, value_of = emits[int(origin) >> _SIDE_SHIFT]
         timestamp = int(timestamp)
         try:
             # Bytes a source read, passed on unchanged when no step came between.
             key, value = key_of(key_bytes), value_of(value_bytes)
         except Exception as error:
-            _row_failed(errors, step.subtopology, None, ErrorKind.DESERIALIZATION, None, error, origin, offset,
-                        key_bytes, value_bytes)
+            _row_failed(errors, step.subtopology, None, ErrorKind.DESERIALIZATION, None, error, origin, offset, key_bytes, value_bytes)
             continue
         try:
             emit(key, value, timestamp)
         except NodeFailure as failure:
-            _row_failed(errors, step.subtopology, None, ErrorKind.PROCESSING, failure.node, failure.error, origin,
-                        offset, key_bytes, value_bytes)
+            _row_failed(errors, step.subtopology, None, ErrorKind.PROCESSING, failure.node, failure.error, origin, offset, key_bytes, value_bytes)
             continue
         last_ts = max(last_ts, timestamp)
     if step.table is not None and store.changed:
@@ -402,17 +411,35 @@ def keyed_batch(
     return store, out
 
 
-def _row_failed(errors: RecordErrors, subtopology: int, task_partition: int | None, kind: ErrorKind,
-                node: str | None, error: BaseException, origin: Any, offset: Any, key: bytes | None,
-                value: bytes | None) -> None:
+def _row_failed(
+    errors: RecordErrors,
+    subtopology: int,
+    task_partition: int | None,
+    kind: ErrorKind,
+    node: str | None,
+    error: BaseException,
+    origin: Any,
+    offset: Any,
+    key: bytes | None,
+    value: bytes | None,
+) -> None:
     """A stateful step's row failed (``origin``, ``offset``: where it was read): apply the
     policy. A row that does not deserialize failed at its source (``node`` None)."""
     _, source, partition = origin_parts(int(origin))
     topic = errors.topics[source] if source < len(errors.topics) else None
     if node is None and source < len(errors.source_nodes):
         node = errors.source_nodes[source]
-    errors.failed(kind, error, node=node, topic=topic, partition=partition, offset=int(offset), key=key, value=value,
-                  task=f"{subtopology}_{partition if task_partition is None else task_partition}")
+    errors.failed(
+        kind,
+        error,
+        node=node,
+        topic=topic,
+        partition=partition,
+        offset=int(offset),
+        key=key,
+        value=value,
+        task=f"{subtopology}_{partition if task_partition is None else task_partition}",
+    )
 
 
 def keyed_update(step: KeyedStep) -> Callable[..., Iterator[Any]]:
@@ -508,11 +535,17 @@ class _OpenTask:
         self.processors: list[ProcessorInstance] = []
         self.emits: dict[int, tuple[Emit, Callable[[Any], Any], Callable[[Any], Any]]] = {}
         for side, (node, key_serde, value_serde) in step.inputs.items():
-            wiring = NodeWiring(node=node, forward=collect, stores=self.stores, specs=specs,
-                                typed_stores=typed_stores, position=position, processors=self.processors,
-                                clocks=self.clocks)
-            self.emits[side] = (guard(node.name, NODE_KERNELS[type(node)](wiring)), key_serde.deserialize,
-                                value_serde.deserialize)
+            wiring = NodeWiring(
+                node=node,
+                forward=collect,
+                stores=self.stores,
+                specs=specs,
+                typed_stores=typed_stores,
+                position=position,
+                processors=self.processors,
+                clocks=self.clocks,
+            )
+            self.emits[side] = (guard(node.name, NODE_KERNELS[type(node)](wiring)), key_serde.deserialize, value_serde.deserialize)
         self.punctuations: list[ScheduledPunctuation] = [p for proc in self.processors for p in proc.punctuations]
         for scheduled in self.punctuations:
             scheduled.next_due = state.due.get(scheduled.punctuation.method)
@@ -525,22 +558,18 @@ class _OpenTask:
             self._process_source_rows(frame)
             return
         emits, step, partition = self.emits, self.step, self.position.task_id.partition
-        for key_bytes, value_bytes, timestamp, origin, offset in zip(
-            frame["key"], frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True
-        ):
+        for key_bytes, value_bytes, timestamp, origin, offset in zip(frame["key"], frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True):
             emit, key_of, value_of = emits[int(origin) >> _SIDE_SHIFT]
             try:
                 # Bytes a source read, passed on unchanged when no step came between.
                 key, value = key_of(key_bytes), value_of(value_bytes)
             except Exception as error:
-                _row_failed(step.errors, step.subtopology, partition, ErrorKind.DESERIALIZATION, None, error, origin,
-                            offset, key_bytes, value_bytes)
+                _row_failed(step.errors, step.subtopology, partition, ErrorKind.DESERIALIZATION, None, error, origin, offset, key_bytes, value_bytes)
                 continue
             try:
                 emit(key, value, int(timestamp))
             except NodeFailure as failure:
-                _row_failed(step.errors, step.subtopology, partition, ErrorKind.PROCESSING, failure.node,
-                            failure.error, origin, offset, key_bytes, value_bytes)
+                _row_failed(step.errors, step.subtopology, partition, ErrorKind.PROCESSING, failure.node, failure.error, origin, offset, key_bytes, value_bytes)
 
     def _process_source_rows(self, frame: Any) -> None:
         run = self.step.processor
@@ -550,24 +579,40 @@ class _OpenTask:
         base_key, base_value, extractor = run.base_key.deserialize, run.base_value.deserialize, run.timestamp_extractor
         stream_punctuations = [p for p in self.punctuations if p.punctuation.type is PunctuationType.STREAM_TIME]
         topics, errors, task = run.topics, self.step.errors, str(position.task_id)
-        for key_bytes, value_bytes, raw_ts, origin, offset in zip(
-            frame["key"], frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True
-        ):
+        for key_bytes, value_bytes, raw_ts, origin, offset in zip(frame["key"], frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True):
             _, source, partition = origin_parts(int(origin))
             try:
                 key, value = base_key(key_bytes), base_value(value_bytes)
                 timestamp = int(raw_ts) if extractor is None else extractor(key, value, int(raw_ts))
             except Exception as error:
-                errors.failed(ErrorKind.DESERIALIZATION, error, task=task, node=run.source_node, topic=topics[source],
-                              partition=partition, offset=int(offset), key=key_bytes, value=value_bytes)
+                errors.failed(
+                    ErrorKind.DESERIALIZATION,
+                    error,
+                    task=task,
+                    node=run.source_node,
+                    topic=topics[source],
+                    partition=partition,
+                    offset=int(offset),
+                    key=key_bytes,
+                    value=value_bytes,
+                )
                 continue
             position.topic, position.partition, position.offset = topics[source], partition, int(offset)
             position.stream_time = advance_stream_time(position.stream_time, timestamp)
             try:
                 emit(key, value, timestamp)
             except NodeFailure as failure:
-                errors.failed(ErrorKind.PROCESSING, failure.error, task=task, node=failure.node, topic=topics[source],
-                              partition=partition, offset=int(offset), key=key_bytes, value=value_bytes)
+                errors.failed(
+                    ErrorKind.PROCESSING,
+                    failure.error,
+                    task=task,
+                    node=failure.node,
+                    topic=topics[source],
+                    partition=partition,
+                    offset=int(offset),
+                    key=key_bytes,
+                    value=value_bytes,
+                )
             now = position.stream_time
             for scheduled in stream_punctuations:
                 if scheduled.due(now):
@@ -618,8 +663,7 @@ class _OpenTask:
         state = TaskState(
             stream_time=self.position.stream_time,
             node_clocks={name: clock.observed for name, clock in self.clocks.items()},
-            store_times={name: store.observed_stream_time for name, store in self.stores.items()
-                         if not isinstance(store, SparkKeyValueStore)},
+            store_times={name: store.observed_stream_time for name, store in self.stores.items() if not isinstance(store, SparkKeyValueStore)},
             swept_to=dict(self.state.swept_to),
             due={scheduled.punctuation.method: scheduled.next_due for scheduled in self.punctuations},
         )
@@ -659,7 +703,11 @@ class TaskRunner:
         self.columns = PROCESSOR_COLUMNS if step.processor is not None else TASK_COLUMNS
 
     def process(
-        self, partition: int, frame: Any, backends: Mapping[str, MapBackend], state: TaskState | None,
+        self,
+        partition: int,
+        frame: Any,
+        backends: Mapping[str, MapBackend],
+        state: TaskState | None,
         now_ms: int,
     ) -> tuple[TaskState, list[OutputRow], list[int]]:
         """One micro-batch of the task's rows, in worker order. Returns the state to keep, the
@@ -733,8 +781,7 @@ def task_operator(step: TaskStep) -> Any:
         def init(self, handle: Any) -> None:
             self.handle = handle
             self.backends = {
-                name: _MapStateBackend(handle.getMapState(f"store{index}", "key binary", "value binary"))
-                for index, name in enumerate(store_names)
+                name: _MapStateBackend(handle.getMapState(f"store{index}", "key binary", "value binary")) for index, name in enumerate(store_names)
             }
             self.task_state = handle.getValueState("task", "state binary")
             self._runner: TaskRunner | None = None
@@ -760,8 +807,7 @@ def task_operator(step: TaskStep) -> Any:
 
         def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
             now_ms = timerValues.getCurrentProcessingTimeInMs()
-            state, out, timers = self.runner.process(int(key[0]), in_worker_order(rows, self.runner.columns),
-                                                     self.backends, self._state(), now_ms)
+            state, out, timers = self.runner.process(int(key[0]), in_worker_order(rows, self.runner.columns), self.backends, self._state(), now_ms)
             self.runner.step.errors.flush()
             yield from self._finish(state, out, timers)
 

@@ -10,6 +10,7 @@ A dead letter holds the bytes the failing step read: a source record's own bytes
 failure while deserializing or in a stateless step, the row a stateful step was given
 (serialized by the step before it) for a failure inside it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -51,8 +52,7 @@ class RecordErrors:
         policy = failure_policy(self.policies, failure, error)
         if policy is ErrorPolicy.DEAD_LETTER and topic is not None:
             assert self.policies.dead_letter_topic is not None
-            self._producer().send(self.policies.dead_letter_topic, key=key, value=value,
-                                  headers=dead_letter_headers(failure))
+            self._producer().send(self.policies.dead_letter_topic, key=key, value=value, headers=dead_letter_headers(failure))
 
     def flush(self) -> None:
         """Every dead letter of this operator call is written before Spark takes its output."""
@@ -66,6 +66,8 @@ class RecordErrors:
             from kafka import KafkaProducer
 
             producer = _PRODUCERS[self.bootstrap_servers] = KafkaProducer(
-                bootstrap_servers=self.bootstrap_servers, client_id="pystreams-spark-dead-letters", acks="all",
+                bootstrap_servers=self.bootstrap_servers,
+                client_id="pystreams-spark-dead-letters",
+                acks="all",
             )
         return producer

@@ -4,6 +4,7 @@ pystreams serdes hold msgspec encoders and ``struct.Struct`` codecs, which do no
 ``ShippedSerde`` pickles the recipe (class and constructor arguments) and rebuilds the serde
 on the worker.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

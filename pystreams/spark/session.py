@@ -3,6 +3,7 @@
 Loopback networking and the current interpreter for Python workers are not optional here:
 without them Spark's Python workers fail to connect back to the JVM on these machines.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,9 +38,7 @@ def prepare_environment() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
-def local_session(
-    master: str = "local[2]", app_name: str = "pystreams", conf: Mapping[str, str] | None = None
-) -> Any:
+def local_session(master: str = "local[2]", app_name: str = "pystreams", conf: Mapping[str, str] | None = None) -> Any:
     """A SparkSession with :data:`LOCAL_DEFAULTS` (``conf`` entries win); returns the session."""
     prepare_environment()
     from pyspark.sql import SparkSession

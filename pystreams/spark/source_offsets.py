@@ -20,6 +20,7 @@ The format (JSON): ``{"cluster": ID, "topic_ids": {TOPIC: UUID}, "offsets": {"TO
 NEXT_OFFSET}}``. Older checkpoints (the bare ``offsets`` map) and Spark's own connector's
 (``{TOPIC: {PARTITION: OFFSET}}``) are read too, without ids.
 """
+
 from __future__ import annotations
 
 import json
@@ -91,26 +92,29 @@ def find_data_loss(recorded: SourceOffsets, now: LogView) -> list[DataLoss]:
     losses: list[DataLoss] = []
     if recorded.cluster_id and now.cluster_id and recorded.cluster_id != now.cluster_id:
         topics = sorted({split_partition_key(key)[0] for key in recorded.positions})
-        return [DataLoss(topic, None, f"the offsets were recorded on cluster {recorded.cluster_id!r}, this is "
-                         f"{now.cluster_id!r}", 0) for topic in topics]
+        return [DataLoss(topic, None, f"the offsets were recorded on cluster {recorded.cluster_id!r}, this is {now.cluster_id!r}", 0) for topic in topics]
     recreated: set[str] = set()
     for topic, old_id in sorted(recorded.topic_ids.items()):
         new_id = now.topic_ids.get(topic)
         if new_id is not None and new_id != old_id:
             recreated.add(topic)
-            losses.append(DataLoss(topic, None, f"the topic was recreated (id {old_id} when the offsets were "
-                                   f"recorded, {new_id} now)", 0))
+            losses.append(DataLoss(topic, None, f"the topic was recreated (id {old_id} when the offsets were recorded, {new_id} now)", 0))
     for key, position in sorted(recorded.positions.items()):
         topic, partition = split_partition_key(key)
         if topic in recreated or key not in now.ends:
             continue  # a deleted partition has nothing left to lose: Spark drops it too
         start, end = now.starts.get(key, 0), now.ends[key]
         if position > end:
-            losses.append(DataLoss(topic, partition, f"the recorded position {position} is beyond the end of the log "
-                                   f"({end}): another or a truncated log", end))
+            losses.append(DataLoss(topic, partition, f"the recorded position {position} is beyond the end of the log ({end}): another or a truncated log", end))
         elif position < start:
-            losses.append(DataLoss(topic, partition, f"the recorded position {position} is before the start of the log "
-                                   f"({start}): records {position}..{start - 1} were deleted unread", start))
+            losses.append(
+                DataLoss(
+                    topic,
+                    partition,
+                    f"the recorded position {position} is before the start of the log ({start}): records {position}..{start - 1} were deleted unread",
+                    start,
+                )
+            )
     return losses
 
 
@@ -119,8 +123,7 @@ class DataLossError(RuntimeError):
 
     def __init__(self, losses: Iterable[DataLoss], where: str) -> None:
         self.losses = list(losses)
-        lines = [f"  {loss.topic}" + (f"-{loss.partition}" if loss.partition is not None else "") + f": {loss.reason}"
-                 for loss in self.losses]
+        lines = [f"  {loss.topic}" + (f"-{loss.partition}" if loss.partition is not None else "") + f": {loss.reason}" for loss in self.losses]
         super().__init__(
             f"the Kafka offsets in {where} do not belong to the logs the cluster has now, so resuming from them "
             "would skip or mix records (and reuse another run's state):\n" + "\n".join(lines) + "\n"
@@ -140,8 +143,13 @@ def resume_positions(recorded: SourceOffsets, now: LogView, *, fail_on_data_loss
     if fail_on_data_loss:
         raise DataLossError(losses, where)
     for loss in losses:
-        log.warning("possible data loss in %s (failOnDataLoss=false, going on): %s%s: %s", where, loss.topic,
-                    "" if loss.partition is None else f"-{loss.partition}", loss.reason)
+        log.warning(
+            "possible data loss in %s (failOnDataLoss=false, going on): %s%s: %s",
+            where,
+            loss.topic,
+            "" if loss.partition is None else f"-{loss.partition}",
+            loss.reason,
+        )
         for key in positions:
             topic, partition = split_partition_key(key)
             if topic == loss.topic and loss.partition in (None, partition):

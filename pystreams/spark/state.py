@@ -10,6 +10,7 @@ commit. Window and session stores keep every entry of a key in one backend value
 entries by the state layer's retention rule (``min_live_time``), so a node sees exactly what
 it would see in the worker's RocksDB stores.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator

@@ -8,6 +8,7 @@ each: 10 s past the commit interval, and a revocation that long). This sizes eac
 records not returned stay buffered in the consumer, so nothing is fetched twice.
 Kafka Streams does the same with its adaptive number of process iterations per loop.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -15,6 +15,7 @@ methods either way and never asks which guarantee it runs under.
 Both read and write through the clients the engine creates with their settings
 (``consumer_overrides``, ``wrap_consumer``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -180,12 +181,16 @@ class ExactlyOnceCommits:
             "transaction_timeout_ms": self._transaction_timeout_ms,
         }
         self._transactional = TransactionalProducer(
-            self.transactional_id, lambda: make_producer(overrides), on_new_producer=on_new_producer,
+            self.transactional_id,
+            lambda: make_producer(overrides),
+            on_new_producer=on_new_producer,
         )
         from .position_reader import PositionReader
 
         self._reader = PositionReader(
-            self._make_positions_consumer(), self.positions_topic, fence=self._fence,
+            self._make_positions_consumer(),
+            self.positions_topic,
+            fence=self._fence,
         )
         return self._transactional.producer
 
@@ -304,8 +309,12 @@ class ExactlyOnceCommits:
             raise
         except Exception as error:
             if not self._coordinator_warned:
-                log.warning("%s: the coordinator did not take the offsets (%s); committing the transaction anyway "
-                            "(positions are in it), the coordinator's offsets catch up later", self.transactional_id, error)
+                log.warning(
+                    "%s: the coordinator did not take the offsets (%s); committing the transaction anyway "
+                    "(positions are in it), the coordinator's offsets catch up later",
+                    self.transactional_id,
+                    error,
+                )
             self._coordinator_warned = True
             return
         if self._coordinator_warned:

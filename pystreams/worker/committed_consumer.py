@@ -16,6 +16,7 @@ with a clear message at start-up if another version changed them.
 Use it as the KafkaConsumer it wraps: ``poll``, ``assign``, ``seek``, ``seek_to_beginning``,
 ``position``, ``highwater``, ``end_offsets``, ``close``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,7 @@ def check_fetcher_supported() -> None:
     needed = ("_unpack_records", "drain", "_deserialize", "take")
     if base is None or any(not hasattr(base, name) for name in needed):
         raise UnsupportedKafkaClientError(
-            "exactly-once needs kafka-python 3.0's Fetcher.PartitionRecords (to see transaction "
-            "markers); this kafka-python does not have it"
+            "exactly-once needs kafka-python 3.0's Fetcher.PartitionRecords (to see transaction markers); this kafka-python does not have it"
         )
 
 
@@ -87,12 +87,23 @@ class _FilteringPartitionRecords(Fetcher.PartitionRecords):
                     if offset < fetch_offset:
                         continue  # a fetch from the middle of a batch returns it whole
                     headers = record.headers
-                    parsed.append(ConsumerRecord(
-                        topic, partition, self.leader_epoch, offset, record.timestamp, record.timestamp_type,
-                        deserialize(key_deserializer, topic, headers, record.key),
-                        deserialize(value_deserializer, topic, headers, record.value),
-                        headers, record.checksum, -1, -1, -1,
-                    ))
+                    parsed.append(
+                        ConsumerRecord(
+                            topic,
+                            partition,
+                            self.leader_epoch,
+                            offset,
+                            record.timestamp,
+                            record.timestamp_type,
+                            deserialize(key_deserializer, topic, headers, record.key),
+                            deserialize(value_deserializer, topic, headers, record.value),
+                            headers,
+                            record.checksum,
+                            -1,
+                            -1,
+                            -1,
+                        )
+                    )
                     size += record.size_in_bytes
                     self.next_fetch_offset = offset + 1
                 if batch.magic >= 2:
@@ -156,6 +167,9 @@ class CommittedConsumer:
 
     def highwater(self, partition: KafkaTopicPartition) -> int | None:
         return self._consumer.highwater(partition)
+
+    def beginning_offsets(self, partitions: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
+        return self._consumer.beginning_offsets(partitions)
 
     def end_offsets(self, partitions: list[KafkaTopicPartition]) -> dict[KafkaTopicPartition, int]:
         return self._consumer.end_offsets(partitions)

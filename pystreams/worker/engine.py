@@ -22,6 +22,7 @@ tasks over (every task was dropped without committing).
 
 The engine is synchronous and single-threaded: an asyncio caller runs it in one worker thread.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -46,7 +47,6 @@ from pystreams.topology.ir import TaskId, Topology
 from pystreams.topology.resolve import ResolvedTopology, resolve
 from pystreams.topology.stores import TypedStore
 
-from .errors import ErrorPolicies, ErrorPolicy, RecordFailure
 from .batch_size import AdaptiveBatchSize
 from .commits import (
     AtLeastOnceCommits,
@@ -55,13 +55,13 @@ from .commits import (
     OffsetCommitter,
     TaskMigratedError,
 )
+from .errors import ErrorPolicies, ErrorPolicy, RecordFailure
 from .kafka_io import DEFAULT_CONSUMER_CONFIG, ChangelogRestorer, RecordSender, make_consumer, make_producer
 from .packing import expand_packed
 from .positions import positions_partition_count, positions_topic
 from .standby import StandbyTask, StandbyUpdater, stateful_tasks
 from .tasks import StreamTask
-from .transaction import CommitOutcome, TransactionError, classify
-from .transaction import TransactionErrorKind
+from .transaction import CommitOutcome, TransactionError, TransactionErrorKind, classify
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +157,13 @@ def internal_topic_specs(resolved: ResolvedTopology, guarantee: ProcessingGuaran
     counts)."""
     specs = [TopicSpec(t.name, t.partitions, configs=dict(t.config)) for t in resolved.topics_to_create()]
     if guarantee.exactly_once:
-        specs.append(TopicSpec(
-            positions_topic(resolved.topology.app_id), positions_partition_count(resolved),
-            configs={"cleanup.policy": "compact"},
-        ))
+        specs.append(
+            TopicSpec(
+                positions_topic(resolved.topology.app_id),
+                positions_partition_count(resolved),
+                configs={"cleanup.policy": "compact"},
+            )
+        )
     return specs
 
 
@@ -186,10 +189,13 @@ class TaskEngine:
         self.resolved = resolved
         self.topology = resolved.topology
         self.config = config
-        self.errors = ErrorHandling(resolved.topology.errors.overridden(
-            deserialization=config.deserialization_errors, processing=config.processing_errors,
-            dead_letter_topic=config.dead_letter_topic,
-        ))
+        self.errors = ErrorHandling(
+            resolved.topology.errors.overridden(
+                deserialization=config.deserialization_errors,
+                processing=config.processing_errors,
+                dead_letter_topic=config.dead_letter_topic,
+            )
+        )
         self.errors.policies.check()
         self.guarantee = config.processing_guarantee
         self._commits: AtLeastOnceCommits | ExactlyOnceCommits
@@ -256,9 +262,7 @@ class TaskEngine:
 
         self._producer = self._commits.open_producer(new_producer, self._producer_replaced)
         self._repartition_topics = frozenset(self.topology.repartition_topics)
-        self._sender = RecordSender(
-            self._producer, {topic: self.resolved.partitions[topic] for topic in self._repartition_topics}
-        )
+        self._sender = RecordSender(self._producer, {topic: self.resolved.partitions[topic] for topic in self._repartition_topics})
         self._consumer = self._new_consumer("")
         end_consumer = self._new_consumer("restore-ends", committed_only=False) if self.guarantee.exactly_once else None
         self._restorer = ChangelogRestorer(self._new_consumer("restore"), end_consumer=end_consumer)
@@ -279,8 +283,11 @@ class TaskEngine:
         from kafka import KafkaProducer
 
         return KafkaProducer(
-            bootstrap_servers=self.config.bootstrap_servers, client_id=f"{self.config.client_id}-fencer",
-            transactional_id=transactional_id, enable_idempotence=True, **self.config.client_config,
+            bootstrap_servers=self.config.bootstrap_servers,
+            client_id=f"{self.config.client_id}-fencer",
+            transactional_id=transactional_id,
+            enable_idempotence=True,
+            **self.config.client_config,
         )
 
     def _producer_replaced(self, producer: Any) -> None:
@@ -343,16 +350,18 @@ class TaskEngine:
             # Promotion: the replica's checkpoint is where the active's restore starts.
             self._close_standby(task_id)
             try:
-                new_tasks.append(StreamTask(
-                    self.resolved,
-                    task_id,
-                    state_dir=self.config.state_dir,
-                    sender=self._sender,
-                    errors=self.errors,
-                    cache_limits=self.config.cache_limits,
-                    checkpoint_min_records=self.config.checkpoint_min_records,
-                    on_restore_progress=self._on_restore_progress,
-                ))
+                new_tasks.append(
+                    StreamTask(
+                        self.resolved,
+                        task_id,
+                        state_dir=self.config.state_dir,
+                        sender=self._sender,
+                        errors=self.errors,
+                        cache_limits=self.config.cache_limits,
+                        checkpoint_min_records=self.config.checkpoint_min_records,
+                        on_restore_progress=self._on_restore_progress,
+                    )
+                )
             except TaskDirectoryLockedError as error:
                 log.info("task %s not started yet: %s", task_id, error)
         if not new_tasks:
@@ -376,8 +385,10 @@ class TaskEngine:
             for partition in task.input_partitions:
                 self._task_of_partition[partition] = task
         self._assign_inputs()
-        log.info("input resumes at %s", ", ".join(
-            f"{p.topic}-{p.partition}@{positions[t.id].get(p, 'beginning')}" for t in new_tasks for p in sorted(t.input_partitions)))
+        log.info(
+            "input resumes at %s",
+            ", ".join(f"{p.topic}-{p.partition}@{positions[t.id].get(p, 'beginning')}" for t in new_tasks for p in sorted(t.input_partitions)),
+        )
         for task in new_tasks:
             for partition in task.input_partitions:
                 offset = positions[task.id].get(partition)
@@ -417,8 +428,11 @@ class TaskEngine:
         for task_id in sorted(self._wanted_standbys - self._tasks.keys() - updater.tasks.keys() - self._to_revive):
             try:
                 standby = StandbyTask(
-                    self.resolved, task_id, state_dir=self.config.state_dir,
-                    cache_limits=self.config.cache_limits, checkpoint_min_records=self.config.checkpoint_min_records,
+                    self.resolved,
+                    task_id,
+                    state_dir=self.config.state_dir,
+                    cache_limits=self.config.cache_limits,
+                    checkpoint_min_records=self.config.checkpoint_min_records,
                 )
             except TaskDirectoryLockedError:
                 continue  # its previous owner on another thread has not closed it yet
@@ -472,8 +486,11 @@ class TaskEngine:
             try:
                 self._commits.release(self._sender, [t.id for t in tasks])
             except Exception:
-                log.warning("releasing tasks %s after their aborted commit failed; their next owner fences this thread",
-                            ", ".join(str(t.id) for t in tasks), exc_info=True)
+                log.warning(
+                    "releasing tasks %s after their aborted commit failed; their next owner fences this thread",
+                    ", ".join(str(t.id) for t in tasks),
+                    exc_info=True,
+                )
         for task in tasks:
             if task.id not in self._tasks:
                 continue  # dropped by the commit's failure
@@ -634,9 +651,7 @@ class TaskEngine:
                 # Kafka Streams' partition group does, so a table update precedes later lookups.
                 # Packed repartition records are merged entry by entry.
                 packed_topics = self._repartition_topics
-                ordered = list(
-                    heapq.merge(*(expand_packed(records, packed_topics) for _, records in batches), key=_by_timestamp)
-                )
+                ordered = list(heapq.merge(*(expand_packed(records, packed_topics) for _, records in batches), key=_by_timestamp))
             processed_before = task.records_processed
             try:
                 task.process(ordered)

@@ -5,6 +5,7 @@ The policies and their rules (Kafka Streams' handlers: ``fail``, ``log-and-conti
 ``pystreams.topology.kernels``, which the Spark runtime uses too; they are re-exported here.
 Every error names topic, partition, offset and the reason.
 """
+
 from __future__ import annotations
 
 from pystreams.topology.ir import ErrorPolicies, ErrorPolicy

@@ -17,6 +17,7 @@ Probes, as Kubernetes uses them:
 ``GET /metrics``
     Prometheus text format (:mod:`pystreams.worker.metrics`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -76,8 +77,7 @@ class HttpSite:
 class OperationsRoutes:
     """``/healthz``, ``/readyz`` and ``/metrics`` of one worker process."""
 
-    def __init__(self, threads: Sequence[StreamThread], metrics: WorkerMetrics, *,
-                 started: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, threads: Sequence[StreamThread], metrics: WorkerMetrics, *, started: Callable[[], bool] = lambda: True) -> None:
         self._threads = threads
         self._metrics = metrics
         #: False until every stream thread has been started (joining the group).

@@ -12,6 +12,7 @@ fence each other). So it is the application id, the worker's identity and the th
   state directory would share transactional ids (and tasks' state), so the second one stops
   with a clear error.
 """
+
 from __future__ import annotations
 
 import errno

@@ -5,6 +5,7 @@ Embedded-broker quirk designed around here: ListOffsets LATEST (``end_offsets``)
 the last *batch's* base offset + 1 rather than the high watermark, so the true end of a
 changelog is found by fetching its last batch (``pystreams.log_ends``).
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,9 +40,7 @@ DEFAULT_CONSUMER_CONFIG: dict[str, Any] = {
 }
 
 
-def make_producer(
-    bootstrap_servers: str, client_id: str, overrides: Mapping[str, Any], topics: Iterable[str] = ()
-) -> KafkaProducer:
+def make_producer(bootstrap_servers: str, client_id: str, overrides: Mapping[str, Any], topics: Iterable[str] = ()) -> KafkaProducer:
     """A producer that keeps metadata for ``topics`` (every topic the caller will write).
 
     kafka-python tracks a topic only once a send finds it missing from its metadata. The
@@ -74,8 +73,7 @@ class Sender(Protocol):
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None: ...
 
-    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None,
-                         partitioner: Callable[[bytes, int], int]) -> None:
+    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None, partitioner: Callable[[bytes, int], int]) -> None:
         """``send``, with a key's partition chosen by ``partitioner(key, partition count)``
         (Kafka Streams' StreamPartitioner) instead of the producer's default."""
         ...
@@ -84,9 +82,7 @@ class Sender(Protocol):
         """Returns the send's future (``is_done``, ``failed()``, ``value.offset``)."""
         ...
 
-    def send_with_headers(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> None: ...
+    def send_with_headers(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None: ...
 
     def repartition_sink(self, topic: str) -> RepartitionSink: ...
 
@@ -138,25 +134,21 @@ class RecordSender:
         if len(pending) >= self.PRUNE_AT:
             self._check(only_done=True)
 
-    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None,
-                         partitioner: Callable[[bytes, int], int]) -> None:
+    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None, partitioner: Callable[[bytes, int], int]) -> None:
         if key is None:  # no key, nothing to place by: the producer spreads them
             self.send(topic, key, value, timestamp_ms)
             return
         count = self._partition_counts.get(topic)
         if count is None:
             count = self._partition_counts[topic] = len(self.producer.partitions_for(topic))
-        self._pending.append(self._send(topic, key=key, value=value, timestamp_ms=timestamp_ms,
-                                        partition=partitioner(key, count)))
+        self._pending.append(self._send(topic, key=key, value=value, timestamp_ms=timestamp_ms, partition=partitioner(key, count)))
 
     def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> Any:
         future = self._send(topic, key=key, value=value, partition=partition)
         self._pending.append(future)
         return future
 
-    def send_with_headers(
-        self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> None:
+    def send_with_headers(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
         self._pending.append(self._send(topic, key=key, value=value, headers=headers))
 
     def _check(self, *, only_done: bool) -> None:
@@ -204,9 +196,7 @@ class ProducerChangelogSink:
             if not future.is_done:
                 raise ProduceError(f"changelog write to {changelog.topic}-{changelog.partition} is still pending")
             if future.failed():
-                raise ProduceError(
-                    f"changelog write to {changelog.topic}-{changelog.partition} failed: {future.exception}"
-                )
+                raise ProduceError(f"changelog write to {changelog.topic}-{changelog.partition} failed: {future.exception}")
             written[changelog] = future.value.offset
         self._last_send.clear()
         return written
@@ -244,9 +234,7 @@ class ChangelogRestorer:
     #: seconds after the transactions below it had ended.
     STALL_FALLBACK_S = 5.0
 
-    def read(
-        self, changelog: TopicPartition, start_offset: int | None, end_offset: int
-    ) -> Iterator[Sequence[ChangelogRecord]]:
+    def read(self, changelog: TopicPartition, start_offset: int | None, end_offset: int) -> Iterator[Sequence[ChangelogRecord]]:
         """Batches of changelog records from ``start_offset`` (None: the beginning) up to
         ``end_offset`` exclusive."""
         tp = KafkaTopicPartition(*changelog)
@@ -259,11 +247,14 @@ class ChangelogRestorer:
             records = consumer.poll(timeout_ms=200).get(tp)
             if not records:
                 now = time.monotonic()
-                if (now - stalled_since > self.STALL_FALLBACK_S and consumer is not self._end_consumer
-                        and hasattr(self._end_consumer, "held")):
-                    log.warning("restoring %s-%d: read_committed makes no progress at offset %d (end %d); reading on "
-                                "read_uncommitted behind the transaction filter", changelog.topic, changelog.partition,
-                                consumer.position(tp), end_offset)
+                if now - stalled_since > self.STALL_FALLBACK_S and consumer is not self._end_consumer and hasattr(self._end_consumer, "held"):
+                    log.warning(
+                        "restoring %s-%d: read_committed makes no progress at offset %d (end %d); reading on read_uncommitted behind the transaction filter",
+                        changelog.topic,
+                        changelog.partition,
+                        consumer.position(tp),
+                        end_offset,
+                    )
                     consumer = self._end_consumer
                     self._start(consumer, tp, next_offset)
                     stalled_since = now

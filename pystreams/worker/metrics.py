@@ -37,6 +37,7 @@ pystreams_state_volume_free_bytes / _size_bytes    the state directory's file sy
 pystreams_worker_ready                             what /readyz answers (1 ready, 0 not)
 =================================================  ==============================================
 """
+
 from __future__ import annotations
 
 import os
@@ -75,13 +76,18 @@ class WorkerMetrics:
         # No auto_describe: it would run the collector (and measure the state directory) at registration.
         self.registry = CollectorRegistry(auto_describe=False)
         self.commit_latency = Histogram(
-            PREFIX + "commit_latency_seconds", "Time to commit a stream thread's tasks: flush stores and "
-            "producer, commit offsets, checkpoint (exactly-once: the whole transaction)", ["thread"], buckets=_COMMIT_BUCKETS, registry=self.registry,
+            PREFIX + "commit_latency_seconds",
+            "Time to commit a stream thread's tasks: flush stores and producer, commit offsets, checkpoint (exactly-once: the whole transaction)",
+            ["thread"],
+            buckets=_COMMIT_BUCKETS,
+            registry=self.registry,
         )
         self.rebalance_duration = Histogram(
-            PREFIX + "rebalance_duration_seconds", "From a membership change reaching a stream thread until its "
-            "member is stable again with nothing pending; _count is the number of rebalances",
-            ["thread"], buckets=_REBALANCE_BUCKETS, registry=self.registry,
+            PREFIX + "rebalance_duration_seconds",
+            "From a membership change reaching a stream thread until its member is stable again with nothing pending; _count is the number of rebalances",
+            ["thread"],
+            buckets=_REBALANCE_BUCKETS,
+            registry=self.registry,
         )
         ProcessCollector(registry=self.registry)
 
@@ -161,12 +167,13 @@ class _WorkerCollector(Collector):
     def _throughput(threads: Iterable[StreamThread]) -> Iterator[Metric]:
         consumed = CounterMetricFamily(PREFIX + "records_consumed", "Input records handed to active tasks", labels=["thread"])
         processed = CounterMetricFamily(PREFIX + "records_processed", "Records run through the topology", labels=["thread"])
-        produced = CounterMetricFamily(PREFIX + "records_produced", "Records the producer confirmed written "
-                                       "(outputs, changelogs, packed repartition records)", labels=["thread"])
-        latency = SummaryMetricFamily(PREFIX + "process_latency_seconds", "Processing time per record: _sum is the time "
-                                      "spent processing, _count the records processed", labels=["thread"])
-        standby = CounterMetricFamily(PREFIX + "standby_records", "Changelog records applied to standby and warm-up "
-                                      "replicas", labels=["thread"])
+        produced = CounterMetricFamily(
+            PREFIX + "records_produced", "Records the producer confirmed written (outputs, changelogs, packed repartition records)", labels=["thread"]
+        )
+        latency = SummaryMetricFamily(
+            PREFIX + "process_latency_seconds", "Processing time per record: _sum is the time spent processing, _count the records processed", labels=["thread"]
+        )
+        standby = CounterMetricFamily(PREFIX + "standby_records", "Changelog records applied to standby and warm-up replicas", labels=["thread"])
         for thread in threads:
             counters = thread.engine.counters
             label = [thread.name]
@@ -179,10 +186,16 @@ class _WorkerCollector(Collector):
 
     @staticmethod
     def _lags(threads: Iterable[StreamThread]) -> Iterator[Metric]:
-        task_lag = GaugeMetricFamily(PREFIX + "task_lag_records", "Records an active task is behind the end of its "
-                                     "input partitions (as of the last lag check)", labels=["thread", "task"])
-        standby_lag = GaugeMetricFamily(PREFIX + "standby_lag_records", "Records a standby or warm-up replica is behind "
-                                        "its changelogs (as of the last lag check)", labels=["thread", "task", "kind"])
+        task_lag = GaugeMetricFamily(
+            PREFIX + "task_lag_records",
+            "Records an active task is behind the end of its input partitions (as of the last lag check)",
+            labels=["thread", "task"],
+        )
+        standby_lag = GaugeMetricFamily(
+            PREFIX + "standby_lag_records",
+            "Records a standby or warm-up replica is behind its changelogs (as of the last lag check)",
+            labels=["thread", "task", "kind"],
+        )
         for thread in threads:
             lags = thread.lags
             for task, lag in sorted(lags.active.items()):
@@ -194,10 +207,8 @@ class _WorkerCollector(Collector):
 
     @staticmethod
     def _restores(threads: Iterable[StreamThread]) -> Iterator[Metric]:
-        restored = CounterMetricFamily(PREFIX + "restore_records", "Changelog records restored into active tasks",
-                                       labels=["thread"])
-        remaining = GaugeMetricFamily(PREFIX + "restore_remaining_records", "Records a restoring store still has to "
-                                      "read", labels=["thread", "task", "store"])
+        restored = CounterMetricFamily(PREFIX + "restore_records", "Changelog records restored into active tasks", labels=["thread"])
+        remaining = GaugeMetricFamily(PREFIX + "restore_remaining_records", "Records a restoring store still has to read", labels=["thread", "task", "store"])
         restoring = GaugeMetricFamily(PREFIX + "restoring_tasks", "Active tasks restoring their state", labels=["thread"])
         for thread in threads:
             progress = thread.restores
@@ -209,8 +220,7 @@ class _WorkerCollector(Collector):
 
     @staticmethod
     def _states(threads: Iterable[StreamThread]) -> Iterator[Metric]:
-        state = GaugeMetricFamily(PREFIX + "stream_thread_state", "1 for the stream thread's current state",
-                                  labels=["thread", "state"])
+        state = GaugeMetricFamily(PREFIX + "stream_thread_state", "1 for the stream thread's current state", labels=["thread", "state"])
         active = GaugeMetricFamily(PREFIX + "active_tasks", "Active tasks running", labels=["thread"])
         replicas = GaugeMetricFamily(PREFIX + "standby_tasks", "Standby and warm-up replicas open", labels=["thread"])
         for thread in threads:
@@ -223,16 +233,21 @@ class _WorkerCollector(Collector):
 
     @staticmethod
     def _transactions(threads: Iterable[StreamThread]) -> Iterator[Metric]:
-        committed = CounterMetricFamily(PREFIX + "transactions_committed", "Exactly-once: transactions committed "
-                                        "(one per commit of a stream thread)", labels=["thread"])
-        aborted = CounterMetricFamily(PREFIX + "transactions_aborted", "Exactly-once: transactions aborted; the "
-                                      "tasks that wrote into them are rebuilt", labels=["thread"])
-        migrations = CounterMetricFamily(PREFIX + "task_migrations", "Exactly-once: times another owner took the "
-                                         "thread's tasks over (fenced); they were dropped uncommitted", labels=["thread"])
-        revived = CounterMetricFamily(PREFIX + "tasks_revived", "Exactly-once: tasks rebuilt from their changelogs "
-                                      "after an aborted transaction", labels=["thread"])
-        dropped = CounterMetricFamily(PREFIX + "aborted_records_dropped", "Records of aborted transactions the "
-                                      "fetch-side filter dropped", labels=["thread"])
+        committed = CounterMetricFamily(
+            PREFIX + "transactions_committed", "Exactly-once: transactions committed (one per commit of a stream thread)", labels=["thread"]
+        )
+        aborted = CounterMetricFamily(
+            PREFIX + "transactions_aborted", "Exactly-once: transactions aborted; the tasks that wrote into them are rebuilt", labels=["thread"]
+        )
+        migrations = CounterMetricFamily(
+            PREFIX + "task_migrations",
+            "Exactly-once: times another owner took the thread's tasks over (fenced); they were dropped uncommitted",
+            labels=["thread"],
+        )
+        revived = CounterMetricFamily(
+            PREFIX + "tasks_revived", "Exactly-once: tasks rebuilt from their changelogs after an aborted transaction", labels=["thread"]
+        )
+        dropped = CounterMetricFamily(PREFIX + "aborted_records_dropped", "Records of aborted transactions the fetch-side filter dropped", labels=["thread"])
         for thread in threads:
             engine, label = thread.engine, [thread.name]
             committed.add_metric(label, engine.transactions_committed)
@@ -243,15 +258,12 @@ class _WorkerCollector(Collector):
         yield from (committed, aborted, migrations, revived, dropped)
 
     def _state_sizes(self) -> Iterator[Metric]:
-        sizes = GaugeMetricFamily(PREFIX + "state_bytes", "Bytes on disk of each task's state directory (RocksDB "
-                                  "stores and checkpoint)", labels=["task"])
+        sizes = GaugeMetricFamily(PREFIX + "state_bytes", "Bytes on disk of each task's state directory (RocksDB stores and checkpoint)", labels=["task"])
         for task, size in sorted(self._state.per_task().items()):
             sizes.add_metric([task], size)
         yield sizes
         volume = self._state.volume()
         if volume is not None:
             free, total = volume
-            yield GaugeMetricFamily(PREFIX + "state_volume_free_bytes", "Free bytes on the state directory's file system",
-                                    value=free)
-            yield GaugeMetricFamily(PREFIX + "state_volume_size_bytes", "Size of the state directory's file system",
-                                    value=total)
+            yield GaugeMetricFamily(PREFIX + "state_volume_free_bytes", "Free bytes on the state directory's file system", value=free)
+            yield GaugeMetricFamily(PREFIX + "state_volume_size_bytes", "Size of the state directory's file system", value=total)

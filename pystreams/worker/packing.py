@@ -12,6 +12,7 @@ Partitions are chosen exactly as kafka-python's default partitioner does (murmur
 bytes modulo the partition count; a random partition for a null key), so keys land where
 unpacked records would.
 """
+
 from __future__ import annotations
 
 import random
@@ -84,10 +85,7 @@ def expand_packed(records: list[Any], packed_topics: frozenset[str] | Mapping[st
     for record in records:
         if record.topic in packed_topics and packed_version(record.headers):
             topic, partition, offset = record.topic, record.partition, record.offset
-            expanded.extend(
-                UnpackedRecord(topic, partition, offset, timestamp, key, value)
-                for key, value, timestamp in unpack(record)
-            )
+            expanded.extend(UnpackedRecord(topic, partition, offset, timestamp, key, value) for key, value, timestamp in unpack(record))
         else:
             expanded.append(record)
     return expanded
@@ -138,7 +136,6 @@ class RepartitionBuffers:
                     for value in _pack(entries):
                         yield topic, partition, value
                     entries.clear()  # in place: the sinks hold this list
-
 
     def clear(self) -> None:
         """Drop every buffered entry unsent (their transaction was aborted)."""

@@ -16,6 +16,7 @@ until the consumer's position reaches it. A fetch returns whole batches, so reac
 reported offset means the last batch at that moment was read, even on the embedded broker,
 whose ListOffsets reports the last batch's base offset + 1.
 """
+
 from __future__ import annotations
 
 import logging
@@ -70,9 +71,10 @@ class PositionReader:
         deadline = time.monotonic() + self._timeout_s
         while True:
             self._read_to_end(partitions, deadline)
-            pending = {p: pending_writers(
-                (r.offset, r.key, r.value) for _, records in self._consumer.pending(KafkaTopicPartition(self.topic, p)) for r in records
-            ) for p in partitions}
+            pending = {
+                p: pending_writers((r.offset, r.key, r.value) for _, records in self._consumer.pending(KafkaTopicPartition(self.topic, p)) for r in records)
+                for p in partitions
+            }
             plans: dict[TaskId, Takeover] = {}
             for task_id in task_ids:
                 partition = positions_partition(task_id)
@@ -83,7 +85,11 @@ class PositionReader:
                     newest[latest.writer] = max(newest.get(latest.writer, -1), table.offset_of(task_id))
                 fenced_here = {w: at[partition] for w, at in self._fenced_at.items() if partition in at}
                 plans[task_id] = plan_takeover(
-                    latest, set(writers), me=me, fenced=still_fenced(fenced_here, newest), reviving=reviving,
+                    latest,
+                    set(writers),
+                    me=me,
+                    fenced=still_fenced(fenced_here, newest),
+                    reviving=reviving,
                 )
             to_fence = sorted({w for plan in plans.values() if isinstance(plan, Fence) for w in plan.writers})
             waiting = [t for t, plan in plans.items() if isinstance(plan, Wait)]

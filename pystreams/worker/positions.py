@@ -28,6 +28,7 @@ committed record. What a zombie can do: commit a transaction before it is fenced
 and positions are then both visible, and the new owner resumes after them — still once). What
 it cannot do: make anything visible after the fence, or have its positions ignored.
 """
+
 from __future__ import annotations
 
 import logging

@@ -49,6 +49,7 @@ tasks commit and close through the same revocation path — with epoch -1, or -2
 member (``--instance-id``) so that its restart gets its tasks back; then the engine threads
 close and the drivers stop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -68,18 +69,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pystreams.assignors.api import TopicMetadata
 from pystreams.assignors.streams import AssignmentError, MemberReason, StickyTaskAssignor, StreamsAssignmentMetadata
 from pystreams.assignors.streams.placement import HaConfig
-from pystreams.partitions import TopicIdPartition
-from pystreams.protocol.security import ClientSecurity
-from pystreams.assignors.api import TopicMetadata
 from pystreams.client.classic import ClassicMemberConfig
 from pystreams.client.driver import MemberDriver
 from pystreams.client.member import (
+    InstanceIdUnreleased,
     LeftGroup,
     MemberConfig,
     MemberEvent,
-    InstanceIdUnreleased,
     MemberFailed,
     MemberState,
     PartitionsAssigned,
@@ -88,6 +87,8 @@ from pystreams.client.member import (
 )
 from pystreams.cluster import ClusterMetadata
 from pystreams.guarantee import ProcessingGuarantee
+from pystreams.partitions import TopicIdPartition
+from pystreams.protocol.security import ClientSecurity
 from pystreams.state import TopicPartition
 from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology
@@ -216,8 +217,9 @@ class WorkerSettings:
             raise ValueError(f"http port out of range 0-65535: {self.http_port}")
         endpoint_port = self.user_endpoint.rpartition(":")[2]
         if self.http_port and endpoint_port.isdigit() and int(endpoint_port) == self.http_port:
-            raise ValueError(f"the user endpoint {self.user_endpoint} and the HTTP port {self.http_port} must differ "
-                             "(queries and health/metrics are served separately)")
+            raise ValueError(
+                f"the user endpoint {self.user_endpoint} and the HTTP port {self.http_port} must differ (queries and health/metrics are served separately)"
+            )
 
 
 def subscription_for(resolved: ResolvedTopology) -> tuple[list[str] | None, str | None]:
@@ -247,10 +249,7 @@ class TopicNames:
             topics = cluster.fetch_topics()
         with self._lock:
             self._names.update({meta.topic_id: name for name, meta in topics.items()})
-            self._topics = {
-                name: TopicMetadata(topic_id=meta.topic_id, name=name, num_partitions=meta.num_partitions)
-                for name, meta in topics.items()
-            }
+            self._topics = {name: TopicMetadata(topic_id=meta.topic_id, name=name, num_partitions=meta.num_partitions) for name, meta in topics.items()}
 
     def name_of(self, topic_id: uuid.UUID) -> str | None:
         with self._lock:
@@ -305,9 +304,16 @@ class StreamThread:
         instance_id = settings.instance_id
         if instance_id is not None and settings.threads > 1:
             instance_id = f"{instance_id}-{index}"
-        self.transactional_id = transactional_id_for(
-            app_id, instance_id=settings.instance_id, process_id=transactional_identity or process_id, thread_index=index,
-        ) if self.exactly_once else None
+        self.transactional_id = (
+            transactional_id_for(
+                app_id,
+                instance_id=settings.instance_id,
+                process_id=transactional_identity or process_id,
+                thread_index=index,
+            )
+            if self.exactly_once
+            else None
+        )
         self.engine = TaskEngine(
             resolved,
             EngineConfig(
@@ -589,13 +595,18 @@ class StreamThread:
             self._unreleased_since = now
             log.warning(
                 "%s: instance id %r is still held by this worker's previous incarnation (it stopped without leaving); "
-                "retrying the join until that session expires", self.name, event.instance_id,
+                "retrying the join until that session expires",
+                self.name,
+                event.instance_id,
             )
         elif self._unreleased_since is not None and now - self._unreleased_since > _UNRELEASED_ALARM_S:
             self._unreleased_since = None  # said once per streak
             log.error(
                 "%s: instance id %r has been held by another member for over %.0f s: is another live worker "
-                "running with the same --instance-id? Still retrying.", self.name, event.instance_id, _UNRELEASED_ALARM_S,
+                "running with the same --instance-id? Still retrying.",
+                self.name,
+                event.instance_id,
+                _UNRELEASED_ALARM_S,
             )
         else:
             log.debug("%s: instance id %r not released yet (attempt %d); next try in %d ms", self.name, event.instance_id, event.attempt, event.retry_in_ms)
@@ -667,8 +678,7 @@ class StreamThread:
             log.exception("%s: opening replicas %s failed", self.name, ", ".join(map(str, sorted(replicas))))
         self.warmups.assigned(warmups)
         if replicas:
-            log.info("%s: replicas %s (warm-ups %s)", self.name, ", ".join(map(str, sorted(replicas))),
-                     ", ".join(map(str, sorted(warmups))) or "none")
+            log.info("%s: replicas %s (warm-ups %s)", self.name, ", ".join(map(str, sorted(replicas))), ", ".join(map(str, sorted(warmups))) or "none")
 
     def _check_lags(self, now_ms: int) -> None:
         """Engine thread, every lag check: publish lags for metrics, log replicas catching up,
@@ -686,8 +696,7 @@ class StreamThread:
         reason = self.warmups.observe(replica_lags, now_ms)
         if reason is not MemberReason.NONE:
             lags = self.engine.task_lags()
-            log.info("%s: %s (warm-up lags %s)", self.name, reason.name,
-                     ", ".join(f"{t}={lags.get(t)}" for t in sorted(self.warmups.warmups)))
+            log.info("%s: %s (warm-up lags %s)", self.name, reason.name, ", ".join(f"{t}={lags.get(t)}" for t in sorted(self.warmups.warmups)))
             self.assignor.report(lags, reason)
             with contextlib.suppress(RuntimeError):
                 self._loop.call_soon_threadsafe(self.driver.request_heartbeat)
@@ -696,11 +705,11 @@ class StreamThread:
         """Interactive queries: (whether this thread has the task, the value bytes of ``key``)."""
         return await self.read_store_with(task, store, lambda kv: kv.get(key), include_standby=include_standby)
 
-    async def read_store_with(self, task: TaskId, store: str, read: Callable[[Any], T], *,
-                              include_standby: bool) -> tuple[bool, T | None]:
+    async def read_store_with(self, task: TaskId, store: str, read: Callable[[Any], T], *, include_standby: bool) -> tuple[bool, T | None]:
         """Interactive queries: (whether this thread has the task, ``read(the task's store)``),
         run on the engine thread (``read`` must not keep iterators: the store moves on). Standby
         replicas answer only when ``include_standby``."""
+
         def run() -> tuple[bool, T | None]:
             active = self.engine.tasks.get(task)
             if active is not None and task not in self.restoring:
@@ -922,9 +931,9 @@ class StreamThread:
 
 def with_error_policies(topology: Any, settings: WorkerSettings) -> Any:
     """The topology with the settings' error policies replacing the app's (checked)."""
-    errors = topology.errors.overridden(deserialization=settings.deserialization_errors,
-                                        processing=settings.processing_errors,
-                                        dead_letter_topic=settings.dead_letter_topic)
+    errors = topology.errors.overridden(
+        deserialization=settings.deserialization_errors, processing=settings.processing_errors, dead_letter_topic=settings.dead_letter_topic
+    )
     errors.check()
     return dataclasses.replace(topology, errors=errors)
 
@@ -1006,7 +1015,8 @@ async def run_worker(settings: WorkerSettings, stop: asyncio.Event, *, announce:
     topology = with_error_policies(app.topology(), settings)
     guarantee = settings.processing_guarantee or app.processing_guarantee
     settings = dataclasses.replace(
-        settings, processing_guarantee=guarantee,
+        settings,
+        processing_guarantee=guarantee,
         commit_interval_ms=settings.commit_interval_ms or guarantee.default_commit_interval_ms,
     )
     state_dir = Path(settings.state_dir) if settings.state_dir else default_state_dir(topology.app_id, settings.instance_id)
@@ -1088,9 +1098,17 @@ async def _run_threads(
 
     threads.extend(
         StreamThread(
-            index, resolved, settings, process_id=process_id, state_dir=state_dir,
-            topic_names=topic_names, loop=loop, on_fatal=on_fatal, on_shutdown_requested=on_shutdown_requested,
-            metrics=metrics, transactional_identity=identity.process_id if identity is not None else None,
+            index,
+            resolved,
+            settings,
+            process_id=process_id,
+            state_dir=state_dir,
+            topic_names=topic_names,
+            loop=loop,
+            on_fatal=on_fatal,
+            on_shutdown_requested=on_shutdown_requested,
+            metrics=metrics,
+            transactional_identity=identity.process_id if identity is not None else None,
         )
         for index in range(settings.threads)
     )
@@ -1117,8 +1135,10 @@ async def _run_threads(
         permanent = leaves_for_good(settings.pod_annotations)
         failed = [thread.name for thread in started if thread.engine_failure is not None]
         if failed:
-            announce(f"worker: stopping ({', '.join(failed)} failed: {'its' if len(failed) == 1 else 'their'} tasks are "
-                     "lost, not committed, and move to other workers at once; the others commit and leave)")
+            announce(
+                f"worker: stopping ({', '.join(failed)} failed: {'its' if len(failed) == 1 else 'their'} tasks are "
+                "lost, not committed, and move to other workers at once; the others commit and leave)"
+            )
         else:
             announce("worker: stopping (committing and leaving the group" + (" for good)" if permanent else ")"))
         await asyncio.gather(*(thread.shutdown(permanent=permanent) for thread in started), return_exceptions=True)
@@ -1130,4 +1150,3 @@ async def _run_threads(
             announce(f"worker: {message}")
         return 1
     return 0
-

@@ -13,6 +13,7 @@ per key and, when it flushes (commit, or eviction), the store hands the folded c
 *forwarder* that sends them downstream — straight to the sink's topic as raw bytes when every
 child is a sink with the same serdes, which is the common ``table.to(topic)`` case.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,10 +36,10 @@ from pystreams.topology.kernels import (
     NODE_KERNELS,
     Emit,
     Kernel,
+    NodeFailure,
     NodeWiring,
     ProcessorInstance,
     ScheduledPunctuation,
-    NodeFailure,
     TaskPosition,
     fan_out,
     fixed_window_key,
@@ -218,7 +219,12 @@ def build_task_graph(
         if node.kind in TABLE_KINDS and node.stores[0] in forwarders:
             spec = topology.stores[node.stores[0]]
             forwarders[node.stores[0]].target = _table_forwarder(
-                node, spec.key_serde, [nodes[c] for c in child_names], children, forward_send, ctx,
+                node,
+                spec.key_serde,
+                [nodes[c] for c in child_names],
+                children,
+                forward_send,
+                ctx,
                 sender.send_partitioned,
             )
         emits[name] = emit if node.kind in _PASS_THROUGH else guard(name, emit)
@@ -292,9 +298,7 @@ def _table_forwarder(
     raw_sinks = [
         (child.topics[0], sink_partitioner(child))
         for child in child_nodes
-        if isinstance(child, SinkNode)
-        and child.key_serde == node.key_serde
-        and child.value_serde == node.value_serde
+        if isinstance(child, SinkNode) and child.key_serde == node.key_serde and child.value_serde == node.value_serde
     ]
     all_raw = len(raw_sinks) == len(child_nodes)
     key_of = store_key_serde.deserialize

@@ -5,6 +5,7 @@ Everything here is fed on the engine thread (restore progress as batches are app
 per lag check) and read from the metrics collector on another thread: each read is of one
 attribute or of a dict that is replaced, never mutated, after it was published.
 """
+
 from __future__ import annotations
 
 import logging
@@ -86,6 +87,14 @@ class ReplicaProgressLog:
                 self._last[task] = (now, 0)
             elif lag != logged_lag and lag > 0 and now - logged_at >= REPLICA_LOG_INTERVAL_S:
                 rate = max(0, logged_lag - lag) / (now - logged_at)
-                log.info("%s: %s %s catching up: %d records behind (was %d; %.0f records/s; %d applied to replicas so far)",
-                         self._name, kind, task, lag, logged_lag, rate, applied_total)
+                log.info(
+                    "%s: %s %s catching up: %d records behind (was %d; %.0f records/s; %d applied to replicas so far)",
+                    self._name,
+                    kind,
+                    task,
+                    lag,
+                    logged_lag,
+                    rate,
+                    applied_total,
+                )
                 self._last[task] = (now, lag)

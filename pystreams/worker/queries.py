@@ -21,6 +21,7 @@ a task is restoring here or not here (moving, or the asker's routing is stale); 
 request. Reads run on the engine thread that owns the task, between two polls, so they see the
 store's cache too. Clients route with ``pystreams.queries`` (``App.query*``, ``pystreams query``).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 def queryable_stores(resolved: ResolvedTopology) -> dict[str, dict[str, Any]]:
     """Stores with their kind and the topic and partition count that place their keys: a key
     (a window or session store's grouping key) lives in the task whose partition its
@@ -54,8 +56,7 @@ def queryable_stores(resolved: ResolvedTopology) -> dict[str, dict[str, Any]]:
         inputs = resolved.input_partitions(task)
         if not inputs:
             continue
-        stores[name] = {"topic": inputs[0][0], "partitions": resolved.task_counts[spec.subtopology],
-                        "kind": str(spec.kind), "subtopology": spec.subtopology}
+        stores[name] = {"topic": inputs[0][0], "partitions": resolved.task_counts[spec.subtopology], "kind": str(spec.kind), "subtopology": spec.subtopology}
     return stores
 
 
@@ -68,8 +69,7 @@ class QueryServer:
     the user endpoint's port (``bind_host``: the address to listen on; by default loopback for
     a loopback endpoint and every interface otherwise)."""
 
-    def __init__(self, resolved: ResolvedTopology, threads: Sequence[StreamThread], endpoint: str,
-                 *, bind_host: str | None = None) -> None:
+    def __init__(self, resolved: ResolvedTopology, threads: Sequence[StreamThread], endpoint: str, *, bind_host: str | None = None) -> None:
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"user endpoint {endpoint!r} is not HOST:PORT")
@@ -147,8 +147,7 @@ class QueryServer:
 
         return await self._answer_for_key(request, StoreKind.SESSION, "sessions", fetch)
 
-    async def _answer_for_key(self, request: web.Request, kind: StoreKind, field: str,
-                              reader_for: Callable[[bytes], Callable[[Any], Any]]) -> web.Response:
+    async def _answer_for_key(self, request: web.Request, kind: StoreKind, field: str, reader_for: Callable[[bytes], Callable[[Any], Any]]) -> web.Response:
         """One key's answer from a window or session store; ``reader_for(key)`` checks the
         request's parameters and gives what runs on the store."""
         store = request.match_info["store"]
@@ -184,6 +183,7 @@ class QueryServer:
 
                 def scan(kv: Any) -> list[list[str]]:
                     return [[k.hex(), v.hex()] for k, v in kv.range(key_from, key_to)]
+
             partitions = _partitions(request, placement["partitions"])
             entries: list[list[str]] = []
             for partition in partitions:
@@ -209,8 +209,7 @@ class QueryServer:
         if spec.kind is not kind:
             raise _BadQuery(f"store {store!r} is a {spec.kind} store; {_OPERATIONS[spec.kind]}")
 
-    async def _read(self, task: TaskId, store: str, read: Callable[[Any], Any],
-                    stale: bool) -> tuple[int, Any, str]:
+    async def _read(self, task: TaskId, store: str, read: Callable[[Any], Any], stale: bool) -> tuple[int, Any, str]:
         """(200, what ``read`` returned on the task's store, "") or (503, None, why)."""
         for thread in self._threads:
             if task in thread.restoring:

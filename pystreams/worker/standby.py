@@ -10,6 +10,7 @@ Lags come from the high watermark of the replica consumer's last fetch. Before a
 they fall back to ListOffsets LATEST, which on the embedded broker may report the last batch's
 base offset + 1 instead of the high watermark (a lag reading up to one batch low).
 """
+
 from __future__ import annotations
 
 import logging

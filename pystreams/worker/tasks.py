@@ -1,5 +1,6 @@
 """One active task: its state (restored from changelogs), its compiled node graph, the input
 offsets it has processed, stream time and punctuations."""
+
 from __future__ import annotations
 
 import logging
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from .engine import ErrorHandling
 
 log = logging.getLogger(__name__)
+
 
 class StreamTask:
     """An active task. Create it, ``restore`` it, then feed it records with ``process``."""

@@ -21,6 +21,7 @@ answers with the recovery to run and the outcome for the tasks:
   thread drops every task without committing and asks the group what it owns now — Kafka
   Streams' "task migrated".
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

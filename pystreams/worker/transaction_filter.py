@@ -28,6 +28,7 @@ reader orders them by offset itself (and must, since an older transaction may co
 
 Work is per batch (a list append or extend), never per record.
 """
+
 from __future__ import annotations
 
 from collections import deque

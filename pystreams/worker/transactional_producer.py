@@ -8,6 +8,7 @@ previous incarnation of this thread, or a zombie of it) and aborts its open tran
 must not run before the member is in the group — a second process started by mistake with the
 same static instance id waits outside the group and must not fence the running one.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -6,6 +6,7 @@ one whose warm-up keeps falling behind says WarmUpFailed (the assignor may place
 Reasons are rate-limited: after one is sent the assignor answers with a new assignment, and
 asking again before ``min_interval_ms`` would only make the group rebalance in a loop.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping

@@ -28,7 +28,5 @@ class FillKeys(Processor):
         self.context.forward(key, f"{self.context.task_id},{count},{version},{time.time_ns() // 1_000_000}")
 
 
-filled = app.processor(
-    commands, stores=[kv_store("keys", key=serdes.Text(), value=serdes.Int())], key_changing=False
-)(FillKeys)
+filled = app.processor(commands, stores=[kv_store("keys", key=serdes.Text(), value=serdes.Int())], key_changing=False)(FillKeys)
 filled.to("ha-keys-progress", value=serdes.Text())

@@ -5,6 +5,7 @@ timestamp). ``counts`` counts visits per user (key-value store), ``per-minute`` 
 1-minute tumbling window (window store), ``sessions`` per user session, 30 s of inactivity
 ending one (session store).
 """
+
 from datetime import timedelta
 
 from pystreams import serdes
