@@ -35,7 +35,7 @@ from pystreams.protocol import messages as m
 from pystreams.sim.assignors import Outcome
 from pystreams.sim.coordinator import CoordinatorNode
 from pystreams.sim.events import EventQueue
-from pystreams.sim.invariants import InvariantChecker, Violation
+from pystreams.sim.invariants import InvariantChecker, Violation, classic_assignment
 from pystreams.sim.network import QUIET_NETWORK, Network, NetworkFaults
 from pystreams.sim.process import MemberProcess, ProcessSpec
 
@@ -417,9 +417,10 @@ class Simulation:
         return frozenset(TopicIdPartition(topics[n].topic_id, p) for n in sorted(names) for p in range(topics[n].num_partitions))
 
     def convergence_gap(self) -> str | None:
-        """None once the group is STABLE with every wanted process in it, at the target epoch,
-        owning exactly its target (and the targets cover every subscribed partition);
-        otherwise what is still missing."""
+        """None once the group is Stable with every wanted process in it, at the group's current
+        epoch (a consumer group's assignment epoch, a classic group's generation), owning exactly
+        what the group gives it (its target, or the leader's assignment), together covering every
+        subscribed partition; otherwise what is still missing."""
         shard = self.coordinator.shard
         if shard is None:
             return "the coordinator is loading"
@@ -432,9 +433,23 @@ class Simulation:
         if group is None:
             return "no group"
         if isinstance(group, ClassicGroup):
-            return self._classic_convergence_gap(group, wanted)
-        if group.state is not GroupState.STABLE:
-            return f"group is {group.state.value} (group epoch {group.group_epoch}, assignment epoch {group.assignment_epoch})"
+            classic = group
+            stable, epoch_name, epoch = group.state is ClassicGroupState.STABLE, "generation", group.generation
+            must_cover = True
+
+            def held_by(member_id: str) -> frozenset[TopicIdPartition]:
+                return classic_assignment(self, classic.members[member_id].assignment)
+
+        else:
+            consumer = group
+            stable, epoch_name, epoch = group.state is GroupState.STABLE, "assignment epoch", group.assignment_epoch
+            must_cover = group.assignment_error == 0
+
+            def held_by(member_id: str) -> frozenset[TopicIdPartition]:
+                return frozenset(TopicIdPartition(t, p) for t, p in consumer.target_of(member_id))
+
+        if not stable:
+            return f"{group.group_type} group is {group.state.value} ({epoch_name} {epoch})"
         member_ids = sorted(p.member_id for p in wanted)
         if member_ids != sorted(group.members):
             return f"members {sorted(group.members)} != processes {member_ids}"
@@ -444,41 +459,14 @@ class Simulation:
             assert member is not None
             if process.last_heartbeat_ok_ms is None or process.last_heartbeat_ok_ms < self.quiet_since_ms:
                 return f"{process.name} has not heartbeated successfully since faults stopped"
-            if member.state is not MemberState.STABLE or member.member_epoch != group.assignment_epoch:
-                return f"{process.name} is {member.state.value} at epoch {member.member_epoch} (assignment epoch {group.assignment_epoch})"
-            target = frozenset(TopicIdPartition(topic, p) for topic, p in group.target_of(member.member_id))
-            if process.view() != target:
-                return f"{process.name} owns {len(process.view())} partitions, its target has {len(target)}"
-            covered |= target
-        if group.assignment_error == 0 and covered != self.subscribed_partitions():
-            return f"targets cover {len(covered)} of {len(self.subscribed_partitions())} subscribed partitions"
-        return None
-
-    def _classic_convergence_gap(self, group: ClassicGroup, wanted: list[MemberProcess]) -> str | None:
-        """The same demands of a classic group: Stable, every process in it at the current
-        generation, owning exactly the assignment the leader gave it, together covering every
-        subscribed partition."""
-        from pystreams.sim.invariants import classic_assignment
-
-        if group.state is not ClassicGroupState.STABLE:
-            return f"classic group is {group.state.value} (generation {group.generation})"
-        member_ids = sorted(p.member_id for p in wanted)
-        if member_ids != sorted(group.members):
-            return f"classic members {sorted(group.members)} != processes {member_ids}"
-        covered: set[TopicIdPartition] = set()
-        for process in wanted:
-            member = process.member
-            assert member is not None
-            if process.last_heartbeat_ok_ms is None or process.last_heartbeat_ok_ms < self.quiet_since_ms:
-                return f"{process.name} has not heartbeated successfully since faults stopped"
-            if member.state is not MemberState.STABLE or member.member_epoch != group.generation:
-                return f"{process.name} is {member.state.value} at generation {member.member_epoch} (group generation {group.generation})"
-            assigned = classic_assignment(self, group.members[member.member_id].assignment)
-            if process.view() != assigned:
-                return f"{process.name} owns {len(process.view())} partitions, its assignment has {len(assigned)}"
-            covered |= assigned
-        if covered != self.subscribed_partitions():
-            return f"assignments cover {len(covered)} of {len(self.subscribed_partitions())} subscribed partitions"
+            if member.state is not MemberState.STABLE or member.member_epoch != epoch:
+                return f"{process.name} is {member.state.value} at epoch {member.member_epoch} ({epoch_name} {epoch})"
+            held = held_by(member.member_id)
+            if process.view() != held:
+                return f"{process.name} owns {len(process.view())} partitions, the group gives it {len(held)}"
+            covered |= held
+        if must_cover and covered != self.subscribed_partitions():
+            return f"the group gives out {len(covered)} of {len(self.subscribed_partitions())} subscribed partitions"
         return None
 
     def converged(self) -> bool:
