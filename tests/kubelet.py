@@ -92,6 +92,10 @@ def image_entrypoint(dockerfile: Path = ROOT / "Dockerfile") -> tuple[list[str],
     return entrypoint, cmd
 
 
+#: Variables a pod process takes from this machine, not from its manifest.
+_HOST_ENV = frozenset({"PATH", "HOME", "LANG", "TMPDIR"})
+
+
 def expand(value: str, env: Mapping[str, str]) -> str:
     """Kubernetes' ``$(VAR)`` expansion: unknown references stay as written, ``$$`` is ``$``."""
 
@@ -378,7 +382,9 @@ class MiniKubelet:
         if command[:2] == ["/usr/bin/tini", "--"]:
             command = command[2:]
         command = [self._local_path(part, mounts) for part in command]
-        env = {key: self._local_path(value, mounts) for key, value in env.items()}
+        # The manifest's values name paths inside the pod; the host's own (PATH to this venv,
+        # HOME...) must not be remapped, or a checkout under a mount path (/tmp) loses its venv.
+        env = {key: value if key in _HOST_ENV else self._local_path(value, mounts) for key, value in env.items()}
         scratch = self.workdir / "pods" / pod.name
         scratch.mkdir(parents=True, exist_ok=True)
         return command, env, str(scratch)
