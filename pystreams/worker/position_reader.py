@@ -94,12 +94,15 @@ class PositionReader:
             to_fence = sorted({w for plan in plans.values() if isinstance(plan, Fence) for w in plan.writers})
             waiting = [t for t, plan in plans.items() if isinstance(plan, Wait)]
             if to_fence:
-                for writer in to_fence:
-                    log.warning("fencing %s: it owned a task now ours and did not release it (crashed, or a zombie)", writer)
-                    self._fence(writer)
+                # Where the partitions end *before* the fences: every record below is covered by
+                # them (its transaction is aborted if still open); one at or past it may come from
+                # an incarnation that starts right after a fence, and is fenced again if it holds
+                # a task (measured after, a new incarnation's records could pass as covered).
                 tps = [KafkaTopicPartition(self.topic, p) for p in partitions]
                 ends = self._consumer.end_offsets(tps)
                 for writer in to_fence:
+                    log.warning("fencing %s: it owned a task now ours and did not release it (crashed, or a zombie)", writer)
+                    self._fence(writer)
                     self._fenced_at.setdefault(writer, {}).update({tp.partition: ends[tp] for tp in tps})
                 continue
             if waiting:
