@@ -29,7 +29,7 @@ from pystreams.guarantee import ProcessingGuarantee
 from pystreams.worker import EngineConfig, TaskEngine, resolve_against_cluster
 from pystreams.worker.commits import TaskMigratedError
 from pystreams.worker.committed_consumer import CommittedConsumer
-from pystreams.worker.position_reader import PositionReader
+from pystreams.worker.position_reader import REFENCE_AFTER_S, PositionReader
 from pystreams.worker.positions import PositionKind, Resume, encode_position, positions_partition
 from pystreams.worker.transactional_producer import fence_transactional_id
 
@@ -308,3 +308,38 @@ def test_a_writer_fenced_once_is_fenced_again_when_its_transactional_id_comes_ba
         first.close(timeout=2)
         if second is not None:
             second.close(timeout=2)
+
+
+def test_a_takeover_that_waits_too_long_on_a_fenced_writer_fences_it_again(any_kafka: KafkaUnderTest, unique_topic: Any) -> None:
+    """A fence that did not reach a writer's open transaction (an incarnation it raced with)
+    leaves its position records pending; the takeover fences that writer again after a few
+    seconds of waiting instead of stalling until its timeout."""
+    bootstrap = any_kafka.bootstrap_servers
+    topic = unique_topic("positions")
+    with ClusterMetadata(bootstrap) as cluster:
+        cluster.ensure_topics([TopicSpec(topic, 1)])
+    run = uuid.uuid4().hex[:8]
+    task, words = TaskId(1, 0), TopicPartition("words", 0)
+    writer, me = f"dying-{run}", f"taker-{run}"
+    dying = _transactional_producer(bootstrap, writer)
+    _write_positions(dying, topic, [(task, PositionKind.COMMIT, writer, {words: 5})])
+    _write_positions(dying, topic, [(task, PositionKind.COMMIT, writer, {words: 8})], commit=False)
+    fenced: list[str] = []
+
+    def fence(transactional_id: str) -> None:
+        fenced.append(transactional_id)
+        if len(fenced) > 1:  # the first fence misses (as one racing a new incarnation would)
+            fence_transactional_id(transactional_id, lambda t: KafkaProducer(bootstrap_servers=bootstrap, transactional_id=t, enable_idempotence=True))
+
+    reader = PositionReader(
+        KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"),
+        topic,
+        fence=fence,
+        timeout_s=REFENCE_AFTER_S * 3,
+    )
+    try:
+        assert reader.takeover([task], me=me) == {task: Resume({words: 5})}
+        assert fenced == [writer, writer]
+    finally:
+        reader.close()
+        dying.close(timeout=2)

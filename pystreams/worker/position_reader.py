@@ -38,6 +38,10 @@ class TakeoverTimeout(TimeoutError):
     """The positions could not be read to a settled state in time (the caller retries)."""
 
 
+#: How long a takeover waits for a fenced writer's open transaction before fencing it again.
+REFENCE_AFTER_S = 5.0
+
+
 class PositionReader:
     def __init__(
         self,
@@ -69,6 +73,7 @@ class PositionReader:
         partitions = sorted({positions_partition(t) for t in task_ids})
         self._assign(partitions)
         deadline = time.monotonic() + self._timeout_s
+        waiting_since: float | None = None
         while True:
             self._read_to_end(partitions, deadline)
             pending = {
@@ -106,8 +111,19 @@ class PositionReader:
                     self._fenced_at.setdefault(writer, {}).update({tp.partition: ends[tp] for tp in tps})
                 continue
             if waiting:
-                if time.monotonic() > deadline:
+                now = time.monotonic()
+                if now > deadline:
                     raise TakeoverTimeout(f"open transactions of fenced writers still hold the positions of {', '.join(map(str, waiting))}")
+                if waiting_since is None:
+                    waiting_since = now
+                elif now - waiting_since > REFENCE_AFTER_S:
+                    # A fence's abort markers land at once; a transaction still open this long
+                    # belongs to an incarnation the fence did not reach: fence its writers again.
+                    for plan in plans.values():
+                        if isinstance(plan, Wait):
+                            for writer in plan.writers:
+                                self._fenced_at.pop(writer, None)
+                    waiting_since = None
                 time.sleep(0.05)
                 continue
             return {t: plan for t, plan in plans.items() if isinstance(plan, (Resume, Lost))}
