@@ -221,6 +221,23 @@ def _write_positions(
         producer.commit_transaction()
 
 
+def _positions_topic(bootstrap: str, unique_topic: Any) -> str:
+    """A one-partition positions topic of the test's own."""
+    topic = unique_topic("positions")
+    with ClusterMetadata(bootstrap) as cluster:
+        cluster.ensure_topics([TopicSpec(topic, 1)])
+    return topic
+
+
+def _fence(bootstrap: str, transactional_id: str) -> None:
+    fence_transactional_id(transactional_id, lambda t: KafkaProducer(bootstrap_servers=bootstrap, transactional_id=t, enable_idempotence=True))
+
+
+def _position_reader(bootstrap: str, topic: str, fence: Any, timeout_s: float) -> PositionReader:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
+    return PositionReader(consumer, topic, fence=fence, timeout_s=timeout_s)
+
+
 @pytest.mark.parametrize("previous_owner_ended", ["released", "crashed"])
 def test_a_takeover_sees_positions_committed_behind_another_tasks_open_transaction(
     any_kafka: KafkaUnderTest,
@@ -232,9 +249,7 @@ def test_a_takeover_sees_positions_committed_behind_another_tasks_open_transacti
     takes 1_0 over must resume from 1_0's latest committed positions: resuming from older ones
     would process again input whose effects its restored store already holds (over-counting)."""
     bootstrap = any_kafka.bootstrap_servers
-    topic = unique_topic("positions")
-    with ClusterMetadata(bootstrap) as cluster:
-        cluster.ensure_topics([TopicSpec(topic, 1)])
+    topic = _positions_topic(bootstrap, unique_topic)
     run = uuid.uuid4().hex[:8]
     stateless, counting = TaskId(0, 0), TaskId(1, 0)
     lines, words = TopicPartition("lines", 0), TopicPartition("words", 0)
@@ -251,14 +266,9 @@ def test_a_takeover_sees_positions_committed_behind_another_tasks_open_transacti
 
     def fence(writer: str) -> None:
         fenced.append(writer)
-        fence_transactional_id(writer, lambda t: KafkaProducer(bootstrap_servers=bootstrap, transactional_id=t, enable_idempotence=True))
+        _fence(bootstrap, writer)
 
-    reader = PositionReader(
-        KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"),
-        topic,
-        fence=fence,
-        timeout_s=WAIT_S,
-    )
+    reader = _position_reader(bootstrap, topic, fence, WAIT_S)
     try:
         plans = reader.takeover([counting], me=f"new-{run}")
     finally:
@@ -274,9 +284,7 @@ def test_a_writer_fenced_once_is_fenced_again_when_its_transactional_id_comes_ba
     takeover by the same thread must fence it again (the first fence cannot have aborted a
     transaction begun after it), not wait for the open transaction until it gives up."""
     bootstrap = any_kafka.bootstrap_servers
-    topic = unique_topic("positions")
-    with ClusterMetadata(bootstrap) as cluster:
-        cluster.ensure_topics([TopicSpec(topic, 1)])
+    topic = _positions_topic(bootstrap, unique_topic)
     run = uuid.uuid4().hex[:8]
     task, words = TaskId(1, 0), TopicPartition("words", 0)
     writer, me = f"restarting-{run}", f"taker-{run}"
@@ -286,14 +294,9 @@ def test_a_writer_fenced_once_is_fenced_again_when_its_transactional_id_comes_ba
 
     def fence(transactional_id: str) -> None:
         fenced.append(transactional_id)
-        fence_transactional_id(transactional_id, lambda t: KafkaProducer(bootstrap_servers=bootstrap, transactional_id=t, enable_idempotence=True))
+        _fence(bootstrap, transactional_id)
 
-    reader = PositionReader(
-        KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"),
-        topic,
-        fence=fence,
-        timeout_s=15.0,
-    )
+    reader = _position_reader(bootstrap, topic, fence, 15.0)
     second = None
     try:
         assert reader.takeover([task], me=me) == {task: Resume({words: 5})}
@@ -315,9 +318,7 @@ def test_a_takeover_that_waits_too_long_on_a_fenced_writer_fences_it_again(any_k
     leaves its position records pending; the takeover fences that writer again after a few
     seconds of waiting instead of stalling until its timeout."""
     bootstrap = any_kafka.bootstrap_servers
-    topic = unique_topic("positions")
-    with ClusterMetadata(bootstrap) as cluster:
-        cluster.ensure_topics([TopicSpec(topic, 1)])
+    topic = _positions_topic(bootstrap, unique_topic)
     run = uuid.uuid4().hex[:8]
     task, words = TaskId(1, 0), TopicPartition("words", 0)
     writer, me = f"dying-{run}", f"taker-{run}"
@@ -329,14 +330,9 @@ def test_a_takeover_that_waits_too_long_on_a_fenced_writer_fences_it_again(any_k
     def fence(transactional_id: str) -> None:
         fenced.append(transactional_id)
         if len(fenced) > 1:  # the first fence misses (as one racing a new incarnation would)
-            fence_transactional_id(transactional_id, lambda t: KafkaProducer(bootstrap_servers=bootstrap, transactional_id=t, enable_idempotence=True))
+            _fence(bootstrap, transactional_id)
 
-    reader = PositionReader(
-        KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"),
-        topic,
-        fence=fence,
-        timeout_s=REFENCE_AFTER_S * 3,
-    )
+    reader = _position_reader(bootstrap, topic, fence, REFENCE_AFTER_S * 3)
     try:
         assert reader.takeover([task], me=me) == {task: Resume({words: 5})}
         assert fenced == [writer, writer]
