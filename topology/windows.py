@@ -102,9 +102,14 @@ class HoppingWindow:
         return self.size_ms + self.grace_ms
 
     def windows_for(self, timestamp_ms: int) -> tuple[TimeWindow, ...]:
-        """Every window containing the timestamp, oldest first (none start before epoch 0)."""
-        last_start = timestamp_ms - timestamp_ms % self.advance_ms
-        first_start = max(0, last_start - self.size_ms + self.advance_ms)
+        """Every window containing the timestamp, oldest first (none start before epoch 0).
+
+        Window starts are multiples of the advance (Kafka Streams' grid), also when the size
+        is not a multiple of it: the first is the lowest multiple above ``timestamp - size``."""
+        advance = self.advance_ms
+        last_start = timestamp_ms - timestamp_ms % advance
+        earliest = max(0, timestamp_ms - self.size_ms + 1)
+        first_start = -(-earliest // advance) * advance
         return tuple(TimeWindow(start, start + self.size_ms) for start in range(first_start, last_start + 1, self.advance_ms))
 
 
@@ -125,7 +130,13 @@ class SessionWindow:
 
     @property
     def retention_ms(self) -> int:
-        return self.gap_ms + self.grace_ms
+        """How long the session store keeps a session behind stream time: every session a
+        record that is not late may still merge with. Such a record is at most ``grace + gap``
+        behind stream time and reaches one more ``gap`` back, so sessions ending at
+        ``stream time - grace - 2*gap`` must still be there (``+ 1``: the store's horizon is
+        exclusive). Kafka Streams' RocksDB store keeps them too (its segments expire coarsely);
+        an exact ``gap + grace`` would expire a session a record still bridges to."""
+        return 2 * self.gap_ms + self.grace_ms + 1
 
 
 @dataclass(frozen=True, slots=True, init=False)
