@@ -94,17 +94,42 @@ def test_a_record_bridging_two_sessions_merges_them_and_deletes_the_old_ones() -
         assert driver.store_contents("pages") == {("u", 0, 15 * S): ["a", "b", "c"]}
 
 
-def test_sessions_older_than_the_stores_retention_no_longer_merge() -> None:
-    # Grace 0: the store keeps sessions only gap = 10 s behind stream time (Kafka Streams'
-    # retention), so at 15 s the session [0, 0] is gone and "c" at 8 s only joins [15, 15].
+def test_a_record_bridges_sessions_the_default_store_still_keeps() -> None:
+    # Grace 0, gap 10 s: at stream time 15 s the session [0, 0] still accepts records (it closes
+    # at stream time - grace - gap = 5 s), so "c" at 8 s merges all three, as Kafka Streams'
+    # default (RocksDB) session store answers; the output agrees with the store.
     with TopologyTestDriver(session_app(grace_s=0)) as driver:
         source = driver.input_topic("in")
         for page, timestamp in (("a", 0), ("b", 15 * S), ("c", 8 * S)):
             source.pipe_input("u", page, timestamp=timestamp)
-        assert driver.output_topic("out").read_table() == {
-            Windowed("u", 0, 0): ["a"],
-            Windowed("u", 8 * S, 15 * S): ["b", "c"],
-        }
+        assert driver.output_topic("out").read_table() == {Windowed("u", 0, 15 * S): ["a", "b", "c"]}
+        assert driver.store_contents("pages") == {("u", 0, 15 * S): ["a", "b", "c"]}
+
+
+def test_a_record_is_late_only_when_its_merged_session_ends_before_stream_time_minus_grace_and_gap() -> None:
+    # The issue's case: gap 10 s, grace 0, "a"@20 s then "b"@12 s. The close time is
+    # 20 - 0 - 10 = 10 s and b's session ends after it: kept (Kafka Streams' session aggregate)
+    # and merged with a. "old"@1 s is 11 s from b: a session [1, 1] of its own, before 10 s: late.
+    with TopologyTestDriver(session_app(grace_s=0)) as driver:
+        source = driver.input_topic("in")
+        for page, timestamp in (("a", 20 * S), ("b", 12 * S), ("old", 1 * S)):
+            source.pipe_input("u", page, timestamp=timestamp)
+        assert driver.output_topic("out").read_table() == {Windowed("u", 12 * S, 20 * S): ["a", "b"]}
+        assert driver.late_records_dropped == 1
+
+
+def test_the_three_records_of_the_issue_merge_into_one_session() -> None:
+    # k@0, k@20, k@10 with gap 10: the default store still holds [0, 0] at stream time 20, so
+    # the record at 10 bridges both: [0, 20] with three records.
+    app = App("session-count-three")
+    clicks = app.topic("in", value=serdes.Text())
+    app.count(clicks, store="c", window=SessionWindow(gap=10)).to("out")
+    with TopologyTestDriver(app) as driver:
+        source = driver.input_topic("in")
+        for timestamp in (0, 20, 10):
+            source.pipe_input("k", "x", timestamp=timestamp)
+        assert driver.output_topic("out").read_table() == {Windowed("k", 0, 20): 3}
+        assert driver.late_records_dropped == 0
 
 
 def test_a_session_closed_by_stream_time_drops_late_records() -> None:

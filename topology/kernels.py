@@ -98,6 +98,28 @@ def skips_record(key: Any, value: Any) -> bool:
     return key is None or value is None
 
 
+def source_timestamp(
+    extractor: Callable[[Any, Any, int], int] | None, key: Any, value: Any, record_timestamp: int, *, node: str | None, position: TaskPosition | None
+) -> int | None:
+    """The event time a source gives a deserialized record: its extractor's answer, or the
+    record's own timestamp. None when it is negative: Kafka Streams skips such a record with a
+    warning and counts it as dropped (``position.invalid_timestamps_dropped``), so it moves no
+    stream time and lands in no window. An extractor that raises raises here (the runtime
+    sends it through the deserialization error policy)."""
+    timestamp = record_timestamp if extractor is None else extractor(key, value, record_timestamp)
+    if timestamp >= 0:
+        return timestamp
+    if position is not None:
+        position.invalid_timestamps_dropped += 1
+    log.warning(
+        "source %s: skipping a record with negative timestamp %d (topic %s, partition %s, offset %s)",
+        node,
+        timestamp,
+        *((position.topic, position.partition, position.offset) if position is not None else (None, None, None)),
+    )
+    return None
+
+
 def advance_stream_time(stream_time: int | None, timestamp: int) -> int:
     """Stream time after a record: it only moves forward."""
     return timestamp if stream_time is None or timestamp > stream_time else stream_time
@@ -232,6 +254,13 @@ def open_windows(window: TumblingWindow | HoppingWindow, timestamp: int, closed_
     for bounds in window.windows_for(timestamp):
         (closed if bounds.end_ms <= closed_before else still_open).append(bounds)
     return still_open, closed
+
+
+def session_close_time(stream_time: int, grace_ms: int, gap_ms: int) -> int:
+    """Merged sessions ending before this accept no more records: a session stays open for
+    ``gap`` after its end (a record may still extend it) plus ``grace`` (Kafka Streams'
+    session aggregate: stream time - grace - gap)."""
+    return stream_time - grace_ms - gap_ms
 
 
 def fixed_window_key(window: TumblingWindow | HoppingWindow, key: Any, start: int) -> Windowed:
@@ -389,10 +418,11 @@ class SessionBytes(Protocol):
 
 class TaskPosition:
     """What a task is processing: the record's topic, partition and offset (None inside a
-    punctuation), the task's stream time, and the late records its windows dropped. The
+    punctuation), the task's stream time, and the records it dropped (late, or with an invalid
+    timestamp). The
     runtime updates it per record; kernels and processor contexts read it."""
 
-    __slots__ = ("app_id", "task_id", "topic", "partition", "offset", "stream_time", "late_records_dropped")
+    __slots__ = ("app_id", "task_id", "topic", "partition", "offset", "stream_time", "late_records_dropped", "invalid_timestamps_dropped")
 
     def __init__(self, app_id: str, task_id: TaskId) -> None:
         self.app_id = app_id
@@ -403,6 +433,8 @@ class TaskPosition:
         #: Highest record timestamp this task has processed (Kafka Streams' stream time).
         self.stream_time: int | None = None
         self.late_records_dropped = 0
+        #: Records skipped because their timestamp was negative (``source_timestamp``).
+        self.invalid_timestamps_dropped = 0
 
 
 class NodeProcessorContext:
@@ -641,7 +673,7 @@ def _session_aggregation(
             key,
             value,
             timestamp,
-            close_time=close_time(observed, grace),
+            close_time=session_close_time(observed, grace, gap),
             aggregate=fn,
             merge=merger,
             new_initial=new_initial,
