@@ -297,6 +297,11 @@ class TopologyTestDriver:
         return sum(task.ctx.late_records_dropped for task in self._tasks.values())
 
     @property
+    def invalid_timestamps_dropped(self) -> int:
+        """Records skipped because their timestamp was negative, over every task."""
+        return sum(task.ctx.invalid_timestamps_dropped for task in self._tasks.values())
+
+    @property
     def failures(self) -> list[Any]:
         """Records skipped under the log-and-continue or dead-letter policies, oldest first."""
         return list(self._errors.recent_failures)

@@ -50,6 +50,7 @@ from pystreams.topology.kernels import (
     fixed_window_key,
     guard,
     partition_for_key,
+    source_timestamp,
 )
 from pystreams.topology.stores import typed
 from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed
@@ -229,9 +230,11 @@ def run_flow(batches: Iterator[Any], run: FlowRun) -> Iterator[Any]:
             at[0], at[1] = index, 0
             try:
                 record_key, record_value = base_key(key), base_value(value)
-                timestamp = raw_ts if extractor is None else extractor(record_key, record_value, raw_ts)
+                timestamp = source_timestamp(extractor, record_key, record_value, raw_ts, node=run.source_node, position=None)
             except Exception as error:
                 _source_row_failed(run, batch, index, ErrorKind.DESERIALIZATION, run.source_node, error, key, value)
+                continue
+            if timestamp is None:
                 continue
             try:
                 emit(record_key, record_value, timestamp)
@@ -581,9 +584,10 @@ class _OpenTask:
         topics, errors, task = run.topics, self.step.errors, str(position.task_id)
         for key_bytes, value_bytes, raw_ts, origin, offset in zip(frame["key"], frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True):
             _, source, partition = origin_parts(int(origin))
+            position.topic, position.partition, position.offset = topics[source], partition, int(offset)
             try:
                 key, value = base_key(key_bytes), base_value(value_bytes)
-                timestamp = int(raw_ts) if extractor is None else extractor(key, value, int(raw_ts))
+                timestamp = source_timestamp(extractor, key, value, int(raw_ts), node=run.source_node, position=position)
             except Exception as error:
                 errors.failed(
                     ErrorKind.DESERIALIZATION,
@@ -597,7 +601,8 @@ class _OpenTask:
                     value=value_bytes,
                 )
                 continue
-            position.topic, position.partition, position.offset = topics[source], partition, int(offset)
+            if timestamp is None:
+                continue
             position.stream_time = advance_stream_time(position.stream_time, timestamp)
             try:
                 emit(key, value, timestamp)

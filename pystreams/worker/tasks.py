@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pystreams.state import CacheLimits, RestoreProgress, TaskState, TopicPartition
 from pystreams.topology.ir import PunctuationType, TaskId
-from pystreams.topology.kernels import ScheduledPunctuation
+from pystreams.topology.kernels import ScheduledPunctuation, advance_stream_time, source_timestamp
 from pystreams.topology.resolve import ResolvedTopology
 
 from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError, dead_letter_headers, failure_policy
@@ -136,13 +136,13 @@ class StreamTask:
                 try:
                     key = deserialize_key(record.key)
                     value = deserialize_value(record.value)
-                    timestamp = record.timestamp if extractor is None else extractor(key, value, record.timestamp)
+                    timestamp = source_timestamp(extractor, key, value, record.timestamp, node=entry.node, position=ctx)
                 except Exception as error:
                     self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
                     continue
-                stream_time = ctx.stream_time
-                if stream_time is None or timestamp > stream_time:
-                    ctx.stream_time = timestamp
+                if timestamp is None:
+                    continue
+                ctx.stream_time = advance_stream_time(ctx.stream_time, timestamp)
                 ctx.timestamp = timestamp
                 try:
                     emit(key, value, timestamp)
@@ -173,14 +173,14 @@ class StreamTask:
             try:
                 key = deserialize_key(raw_key)
                 value = deserialize_value(raw_value)
-                timestamp = raw_timestamp if extractor is None else extractor(key, value, raw_timestamp)
+                timestamp = source_timestamp(extractor, key, value, raw_timestamp, node=entry.node, position=ctx)
             except Exception as error:
                 failed = _entry_record(record, raw_key, raw_value, raw_timestamp)
                 self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, failed)
                 continue
-            stream_time = ctx.stream_time
-            if stream_time is None or timestamp > stream_time:
-                ctx.stream_time = timestamp
+            if timestamp is None:
+                continue
+            ctx.stream_time = advance_stream_time(ctx.stream_time, timestamp)
             ctx.timestamp = timestamp
             try:
                 emit(key, value, timestamp)
