@@ -549,6 +549,35 @@ def test_a_static_replacement_downgrade_rebalances_when_a_target_is_not_reached_
     h.assert_replay_equals_live()
 
 
+def test_a_downgrade_writes_what_members_hold_so_an_upgrade_before_the_rebalance_ends_hands_nothing_held() -> None:
+    """A member that has not reached its target still holds its current assignment (a classic
+    member revoking before its LeaveGroup holds it until the LeaveGroup lands). Kafka's
+    fromConsumerGroup writes the target as the classic assignment; the upgrade that follows
+    before the classic rebalance ends reads that assignment as what each member holds, so a
+    partition its holder never revoked was handed to the joiner at once: two owners
+    (simulator, migration seeds 101460, 103461, 104217, 104488, 104682)."""
+    h = scripted_harness()
+    a, b = upgraded_and_settled(h)
+    epoch = h.group.members["n"].member_epoch
+    # A new target moves foo-0 from a to b; a has not heard of it, so it still holds foo-0.
+    h.scripted.next = {a.member_id: "", b.member_id: "foo-0, foo-2", "n": "foo-1, foo-3"}
+    h.heartbeat("n", epoch, owned_spec="foo-1, foo-3", subscribed_topic_names=["foo", "bar"])
+    assert held(h)[a.member_id][1] == "foo-0" and not h.group.is_reconciled(h.group.members[a.member_id])
+    assert h.heartbeat("n", LEAVE_EPOCH).error_code == 0  # the last KIP-848 member goes: downgrade
+    group = h.group
+    assert isinstance(group, ClassicGroup) and group.state is ClassicGroupState.PREPARING_REBALANCE
+    value = h.last_records[-1].value
+    assert {mv.member_id: decoded(mv.assignment) for mv in value.members} == {a.member_id: {"foo": [0]}, b.member_id: {"foo": [2]}}
+    # A KIP-848 member joins before the classic rebalance ends: the group converts back, and
+    # foo-0 stays a's until a gives it up.
+    h.scripted.next = {a.member_id: "", b.member_id: "foo-2", "k": "foo-0, foo-1, foo-3"}
+    response = h.join("k")
+    assert response.error_code == 0 and isinstance(h.group, ConsumerGroup)
+    assert held(h)[a.member_id][1] == "foo-0"
+    assert "foo-0" not in held(h)["k"][1]
+    h.assert_replay_equals_live()
+
+
 # --- client-side assignors across the migration (the KIP, beyond Kafka) ------------------------
 
 

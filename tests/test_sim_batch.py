@@ -48,6 +48,18 @@ REGRESSION_SEEDS = [
     ("migration", 290),  # a failed SyncGroup and a lost rejoin: the coordinator's sync timer ran on
     ("migration", 179),
     ("migration", 20),  # the silence bound counted from a long-polled JoinGroup: no convergence
+    # Fresh seeds (100000..104999): a downgrade wrote targets, not what members held, as the
+    # classic assignments; an upgrade before the rebalance ended handed out held partitions.
+    ("migration", 101460),
+    ("migration", 103461),
+    ("migration", 104217),
+    ("migration", 104488),
+    ("migration", 104682),
+    ("migration", 100561),
+    ("migration", 101701),
+    ("migration", 102392),
+    ("migration", 102514),
+    ("migration", 104571),
 ]
 
 

@@ -13,9 +13,18 @@ GROUP_ID_NOT_FOUND with the reason (Kafka's answer).
 
 **Downgrade.** When the last KIP-848 member leaves or is fenced and only classic members remain
 (or a classic static member replaces it), the group converts back: generation = group epoch,
-each member's classic assignment is its target, and a rebalance starts (for a static
-replacement only when some member has not reached its target, which would otherwise hand a
-partition to a second owner). A policy that forbids it is silent: the member is removed as usual.
+each member's classic assignment is its *current* assignment (assigned and still revoking), and
+a rebalance starts (for a static replacement only when some member has not reached its target).
+Kafka's fromConsumerGroup writes the target instead; the two differ only for a member that has
+not reached it, and then the target lists partitions another member still holds and omits ones
+this member still holds (a classic member revoking before its LeaveGroup holds everything it
+was given until the LeaveGroup lands or its session ends). The classic assignment is read back
+as the truth of who holds what: by an upgrade (KIP-848: "the target assignment and the member
+assignments are created based on the current assignment") that comes before the rebalance ends,
+and by a SyncGroup after a load brings the group back Stable. Written as the target, the
+upgrade handed a partition to a second member while its holder still processed it (simulator,
+migration seeds 101460, 103461, 104217, 104488, 104682), and a SyncGroup after a load could
+too. When every member has reached its target the two are the same. A policy that forbids it is silent: the member is removed as usual.
 
 Conversions are records, in Kafka's order, so a coordinator that dies mid-migration resumes from
 whichever side the log ends on. Committed offsets are never touched.
@@ -162,7 +171,7 @@ class Migration:
 
     def downgrade_on_replacement(self, group: ConsumerGroup, now_ms: int) -> bool:
         """A classic static member replaced the last KIP-848 one: convert, and rebalance only
-        when the targets handed over as classic assignments are not what members hold."""
+        when some member has not reached its target yet."""
         if not all(member.classic is not None for member in group.members.values()):
             return False
         if not self._downgrade_allowed(group, len(group.members)):
@@ -172,10 +181,10 @@ class Migration:
         if converted is None:
             return False
         if not settled:
-            # A target not yet reached moves a partition its holder has not revoked: handed
-            # over as a classic assignment, the next SyncGroup gives it to a second owner while
-            # the holder keeps it until it hears of the new generation. Kafka's snapshot skips
-            # the rebalance here; newer Kafka rebalances when the target is stale
+            # A target not yet reached moves a partition its holder has not revoked; the
+            # classic assignments (what members hold) do not say where partitions go next, and
+            # members below the group epoch must hear of the new generation. Kafka's snapshot
+            # skips the rebalance here; newer Kafka rebalances when the target is stale
             # (KAFKA-19546, KAFKA-20273), and a target members have not reached is stale for
             # them too. The replacement's SyncGroup is then told REBALANCE_IN_PROGRESS and
             # every member rejoins with what it owns.
@@ -199,7 +208,8 @@ class Migration:
 
     def _to_classic(self, group: ConsumerGroup, exclude: str | None, now_ms: int) -> ClassicGroup | None:
         """Kafka's ClassicGroup.fromConsumerGroup and convertToClassicGroup: every member but
-        ``exclude``, generation = group epoch, each member's target as its classic assignment."""
+        ``exclude``, generation = group epoch, each member's current assignment (what it holds,
+        where Kafka writes its target) as its classic assignment."""
         group_id = group.group_id
         classic = ClassicGroup(group_id, state=ClassicGroupState.STABLE, current_state_timestamp=now_ms, generation=group.group_epoch, protocol_type=CONSUMER)
         for member in group.members.values():
@@ -226,9 +236,11 @@ class Migration:
         names = {topic.topic_id: name for name, topic in self.ctx.topics.items()}
         names.update(group.topic_names_by_id())
         for classic_member in classic.members.values():
-            target = group.targets.get(classic_member.member_id)
-            partitions = target.partitions.by_topic if target is not None else {}
-            user_data = target.metadata if target is not None and target.metadata_version == CLASSIC_METADATA_VERSION else None
+            member = group.members[classic_member.member_id]
+            # What the member holds (its current assignment, revocations included), not its
+            # target: see the module docstring.
+            partitions = (member.assigned | member.revoking).by_topic
+            user_data = member.metadata if member.metadata_version == CLASSIC_METADATA_VERSION else None
             classic_member.assignment = cp.encode_assignment(
                 cp.Assignment(cp.named_partitions((names[t], ps) for t, ps in partitions.items() if t in names), user_data),
                 cp.version_of(classic_member.metadata(classic.protocol_name)),
