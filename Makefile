@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo check test bench
+.PHONY: demo check test bench soak
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,13 @@ bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/assignors.py
 	$(VENV)/bin/python benchmarks/coordinator.py
 	$(VENV)/bin/python benchmarks/state.py
+
+# The long simulation run: SOAK_SEEDS fresh seeds of every profile on all cores, a summary per
+# profile (exit status 1 on any violation). A CI range that passes is a sample, not a proof.
+SOAK_SEEDS ?= 50000
+SOAK_FIRST_SEED ?= 1000000
+SOAK_PROFILES ?= steady churn chaos migration
+soak: $(STAMP)
+	@status=0; for profile in $(SOAK_PROFILES); do \
+		$(VENV)/bin/pystreams sim --profile $$profile --seeds $(SOAK_SEEDS) --first-seed $(SOAK_FIRST_SEED) --jobs $$(nproc) || status=1; \
+	done; exit $$status
