@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pystreams.serdes import Serde
-from pystreams.worker.packing import partition_for_key
+from pystreams.topology.kernels import partition_for_key
 
 
 class QueryError(RuntimeError):

@@ -564,3 +564,19 @@ def test_binding_a_wildcard_address_needs_an_advertised_host():
     with pytest.raises(ValueError):
         KafkaProtocolServer("0.0.0.0", 0, no_handler)
     assert KafkaProtocolServer("0.0.0.0", 0, no_handler, advertised_host="coordinator-0").cluster_id
+
+
+# --- stopping ------------------------------------------------------------------------------------
+
+
+@async_test
+async def test_closing_with_connections_open_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    # Operators grep for ERROR: a clean stop cancels open connections, which is no error (it
+    # logged one CancelledError traceback per connection through asyncio's start_server).
+    async with serving(answer_heartbeats) as server:
+        clients = [await Client.connect(server) for _ in range(3)]
+        assert (await clients[0].call(heartbeat())).error_code == 0
+        await wait_until(lambda: len(server._connections) == 3)
+    await asyncio.sleep(0.05)  # asyncio's done callbacks of the cancelled connections
+    assert [await client.closed_by_server() for client in clients] == [True, True, True]
+    assert [record.getMessage() for record in caplog.records if record.levelname == "ERROR"] == []

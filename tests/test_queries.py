@@ -627,3 +627,13 @@ def test_get_refuses_a_none_key_with_the_reason_before_asking_any_worker():
     unreachable = f"127.0.0.1:{free_port()}"
     with pytest.raises(ValueError, match="needs a key, not None"):
         QueryClient([unreachable], request_timeout_s=0.5).get(STORE, None, KEY_SERDE, VALUE_SERDE)
+
+
+def test_the_query_client_does_not_load_the_worker_engine() -> None:
+    # Imports point down: the HTTP query client takes the partitioner from topology/.
+    import subprocess
+    import sys
+
+    code = "import sys, pystreams.queries; print(sorted(m for m in sys.modules if m.startswith('pystreams.worker')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"

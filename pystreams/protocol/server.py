@@ -211,6 +211,8 @@ class KafkaProtocolServer:
         self.cluster_id = cluster_id
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        #: Set by close(): a connection cancelled from then on ends quietly.
+        self._closing = False
         self._per_ip: collections.Counter[str] = collections.Counter()
         self._budget = _ByteBudget(self.limits.queued_max_request_bytes)
         self._decoder: concurrent.futures.ThreadPoolExecutor | None = None
@@ -240,6 +242,7 @@ class KafkaProtocolServer:
     async def close(self) -> None:
         """Stop accepting, close every open connection (cancelling requests in progress), wait."""
         server, self._server = self._server, None
+        self._closing = True
         if server is not None:
             server.close()
         tasks = list(self._connections)
@@ -407,6 +410,12 @@ class KafkaProtocolServer:
                         self._budget.release(budgeted)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away mid-frame or mid-reply
+        except asyncio.CancelledError:
+            if not self._closing:
+                raise
+            # close() cancels open connections: a clean stop, not an error. Ending the task
+            # cancelled would make asyncio's start_server callback log an ERROR traceback
+            # per connection (Python 3.11 calls task.exception() on it).
         except Exception:  # never let one connection's failure escape into the event loop
             log.exception("connection from %s failed", peer)
         finally:
