@@ -8,7 +8,8 @@
   assignment epochs never decrease, nor does any member id's epoch (across fencing and
   rejoining with the same id); -2 (a static member away) and 0 (joined, nothing assigned yet)
   are states, not epochs. Client side: a member's epoch never decreases between two resets to
-  0, and never exceeds the group's assignment epoch (epochs only come from the coordinator).
+  0, and never exceeds the group's assignment epoch (epochs only come from the coordinator),
+  except where a classic generation was lost (see *Classic groups*).
 * **Fenced commits.** An OffsetCommit the coordinator accepts comes from a member it knows,
   at exactly that member's current epoch, for partitions that member holds (assigned or still
   revoking), and no *other* process owns any of them in its own view at that instant.
@@ -24,7 +25,14 @@
   not demanded: a generation handed out in JoinGroup answers is written only when the leader's
   SyncGroup stores the assignment (or the group becomes Empty), so a fail-over in between
   brings the group back at the last *written* generation; a member may then still hold the
-  lost one (it fails to sync or is told ILLEGAL_GENERATION and rejoins). And an *empty* group
+  lost one (it fails to sync or is told ILLEGAL_GENERATION and rejoins), and the next shard
+  hands the lost numbers out again (Kafka's completeClassicGroupJoin answers JoinGroup with
+  the next generation and appends no record). So a member's generation may go back, without a
+  reset, from one only a JoinGroup answer of a shard that died since told it, never written
+  before that shard died, to what the next shard gives it: Kafka's consumer sets its generation
+  from every successful JoinGroup answer (AbstractCoordinator's JoinGroupResponseHandler: a
+  JoinGroup carries no generation and the answer is not compared with the one held), and a
+  failed SyncGroup or a closed connection does not reset it. And an *empty* group
   that changes protocol is deleted (tombstones) and created afresh, restarting at epoch 0
   (Kafka's ``maybeDeleteEmptyClassicGroup`` / ``maybeDeleteEmptyConsumerGroup``); a non-empty
   one is converted and its epoch continues.
@@ -82,6 +90,9 @@ class InvariantChecker:
         #: Per (coordinator incarnation, group life): the highest epoch or classic generation
         #: its live shard reached, written or not (what its answers may have told members).
         self._newest_told: dict[tuple[int, int], int] = {}
+        #: Per (coordinator incarnation, group life): the highest epoch or classic generation
+        #: the log held while that shard lived (what a shard loading the log after it resumes).
+        self._newest_written: dict[tuple[int, int], int] = {}
         #: The simulated group's lives: a new one starts when an empty group is deleted.
         self._group_life = 0
         #: Members per group at the last check of the log (a deleted group must have had none).
@@ -143,8 +154,14 @@ class InvariantChecker:
             # epoch came from a group deleted since (it was out of it, the group emptied) may
             # rejoin the new one with its old member id and get a lower epoch without a reset:
             # Kafka creates a classic member joining a consumer group with any member id.
-            same_life = self._epoch_source.get(key, now_source)[1] == self._group_life
-            if epoch > 0 and last > 0 and epoch < last and same_life:
+            last_source = self._epoch_source.get(key, now_source)
+            same_life = last_source[1] == self._group_life
+            # A classic generation handed out in a JoinGroup answer and never written died with
+            # the shard that handed it out: the next shard hands the same numbers out again
+            # (module docstring), and Kafka's consumer takes the generation its next JoinGroup
+            # answer carries, whatever it held before.
+            lost = last_source[0] != node.incarnation and last > self._newest_written.get(last_source, 0)
+            if epoch > 0 and last > 0 and epoch < last and same_life and not lost:
                 self.world.violation("client-epoch-regressed", f"{process.name}'s member epoch went from {last} to {epoch}")
                 return
             if epoch != last:
@@ -175,10 +192,14 @@ class InvariantChecker:
         node = self.world.coordinator
         if node.shard is None:
             return
+        key = (node.incarnation, self._group_life)
         newest = _newest_epoch(node.shard.groups.get(self.world.group_id))
         if newest is not None:
-            told, key = self._newest_told, (node.incarnation, self._group_life)
+            told = self._newest_told
             told[key] = max(told.get(key, 0), newest)
+        written = _written_epoch(node.shadow.groups.get(self.world.group_id))
+        if written is not None:
+            self._newest_written[key] = max(self._newest_written.get(key, 0), written)
 
     def _check_coordinator(self) -> None:
         node = self.world.coordinator
@@ -324,6 +345,17 @@ def _newest_epoch(group: ConsumerGroup | ClassicGroup | None) -> int | None:
     if group is None:
         return None
     return group.generation if isinstance(group, ClassicGroup) else group.assignment_epoch
+
+
+def _written_epoch(group: ConsumerGroup | ClassicGroup | None) -> int | None:
+    """The highest epoch the log holds for a group (the shadow's): a consumer group's group
+    epoch (every epoch is written before any answer tells it), a classic group's last written
+    generation."""
+    if group is None:
+        return None
+    if isinstance(group, ClassicGroup):
+        return group.persisted.generation if group.persisted is not None else 0
+    return group.group_epoch
 
 
 def classic_assignment(world: Simulation, data: bytes) -> frozenset[TopicIdPartition]:

@@ -49,6 +49,7 @@ from pystreams.client.member import (
     RevokePartitions,
 )
 from pystreams.coordinator.classic_group import ClassicGroup
+from pystreams.coordinator.consumer_group import ConsumerGroup
 from pystreams.partitions import NO_PARTITIONS, PartitionSet, TopicIdPartition
 from pystreams.protocol import messages as m
 from pystreams.protocol.registry import api_spec
@@ -111,8 +112,10 @@ class MemberProcess:
         self.woken_at: int | None = None
         #: When the coordinator last answered one of its heartbeats without error.
         self.last_heartbeat_ok_ms: int | None = None
-        #: Every member id this process has held, over all its incarnations.
-        self.held_member_ids: set[str] = set()
+        #: Every member id the coordinator handed to this process's requests, over all its
+        #: incarnations (also to one that stopped before the answer reached it), in the order
+        #: first handed out: id -> rank.
+        self.issued_member_ids: dict[str, int] = {}
 
     # ------------------------------------------------------------------ observation
 
@@ -339,8 +342,6 @@ class MemberProcess:
         if member is None:
             return
         world = self.world
-        if member.member_id:
-            self.held_member_ids.add(member.member_id)
         for event in member.take_events():
             if isinstance(event, RevokePartitions):
                 world.stats["revocations"] += 1
@@ -375,22 +376,40 @@ class MemberProcess:
             elif isinstance(event, AssignmentAbandoned):
                 world.stats[f"assignor.abandoned.{event.api}"] += 1
 
+    def note_answer(self, response: object) -> None:
+        """The coordinator answers one of this process's requests (any incarnation): keep the
+        member id it hands out."""
+        member_id = getattr(response, "member_id", None)
+        if member_id:
+            self.issued_member_ids.setdefault(member_id, len(self.issued_member_ids))
+
     def _fenced_by_a_forgotten_replacement(self, event: MemberFailed) -> bool:
         """A classic static member that replaced its earlier self while the group rebalanced is
         not written until the next generation's assignment is stored (Kafka writes a static
-        replacement only in Stable); a fail-over meanwhile brings the instance id back mapped to
-        the earlier member id, so the new one is told FENCED_INSTANCE_ID, which Kafka's consumer
-        treats as fatal. That is the classic protocol, not a fault: true only when the
-        coordinator maps this process's instance id to an id this process held before."""
+        replacement only in Stable: GroupMetadataManager's
+        updateStaticMemberThenRebalanceOrCompleteJoin appends no record in PreparingRebalance
+        or CompletingRebalance); a fail-over meanwhile brings the instance id back mapped to
+        the earlier member id — in the classic group the log rebuilds, or in the consumer group
+        an online upgrade converts it into (ConsumerGroup.fromClassicGroup keeps the static
+        members) — so the new one is told FENCED_INSTANCE_ID (KIP-345: a known instance id
+        with another member id is fenced), which Kafka's consumer treats as fatal. That is the
+        classic protocol, not a fault: true only when the coordinator maps this process's
+        instance id to a member id it handed to this process *before* the one it now fences.
+        The earlier id need not have reached the process: the incarnation that joined with it
+        may have crashed or left before its JoinGroup answer arrived (a static member sends no
+        LeaveGroup), and the fail-over brings it back all the same."""
         member = self.member
         if not isinstance(member, ClassicGroupMember) or event.error_code != Errors.FencedInstanceIdError.errno:
             return False
         shard = self.world.coordinator.shard
         group = shard.groups.get(self.world.group_id) if shard is not None else None
-        if not isinstance(group, ClassicGroup) or self.spec.instance_id is None:
+        if not isinstance(group, (ClassicGroup, ConsumerGroup)) or self.spec.instance_id is None:
             return False
         mapped = group.static_members.get(self.spec.instance_id)
-        return mapped is not None and mapped != member.member_id and mapped in self.held_member_ids
+        if mapped is None or mapped == member.member_id:
+            return False
+        earlier, current = self.issued_member_ids.get(mapped), self.issued_member_ids.get(member.member_id)
+        return earlier is not None and current is not None and earlier < current
 
     def _commit(self, partitions: Iterable[TopicIdPartition], revocation_id: int | None = None) -> None:
         """OffsetCommit of these partitions' positions, with the member epoch the app knows."""

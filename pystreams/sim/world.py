@@ -278,11 +278,13 @@ class Simulation:
             self._coordinator_touched = True
             if response is DEFERRED:
                 return  # a classic long poll: answered when some later event completes it
+        process.note_answer(response)
         self.network.send(process.name, self._arrive_at_member, process, incarnation, request_id, request, response, node.incarnation)
 
     def _answer_later(self, route: tuple, response: ApiMessage) -> None:
         """A deferred request's answer leaves the coordinator now."""
         process, incarnation, request_id, request = route
+        process.note_answer(response)
         self.network.send(process.name, self._arrive_at_member, process, incarnation, request_id, request, response, self.coordinator.incarnation)
 
     def _arrive_at_member(
