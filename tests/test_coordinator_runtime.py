@@ -429,6 +429,14 @@ async def test_a_loading_shard_answers_load_in_progress_and_split_requests_say_s
         await asyncio.wait_for(ready_runner.loaded.wait(), GUARD_S)
         assert (await call(coordinator, join(loading_group))).error_code == Errors.CoordinatorLoadInProgressError.errno
         assert (await call(coordinator, join(ready_group))).error_code == 0
+        # Classic members would take LOAD_IN_PROGRESS from these two as fatal: Kafka answers a
+        # SyncGroup REBALANCE_IN_PROGRESS (rejoin) and a Heartbeat NONE while a group loads.
+        sync = m.SyncGroupRequest(
+            version=5, group_id=loading_group, generation_id=1, member_id="m", protocol_type="consumer", protocol_name="range", assignments=[]
+        )
+        assert (await call(coordinator, sync, 5)).error_code == Errors.RebalanceInProgressError.errno
+        beat = m.HeartbeatRequest(version=4, group_id=loading_group, generation_id=1, member_id="m")
+        assert (await call(coordinator, beat, 4)).error_code == 0
         described = await call(coordinator, describe(loading_group, ready_group))
         assert [(g.group_id, g.error_code) for g in described.groups] == [(loading_group, Errors.CoordinatorLoadInProgressError.errno), (ready_group, 0)]
         listed = await call(coordinator, m.ListGroupsRequest(states_filter=[], types_filter=[]))

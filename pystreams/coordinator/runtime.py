@@ -68,6 +68,7 @@ from pystreams.coordinator import records as r
 from pystreams.coordinator.authorizer import PERMISSIONS, Authorizer
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.context import DEFERRED
+from pystreams.coordinator.errors import while_loading
 from pystreams.coordinator.log import LogConfigurationError, LogFencedError, PartitionLog, RecordLog
 from pystreams.coordinator.metrics import CoordinatorMetrics, IdleTracker
 from pystreams.coordinator.shard import CoordinatorResult, GroupCoordinatorShard, HandlerFailed, RequestContext
@@ -671,6 +672,9 @@ class Coordinator:
     async def _call(self, shard_id: int, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
         try:
             return await self.runners[shard_id].submit(request, context)
+        except Errors.CoordinatorLoadInProgressError as error:
+            code = while_loading(request)
+            return codec.error_response(header, code, str(error.args[0]) if code and error.args else None, request)
         except Errors.BrokerResponseError as error:
             message = str(error.args[0]) if error.args else None
             return codec.error_response(header, error.errno, message, request)

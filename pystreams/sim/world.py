@@ -28,6 +28,7 @@ from pystreams.coordinator.classic_group import ClassicGroup, ClassicGroupState
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.consumer_group import GroupState
 from pystreams.coordinator.context import DEFERRED
+from pystreams.coordinator.errors import while_loading
 from pystreams.coordinator.subscriptions import subscribed_names
 from pystreams.partitions import TopicIdPartition
 from pystreams.protocol import consumer_protocol
@@ -524,9 +525,9 @@ def _loading_response(request: ApiMessage) -> ApiMessage:
     if isinstance(request, m.JoinGroupRequest):
         return m.JoinGroupResponse(error_code=_LOADING, generation_id=-1, member_id=request.member_id, members=[])
     if isinstance(request, m.SyncGroupRequest):
-        return m.SyncGroupResponse(error_code=_LOADING, assignment=b"")
+        return m.SyncGroupResponse(error_code=while_loading(request), assignment=b"")
     if isinstance(request, m.HeartbeatRequest):
-        return m.HeartbeatResponse(error_code=_LOADING)
+        return m.HeartbeatResponse(error_code=while_loading(request))
     if isinstance(request, m.LeaveGroupRequest):
         return m.LeaveGroupResponse(error_code=_LOADING, members=[])
     raise TypeError(f"no loading answer for {type(request).__name__}")
