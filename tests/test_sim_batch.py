@@ -60,6 +60,11 @@ REGRESSION_SEEDS = [
     ("migration", 102392),
     ("migration", 102514),
     ("migration", 104571),
+    # A static replacement lost in a fail-over fenced the member that made it, and a generation
+    # handed out again after one: Kafka's behaviour, which the invariants had refused.
+    ("migration", 101375),
+    ("migration", 103147),
+    ("migration", 100357),
 ]
 
 
