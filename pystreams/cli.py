@@ -30,10 +30,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of command ``only`` alone: a command's module and what
+    it imports load only when that command runs (a worker starts without loading the
+    simulator, Spark's compiler or the coordinator's server)."""
     parser = argparse.ArgumentParser(prog="pystreams", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
         module = importlib.import_module(module_name)
         command = sub.add_parser(name, help=help_text, description=help_text)
         module.configure(command)
@@ -43,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = sys.argv[1:] if argv is None else argv
+    command = arguments[0] if arguments and arguments[0] in COMMANDS else None
+    args = build_parser(only=command).parse_args(arguments)
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

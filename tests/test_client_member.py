@@ -899,11 +899,17 @@ def test_client_side_assignment_loop():
     m.on_response(install, install_response(), now + 2)
     assert AssignmentInstalled(7) in m.take_events()
     assert not m.computing_assignment
-    assert m.poll(now + 2) == []
+    # The installed target holds the member's new assignment: it heartbeats at once for it,
+    # not an interval later.
+    fetch = only_heartbeat(m, now + 2)
+    assert fetch.member_epoch == 6
+    m.on_response(fetch, hb_response(epoch=6), now + 3)
+    assert m.poll(now + 3) == []
     # Asked again later: a new round.
-    request = only_heartbeat(m, INTERVAL)
-    m.on_response(request, hb_response(epoch=8, should_compute=True), INTERVAL)
-    (prepare,) = m.poll(INTERVAL)
+    later = now + 2 + INTERVAL
+    request = only_heartbeat(m, later)
+    m.on_response(request, hb_response(epoch=8, should_compute=True), later)
+    (prepare,) = m.poll(later)
     assert prepare.member_epoch == 8
 
 
@@ -1091,3 +1097,18 @@ def test_notify_listener_maps_partition_events_to_callbacks():
     assert notify_listener(listener, PartitionsLost(parts(BAR, 0), FENCED))
     assert not notify_listener(listener, LeftGroup(-1))
     assert calls == [("assigned", parts(FOO, 1)), ("revoked", parts(FOO, 1)), ("lost", parts(BAR, 0))]
+
+
+def test_newly_assigned_partitions_are_acknowledged_in_the_very_next_heartbeat():
+    # As Kafka's consumer once it has reconciled: the coordinator learns at once that the
+    # member reached its target, instead of an interval later.
+    m = member()
+    join(m, 0, epoch=1)
+    assert m.poll(1) == []  # nothing to acknowledge yet
+    request = only_heartbeat(m, INTERVAL)
+    m.on_response(request, hb_response(epoch=2, assigned=parts(FOO, 0, 1)), INTERVAL + 1)
+    assert [type(event) for event in m.take_events()] == [PartitionsAssigned]
+    ack = only_heartbeat(m, INTERVAL + 1)
+    assert owned_in(ack) == parts(FOO, 0, 1) and ack.member_epoch == 2
+    m.on_response(ack, hb_response(epoch=2), INTERVAL + 2)
+    assert m.poll(INTERVAL + 2) == []  # then the interval again

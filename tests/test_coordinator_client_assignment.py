@@ -186,3 +186,21 @@ def test_a_reason_falling_back_to_zero_does_not_rebalance_again():
     assert h.group.group_epoch == asked + 1
     h.heartbeat("A", 1, client_assignors=[assignor(reason=3, metadata=b"new lags")])  # WarmUpFailed
     assert h.group.group_epoch == asked + 2
+
+
+def test_members_heartbeat_at_the_short_interval_while_the_target_is_computed_client_side():
+    from pystreams.coordinator.config import CoordinatorConfig
+
+    h = Harness(CoordinatorConfig(heartbeat_interval_ms=5_000, rebalance_heartbeat_interval_ms=100))
+    h.topics(foo=2)
+    first = h.join("A", client_assignors=[assignor()])
+    assert first.should_compute_assignment and first.heartbeat_interval_ms == 100  # it must compute
+    second = h.join("B", client_assignors=[assignor()])
+    assert second.heartbeat_interval_ms == 100  # the group's target is being computed
+    chosen = h.shard.computations[GROUP].member_id
+    assert h.send(Prepare(group_id=GROUP, member_id=chosen, member_epoch=0)).error_code == 0
+    assert install(h, chosen, 0, h.group.group_epoch, {"A": "foo-0", "B": "foo-1"}).error_code == 0
+    # Installed: each member fetches its assignment and, having reached it, is told the group's.
+    assert h.heartbeat("A", 0).heartbeat_interval_ms == 5_000
+    assert h.heartbeat("B", 0).heartbeat_interval_ms == 5_000
+    assert h.group.state is GroupState.STABLE

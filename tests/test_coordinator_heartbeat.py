@@ -254,3 +254,49 @@ def test_heartbeat_interval_comes_from_group_config():
     h.topics(foo=1)
     h.scripted.next = {"A": "foo-0"}
     assert h.join("A").heartbeat_interval_ms == FAST.heartbeat_interval_ms
+
+
+def test_a_member_with_work_in_a_rebalance_is_told_the_short_interval_and_a_stable_one_the_groups():
+    from pystreams.coordinator.config import CoordinatorConfig
+
+    config = CoordinatorConfig(
+        session_timeout_ms=45_000,
+        heartbeat_interval_ms=5_000,
+        rebalance_heartbeat_interval_ms=100,
+        min_heartbeat_interval_ms=10,
+        max_heartbeat_interval_ms=15_000,
+    )
+    h = Harness(config)
+    h.topics(foo=2)
+    h.scripted.next = {"A": "foo-0, foo-1"}
+    joined = h.join("A")
+    assert response_parts(joined) == "foo-0, foo-1" and joined.heartbeat_interval_ms == 5_000  # reached its target at once
+    assert h.heartbeat("A", joined.member_epoch, "foo-0, foo-1").heartbeat_interval_ms == 5_000
+    # B joins: foo-1 moves from A to B. A has a partition to revoke, B one to receive.
+    h.scripted.next = {"A": "foo-0", "B": "foo-1"}
+    b = h.join("B")
+    assert b.heartbeat_interval_ms == 100
+    revoke = h.heartbeat("A", joined.member_epoch)
+    assert response_parts(revoke) == "foo-0" and revoke.heartbeat_interval_ms == 100
+    assert h.heartbeat("B", b.member_epoch).heartbeat_interval_ms == 100  # still waits for foo-1
+    released = h.heartbeat("A", joined.member_epoch, "foo-0")
+    assert released.heartbeat_interval_ms == 5_000  # A reached its target: back to the group's
+    received = h.heartbeat("B", b.member_epoch)
+    assert response_parts(received) == "foo-1" and received.heartbeat_interval_ms == 5_000
+    assert h.group.state is GroupState.STABLE
+    # Steady state: the group's interval, whatever the member reports.
+    assert h.heartbeat("A", released.member_epoch).heartbeat_interval_ms == 5_000
+    assert h.heartbeat("B", received.member_epoch, "foo-1").heartbeat_interval_ms == 5_000
+
+
+def test_the_short_interval_is_never_longer_than_the_groups_own():
+    from pystreams.coordinator.config import CoordinatorConfig
+
+    config = CoordinatorConfig(heartbeat_interval_ms=50, rebalance_heartbeat_interval_ms=100, min_heartbeat_interval_ms=10)
+    h = Harness(config)
+    h.topics(foo=2)
+    h.scripted.next = {"A": "foo-0, foo-1"}
+    joined = h.join("A")
+    h.scripted.next = {"A": "foo-0", "B": "foo-1"}
+    assert h.join("B").heartbeat_interval_ms == 50
+    assert h.heartbeat("A", joined.member_epoch).heartbeat_interval_ms == 50

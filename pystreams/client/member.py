@@ -378,6 +378,7 @@ class GroupMember:
         self._leave_epoch = LEAVE_STATIC_EPOCH if static and not permanent else LEAVE_EPOCH
         self._abandon_computation(None)
         self._ack_pending = False
+        self._heartbeat_asap = False  # nothing to acknowledge any more: the leave says it all
         self._state = MemberState.PREPARE_LEAVING
         if lose:
             lost = self._owned | self.revoking_partitions
@@ -669,6 +670,9 @@ class GroupMember:
         if newly_assigned:
             self._owned = self._owned | newly_assigned
             self._events.append(PartitionsAssigned(newly_assigned, self._member_epoch))
+            # Acknowledge in the very next heartbeat, as Kafka's consumer does once it has
+            # reconciled: the coordinator learns the member reached its target.
+            self._heartbeat_asap = True
 
     def _start_revocation(self, partitions: PartitionSet) -> None:
         self._owned = self._owned - partitions
@@ -892,6 +896,9 @@ class GroupMember:
             group_epoch = self._computation.group_epoch
             self._abandon_computation(None)
             self._events.append(AssignmentInstalled(group_epoch))
+            # The installed target holds this member's new assignment: fetch it now rather
+            # than at the next interval.
+            self.request_heartbeat()
         elif code == _STALE_MEMBER_EPOCH:
             self._computation.phase = _AssignPhase.INSTALL_AWAITS_EPOCH
             self._heartbeat_asap = True

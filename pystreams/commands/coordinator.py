@@ -143,6 +143,14 @@ _SERVER_OPTIONS = [
         {"type": options.positive_int, "metavar": "MS"},
     ),
     _Option(
+        "--rebalance-heartbeat-interval-ms",
+        "PYSTREAMS_REBALANCE_HEARTBEAT_INTERVAL_MS",
+        "100",
+        "group.consumer.rebalance.heartbeat.interval.ms: the interval a KIP-848 member is told while it has work in a rebalance "
+        "(a target being computed, partitions to revoke or receive); the group's interval once it is stable",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
+    _Option(
         "--metadata-refresh-ms",
         "PYSTREAMS_METADATA_REFRESH_MS",
         "5000",
@@ -432,6 +440,7 @@ def settings_from_args(
         heartbeat_interval_ms=heartbeat,
         min_heartbeat_interval_ms=bound(args.min_heartbeat_interval_ms, min(_HEARTBEAT_DEFAULTS[1], heartbeat)),
         max_heartbeat_interval_ms=bound(args.max_heartbeat_interval_ms, max(_HEARTBEAT_DEFAULTS[2], heartbeat)),
+        rebalance_heartbeat_interval_ms=_parse(args.rebalance_heartbeat_interval_ms, options.positive_int),
         migration_policy=str(args.migration_policy).lower(),
         classic_min_session_timeout_ms=_parse(args.group_min_session_timeout_ms, options.positive_int),
         classic_max_session_timeout_ms=_parse(args.group_max_session_timeout_ms, options.positive_int),

@@ -33,6 +33,11 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     heartbeat_interval_ms: int = 5_000
     min_heartbeat_interval_ms: int = 5_000
     max_heartbeat_interval_ms: int = 15_000
+    #: The interval answered to a member with work in a rebalance (a target being computed, an
+    #: assignment to compute, partitions to revoke or to receive), so that each step of the
+    #: rebalance takes a round trip rather than a heartbeat interval; never above the group's
+    #: interval. A stable member is told the group's interval.
+    rebalance_heartbeat_interval_ms: int = 100
     max_group_size: int = 2**31 - 1
     #: Server-side assignors by name; the first one is the default.
     assignors: tuple[str, ...] = ("uniform", "range")
@@ -65,6 +70,8 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("heartbeat_interval_ms must lie within [min_heartbeat_interval_ms, max_heartbeat_interval_ms]")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be smaller than session_timeout_ms")
+        if self.rebalance_heartbeat_interval_ms < 1:
+            raise ValueError("rebalance_heartbeat_interval_ms must be positive")
         if not self.assignors:
             raise ValueError("at least one server-side assignor must be configured")
         for name in ("offset_metadata_max_bytes", "max_groups", "max_assignor_metadata_bytes", "classic_max_group_size"):

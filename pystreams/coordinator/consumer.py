@@ -159,6 +159,17 @@ class ConsumerGroupManager:
     def heartbeat_interval_ms(self, group_id: str) -> int:
         return self.ctx.group_config(group_id, HEARTBEAT_INTERVAL)
 
+    def interval_for(self, group: ConsumerGroup, member: ConsumerMember, should_compute: bool) -> int:
+        """The heartbeat interval to answer ``member`` with: short while it has work in a
+        rebalance — the group's target is being computed (it will have a new target), it must
+        compute one, or it has not reached its own (partitions to revoke, to receive, an epoch
+        to move to) — so each step of a rebalance costs a round trip instead of an interval;
+        the group's interval once it is stable, which keeps the steady-state load unchanged."""
+        interval = self.heartbeat_interval_ms(group.group_id)
+        if should_compute or group.group_epoch > group.assignment_epoch or not group.is_reconciled(member):
+            return min(interval, self.config.rebalance_heartbeat_interval_ms)
+        return interval
+
     def _set_computation(self, group_id: str, computation: ClientComputation | None) -> None:
         previous = self.computations.get(group_id)
         if computation is None:
@@ -380,7 +391,7 @@ class ConsumerGroupManager:
         return HeartbeatResponse(
             member_id=member.member_id,
             member_epoch=member.member_epoch,
-            heartbeat_interval_ms=self.heartbeat_interval_ms(group.group_id),
+            heartbeat_interval_ms=self.interval_for(group, member, should_compute),
             should_compute_assignment=should_compute,
             assignment=self._assignment_for(group, member) if include_assignment else None,
         )
