@@ -568,6 +568,20 @@ async def test_a_heartbeat_naming_an_unknown_topic_triggers_a_metadata_refresh()
         assert "bar" in coordinator.topics
 
 
+@async_test
+async def test_a_heartbeat_subscribing_to_a_topic_created_just_before_gets_its_partitions_at_once() -> None:
+    # A worker creates its internal topics, then joins: the first target already covers them
+    # (no second rebalance once the periodic refresh finds them).
+    source = StaticTopics({})
+    log = MemoryLog(1)
+    async with coordinator_on(log, topic_source=source, metadata_refresh_ms=600_000, metadata_min_interval_ms=20) as coordinator:
+        await coordinator.wait_until_loaded()
+        source.topics["bar"] = TopicMetadata(uuid.UUID(int=2), "bar", 3)  # created after the last fetch
+        member = await call(coordinator, join("g", topics=["bar"]))
+        assert member.error_code == 0
+        assert [sorted(t.partitions) for t in member.assignment.assigned_topic_partitions] == [[0, 1, 2]]
+
+
 async def http_get(port: int, path: str) -> tuple[int, str]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())

@@ -41,7 +41,8 @@ the offset and the reason) and every other group is served.
 
 **Topic metadata** comes from a :class:`TopicSource` (``ClusterMetadata``): fetched every
 ``metadata_refresh_ms`` and on demand — a heartbeat subscribing to a topic name the coordinator
-does not know triggers a refresh, at most one per ``metadata_min_interval_ms``. A changed
+does not know triggers a refresh, at most one per ``metadata_min_interval_ms``, and is handled
+with its result (waiting for it up to ``_FRESH_METADATA_WAIT_S``). A changed
 image is delivered to every shard as an ``update_topics`` event (coalesced: a shard only ever
 applies the newest image). Topics of the log itself are hidden.
 """
@@ -504,7 +505,7 @@ class Coordinator:
         config: CoordinatorConfig | None = None,
         topic_source: TopicSource | None = None,
         metadata_refresh_ms: int = 5_000,
-        metadata_min_interval_ms: int = 1_000,
+        metadata_min_interval_ms: int = 250,
         queue_size: int = 1024,
         max_batch: int = 256,
         shard_factory: Callable[[], GroupCoordinatorShard] | None = None,
@@ -523,6 +524,11 @@ class Coordinator:
         self._topics: dict[str, TopicMetadata] | None = None
         self._topics_ready = asyncio.Event()
         self._refresh_requested = asyncio.Event()
+        #: Fetches of topic metadata started and finished (either way): a heartbeat that
+        #: subscribes to an unknown topic waits for one that starts after it arrived.
+        self._fetches_started = 0
+        self._fetches_finished = 0
+        self._fetch_finished = asyncio.Condition()
         self._metadata_task: asyncio.Task[None] | None = None
         self._closing = False
         factory = shard_factory or (lambda: GroupCoordinatorShard(self.config))
@@ -685,8 +691,20 @@ class Coordinator:
     async def _heartbeat(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
         names = request.subscribed_topic_names
         if names and self._topics is not None and any(name not in self._topics for name in names):
-            self._refresh_requested.set()  # a topic we have not seen yet may just have been created
+            # A topic we have not seen may just have been created (a worker creates its
+            # internal topics before it joins): fetch metadata and handle the heartbeat with
+            # it, so the first target covers the topic instead of a second rebalance later.
+            await self._fresh_topic_metadata(_FRESH_METADATA_WAIT_S)
         return await self._single_group(header, request, context)
+
+    async def _fresh_topic_metadata(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) for a metadata fetch that starts after this call;
+        the shards have the new image before this returns (``offer_topics``)."""
+        wanted = self._fetches_started + 1
+        self._refresh_requested.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s), self._fetch_finished:
+                await self._fetch_finished.wait_for(lambda: self._fetches_finished >= wanted)
 
     async def _split(
         self,
@@ -773,9 +791,11 @@ class Coordinator:
                 await asyncio.sleep(self._metadata_min_interval_s - since)
             self._refresh_requested.clear()
             last_fetch = loop.time()
+            self._fetches_started += 1
             try:
                 fetched = await loop.run_in_executor(None, self._topic_source.fetch_topics)
             except Exception as error:
+                await self._note_fetch_finished()
                 failures += 1
                 (log.warning if failures in (1, 10) or failures % 100 == 0 else log.debug)(
                     "fetching topic metadata failed (%d in a row): %r",
@@ -793,16 +813,26 @@ class Coordinator:
                     for runner in self.runners:
                         runner.offer_topics(topics)
             self._topics_ready.set()
+            await self._note_fetch_finished()
             try:
                 await asyncio.wait_for(self._refresh_requested.wait(), self._metadata_refresh_s)
             except TimeoutError:
                 pass
+
+    async def _note_fetch_finished(self) -> None:
+        async with self._fetch_finished:
+            self._fetches_finished += 1
+            self._fetch_finished.notify_all()
 
     def render_metrics(self) -> str:
         """The metrics in Prometheus text format (see ``metrics``), without an HTTP server."""
         from pystreams.coordinator.metrics import coordinator_registry, render
 
         return render(coordinator_registry(self))
+
+
+#: How long a heartbeat that subscribes to an unknown topic waits for fresh metadata at most.
+_FRESH_METADATA_WAIT_S = 2.0
 
 
 def _with_fields(request: ApiMessage, header: RequestHeader, **changes: Any) -> ApiMessage:
