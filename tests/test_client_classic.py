@@ -458,6 +458,53 @@ def test_the_leader_rebalances_when_a_subscribed_topic_grows() -> None:
     assert isinstance(only(member.poll(1), m.JoinGroupRequest), m.JoinGroupRequest)
 
 
+def test_a_static_leader_back_without_a_rebalance_watches_the_groups_topics_from_then_on() -> None:
+    """Told to skip the assignment (KIP-814), a returning static leader keeps the group's
+    assignment but watches every topic the group subscribes to, as Kafka's onLeaderElected sets
+    its assignment snapshot to the metadata it sees then. Without the watch a partition added
+    later went to nobody (the simulator's migration seed 101613)."""
+    resolver = topics()
+    member = make(instance_id="i-1", resolver=resolver, assignors=("cooperative-sticky",))
+    member.subscribe(["foo"])
+    request = only(member.poll(0), m.JoinGroupRequest)
+    members = [member_entry("a", ("foo",)), member_entry("b", ("bar",))]
+    member.on_response(request, join_response(member_id="a", leader="a", skip=True, members=members, protocol="cooperative-sticky"), 0)
+    sync = only(member.poll(0), m.SyncGroupRequest)
+    assert sync.assignments == []
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0, 1, 2, 3]}), protocol="cooperative-sticky"), 0)
+    member.metadata_changed()
+    assert member.state is MemberState.STABLE  # nothing changed since it came back
+    resolver.add(TopicMetadata(BAR, "bar", 3))  # another member's topic grows
+    member.metadata_changed()
+    rejoin = only(member.poll(1), m.JoinGroupRequest)
+    assert rejoin.reason == "the metadata of a subscribed topic changed"
+
+
+def test_a_guarded_cooperative_member_that_gave_up_what_it_joined_with_rejoins_once_synced() -> None:
+    """Its JoinGroup reported owning foo-0 and foo-1; the guard gave them up while the join
+    phase ran; the leader, believing the report, kept foo-1 (moving elsewhere) from its new
+    owner until this member lets it go. With nothing left to revoke the member must still
+    rejoin, or foo-1 stays nobody's (the simulator's migration seeds 101469, 104590)."""
+    short = 3 * INTERVAL  # the rebalance timeout
+    member = make(assignors=("cooperative-sticky",), rebalance_timeout_ms=short, lose_partitions_on_session_timeout=True)
+    to_stable(member, {"foo": [0, 1]}, protocol="cooperative-sticky")
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL)
+    rejoin = only(member.poll(INTERVAL), m.JoinGroupRequest)
+    assert subscription_of(rejoin).owned_partitions == {"foo": frozenset({0, 1})}
+    member.poll(INTERVAL + short)  # the join phase outlasts the guard
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
+    later = INTERVAL + short + 10
+    member.on_response(rejoin, join_response(generation=2, protocol="cooperative-sticky"), later)
+    sync = only(member.poll(later), m.SyncGroupRequest)
+    member.on_response(sync, sync_response(assignment_bytes({"foo": [0]}), protocol="cooperative-sticky"), later)
+    assert member.take_events() == [PartitionsAssigned(parts(FOO, 0), 2)]
+    follow_up = only(member.poll(later), m.JoinGroupRequest)
+    assert follow_up.reason == "partitions it reported owning moved, and it no longer owns them"
+    assert subscription_of(follow_up).owned_partitions == {"foo": frozenset({0})}
+
+
 def test_a_regex_subscription_is_matched_against_the_resolver_and_follows_new_topics() -> None:
     resolver = topics()
     resolver.add(TopicMetadata(UUID(int=9), "__internal-foo", 1))

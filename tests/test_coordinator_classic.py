@@ -311,6 +311,54 @@ def test_a_returning_static_leader_skips_the_assignment_from_v9_and_is_not_told_
     assert legacy.leader == old_leader and legacy.leader != legacy.member_id
 
 
+@pytest.mark.parametrize("change", ["partitions added", "subscription grew"])
+def test_a_returning_static_member_rebalances_when_the_assignment_it_would_get_back_is_stale(change: str) -> None:
+    """Handing a returning static member its old assignment without a rebalance (KIP-345) is
+    only right while that assignment still fits: partitions added while the leader was away
+    (it watches the metadata only from its return on), or a subscription that grew while it
+    was (KAFKA-12759: a regex now matching a new topic), would otherwise go to nobody for good
+    (the simulator's migration seeds 102217 and 102559; 101356 and 102358)."""
+    h = harness()
+    a, b = Classic(h, instance_id="a", version=9), Classic(h, instance_id="b", version=9)
+    form_group(h, [a, b], {0: {"foo": [0, 1]}, 1: {"foo": [2, 3]}})
+    if change == "partitions added":
+        h.topics(foo=6, bar=2)
+        returning, other = Classic(h, instance_id="a", version=9), b  # the leader
+    else:
+        returning, other = Classic(h, instance_id="b", version=9, topics=("bar", "foo")), a
+    assert returning.join() is DEFERRED  # no SkipAssignment answer: the group rebalances
+    assert h.group.state is Preparing
+    assert other.heartbeat() == Errors.RebalanceInProgressError.errno
+    other.join()
+    joined = returning.answer()
+    assert joined.error_code == 0 and joined.generation_id == 2 and not joined.skip_assignment
+    h.assert_replay_equals_live()
+
+
+def test_a_returning_static_member_keeps_a_current_assignment_whatever_the_topics_it_does_not_read() -> None:
+    h = harness()
+    a, b = Classic(h, instance_id="a", version=9), Classic(h, instance_id="b", version=9)
+    form_group(h, [a, b], {0: {"foo": [0, 1]}, 1: {"foo": [2, 3]}})
+    h.topics(foo=4, bar=3, baz=2)  # nobody subscribes to bar or baz
+    joined = Classic(h, instance_id="a", version=9).join()
+    assert joined.error_code == 0 and joined.skip_assignment and h.group.state is Stable
+
+
+def test_partitions_added_to_a_subscribed_topic_rebalance_a_stable_group_unrelated_topics_do_not() -> None:
+    # Kafka leaves this to the leader's metadata watch, which misses partitions added before
+    # it learns it leads (a conversion without a rebalance, a static leader back): the
+    # coordinator, which sees every change, rebalances (simulator, migration seed 101613).
+    h = harness()
+    a, b = Classic(h, instance_id="a", version=9), Classic(h, instance_id="b", version=9)
+    form_group(h, [a, b], {0: {"foo": [0, 1]}, 1: {"foo": [2, 3]}})
+    h.topics(foo=4, bar=3)  # nobody reads bar
+    assert h.group.state is Stable
+    h.topics(foo=6, bar=3)
+    assert h.group.state is Preparing
+    assert a.heartbeat() == Errors.RebalanceInProgressError.errno
+    h.assert_replay_equals_live()
+
+
 def test_batch_leave_by_instance_id_reports_each_member() -> None:
     h = harness()
     a, b, c = Classic(h, instance_id="a"), Classic(h, instance_id="b"), Classic(h)

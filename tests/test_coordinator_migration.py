@@ -527,6 +527,44 @@ def test_a_classic_static_member_replacing_the_last_kip848_one_downgrades_withou
     h.assert_replay_equals_live()
 
 
+def test_a_static_replacement_downgrade_makes_the_replacement_a_leader_back_without_a_rebalance() -> None:
+    """Without a rebalance no classic member would know that it leads the converted group, and
+    the leader is the one that watches the topics for new partitions: partitions added later
+    went to nobody (the simulator's migration seed 101613). The replacement is answered as a
+    static leader back from a restart (KIP-814 SkipAssignment), with every member's metadata."""
+    h = scripted_harness()
+    a, b = upgraded_and_settled(h, instance_id="x")
+    h.heartbeat("n", -2, instance_id="x")  # it restarts...
+    x = Classic(h, instance_id="x", version=9)
+    joined = x.join()  # ... with the classic protocol
+    assert joined.error_code == 0 and joined.generation_id == 2 and joined.protocol_name == "range"
+    assert joined.leader == joined.member_id and joined.skip_assignment
+    assert sorted(mb.member_id for mb in joined.members) == sorted([a.member_id, b.member_id, joined.member_id])
+    group = h.group
+    assert isinstance(group, ClassicGroup) and group.state is ClassicGroupState.STABLE and group.leader_id == joined.member_id
+    assert decoded(x.sync().assignment) == {"foo": [1, 3]}
+    assert a.heartbeat() == 0  # still nobody rebalances
+    h.assert_replay_equals_live()
+
+
+def test_a_downgrade_whose_rebalance_died_with_the_coordinator_rebalances_once_loaded() -> None:
+    """The rebalance a downgrade starts lives in memory; the log holds the converted group,
+    Stable, with the leaver's partitions in nobody's hands. A coordinator that dies before the
+    members rejoined loads that and, unless it rebalances, members heartbeating the stored
+    generation never hear of it (the simulator's migration seed 104060)."""
+    h = scripted_harness()
+    a, b = upgraded_and_settled(h)
+    assert h.heartbeat("n", LEAVE_EPOCH).error_code == 0  # n's foo-1 and foo-3 are nobody's now
+    assert h.group.state is ClassicGroupState.PREPARING_REBALANCE
+    shard = h.replayed()
+    assert shard.groups[GROUP].state is ClassicGroupState.STABLE
+    h.shard = shard
+    h.topics(foo=4, bar=2)
+    h._collect(shard.on_loaded(h.now))
+    assert h.group.state is ClassicGroupState.PREPARING_REBALANCE
+    assert a.heartbeat() == b.heartbeat() == Errors.RebalanceInProgressError.errno
+
+
 def test_a_static_replacement_downgrade_rebalances_when_a_target_is_not_reached_yet() -> None:
     """The targets become the classic assignments; one that moves a partition its holder has
     not revoked yet would be handed to the replacement at once while the holder keeps it until

@@ -65,6 +65,17 @@ REGRESSION_SEEDS = [
     ("migration", 101375),
     ("migration", 103147),
     ("migration", 100357),
+    # No convergence: a guarded cooperative member that gave up what it had reported never
+    # rejoined; stale assignments handed back to a returning static member, kept by a load, or
+    # unwatched after a conversion without a rebalance; partitions added meanwhile.
+    ("migration", 101356),
+    ("migration", 101469),
+    ("migration", 101613),
+    ("migration", 102217),
+    ("migration", 102358),
+    ("migration", 102559),
+    ("migration", 104060),
+    ("migration", 104590),
 ]
 
 

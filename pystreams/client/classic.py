@@ -18,7 +18,10 @@ the worker and the simulator run either without knowing which. What it does foll
   Before it, **eager** members revoke everything (:class:`RevokePartitions`, then
   ``revocation_done``); **cooperative** members (KIP-429) revoke only partitions of topics they
   no longer subscribe to, keep processing the rest, and after SyncGroup revoke what the new
-  assignment took away and rejoin, so that the next rebalance can hand it on.
+  assignment took away and rejoin, so that the next rebalance can hand it on (also when a guard
+  below has given it up since the JoinGroup reported owning it: the leader withheld it all the
+  same). A static leader told to skip the assignment (KIP-814) watches the group's topics from
+  then on, as one that assigned does.
 * **Errors**, as Kafka's consumer: UNKNOWN_MEMBER_ID → partitions lost, generation and member id
   reset, rejoin; ILLEGAL_GENERATION → the same, keeping the member id; REBALANCE_IN_PROGRESS on
   JoinGroup/SyncGroup → rejoin at once; NOT_COORDINATOR / COORDINATOR_NOT_AVAILABLE →
@@ -282,6 +285,9 @@ class ClassicGroupMember:
         self._subscription: _Subscription | None = None
         self._joined_topics: tuple[str, ...] = ()
         self._joined_user_data: dict[str, bytes] = {}
+        #: What the last JoinGroup reported owning: the leader withholds those partitions from
+        #: any new owner until this member rejoins without them (KIP-429).
+        self._joined_owned: PartitionSet = NO_PARTITIONS
         self._closed = False
         self._fatal_error: str | None = None
 
@@ -666,6 +672,7 @@ class ClassicGroupMember:
         self._join_due_ms = None
         self._joined_topics = topics
         self._joined_user_data = {name: data for name, data in user_data.items() if data is not None}
+        self._joined_owned = self._owned
         self._heartbeat_asap = False
         return request
 
@@ -685,7 +692,9 @@ class ClassicGroupMember:
             self._sync_awaited_since_ms = in_flight.sent_at_ms
             self._heartbeat_due_ms = now_ms + self.config.heartbeat_interval_ms
             assignments: dict[str, bytes] = {}
-            if self.is_leader and not response.skip_assignment:
+            if self.is_leader and response.skip_assignment:
+                self._watch_as_returning_leader(response)
+            elif self.is_leader:
                 try:
                     assignments = self._lead(response)
                 except _SelectedProtocolUnknown as error:
@@ -742,6 +751,16 @@ class ClassicGroupMember:
         )
         self._leader = _LeaderMemory(self._generation, result.targets, result.topic_partition_counts)
         return result.assignments
+
+    def _watch_as_returning_leader(self, response: JoinGroupResponse) -> None:
+        """A static leader back without a rebalance (KIP-814 SkipAssignment) keeps the group's
+        assignment but watches the metadata of every topic the group subscribes to from now on,
+        as Kafka's ``onLeaderElected`` does (``updateGroupSubscription``, then
+        ``assignmentSnapshot = metadataSnapshot``): a partition count that changes later makes it
+        rebalance the group."""
+        names = sorted({name for member in decode_members(response.members or ()) if member.subscription for name in member.subscription.topics})
+        counts = {name: (t.num_partitions if (t := self.topics.topic(name)) else None) for name in names}
+        self._leader = _LeaderMemory(self._generation, {}, counts)
 
     def _send_sync(self, now_ms: int) -> SyncGroupRequest:
         assert self._sync_request is not None
@@ -805,6 +824,12 @@ class ClassicGroupMember:
             # (An eager member owns nothing here: it revoked everything before joining.)
             self._start_revocation(revoked)
             self._request_rejoin("need to revoke partitions and re-join")
+        elif self._joined_owned - assigned:
+            # It reported owning these in its JoinGroup and lost them since (a guard gave them
+            # up while the rebalance ran): the leader withheld them from their new owner on the
+            # strength of that report, so only a rejoin without them lets the next rebalance
+            # hand them on, as after a revocation.
+            self._request_rejoin("partitions it reported owning moved, and it no longer owns them")
         self._notify_assignor(assigned, assignment.user_data)
         self._pending_assigned = assigned
         if not self._revocations:

@@ -76,6 +76,15 @@ def join_response(
     return response
 
 
+def member_list(group: ClassicGroup, version: int) -> list:
+    """The members a leader's JoinGroup answer lists, with their metadata for the group's protocol."""
+    Member = m.JoinGroupResponse.JoinGroupResponseMember
+    return [
+        Member(member_id=mb.member_id, group_instance_id=mb.instance_id if version >= 5 else None, metadata=mb.metadata(group.protocol_name))
+        for mb in group.members.values()
+    ]
+
+
 def sync_response(error: int = 0, protocol_type: str | None = None, protocol_name: str | None = None, assignment: bytes = b""):
     return m.SyncGroupResponse(throttle_time_ms=0, error_code=error, protocol_type=protocol_type, protocol_name=protocol_name, assignment=assignment)
 
@@ -225,11 +234,7 @@ class ClassicGroupManager:
         )
 
     def _member_list(self, group: ClassicGroup, version: int) -> list:
-        Member = m.JoinGroupResponse.JoinGroupResponseMember
-        return [
-            Member(member_id=mb.member_id, group_instance_id=mb.instance_id if version >= 5 else None, metadata=mb.metadata(group.protocol_name))
-            for mb in group.members.values()
-        ]
+        return member_list(group, version)
 
     def _add_member(self, group: ClassicGroup, request, version: int, member_id: str, now_ms: int):
         """Kafka's addMemberThenRebalanceOrCompleteJoin."""
@@ -287,7 +292,14 @@ class ClassicGroupManager:
         self._reschedule_heartbeat(group, new, now_ms)
         self._update_member(new, request, version)
         if group.state is Stable:
-            if group.select_protocol() == group.protocol_name:
+            # Kafka hands the returning member its old assignment unless the protocol vote
+            # changes; an assignment that no longer fits the subscriptions and topics (a topic
+            # the member now matches, partitions added while the leader was away) would then
+            # never be repaired, as the returning leader watches metadata only from now on.
+            stale = group.stale_assignment(self.ctx.topics)
+            if stale is not None:
+                log.info("group %s: static member %s is back, but the group's assignment is stale (%s): rebalancing", group.group_id, instance_id, stale)
+            elif group.select_protocol() == group.protocol_name:
                 self._write(group)
                 new.awaiting_join = None
                 is_leader = group.is_leader(new_id)
@@ -600,12 +612,33 @@ class ClassicGroupManager:
     def start_rebalance(self, group: ClassicGroup, now_ms: int) -> None:
         self._prepare_rebalance(group, now_ms)
 
+    def on_topics_changed(self, group: ClassicGroup, now_ms: int) -> None:
+        """New topic metadata: a Stable group whose assignment it makes stale rebalances.
+
+        Kafka leaves this to the leader's metadata watch, which starts from the metadata the
+        leader holds when it learns it leads: partitions added between a conversion without a
+        rebalance (or a static leader's return, KIP-814) and that moment were never watched
+        for, and no one rejoined (simulator, migration seed 101613). The coordinator sees every
+        change: one rebalance either way (a leader's rejoin then joins this one)."""
+        if group.state is Stable and (stale := group.stale_assignment(self.ctx.topics)) is not None:
+            log.info("group %s: topic metadata changed and the assignment is stale (%s): rebalancing", group.group_id, stale)
+            self._guard(group.group_id)
+            self._prepare_rebalance(group, now_ms)
+
     def on_loaded(self, group: ClassicGroup, now_ms: int) -> None:
         if group.is_empty:
             self.ctx.schedule(EmptyGroupTimer(group.group_id), now_ms + self.config.empty_group_retention_ms)
         for member in group.members.values():
             self._reschedule_heartbeat(group, member, now_ms)
         if len(group.members) > self.config.classic_max_group_size:
+            self._guard(group.group_id)
+            self._prepare_rebalance(group, now_ms)
+        elif group.state is Stable and (stale := group.stale_assignment(self.ctx.topics)) is not None:
+            # The rebalance that would repair it lived in memory only (one a downgrade started,
+            # or the leader's for new partitions) and died with the old coordinator: nothing in
+            # the log brings it back, and members that heartbeat the stored generation never
+            # hear of it. (Kafka's onLoaded rebalances a loaded group only when it is over capacity.)
+            log.info("group %s: loaded with a stale assignment (%s): rebalancing", group.group_id, stale)
             self._guard(group.group_id)
             self._prepare_rebalance(group, now_ms)
 

@@ -14,12 +14,18 @@ The manager in ``classic.py`` decides; this module holds the data and the small 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import kafka.errors as Errors
 
 from pystreams.coordinator import records as r
 from pystreams.coordinator.errors import RequestError
+from pystreams.protocol import consumer_protocol as cp
+
+if TYPE_CHECKING:
+    from pystreams.assignors.api import TopicMetadata
 
 CLASSIC = "classic"
 
@@ -168,6 +174,41 @@ class ClassicGroup:
 
     def is_leader(self, member_id: str) -> bool:
         return self.leader_id == member_id
+
+    def stale_assignment(self, topics: Mapping[str, TopicMetadata]) -> str | None:
+        """Why the assignment the group holds no longer fits its members' subscriptions and the
+        cluster's topics (None: it fits, or is not the consumer protocol's to judge): a member
+        holds a partition outside its subscription, or a partition of a subscribed topic is
+        nobody's (a topic or partitions added since the leader assigned, a subscription that
+        grew, a member gone whose partitions no rebalance has handed on).
+
+        Kafka keeps such an assignment wherever it skips a rebalance, and only the leader's
+        metadata watch (or a member's rejoin) ever repairs it; where the coordinator itself
+        would otherwise hand it out again, it rebalances instead (KAFKA-20273 rebalances a
+        downgrade whose assignment is stale, KAFKA-12759 a static member whose subscription
+        changed). A cooperative group between its two phases has partitions in nobody's hands
+        too: a rebalance then only comes a little early."""
+        if self.protocol_type != cp.PROTOCOL_TYPE or self.protocol_name is None or not self.members:
+            return None
+        subscribed: set[tuple[str, int]] = set()
+        assigned: set[tuple[str, int]] = set()
+        for member in self.members.values():
+            try:
+                subscription = cp.decode_subscription(member.metadata(self.protocol_name))
+                assignment = cp.decode_assignment(member.assignment)
+            except cp.ConsumerProtocolError:
+                return None  # not ours to read: the leader's business, as in Kafka
+            own = {(name, p) for name in subscription.topics if (topic := topics.get(name)) is not None for p in range(topic.num_partitions)}
+            # Topics the coordinator has no metadata for are not judged (none yet, at a load).
+            held = {(name, p) for name, numbers in assignment.partitions.items() if name in topics for p in numbers}
+            if not held <= own:
+                return f"member {member.member_id} holds {len(held - own)} partition(s) outside its subscription"
+            subscribed |= own
+            assigned |= held
+        missing = subscribed - assigned
+        if missing:
+            return f"{len(missing)} subscribed partition(s) are assigned to no member"
+        return None
 
     # --- membership -------------------------------------------------------------------------
 

@@ -35,7 +35,8 @@ from dataclasses import replace
 import kafka.errors as Errors
 
 from pystreams.coordinator import records as r
-from pystreams.coordinator.classic import join_response, leave_response, protocols_of, sync_response
+from pystreams.coordinator.classic import SKIP_ASSIGNMENT_VERSION, join_response, leave_response, member_list, protocols_of, sync_response
+from pystreams.coordinator.classic_group import ClassicGroup, ClassicGroupState
 from pystreams.coordinator.consumer import ConsumerGroupManager
 from pystreams.coordinator.consumer_group import (
     CLASSIC_METADATA_VERSION,
@@ -62,8 +63,8 @@ class ClassicMemberManager:
         self.ctx = ctx
         self.consumer = consumer
         #: Set by the shard: converts the group back when a classic static member replaces the
-        #: last KIP-848 one (returns True if it did).
-        self.downgrade_on_replacement: Callable[[ConsumerGroup, int], bool] | None = None
+        #: last KIP-848 one (returns the classic group if it did; the replacement may lead it).
+        self.downgrade_on_replacement: Callable[[ConsumerGroup, int, str | None], ClassicGroup | None] | None = None
 
     @property
     def config(self):
@@ -143,7 +144,21 @@ class ClassicMemberManager:
         # Its member epoch as the generation, its own first protocol, and no leader duties.
         answer = join_response(version, member_id=member_id, generation=member.member_epoch, protocol_type=CONSUMER, protocol_name=protocols[0][0])
         if replaced is not None and replaced.classic is None and self.downgrade_on_replacement is not None:
-            if self.downgrade_on_replacement(group, now_ms):
+            skip_assignment = version >= SKIP_ASSIGNMENT_VERSION
+            converted = self.downgrade_on_replacement(group, now_ms, member_id if skip_assignment else None)
+            if converted is not None:
+                if skip_assignment and converted.state is ClassicGroupState.STABLE:
+                    # Now a static leader back without a rebalance (Kafka's answer to one).
+                    return join_response(
+                        version,
+                        member_id=member_id,
+                        generation=converted.generation,
+                        protocol_type=converted.protocol_type,
+                        protocol_name=converted.protocol_name,
+                        leader=member_id,
+                        members=member_list(converted, version),
+                        skip_assignment=True,
+                    )
                 return answer
         self.ctx.cancel(ClassicMemberJoinTimer(group.group_id, member_id))
         self.ctx.schedule(SessionTimer(group.group_id, member_id), now_ms + request.session_timeout_ms)

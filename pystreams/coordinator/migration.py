@@ -14,17 +14,19 @@ GROUP_ID_NOT_FOUND with the reason (Kafka's answer).
 **Downgrade.** When the last KIP-848 member leaves or is fenced and only classic members remain
 (or a classic static member replaces it), the group converts back: generation = group epoch,
 each member's classic assignment is its *current* assignment (assigned and still revoking), and
-a rebalance starts (for a static replacement only when some member has not reached its target).
-Kafka's fromConsumerGroup writes the target instead; the two differ only for a member that has
-not reached it, and then the target lists partitions another member still holds and omits ones
-this member still holds (a classic member revoking before its LeaveGroup holds everything it
-was given until the LeaveGroup lands or its session ends). The classic assignment is read back
-as the truth of who holds what: by an upgrade (KIP-848: "the target assignment and the member
-assignments are created based on the current assignment") that comes before the rebalance ends,
-and by a SyncGroup after a load brings the group back Stable. Written as the target, the
-upgrade handed a partition to a second member while its holder still processed it (simulator,
-migration seeds 101460, 103461, 104217, 104488, 104682), and a SyncGroup after a load could
-too. When every member has reached its target the two are the same. A policy that forbids it is silent: the member is removed as usual.
+a rebalance starts (for a static replacement only when some member has not reached its target;
+else the replacement leads the classic group and is answered as a static leader back without a
+rebalance, KIP-814, so that someone watches the topics). Kafka's fromConsumerGroup writes the
+target instead; the two differ only for a member that has not reached it, and then the target
+lists partitions another member still holds and omits ones this member still holds (a classic
+member revoking before its LeaveGroup holds everything it was given until the LeaveGroup lands
+or its session ends). The classic assignment is read back as the truth of who holds what: by an
+upgrade (KIP-848: "the target assignment and the member assignments are created based on the
+current assignment") that comes before the rebalance ends, and by a SyncGroup after a load
+brings the group back Stable. Written as the target, the upgrade handed a partition to a second
+member while its holder still processed it (simulator, migration seeds 101460, 103461, 104217,
+104488, 104682), and a SyncGroup after a load could too. When every member has reached its
+target the two are the same. A policy that forbids it is silent: the member is removed as usual.
 
 Conversions are records, in Kafka's order, so a coordinator that dies mid-migration resumes from
 whichever side the log ends on. Committed offsets are never touched.
@@ -169,17 +171,24 @@ class Migration:
         self.classic.start_rebalance(converted, now_ms)
         return True
 
-    def downgrade_on_replacement(self, group: ConsumerGroup, now_ms: int) -> bool:
+    def downgrade_on_replacement(self, group: ConsumerGroup, now_ms: int, leader: str | None = None) -> ClassicGroup | None:
         """A classic static member replaced the last KIP-848 one: convert, and rebalance only
-        when some member has not reached its target yet."""
+        when some member has not reached its target yet. Returns the classic group (None: no
+        conversion).
+
+        ``leader`` (the replacement, when it can be told so: JoinGroup v9+) leads the classic
+        group. Without a rebalance no classic member would otherwise know that it leads, and
+        the leader is the one that watches the group's topics for new partitions (Kafka's
+        ConsumerCoordinator): it is answered as a static leader back without a rebalance
+        (KIP-814 SkipAssignment), keeps its assignment and watches from then on."""
         if not all(member.classic is not None for member in group.members.values()):
-            return False
+            return None
         if not self._downgrade_allowed(group, len(group.members)):
-            return False
+            return None
         settled = group.assignment_epoch == group.group_epoch and all(group.is_reconciled(m) for m in group.members.values())
-        converted = self._to_classic(group, exclude=None, now_ms=now_ms)
+        converted = self._to_classic(group, exclude=None, now_ms=now_ms, leader=leader)
         if converted is None:
-            return False
+            return None
         if not settled:
             # A target not yet reached moves a partition its holder has not revoked; the
             # classic assignments (what members hold) do not say where partitions go next, and
@@ -189,7 +198,7 @@ class Migration:
             # them too. The replacement's SyncGroup is then told REBALANCE_IN_PROGRESS and
             # every member rejoins with what it owns.
             self.classic.start_rebalance(converted, now_ms)
-        return True
+        return converted
 
     def _downgrade_allowed(self, group: ConsumerGroup, remaining: int) -> bool:
         policy = self.ctx.migration_policy(group.group_id)
@@ -206,10 +215,11 @@ class Migration:
             return False
         return True
 
-    def _to_classic(self, group: ConsumerGroup, exclude: str | None, now_ms: int) -> ClassicGroup | None:
+    def _to_classic(self, group: ConsumerGroup, exclude: str | None, now_ms: int, leader: str | None = None) -> ClassicGroup | None:
         """Kafka's ClassicGroup.fromConsumerGroup and convertToClassicGroup: every member but
         ``exclude``, generation = group epoch, each member's current assignment (what it holds,
-        where Kafka writes its target) as its classic assignment."""
+        where Kafka writes its target) as its classic assignment; ``leader`` leads (else the
+        first member, as in Kafka)."""
         group_id = group.group_id
         classic = ClassicGroup(group_id, state=ClassicGroupState.STABLE, current_state_timestamp=now_ms, generation=group.group_epoch, protocol_type=CONSUMER)
         for member in group.members.values():
@@ -228,6 +238,8 @@ class Migration:
                     protocols=tuple((p.name, p.metadata) for p in member.classic.supported_protocols),
                 )
             )
+        if leader is not None and leader in classic.members:
+            classic.leader_id = leader
         try:
             classic.protocol_name = classic.select_protocol()
         except AssertionError:

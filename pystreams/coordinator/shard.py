@@ -325,6 +325,8 @@ class GroupCoordinatorShard:
         for _, group in list(self.ctx.groups.served()):
             if isinstance(group, ConsumerGroup) and group.members:
                 self.consumer.on_topics_changed(group, now_ms)
+            elif isinstance(group, ClassicGroup) and group.members:
+                self.classic.on_topics_changed(group, now_ms)
 
     def _on_loaded(self, now_ms: int) -> None:
         for _, group in list(self.ctx.groups.served()):
