@@ -467,10 +467,15 @@ class App:
 
     def _query_client(self, store: str, endpoints: str | Sequence[str] | None) -> tuple[Any, Any]:
         from pystreams.queries import QueryClient, QueryError, endpoints_from
+        from pystreams.topology.stores import not_queryable_reason
 
-        spec = self.topology().stores.get(store)
+        topology = self.topology()
+        spec = topology.stores.get(store)
         if spec is None:
             raise QueryError(f"app {self.app_id!r} has no store named {store!r}")
+        reason = not_queryable_reason(topology, store)
+        if reason is not None:
+            raise QueryError(f"store {store!r} of app {self.app_id!r} is not queryable: {reason}")
         return spec, QueryClient(endpoints_from(endpoints))
 
     # ----------------------------------------------------------------- sources

@@ -852,8 +852,13 @@ def _suppress(wiring: NodeWiring) -> Emit:
     shut_down = buffer.limits.when_full is WhenFull.SHUT_DOWN
     forward = wiring.forward
 
+    # A window whose row was deleted before it closed (a session merged into another) was
+    # never emitted, so its tombstone is safe to drop (Kafka Streams' final results do).
+    drops_tombstones = isinstance(node.suppression, UntilWindowCloses)
+
     def emit_entries(entries: list[tuple[bytes, int, bytes | None]]) -> None:
-        _forward_each(forward, ((key_of(k), None if v is None else value_of(v), ts) for k, ts, v in entries), task)
+        records = ((key_of(k), None if v is None else value_of(v), ts) for k, ts, v in entries if v is not None or not drops_tombstones)
+        _forward_each(forward, records, task)
 
     def suppress(key: Any, value: Any, timestamp: int) -> None:
         if not buffer.loaded:
