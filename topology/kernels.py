@@ -279,12 +279,15 @@ EMITTED_STREAM_TIME_KEY = b"stream-time"
 _NOTHING_CLOSED = -(2**63)
 
 
-def newly_closed_window_starts(window: TumblingWindow | HoppingWindow, closed_before: int, closed_now: int) -> tuple[int, int]:
+def newly_closed_window_starts(window: TumblingWindow | HoppingWindow, closed_before: int, closed_now: int) -> tuple[int, int] | None:
     """Emit-final: the window starts ``[first, last]`` of the windows that closed when the
     close time moved from ``closed_before`` to ``closed_now`` (a window ``[start, start +
-    size)`` is closed once ``end <= close time``)."""
-    size = window.size_ms
-    return closed_before - size + 1, closed_now - size
+    size)`` is closed once ``end <= close time``); None when no window of the grid (starts are
+    multiples of the advance) ends in between, which is most moves: no store scan then."""
+    size, advance = window.size_ms, window.advance_ms
+    first, last = closed_before - size + 1, closed_now - size
+    first_on_grid = -(-first // advance) * advance
+    return (first, last) if first_on_grid <= last else None
 
 
 def newly_closed_session_ends(closed_before: int, closed_now: int) -> tuple[int, int]:
@@ -667,7 +670,10 @@ def _aggregation(wiring: NodeWiring) -> Emit:
             return close_time(stream_time, fixed.grace_ms)
 
         def windows_closed_between(before: int, now: int) -> Iterable[tuple[Windowed, bytes]]:
-            return [(fixed_window_key(fixed, key_of(w.key), w.window_start), w.value) for w in store.fetch_all(*newly_closed_window_starts(fixed, before, now))]
+            starts = newly_closed_window_starts(fixed, before, now)
+            if starts is None:
+                return ()
+            return [(fixed_window_key(fixed, key_of(w.key), w.window_start), w.value) for w in store.fetch_all(*starts)]
 
         closed_by, closed_between = window_closed_by, windows_closed_between
     return _emit_final(node, wiring.stores[node.emitted_store], task, clock, wiring.forward, aggregate, closed_by, closed_between)
