@@ -22,6 +22,8 @@ from pystreams.app import (
     load_app,
     punctuate,
     session_store,
+    until_time_limit,
+    until_window_closes,
     window_store,
 )
 from pystreams.topology.errors import TopologyError
@@ -45,5 +47,7 @@ __all__ = [
     "punctuate",
     "serdes",
     "session_store",
+    "until_time_limit",
+    "until_window_closes",
     "window_store",
 ]

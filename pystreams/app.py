@@ -56,6 +56,7 @@ from pystreams.topology.ir import (
     BranchNode,
     BranchOutputNode,
     CountNode,
+    EmitStrategy,
     ErrorPolicies,
     ErrorPolicy,
     FilterNode,
@@ -80,12 +81,14 @@ from pystreams.topology.ir import (
     StoreKind,
     StreamStreamJoinNode,
     StreamTableJoinNode,
+    SuppressNode,
     TableSourceNode,
     ToStreamNode,
 )
 from pystreams.topology.naming import check_name, repartition_source_node
 from pystreams.topology.patterns import compile_pattern
 from pystreams.topology.processor import Processor, ProcessorContext, punctuate, punctuations_of
+from pystreams.topology.suppress import Suppression, UntilTimeLimit, UntilWindowCloses, until_time_limit, until_window_closes
 from pystreams.topology.windows import (
     AggregationWindow,
     Duration,
@@ -118,6 +121,8 @@ __all__ = [
     "load_app",
     "punctuate",
     "session_store",
+    "until_time_limit",
+    "until_window_closes",
     "window_store",
 ]
 
@@ -218,6 +223,9 @@ class Table(_Handle):
 
     def to_stream(self, *, name: str | None = None) -> Stream:
         return self.app.to_stream(self, name=name)
+
+    def suppress(self, suppression: Suppression, *, store: str | None = None, name: str | None = None) -> Table:
+        return self.app.suppress(self, suppression, store=store, name=name)
 
 
 class Branches(Mapping[str, Stream]):
@@ -459,10 +467,15 @@ class App:
 
     def _query_client(self, store: str, endpoints: str | Sequence[str] | None) -> tuple[Any, Any]:
         from pystreams.queries import QueryClient, QueryError, endpoints_from
+        from pystreams.topology.stores import not_queryable_reason
 
-        spec = self.topology().stores.get(store)
+        topology = self.topology()
+        spec = topology.stores.get(store)
         if spec is None:
             raise QueryError(f"app {self.app_id!r} has no store named {store!r}")
+        reason = not_queryable_reason(topology, store)
+        if reason is not None:
+            raise QueryError(f"store {store!r} of app {self.app_id!r} is not queryable: {reason}")
         return spec, QueryClient(endpoints_from(endpoints))
 
     # ----------------------------------------------------------------- sources
@@ -697,6 +710,36 @@ class App:
         )
         return Stream(self, node_name)
 
+    def suppress(self, table: Table, suppression: Suppression, *, store: str | None = None, name: str | None = None) -> Table:
+        """Kafka Streams' ``KTable.suppress``: the table's updates held back in a changelogged
+        buffer (``store``, default ``<name>-buffer``; not queryable) and emitted as
+        ``suppression`` says — ``until_window_closes()`` (windowed tables: each window's final
+        value once) or ``until_time_limit(duration, max_records=, max_bytes=, when_full=)``."""
+        parent = self._table(table, "suppress")
+        node_name = self._fresh_name(name, f"{parent.name}-suppress")
+        if not isinstance(suppression, UntilWindowCloses | UntilTimeLimit):
+            raise TypeError(f"suppress {node_name!r}: give until_window_closes() or until_time_limit(...), got {suppression!r}")
+        window = parent.window if isinstance(parent.window, TumblingWindow | HoppingWindow | SessionWindow) else None
+        if isinstance(suppression, UntilWindowCloses) and window is None:
+            raise TopologyError(
+                f"suppress {node_name!r}: until_window_closes() needs a windowed table, but {parent.name!r} has no windows (use until_time_limit(...))",
+                nodes=[node_name, parent.name],
+            )
+        store_name = check_name("store", store or f"{node_name}-buffer")
+        self._add(
+            SuppressNode(
+                name=node_name,
+                parents=(parent.name,),
+                key_serde=parent.key_serde,
+                value_serde=parent.value_serde,
+                suppression=suppression,
+                store=store_name,
+                window=window,
+            )
+        )
+        self._add_store(Store(name=store_name, kind=StoreKind.KEY_VALUE, owner=node_name, key_serde=serdes.Bytes(), value_serde=serdes.Bytes()))
+        return Table(self, node_name)
+
     # ----------------------------------------------------------------- stateful
 
     def count(
@@ -705,9 +748,11 @@ class App:
         *,
         store: str | None = None,
         window: AggregationWindow | None = None,
+        emit: str = "update",
         name: str | None = None,
     ) -> Table:
-        """Records per key (per window with ``window=``); values are ``Int()`` (8-byte big-endian)."""
+        """Records per key (per window with ``window=``); values are ``Int()`` (8-byte big-endian).
+        ``emit="final"`` (windowed only): one count per window, when it closes (KIP-825)."""
         parent = self._stream(stream, "count")
         node_name = self._fresh_name(name or store, f"{parent.name}-count")
         return self._aggregation(
@@ -720,6 +765,7 @@ class App:
             initial=0,
             merger=sum_merger,
             value_serde=serdes.Int(),
+            emit=emit,
         )
 
     def aggregate(
@@ -731,10 +777,13 @@ class App:
         window: AggregationWindow | None = None,
         merge: Callable[[Any, Any, Any], Any] | None = None,
         value: Serde | None = None,
+        emit: str = "update",
         name: str | None = None,
     ) -> Callable[[Callable], Table]:
         """``fn(acc, key, value) -> acc`` per key (per window), from ``initial`` (a value, or a
-        zero-argument factory such as ``list``). Session windows need ``merge(key, older, newer)``."""
+        zero-argument factory such as ``list``). Session windows need ``merge(key, older, newer)``.
+        ``emit``: ``"update"`` (every change, folded per commit) or, windowed only, ``"final"``
+        (each window's value once, when it closes: stream time past its end + grace)."""
 
         def declare(fn: Callable) -> Table:
             parent = self._stream(stream, "aggregate")
@@ -751,6 +800,7 @@ class App:
                 initial=initial,
                 merger=merger,
                 value_serde=value_serde,
+                emit=emit,
             )
 
         return declare
@@ -761,9 +811,11 @@ class App:
         *,
         store: str | None = None,
         window: AggregationWindow | None = None,
+        emit: str = "update",
         name: str | None = None,
     ) -> Callable[[Callable], Table]:
-        """``fn(acc, key, value) -> acc``; a key's first value is its accumulator."""
+        """``fn(acc, key, value) -> acc``; a key's first value is its accumulator (``emit``: as
+        for ``aggregate``)."""
 
         def declare(fn: Callable) -> Table:
             parent = self._stream(stream, "reduce")
@@ -779,6 +831,7 @@ class App:
                 initial=None,
                 merger=ReduceMerger(fn),
                 value_serde=parent.value_serde,
+                emit=emit,
             )
 
         return declare
@@ -1028,10 +1081,20 @@ class App:
         initial: Any,
         merger: Callable | None,
         value_serde: Serde,
+        emit: str = "update",
     ) -> Table:
         kind = node_type.kind
         if window is not None and not isinstance(window, TumblingWindow | HoppingWindow | SessionWindow):
             raise TypeError(f"{kind} {node_name!r}: window must be a Tumbling, Hopping or Session window, got {window!r}")
+        try:
+            strategy = EmitStrategy(emit)
+        except ValueError:
+            raise TopologyError(f"{kind} {node_name!r}: emit must be one of {[e.value for e in EmitStrategy]}, got {emit!r}", nodes=[node_name]) from None
+        if strategy is EmitStrategy.FINAL and window is None:
+            raise TopologyError(
+                f"{kind} {node_name!r}: emit='final' needs window= (a table without windows never closes; use table.suppress(until_time_limit(...)))",
+                nodes=[node_name],
+            )
         if isinstance(window, SessionWindow):
             if merger is None:
                 raise TopologyError(f"aggregate {node_name!r} over session windows needs merge=(key, older, newer)", nodes=[node_name])
@@ -1041,6 +1104,7 @@ class App:
             merger = None
         store_name = check_name("store", store or node_name)
         store_kind = StoreKind.KEY_VALUE if window is None else StoreKind.SESSION if isinstance(window, SessionWindow) else StoreKind.WINDOW
+        emitted_store = check_name("store", f"{store_name}-emit-final") if strategy is EmitStrategy.FINAL else None
         self._add(
             node_type(
                 name=node_name,
@@ -1052,8 +1116,12 @@ class App:
                 value_serde=value_serde,
                 store=store_name,
                 window=window,
+                emit=strategy,
+                emitted_store=emitted_store,
             )
         )
+        if emitted_store is not None:
+            self._add_store(Store(name=emitted_store, kind=StoreKind.KEY_VALUE, owner=node_name, key_serde=serdes.Bytes(), value_serde=serdes.Bytes()))
         self._add_store(
             Store(
                 name=store_name,

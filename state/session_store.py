@@ -11,6 +11,7 @@ from .cache import CachedChanges
 from .keys import (
     MAX_TIMESTAMP,
     SESSION_SUFFIX_BYTES,
+    TIMESTAMP_BYTES,
     encode_timestamp,
     escape_key,
     key_prefix_end,
@@ -87,6 +88,13 @@ class SessionStore(TimeIndexedStore[SessionChange]):
         lower = escape_key(key_from)
         upper = key_prefix_end(escape_key(key_to))
         return self._sessions(lower, upper, max(earliest_session_end, self.min_live_time), latest_session_start)
+
+    def fetch_all_ending(self, end_from: int, end_to: int) -> Iterator[Session]:
+        """Sessions of every key ending in ``[end_from, end_to]``, by end, then key and start
+        (served from the time index; what closes when stream time moves)."""
+        for index_key, value in self._scan_by_time(end_from, end_to):
+            key, start, end = split_session_key(index_key[TIMESTAMP_BYTES:])
+            yield Session(key, start, end, value)
 
     def all(self) -> Iterator[Session]:
         """Every live session, by key, then end, then start."""

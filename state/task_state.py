@@ -220,10 +220,20 @@ class TaskState:
     # -- commit ---------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Flush every store's cache (one changelog record and one forward per key)."""
+        """Flush every store's cache (one changelog record and one forward per key).
+
+        A store's flush forwards updates downstream, which may write another store of the
+        task (a suppression buffer behind a table) that was flushed already in this pass: the
+        passes repeat until every cache is empty, so a commit covers everything its outputs
+        depend on. Forwards only go downstream, so this ends."""
         self._check_open()
-        for store in self._stores.values():
-            store.flush()
+        stores = list(self._stores.values())
+        for _ in range(len(stores) + 1):
+            for store in stores:
+                store.flush()
+            if not any(len(store.cache) for store in stores):
+                return
+        raise StateError(f"task {self.task_id}: store caches still hold writes after {len(stores) + 1} flushes")
 
     def checkpoint(self, written_offsets: Mapping[TopicPartition, int] | None = None, *, force: bool = False) -> bool:
         """Record the changelog offsets the stores reflect and write the checkpoint file.

@@ -112,6 +112,23 @@ def sessions_case() -> Case:
     return Case(app, {"in": 2}, {"in"}, {"runs": "table", "visits": "table"})
 
 
+def emit_final_case() -> Case:
+    """One result per closed window, as a stream: Spark must write each exactly as the driver."""
+    app = App("emit-final")
+    numbers = app.topic("in", value=serdes.Int())
+    app.count(numbers, store="per-minute", window=TumblingWindow(size=60 * S, grace=10 * S), emit="final").to("per-minute")
+    numbers.aggregate(
+        lambda total, key, n: total + n,
+        initial=0,
+        store="sum-30s",
+        name="sum_30s",
+        window=HoppingWindow(size=30 * S, advance=10 * S, grace=5 * S),
+        emit="final",
+    ).to("sum-30s")
+    app.count(numbers, store="visits", window=SessionWindow(gap=10 * S, grace=5 * S), emit="final").to("visits")
+    return Case(app, {"in": 3}, {"in"}, {"per-minute": "stream", "sum-30s": "stream", "visits": "stream"})
+
+
 def stream_table_case(how: str) -> Case:
     app = App(f"stream-table-{how}")
     orders = app.topic("orders", value=serdes.Int())
@@ -164,6 +181,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "stateless": stateless_case,
     "aggregations": aggregations_case,
     "windows": windows_case,
+    "emit-final": emit_final_case,
     "sessions": sessions_case,
     "stream-table-inner": lambda: stream_table_case("inner"),
     "stream-table-left": lambda: stream_table_case("left"),

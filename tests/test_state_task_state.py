@@ -418,3 +418,19 @@ def test_changelog_topic_configs(tmp_path):
     assert counts.changelog_config == {"cleanup.policy": "compact"}
     assert windows.changelog_config == {"cleanup.policy": "compact,delete", "retention.ms": str(10_000 + 86_400_000)}
     state.close()
+
+
+def test_flush_repeats_until_a_store_written_by_another_stores_forward_is_flushed_too(tmp_path):
+    """A suppression buffer behind a table is written while the table's cache flushes; a commit
+    must carry that write too (under exactly-once, in the same transaction as the outputs),
+    whatever order the stores were opened in."""
+    changelog = InMemoryChangelog()
+    state = TaskState(tmp_path, APP, TASK, PARTITION, changelog)
+    buffer = state.key_value_store("a-buffer")  # opened (and flushed) first
+    state.key_value_store("b-table", forward=lambda changes: [buffer.put(change.key, change.value) for change in changes])
+    state.store("b-table").put(b"k", b"v")
+    state.flush()
+    assert len(buffer.cache) == 0
+    assert buffer.get(b"k") == b"v"
+    assert [(key, value) for _, key, value in changelog.records(TopicPartition(f"{APP}-a-buffer-changelog", PARTITION))] == [(b"k", b"v")]
+    state.close()

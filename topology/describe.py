@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 
-from .ir import JoinKind, Node, NodeKind, StreamStreamJoinNode, StreamTableJoinNode, SubTopology, TopicRole, Topology
+from .ir import AggregationNode, JoinKind, Node, NodeKind, StreamStreamJoinNode, StreamTableJoinNode, SubTopology, SuppressNode, TopicRole, Topology
 from .resolve import ResolvedTopology
+from .suppress import describe_suppression
 from .windows import describe_window
 
 
@@ -28,6 +29,10 @@ def _node_line(node: Node) -> str:
         details.append(f"stores {list(node.stores)}")
     if node.window is not None:
         details.append(describe_window(node.window))
+    if isinstance(node, AggregationNode) and node.emits_final:
+        details.append("emit final")
+    if isinstance(node, SuppressNode):
+        details.append(describe_suppression(node.suppression))
     if isinstance(node, StreamTableJoinNode):
         details.append(f"{node.how} {JoinKind.STREAM_TABLE} join")
     elif isinstance(node, StreamStreamJoinNode):

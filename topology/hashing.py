@@ -17,6 +17,7 @@ from uuid import UUID
 import msgspec
 
 from .ir import (
+    AggregationNode,
     CopartitionGroup,
     InternalTopic,
     JoinKind,
@@ -25,7 +26,9 @@ from .ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SubTopology,
+    SuppressNode,
 )
+from .suppress import suppression_fields
 from .windows import window_fields
 
 #: Bump when the canonical form changes meaning, so old and new hashes never collide.
@@ -75,6 +78,8 @@ def _node(node: Node) -> dict[str, Any]:
         "join": _join(node),
         "branches": list(node.branches),
         "punctuations": [[p.method, p.interval_ms, p.type.value] for p in node.punctuations],
+        "emit": node.emit.value if isinstance(node, AggregationNode) else None,
+        "suppression": suppression_fields(node.suppression) if isinstance(node, SuppressNode) else None,
     }
 
 

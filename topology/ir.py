@@ -49,6 +49,8 @@ AGGREGATE              ``acc = fn(acc, key, value)`` with ``acc`` starting at ``
                        ``initial()`` when callable); stores in ``stores[0]``; forwards
                        ``(key, acc)``, or ``(Windowed(key, start, end), acc)`` per window when
                        ``window`` is set. Session windows merge with ``merger(key, older, newer)``.
+                       ``emit=final`` (windowed only): nothing per update; each window's value
+                       once, when it closes, from the store (``emitted_store`` keeps how far).
 REDUCE                 like AGGREGATE, but the first value of a key is the accumulator itself
 STREAM_TABLE_JOIN      looks the record's key up in the table's store (``table_store``);
                        forwards ``(key, fn(key, value, table_value))``; an inner join drops misses,
@@ -57,6 +59,9 @@ STREAM_STREAM_JOIN     one node per side (``side``): stores the record in ``this
                        looks up ``other_store`` within ``window`` and forwards
                        ``(key, fn(key, left_value, right_value))``. The two sides feed a MERGE
                        node that carries the join's name.
+SUPPRESS               a table's updates held in a changelogged buffer (``stores[0]``) and
+                       emitted when the ``suppression`` says (until the window closes, or
+                       until a time limit / a full buffer)
 PROCESSOR              ``fn`` is a ``Processor`` subclass: one instance per task, ``init(context)``,
                        ``process(key, value)``, ``close()``; ``punctuations`` name methods to call
                        with a timestamp on stream time or wall-clock time.
@@ -76,6 +81,7 @@ from uuid import UUID
 
 from pystreams.serdes import Serde
 
+from .suppress import Suppression
 from .windows import AggregationWindow, JoinWindow, Window
 
 
@@ -102,6 +108,7 @@ class NodeKind(enum.StrEnum):
     STREAM_TABLE_JOIN = "stream-table-join"
     STREAM_STREAM_JOIN = "stream-stream-join"
     PROCESSOR = "processor"
+    SUPPRESS = "suppress"
 
 
 #: Kinds whose input must be partitioned by the current key; a changed key upstream gets a
@@ -109,6 +116,15 @@ class NodeKind(enum.StrEnum):
 KEYED_INPUT_KINDS = frozenset({NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE, NodeKind.STREAM_TABLE_JOIN, NodeKind.STREAM_STREAM_JOIN})
 #: Kinds whose output is a table (an update stream of a keyed state).
 TABLE_KINDS = frozenset({NodeKind.TABLE_SOURCE, NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE})
+
+
+class EmitStrategy(enum.StrEnum):
+    """When a windowed aggregation emits (Kafka Streams' ``EmitStrategy``, KIP-825):
+    ``update``, every change of a window, folded per commit; ``final``, one result per window
+    when it closes."""
+
+    UPDATE = "update"
+    FINAL = "final"
 
 
 class StoreKind(enum.StrEnum):
@@ -434,10 +450,19 @@ class AggregationNode(NodeBase):
     initial: Any = None
     #: Session windows: ``merger(key, older, newer) -> merged``.
     merger: Callable[[Any, Any, Any], Any] | None = None
+    emit: EmitStrategy = EmitStrategy.UPDATE
+    #: ``emit=final``: the key-value store keeping the node's stream time, hence which
+    #: windows have had their final result emitted (Kafka Streams keeps it as processor
+    #: metadata committed with the offsets; here it is changelogged with the window store).
+    emitted_store: str | None = None
 
     @property
     def stores(self) -> tuple[str, ...]:
-        return (self.store,)
+        return (self.store,) if self.emitted_store is None else (self.store, self.emitted_store)
+
+    @property
+    def emits_final(self) -> bool:
+        return self.emit is EmitStrategy.FINAL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -499,6 +524,22 @@ class ProcessorNode(NodeBase):
     punctuations: tuple[Punctuation, ...] = ()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SuppressNode(NodeBase):
+    """Holds a table's updates back in a changelogged buffer (``store``) and emits them as
+    ``suppression`` says (``pystreams.topology.suppress``); ``window`` is the windowed table's
+    window, which ``until_window_closes`` needs to know when a window closes."""
+
+    kind: ClassVar[NodeKind] = NodeKind.SUPPRESS
+    suppression: Suppression
+    store: str
+    window: AggregationWindow | None = None
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.store,)
+
+
 #: One step of the graph: a tagged union, the tag being each type's ``kind``.
 Node: TypeAlias = (
     SourceNode
@@ -522,6 +563,7 @@ Node: TypeAlias = (
     | StreamTableJoinNode
     | StreamStreamJoinNode
     | ProcessorNode
+    | SuppressNode
 )
 
 

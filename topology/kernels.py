@@ -38,6 +38,7 @@ from kafka.partitioner.default import murmur2
 from pystreams import serdes
 
 from .ir import (
+    TABLE_KINDS,
     AggregateNode,
     AggregationNode,
     BranchNode,
@@ -63,9 +64,18 @@ from .ir import (
     Store,
     StreamStreamJoinNode,
     StreamTableJoinNode,
+    SuppressNode,
     TableSourceNode,
     TaskId,
     ToStreamNode,
+)
+from .suppress import (
+    SuppressionBuffer,
+    UntilWindowCloses,
+    WhenFull,
+    decode_stream_time,
+    due_time_rule,
+    encode_stream_time,
 )
 from .windows import HoppingWindow, JoinWindow, SessionWindow, TimeWindow, TumblingWindow, Windowed
 
@@ -256,6 +266,36 @@ def open_windows(window: TumblingWindow | HoppingWindow, timestamp: int, closed_
     return still_open, closed
 
 
+def forwards_store_updates(node: NodeBase) -> bool:
+    """Whether a table node's updates go downstream when its store's cache flushes (emit on
+    update, folded per commit). An emit-final aggregation forwards each window once itself,
+    when it closes; a suppression forwards from its buffer."""
+    return node.kind in TABLE_KINDS and not (isinstance(node, AggregationNode) and node.emits_final)
+
+
+#: The one key of an emit-final aggregation's ``emitted_store``: the node's stream time.
+EMITTED_STREAM_TIME_KEY = b"stream-time"
+#: "Nothing emitted yet": below every window end.
+_NOTHING_CLOSED = -(2**63)
+
+
+def newly_closed_window_starts(window: TumblingWindow | HoppingWindow, closed_before: int, closed_now: int) -> tuple[int, int] | None:
+    """Emit-final: the window starts ``[first, last]`` of the windows that closed when the
+    close time moved from ``closed_before`` to ``closed_now`` (a window ``[start, start +
+    size)`` is closed once ``end <= close time``); None when no window of the grid (starts are
+    multiples of the advance) ends in between, which is most moves: no store scan then."""
+    size, advance = window.size_ms, window.advance_ms
+    first, last = closed_before - size + 1, closed_now - size
+    first_on_grid = -(-first // advance) * advance
+    return (first, last) if first_on_grid <= last else None
+
+
+def newly_closed_session_ends(closed_before: int, closed_now: int) -> tuple[int, int]:
+    """Emit-final: the session ends ``[first, last]`` of the sessions that closed when the
+    session close time moved from ``closed_before`` to ``closed_now`` (closed: ending before it)."""
+    return closed_before, closed_now - 1
+
+
 def session_close_time(stream_time: int, grace_ms: int, gap_ms: int) -> int:
     """Merged sessions ending before this accept no more records: a session stays open for
     ``gap`` after its end (a record may still extend it) plus ``grace`` (Kafka Streams'
@@ -422,7 +462,17 @@ class TaskPosition:
     timestamp). The
     runtime updates it per record; kernels and processor contexts read it."""
 
-    __slots__ = ("app_id", "task_id", "topic", "partition", "offset", "stream_time", "late_records_dropped", "invalid_timestamps_dropped")
+    __slots__ = (
+        "app_id",
+        "task_id",
+        "topic",
+        "partition",
+        "offset",
+        "stream_time",
+        "late_records_dropped",
+        "invalid_timestamps_dropped",
+        "on_forward_error",
+    )
 
     def __init__(self, app_id: str, task_id: TaskId) -> None:
         self.app_id = app_id
@@ -435,6 +485,14 @@ class TaskPosition:
         self.late_records_dropped = 0
         #: Records skipped because their timestamp was negative (``source_timestamp``).
         self.invalid_timestamps_dropped = 0
+        #: Called for a child's failure on a record forwarded outside processing (a flushed
+        #: table update, a final result, an evicted buffer entry); the runtime applies its
+        #: error policy. By default it re-raises.
+        self.on_forward_error: Callable[[NodeFailure], None] = _reraise_failure
+
+
+def _reraise_failure(failure: NodeFailure) -> None:
+    raise failure
 
 
 class NodeProcessorContext:
@@ -583,9 +641,99 @@ def _aggregation(wiring: NodeWiring) -> Emit:
     key_serde = wiring.specs[node.store].key_serde
     if node.window is None:
         return _key_value_aggregation(node, store, key_serde)
-    if isinstance(node.window, SessionWindow):
-        return _session_aggregation(node, node.window, store, key_serde, wiring.task(), wiring.clock(store))
-    return _windowed_aggregation(node, node.window, store, key_serde, wiring.task(), wiring.clock(store))
+    task, clock = wiring.task(), wiring.clock(store)
+    window = node.window
+    if isinstance(window, SessionWindow):
+        aggregate = _session_aggregation(node, window, store, key_serde, task, clock)
+    else:
+        aggregate = _windowed_aggregation(node, window, store, key_serde, task, clock)
+    if not node.emits_final:
+        return aggregate
+    assert node.emitted_store is not None, f"emit-final aggregation {node.name!r} has no emitted store"
+    key_of = key_serde.deserialize
+    closed_by: Callable[[int], int]
+    closed_between: Callable[[int, int], Iterable[tuple[Windowed, bytes]]]
+    if isinstance(window, SessionWindow):
+        gap, grace = window.gap_ms, window.grace_ms
+
+        def session_closed_by(stream_time: int) -> int:
+            return session_close_time(stream_time, grace, gap)
+
+        def sessions_closed_between(before: int, now: int) -> Iterable[tuple[Windowed, bytes]]:
+            return [(Windowed(key_of(s.key), s.start, s.end), s.value) for s in store.fetch_all_ending(*newly_closed_session_ends(before, now))]
+
+        closed_by, closed_between = session_closed_by, sessions_closed_between
+    else:
+        fixed = window
+
+        def window_closed_by(stream_time: int) -> int:
+            return close_time(stream_time, fixed.grace_ms)
+
+        def windows_closed_between(before: int, now: int) -> Iterable[tuple[Windowed, bytes]]:
+            starts = newly_closed_window_starts(fixed, before, now)
+            if starts is None:
+                return ()
+            return [(fixed_window_key(fixed, key_of(w.key), w.window_start), w.value) for w in store.fetch_all(*starts)]
+
+        closed_by, closed_between = window_closed_by, windows_closed_between
+    return _emit_final(node, wiring.stores[node.emitted_store], task, clock, wiring.forward, aggregate, closed_by, closed_between)
+
+
+def _emit_final(
+    node: AggregationNode,
+    emitted: KeyValueBytes,
+    task: TaskPosition,
+    clock: NodeClock,
+    forward: Emit,
+    aggregate: Emit,
+    closed_by: Callable[[int], int],
+    closed_between: Callable[[int, int], Iterable[tuple[Windowed, bytes]]],
+) -> Emit:
+    """Emit-final (KIP-825): when a record moves the node's stream time, every window (session)
+    it closes is read from the store and forwarded once, oldest first, before the record is
+    aggregated (its own windows are open, or it is late). The stream time goes into
+    ``emitted`` with each move, in the same commit as the outputs: a new owner knows which
+    windows are out — under exactly-once, exactly those whose outputs committed — and judges
+    lateness by the same clock, so it neither repeats a final result nor reopens a window."""
+    value_of = node.value_serde.deserialize
+    closed_up_to = _NOTHING_CLOSED
+    loaded = False
+
+    def load() -> None:
+        nonlocal closed_up_to, loaded
+        persisted = decode_stream_time(emitted.get(EMITTED_STREAM_TIME_KEY))
+        if persisted is not None:
+            clock.observed = advance_stream_time(clock.observed, persisted)
+            closed_up_to = closed_by(persisted)
+        loaded = True
+
+    def aggregate_final(key: Any, value: Any, timestamp: int) -> None:
+        nonlocal closed_up_to
+        if key is None or value is None:
+            return  # skips_record: it moves no stream time
+        if not loaded:
+            load()
+        if clock.observed is None or timestamp > clock.observed:
+            clock.observed = timestamp
+            emitted.put(EMITTED_STREAM_TIME_KEY, encode_stream_time(timestamp))
+            closed_now = closed_by(timestamp)
+            if closed_now > closed_up_to:
+                finals = closed_between(closed_up_to, closed_now)
+                closed_up_to = closed_now
+                _forward_each(forward, ((windowed, value_of(data), timestamp) for windowed, data in finals), task)
+        aggregate(key, value, timestamp)
+
+    return aggregate_final
+
+
+def _forward_each(forward: Emit, records: Iterable[tuple[Any, Any, int]], task: TaskPosition) -> None:
+    """Forward records that leave a store for good (final results, evicted buffer entries): a
+    child failing on one is reported by the task's error policy and the others still go."""
+    for key, value, timestamp in records:
+        try:
+            forward(key, value, timestamp)
+        except NodeFailure as failure:
+            task.on_forward_error(failure)
 
 
 def _aggregation_functions(
@@ -688,6 +836,64 @@ def _session_aggregation(
         store.put(stored_key, start, end, value_bytes(total))
 
     return aggregate_sessions
+
+
+# ============================================================================ suppression
+
+
+def _suppress(wiring: NodeWiring) -> Emit:
+    """Buffers each table update (non-resetting: a key keeps its first due time), then emits
+    what is due by the node's stream time, oldest first; over a limit, emits the oldest early
+    or stops the task (``pystreams.topology.suppress``)."""
+    node = wiring.node
+    assert isinstance(node, SuppressNode)
+    task = wiring.task()
+    buffer = SuppressionBuffer(node.suppression.buffer, wiring.stores[node.store])
+    # Keys are never None here (a table has no row for a null key), so their bytes are not either.
+    key_bytes = cast(Callable[[Any], bytes], node.key_serde.serialize)
+    key_of = node.key_serde.deserialize
+    value_bytes, value_of = node.value_serde.serialize, node.value_serde.deserialize
+    due = due_time_rule(node.suppression, node.window)
+    bounded = buffer.limits.bounded
+    shut_down = buffer.limits.when_full is WhenFull.SHUT_DOWN
+    forward = wiring.forward
+
+    # A window whose row was deleted before it closed (a session merged into another) was
+    # never emitted, so its tombstone is safe to drop (Kafka Streams' final results do).
+    drops_tombstones = isinstance(node.suppression, UntilWindowCloses)
+
+    def emit_entries(entries: list[tuple[bytes, int, bytes | None]]) -> None:
+        records = ((key_of(k), None if v is None else value_of(v), ts) for k, ts, v in entries if v is not None or not drops_tombstones)
+        _forward_each(forward, records, task)
+
+    def suppress(key: Any, value: Any, timestamp: int) -> None:
+        if not buffer.loaded:
+            buffer.load()
+        if key is None:
+            return  # a table has no row for a null key
+        stream_time = buffer.observe(timestamp)
+        buffer.put(key_bytes(key), due(key, timestamp), timestamp, None if value is None else value_bytes(value))
+        emit_entries(list(buffer.pop_due(stream_time)))
+        if not bounded:
+            return
+        over = buffer.over_limit()
+        if over is None:
+            return
+        if shut_down:
+            raise SuppressionBufferFullError(_buffer_full(node, task, over))
+        emit_entries(list(buffer.pop_oldest_while_over_limit()))
+
+    return suppress
+
+
+def _buffer_full(node: SuppressNode, task: TaskPosition, over: str) -> RecordFailure:
+    setting = (
+        "until_window_closes(max_records=..., max_bytes=...)"
+        if isinstance(node.suppression, UntilWindowCloses)
+        else ("until_time_limit(..., max_records=..., max_bytes=...), or when_full='emit_early'")
+    )
+    reason = f"suppression buffer store {node.store!r} is full ({over}) and when_full is shut_down; raise the limit in {setting}"
+    return RecordFailure(ErrorKind.PROCESSING, str(task.task_id), task.topic, task.partition, task.offset, node.name, reason)
 
 
 # ============================================================================ join kernels
@@ -808,6 +1014,7 @@ NODE_KERNELS: Mapping[type[NodeBase], Kernel] = {
     StreamTableJoinNode: _stream_table_join,
     StreamStreamJoinNode: _stream_stream_join,
     ProcessorNode: _processor,
+    SuppressNode: _suppress,
 }
 
 
@@ -867,6 +1074,11 @@ class RecordProcessingError(RuntimeError):
         self.failure = failure
 
 
+class SuppressionBufferFullError(RecordProcessingError):
+    """A ``when_full="shut_down"`` suppression buffer went over its limit: the task stops,
+    whatever the error policy (Kafka Streams' behaviour); nothing is dropped silently."""
+
+
 class NodeFailure(Exception):
     """An exception raised inside a node, annotated with the node's name."""
 
@@ -882,8 +1094,8 @@ def guard(name: str, emit: Emit) -> Emit:
     def guarded(key: Any, value: Any, timestamp: int) -> None:
         try:
             emit(key, value, timestamp)
-        except NodeFailure:
-            raise
+        except (NodeFailure, RecordProcessingError):
+            raise  # already named; or fatal whatever the error policy (a full suppression buffer)
         except Exception as error:
             raise NodeFailure(name, error) from error
 

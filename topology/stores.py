@@ -9,7 +9,7 @@ from typing import Any
 
 from pystreams.serdes import Serde
 
-from .ir import Store, StoreKind
+from .ir import Store, StoreKind, SuppressNode, Topology
 
 
 class _TypedStore:
@@ -100,3 +100,18 @@ _VIEWS: dict[StoreKind, Callable[[Any, Serde, Serde], TypedStore]] = {
     StoreKind.WINDOW: TypedWindowStore,
     StoreKind.SESSION: TypedSessionStore,
 }
+
+
+def not_queryable_reason(topology: Topology, store: str) -> str | None:
+    """Why interactive queries may not read ``store`` (None: they may), as in Kafka Streams:
+    a stream-stream join's store keeps every record, not one value per window; a suppression
+    buffer and an emit-final aggregation's stream time are the node's own bookkeeping."""
+    spec = topology.stores[store]
+    owner = topology.nodes[spec.owner]
+    if spec.retain_duplicates:
+        return "a stream-stream join's store"
+    if isinstance(owner, SuppressNode):
+        return f"the suppression buffer of {owner.name!r}; query the table it suppresses"
+    if owner.stores and owner.stores[0] != store:
+        return f"bookkeeping of node {owner.name!r} (query its store {owner.stores[0]!r})"
+    return None

@@ -32,7 +32,10 @@ starts: two stateful steps on one sink's path (an aggregation of an aggregation,
 aggregated stream: Spark allows one arbitrary-state operator per query here); a stream–table
 join whose table is computed rather than read from a topic; a processor reading a repartition
 topic or a stateful step's output (its task, hence its stores and stream time, would not be a
-source partition), using a window or session store, or reading another node's store.
+source partition), using a window or session store, or reading another node's store; a
+``suppress`` (it buffers a table's updates: a second stateful step). Emit-final windowed
+aggregations compile: the kernel reads each closed window from the task's Spark state (a scan
+of the task's windows when stream time closes some) and its stream time is kept there too.
 
 Where the runtimes still differ (``SparkPlan.warnings`` names the nodes concerned):
 
@@ -90,6 +93,7 @@ from pystreams.topology.ir import (
     StoreKind,
     StreamStreamJoinNode,
     StreamTableJoinNode,
+    SuppressNode,
     TableSourceNode,
     Topology,
     ToStreamNode,
@@ -342,7 +346,11 @@ class _Compilation:
             plan: KeyedPlan | TaskPlan = KeyedPlan(node.name, ((0, flow),), step)
         else:
             self.warn_if_repartitioned(node, flow)
-            task_step = TaskStep(self.topology.app_id, node.subtopology, inputs, (store,), out_key, out_value, table=shipped)
+            stores = tuple(_shipped_store(node, self.topology.stores[name]) for name in node.stores)
+            # Emit-final: the kernel forwards each closed window itself; the store's changes are
+            # not output.
+            table = None if node.emits_final else shipped
+            task_step = TaskStep(self.topology.app_id, node.subtopology, inputs, stores, out_key, out_value, table=table)
             plan = TaskPlan(node.name, ((0, flow),), task_step)
         self.stateful.append(node.name)
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
@@ -426,6 +434,14 @@ class _Compilation:
         self.stateful.append(node.name)
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
 
+    def suppress(self, node: Node) -> None:
+        (parent,) = node.parents
+        raise _unsupported(
+            node,
+            f"it buffers the updates of table {parent!r}, a stateful step of its own, and Spark runs one arbitrary-state "
+            "step per query; for one result per window use emit='final' on the windowed aggregation, which Spark runs",
+        )
+
     def sink(self, node: Node) -> None:
         assert isinstance(node, SinkNode)
         flow = self.then(node, self.parent_flow(node))
@@ -490,6 +506,7 @@ _PLANNERS: Mapping[type[NodeBase], Callable[[_Compilation, Node], None]] = {
     StreamTableJoinNode: _Compilation.stream_table_join,
     StreamStreamJoinNode: _Compilation.stream_stream_side,
     ProcessorNode: _Compilation.processor,
+    SuppressNode: _Compilation.suppress,
     SinkNode: _Compilation.sink,
 }
 

@@ -20,6 +20,7 @@ import msgspec
 
 from pystreams.state.session_store import Session
 from pystreams.state.time_indexed import Retention
+from pystreams.state.window_store import WindowedValue
 
 
 class MapBackend(Protocol):
@@ -163,6 +164,14 @@ class _TimedStore(Retention):
         else:
             self._backend.delete(key)
 
+    def _every_key(self) -> Iterator[tuple[bytes, dict[Any, bytes]]]:
+        """Every key's entries: this batch's writes over the stored state."""
+        touched = self._keys
+        for key, stored in self._backend.items():
+            if key not in touched:
+                yield key, self._decode_entries(stored)
+        yield from touched.items()
+
     def expire_untouched(self) -> None:
         """Drop expired entries of every key (reads already hide them; this frees the space)."""
         for key, stored in list(self._backend.items()):
@@ -213,6 +222,15 @@ class SparkWindowStore(_TimedStore):
         """The changes as ``(key, time, value or None)``, oldest write first."""
         return self._flush()
 
+    def fetch_all(self, time_from: int, time_to: int) -> list[WindowedValue]:
+        """Windows of every key with starts in ``[time_from, time_to]``, by time then key (as
+        RocksDB's time index): a scan of the task's whole state, which emit-final pays only
+        when stream time closes windows."""
+        time_from = max(time_from, self.min_live_time)
+        found = [WindowedValue(key, start, value) for key, entries in self._every_key() for start, value in entries.items() if time_from <= start <= time_to]
+        found.sort(key=lambda window: (window.window_start, window.key))
+        return found
+
 
 class SparkSessionStore(_TimedStore):
     """Values per (key, session start, session end), retention on the end."""
@@ -247,6 +265,13 @@ class SparkSessionStore(_TimedStore):
 
     def remove(self, key: bytes, start: int, end: int) -> bool:
         return self.put(key, start, end, None)
+
+    def fetch_all_ending(self, end_from: int, end_to: int) -> list[Session]:
+        """Sessions of every key ending in ``[end_from, end_to]``, by end, then key and start."""
+        end_from = max(end_from, self.min_live_time)
+        found = [Session(key, start, end, value) for key, entries in self._every_key() for (start, end), value in entries.items() if end_from <= end <= end_to]
+        found.sort(key=lambda session: (session.end, session.key, session.start))
+        return found
 
     def flush(self) -> list[tuple[bytes, int, int, bytes | None]]:
         """The changes as ``(key, start, end, value or None)``, oldest write first."""

@@ -91,6 +91,7 @@ from pystreams.partitions import TopicIdPartition
 from pystreams.protocol.security import ClientSecurity
 from pystreams.state import TopicPartition
 from pystreams.topology.ir import TaskId
+from pystreams.topology.kernels import SuppressionBufferFullError
 from pystreams.topology.resolve import ResolvedTopology
 
 from .commits import TaskMigratedError
@@ -940,6 +941,8 @@ def with_error_policies(topology: Any, settings: WorkerSettings) -> Any:
 
 def describe_engine_failure(error: BaseException) -> str:
     """What failed, and for a bad record how to have such records skipped instead."""
+    if isinstance(error, SuppressionBufferFullError):
+        return str(error)  # no record is to blame: the message names the setting to change
     if isinstance(error, RecordProcessingError):
         return f"{error} ({skip_hint(error.failure.kind)})"
     return repr(error)

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 from pystreams.state import CacheLimits, KeyValueChange, SessionChange, TaskState, WindowChange
 from pystreams.topology.ir import (
-    TABLE_KINDS,
     BranchNode,
     Node,
     NodeBase,
@@ -43,6 +42,7 @@ from pystreams.topology.kernels import (
     TaskPosition,
     fan_out,
     fixed_window_key,
+    forwards_store_updates,
     guard,
     sink_partitioner,
 )
@@ -158,7 +158,7 @@ def build_task_graph(
 
     def forwarder_for(store_name: str) -> _Forwarder | None:
         owner = nodes[topology.stores[store_name].owner]
-        if owner.kind in TABLE_KINDS and children_of(owner):
+        if forwards_store_updates(owner) and owner.stores[0] == store_name and children_of(owner):
             forwarders[store_name] = _Forwarder()
             return forwarders[store_name]
         return None
@@ -216,7 +216,7 @@ def build_task_graph(
             processors=processors,
         )
         emit = kernel(wiring)
-        if node.kind in TABLE_KINDS and node.stores[0] in forwarders:
+        if node.stores and node.stores[0] in forwarders:
             spec = topology.stores[node.stores[0]]
             forwarders[node.stores[0]].target = _table_forwarder(
                 node,

@@ -33,6 +33,7 @@ from aiohttp import web
 
 from pystreams.topology.ir import StoreKind, TaskId
 from pystreams.topology.resolve import ResolvedTopology
+from pystreams.topology.stores import not_queryable_reason
 
 from .http import HttpSite
 from .packing import partition_for_key
@@ -50,7 +51,7 @@ def queryable_stores(resolved: ResolvedTopology) -> dict[str, dict[str, Any]]:
     keeps every record, not one value per window) is not queryable, as in Kafka Streams."""
     stores = {}
     for name, spec in sorted(resolved.topology.stores.items()):
-        if spec.retain_duplicates:
+        if not_queryable_reason(resolved.topology, name) is not None:
             continue
         task = TaskId(spec.subtopology, 0)
         inputs = resolved.input_partitions(task)
@@ -205,7 +206,7 @@ class QueryServer:
         if spec is None:
             raise _BadQuery(f"no store named {store!r}")
         if store not in self._stores:
-            raise _BadQuery(f"store {store!r} is not queryable (a stream-stream join's store)")
+            raise _BadQuery(f"store {store!r} is not queryable ({not_queryable_reason(self._resolved.topology, store) or 'no task reads a topic'})")
         if spec.kind is not kind:
             raise _BadQuery(f"store {store!r} is a {spec.kind} store; {_OPERATIONS[spec.kind]}")
 
