@@ -92,9 +92,11 @@ from pystreams.topology.windows import (
     HoppingWindow,
     JoinWindow,
     SessionWindow,
+    SlidingWindow,
     TumblingWindow,
     Windowed,
     to_millis,
+    window_problems,
 )
 
 if TYPE_CHECKING:
@@ -109,6 +111,7 @@ __all__ = [
     "ProcessorContext",
     "PunctuationType",
     "SessionWindow",
+    "SlidingWindow",
     "StoreDeclaration",
     "Stream",
     "Table",
@@ -1030,8 +1033,9 @@ class App:
         value_serde: Serde,
     ) -> Table:
         kind = node_type.kind
-        if window is not None and not isinstance(window, TumblingWindow | HoppingWindow | SessionWindow):
-            raise TypeError(f"{kind} {node_name!r}: window must be a Tumbling, Hopping or Session window, got {window!r}")
+        if window is not None and not isinstance(window, TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow):
+            raise TypeError(f"{kind} {node_name!r}: window must be a Tumbling, Hopping, Sliding or Session window, got {window!r}")
+        _check_window(window, kind, node_name)
         if isinstance(window, SessionWindow):
             if merger is None:
                 raise TopologyError(f"aggregate {node_name!r} over session windows needs merge=(key, older, newer)", nodes=[node_name])
@@ -1120,6 +1124,7 @@ class App:
                 f"join {node_name!r}: a stream-stream join needs window=JoinWindow(...)",
                 nodes=[node_name, left.name, right_node.name],
             )
+        _check_window(window, "join", node_name)
         sides = {JoinSide.LEFT: left, JoinSide.RIGHT: right_node}
         side_names = {side: f"{node_name}-{side}" for side in sides}
         store_names = {side: f"{node_name}-{side}-store" for side in sides}
@@ -1180,6 +1185,16 @@ def _callable(fn: Any, what: str = "function") -> Callable:
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         raise TypeError(f"{what} {getattr(fn, '__name__', fn)!r} is async; pystreams functions are plain synchronous callables")
     return fn
+
+
+def _check_window(window: AggregationWindow | JoinWindow | None, kind: str, node_name: str) -> None:
+    """Refuse a window spec that cannot work (a size of zero, a negative grace, ...), naming
+    the node declared with it."""
+    if window is None:
+        return
+    problems = window_problems(window)
+    if problems:
+        raise TopologyError(f"{kind} {node_name!r}: {'; '.join(problems)}", nodes=[node_name])
 
 
 def _keeps_keys(key: Serde | None, key_changing: bool) -> bool:

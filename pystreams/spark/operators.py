@@ -51,9 +51,10 @@ from pystreams.topology.kernels import (
     guard,
     partition_for_key,
     source_timestamp,
+    table_value_reader,
 )
 from pystreams.topology.stores import typed
-from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed
+from pystreams.topology.windows import HoppingWindow, SessionWindow, SlidingWindow, TumblingWindow, Windowed
 
 from .record_errors import RecordErrors
 from .serdes import ShippedSerde
@@ -688,14 +689,15 @@ class _OpenTask:
         clock = self.clocks.get(table.name)
         timestamp = clock.observed if clock is not None and clock.observed is not None else -1
         window = table.window
+        table_value = table_value_reader(window) or _same
         for change in changes:
             if isinstance(window, SessionWindow):
                 key, start, end, value = change
                 yield out_key(Windowed(key_of(key), start, end)), value, timestamp
             else:
-                assert isinstance(window, TumblingWindow | HoppingWindow)
+                assert isinstance(window, TumblingWindow | HoppingWindow | SlidingWindow)
                 key, start, value = change
-                yield out_key(fixed_window_key(window, key_of(key), start)), value, timestamp
+                yield out_key(fixed_window_key(window, key_of(key), start)), table_value(value), timestamp
 
 
 class TaskRunner:
