@@ -42,6 +42,8 @@ from .ir import (
     AggregationNode,
     BranchNode,
     BranchOutputNode,
+    CogroupAggregateNode,
+    CogroupNode,
     CountNode,
     ErrorPolicies,
     ErrorPolicy,
@@ -582,6 +584,13 @@ def _table_source(wiring: NodeWiring) -> Emit:
     return table_source
 
 
+def _store_table(wiring: NodeWiring) -> Emit:
+    """A table whose store other nodes write (a cogroup's): its updates reach its children
+    when the store's cache flushes, as an aggregation's do; records reaching it carry nothing
+    more."""
+    return drop
+
+
 def _aggregation(wiring: NodeWiring) -> Emit:
     """Aggregations write their store; its cache forwards the folded updates downstream when
     it flushes (the runtime wires that), so the emit itself forwards nothing."""
@@ -857,6 +866,8 @@ NODE_KERNELS: Mapping[type[NodeBase], Kernel] = {
     CountNode: _aggregation,
     AggregateNode: _aggregation,
     ReduceNode: _aggregation,
+    CogroupAggregateNode: _aggregation,
+    CogroupNode: _store_table,
     StreamTableJoinNode: _stream_table_join,
     StreamStreamJoinNode: _stream_stream_join,
     ProcessorNode: _processor,
