@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import timedelta
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pystreams.topology.errors import TopologyError
 from pystreams.topology.windows import Windowed
 
@@ -217,3 +220,32 @@ def test_a_sliding_window_that_cannot_work_is_refused_naming_the_node(window: Sl
     with pytest.raises(TopologyError, match=f"aggregate 'per_window': {message}") as error:
         app.aggregate(events, initial="0", window=window, name="per_window")(string_adder)
     assert error.value.nodes == ("per_window",)
+
+
+def expected_sliding_windows(timestamps: list[int], difference: int) -> dict[tuple[int, int], list[int]]:
+    """KIP-450's windows, from the definition: a left window ``[t - d, t]`` per record (``[0,
+    d]`` for records before ``d``), a right window ``[t + 1, t + 1 + d]`` per record with a
+    later record within ``d`` — each holding every record it covers."""
+    starts = {max(0, t - difference) for t in timestamps}
+    starts |= {t + 1 for t in timestamps if any(t < other <= t + 1 + difference for other in timestamps)}
+    return {(s, s + difference): sorted(t for t in timestamps if s <= t <= s + difference) for s in starts}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=12), st.randoms(use_true_random=False))
+def test_any_arrival_order_within_grace_gives_the_windows_of_the_definition(timestamps: list[int], shuffle: Any) -> None:
+    # With a grace longer than the input spans nothing is late, so the order records arrive
+    # in must not matter: the table is KIP-450's windows over the records.
+    arrival = list(timestamps)
+    shuffle.shuffle(arrival)
+    app = App("sliding")
+    events = app.topic("in", value=serdes.Int())
+    app.aggregate(events, initial=list, store="windows", value=serdes.Json(), window=SlidingWindow(difference=10, grace=1_000), name="times")(
+        lambda times, key, t: sorted([*times, t])
+    ).to("out")
+    with TopologyTestDriver(app) as driver:
+        source = driver.input_topic("in")
+        for t in arrival:
+            source.pipe_input("k", t, timestamp=t)
+        table = driver.output_topic("out").read_table()
+    assert {(w.start_ms, w.end_ms): values for w, values in table.items()} == expected_sliding_windows(timestamps, 10)
