@@ -55,6 +55,8 @@ from pystreams.topology.ir import (
     AggregateNode,
     BranchNode,
     BranchOutputNode,
+    CogroupAggregateNode,
+    CogroupNode,
     CountNode,
     EmitStrategy,
     ErrorPolicies,
@@ -95,9 +97,11 @@ from pystreams.topology.windows import (
     HoppingWindow,
     JoinWindow,
     SessionWindow,
+    SlidingWindow,
     TumblingWindow,
     Windowed,
     to_millis,
+    window_problems,
 )
 
 if TYPE_CHECKING:
@@ -106,12 +110,14 @@ if TYPE_CHECKING:
 __all__ = [
     "App",
     "Branches",
+    "CogroupedStreams",
     "HoppingWindow",
     "JoinWindow",
     "Processor",
     "ProcessorContext",
     "PunctuationType",
     "SessionWindow",
+    "SlidingWindow",
     "StoreDeclaration",
     "Stream",
     "Table",
@@ -204,6 +210,11 @@ class Stream(_Handle):
     def join(self, other: Stream | Table, fn: Callable, **options: Any) -> Stream:
         return self.app.join(self, other, **options)(fn)
 
+    def cogroup(self, fn: Callable) -> CogroupedStreams:
+        """This stream as the first input of a cogroup, aggregated by ``fn(acc, key, value)``;
+        add more with ``.cogroup(stream, fn)``, then ``.aggregate(initial=...)``."""
+        return self.app.cogroup().cogroup(self, fn)
+
     def process(self, processor_class: type[Processor], **options: Any) -> Stream:
         return self.app.processor(self, **options)(processor_class)
 
@@ -226,6 +237,65 @@ class Table(_Handle):
 
     def suppress(self, suppression: Suppression, *, store: str | None = None, name: str | None = None) -> Table:
         return self.app.suppress(self, suppression, store=store, name=name)
+
+
+class CogroupedStreams:
+    """Several streams, each with its own aggregator, on their way into one aggregate with one
+    store (Kafka Streams' ``cogroup``). Nothing is declared until ``aggregate``.
+
+        activity = app.cogroup()
+
+        @activity.cogroup(clicks)
+        def clicked(total, key, click):
+            return total + 1
+
+        @activity.cogroup(purchases)
+        def bought(total, key, purchase):
+            return total + purchase["amount"]
+
+        totals = activity.aggregate(initial=0, store="activity", window=TumblingWindow(60_000))
+
+    or, fluently: ``clicks.cogroup(clicked).cogroup(purchases, bought).aggregate(initial=0)``.
+    Every stream is grouped by its current key (a re-keyed one is repartitioned first), the
+    streams must be co-partitioned and have the same key serde, and each record is aggregated
+    by its own stream's function into the key's (window's) one accumulator.
+    """
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._inputs: list[tuple[Stream, Callable]] = []
+
+    def cogroup(self, stream: Stream, fn: Callable | None = None) -> Any:
+        """Add ``stream``, aggregated by ``fn(acc, key, value)``. With ``fn``: returns this
+        cogroup (to chain); without: a decorator that adds the function it decorates (and
+        returns it unchanged)."""
+        self.app._stream(stream, "cogroup")
+        if any(existing.name == stream.name for existing, _ in self._inputs):
+            raise TopologyError(f"cogroup: stream {stream.name!r} is already one of its inputs", nodes=[stream.name])
+        if fn is None:
+
+            def add(function: Callable) -> Callable:
+                self._inputs.append((stream, _callable(function, "cogroup aggregator")))
+                return function
+
+            return add
+        self._inputs.append((stream, _callable(fn, "cogroup aggregator")))
+        return self
+
+    def aggregate(
+        self,
+        *,
+        initial: Any,
+        store: str | None = None,
+        window: AggregationWindow | None = None,
+        merge: Callable[[Any, Any, Any], Any] | None = None,
+        value: Serde | None = None,
+        name: str | None = None,
+    ) -> Table:
+        """Declare the cogroup: one accumulator per key (per window with ``window``), from
+        ``initial`` (a value, or a zero-argument factory), updated by each input's function.
+        Session windows need ``merge(key, older, newer)``."""
+        return self.app._cogroup(self._inputs, initial=initial, store=store, window=window, merge=merge, value=value, name=name)
 
 
 class Branches(Mapping[str, Stream]):
@@ -719,7 +789,7 @@ class App:
         node_name = self._fresh_name(name, f"{parent.name}-suppress")
         if not isinstance(suppression, UntilWindowCloses | UntilTimeLimit):
             raise TypeError(f"suppress {node_name!r}: give until_window_closes() or until_time_limit(...), got {suppression!r}")
-        window = parent.window if isinstance(parent.window, TumblingWindow | HoppingWindow | SessionWindow) else None
+        window = parent.window if isinstance(parent.window, TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow) else None
         if isinstance(suppression, UntilWindowCloses) and window is None:
             raise TopologyError(
                 f"suppress {node_name!r}: until_window_closes() needs a windowed table, but {parent.name!r} has no windows (use until_time_limit(...))",
@@ -835,6 +905,11 @@ class App:
             )
 
         return declare
+
+    def cogroup(self) -> CogroupedStreams:
+        """Start a cogroup: several streams into one aggregate with one store, each with its
+        own aggregator (see ``CogroupedStreams``)."""
+        return CogroupedStreams(self)
 
     def join(
         self,
@@ -1084,8 +1159,9 @@ class App:
         emit: str = "update",
     ) -> Table:
         kind = node_type.kind
-        if window is not None and not isinstance(window, TumblingWindow | HoppingWindow | SessionWindow):
-            raise TypeError(f"{kind} {node_name!r}: window must be a Tumbling, Hopping or Session window, got {window!r}")
+        if window is not None and not isinstance(window, TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow):
+            raise TypeError(f"{kind} {node_name!r}: window must be a Tumbling, Hopping, Sliding or Session window, got {window!r}")
+        _check_window(window, kind, node_name)
         try:
             strategy = EmitStrategy(emit)
         except ValueError:
@@ -1093,6 +1169,11 @@ class App:
         if strategy is EmitStrategy.FINAL and window is None:
             raise TopologyError(
                 f"{kind} {node_name!r}: emit='final' needs window= (a table without windows never closes; use table.suppress(until_time_limit(...)))",
+                nodes=[node_name],
+            )
+        if strategy is EmitStrategy.FINAL and isinstance(window, SlidingWindow):
+            raise TopologyError(
+                f"{kind} {node_name!r}: emit='final' is not supported over sliding windows yet; emit on update, or use tumbling or hopping windows",
                 nodes=[node_name],
             )
         if isinstance(window, SessionWindow):
@@ -1128,6 +1209,85 @@ class App:
                 kind=store_kind,
                 owner=node_name,
                 key_serde=parent.key_serde,
+                value_serde=value_serde,
+                window=window,
+                retention_ms=window.retention_ms if window is not None else None,
+            )
+        )
+        return Table(self, node_name)
+
+    def _cogroup(
+        self,
+        inputs: Sequence[tuple[Stream, Callable]],
+        *,
+        initial: Any,
+        store: str | None,
+        window: AggregationWindow | None,
+        merge: Callable[[Any, Any, Any], Any] | None,
+        value: Serde | None,
+        name: str | None,
+    ) -> Table:
+        if not inputs:
+            raise TopologyError(f"cogroup {name or store!r} has no input streams; add them with .cogroup(stream, fn)")
+        parents = [self._stream(stream, "cogroup") for stream, _ in inputs]
+        node_name = self._fresh_name(name or store, f"{parents[0].name}-cogroup")
+        if window is not None and not isinstance(window, TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow):
+            raise TypeError(f"cogroup {node_name!r}: window must be a Tumbling, Hopping, Sliding or Session window, got {window!r}")
+        _check_window(window, "cogroup", node_name)
+        key_serde = parents[0].key_serde
+        different = [parent.name for parent in parents if parent.key_serde != key_serde]
+        if different:
+            raise TopologyError(
+                f"cogroup {node_name!r}: its streams must share one key serde (one store holds their keys), but "
+                f"{different} use another than {parents[0].name!r} ({key_serde.name})",
+                nodes=[node_name, parents[0].name, *different],
+            )
+        if isinstance(window, SessionWindow):
+            if merge is None:
+                raise TopologyError(f"cogroup {node_name!r} over session windows needs merge=(key, older, newer)", nodes=[node_name])
+            merger: Callable[[Any, Any, Any], Any] | None = _callable(merge, "merger")
+        elif merge is not None:
+            raise TopologyError(f"cogroup {node_name!r}: merge= only applies to session windows", nodes=[node_name])
+        else:
+            merger = None
+        store_name = check_name("store", store or node_name)
+        value_serde = value or serdes.for_value(initial) or self.default_value_serde
+        table_key_serde = serdes.WindowedKey(key_serde) if window is not None else key_serde
+        step_names = [self._fresh_name(None, f"{node_name}-cogroup-agg-{index}") for index in range(len(inputs))]
+        for step_name, parent, (_, fn) in zip(step_names, parents, inputs, strict=True):
+            self._add(
+                CogroupAggregateNode(
+                    name=step_name,
+                    parents=(parent.name,),
+                    fn=fn,
+                    initial=initial,
+                    merger=merger,
+                    key_serde=table_key_serde,
+                    value_serde=value_serde,
+                    store=store_name,
+                    window=window,
+                    cogroup=node_name,
+                )
+            )
+        self._add(
+            CogroupNode(
+                name=node_name,
+                parents=tuple(step_names),
+                key_serde=table_key_serde,
+                value_serde=value_serde,
+                store=store_name,
+                window=window,
+                initial=initial,
+                merger=merger,
+            )
+        )
+        store_kind = StoreKind.KEY_VALUE if window is None else StoreKind.SESSION if isinstance(window, SessionWindow) else StoreKind.WINDOW
+        self._add_store(
+            Store(
+                name=store_name,
+                kind=store_kind,
+                owner=node_name,
+                key_serde=key_serde,
                 value_serde=value_serde,
                 window=window,
                 retention_ms=window.retention_ms if window is not None else None,
@@ -1188,6 +1348,7 @@ class App:
                 f"join {node_name!r}: a stream-stream join needs window=JoinWindow(...)",
                 nodes=[node_name, left.name, right_node.name],
             )
+        _check_window(window, "join", node_name)
         sides = {JoinSide.LEFT: left, JoinSide.RIGHT: right_node}
         side_names = {side: f"{node_name}-{side}" for side in sides}
         store_names = {side: f"{node_name}-{side}-store" for side in sides}
@@ -1248,6 +1409,16 @@ def _callable(fn: Any, what: str = "function") -> Callable:
     if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
         raise TypeError(f"{what} {getattr(fn, '__name__', fn)!r} is async; pystreams functions are plain synchronous callables")
     return fn
+
+
+def _check_window(window: AggregationWindow | JoinWindow | None, kind: str, node_name: str) -> None:
+    """Refuse a window spec that cannot work (a size of zero, a negative grace, ...), naming
+    the node declared with it."""
+    if window is None:
+        return
+    problems = window_problems(window)
+    if problems:
+        raise TopologyError(f"{kind} {node_name!r}: {'; '.join(problems)}", nodes=[node_name])
 
 
 def _keeps_keys(key: Serde | None, key_changing: bool) -> bool:

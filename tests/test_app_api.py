@@ -287,11 +287,18 @@ def test_sinks_inherit_serdes_unless_given(app):
     assert app._nodes["raw-out"].value_serde == serdes.Bytes() and app._nodes["raw-out"].topics == ("out-bytes",)
 
 
-def test_window_arguments_are_validated():
-    with pytest.raises(ValueError, match="> 0"):
-        TumblingWindow(0)
-    with pytest.raises(ValueError, match="must not exceed"):
-        HoppingWindow(size=1000, advance=2000)
+def test_window_arguments_are_validated(app):
+    # Sizes and graces are refused where the window is declared, naming the node.
+    stream = app.topic("in")
+    with pytest.raises(TopologyError, match="count 'zero': tumbling window size must be > 0 ms, got 0") as error:
+        app.count(stream, window=TumblingWindow(0), name="zero")
+    assert error.value.nodes == ("zero",)
+    with pytest.raises(TopologyError, match="count 'sparse': hopping window advance .* must not exceed"):
+        app.count(stream, window=HoppingWindow(size=1000, advance=2000), name="sparse")
+    with pytest.raises(TopologyError, match="aggregate 'no_gap': session inactivity gap must be > 0 ms, got 0; grace period must be >= 0 ms, got -5"):
+        app.aggregate(stream, initial=0, window=SessionWindow(gap=0, grace=-5), merge=lambda k, a, b: a + b, name="no_gap")(lambda acc, k, v: acc)
+    with pytest.raises(TopologyError, match="join 'pairs': join window before must be >= 0 ms"):
+        app.join(stream, app.topic("other"), window=JoinWindow(before=-1, after=10), name="pairs")(lambda k, a, b: a)
     with pytest.raises(TypeError, match="timedelta or int"):
         SessionWindow(gap=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="either within= or before="):

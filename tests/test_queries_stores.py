@@ -88,6 +88,15 @@ def test_a_window_store_gives_one_keys_windows_in_a_time_range(endpoints: list[s
     assert query_cli(endpoints, "per-minute", "ann", "--from-time", str(BASE + 1)) == (0, [{"start": BASE + MINUTE, "value": 1}])
 
 
+def test_sliding_and_cogroup_window_stores_are_queryable(endpoints: list[str]) -> None:
+    # ann at 0, 10 s and 70 s: her windows [-10 s, 0], [0, 10 s] (both visits), the right
+    # window of the first [1 ms, 10 s + 1 ms] and [60 s, 70 s]; values are the counts only.
+    assert APP.query_windows("recent", "ann", BASE, None, endpoints=endpoints) == [(BASE, 2), (BASE + 1, 1), (BASE + 60_000, 1)]
+    assert query_cli(endpoints, "recent", "bob") == (0, [{"start": BASE - 5_000, "value": 1}])
+    # The cogroup's one store: 1 per visit plus 10 per home page visit.
+    assert APP.query_windows("weighted", "ann", endpoints=endpoints) == [(BASE, 22), (BASE + MINUTE, 11)]
+
+
 def test_a_session_store_gives_all_of_a_keys_sessions(endpoints: list[str]) -> None:
     assert APP.query_sessions("sessions", "ann", endpoints=endpoints) == [
         (Windowed("ann", BASE, BASE + 10_000), 2),

@@ -31,6 +31,7 @@ from pystreams.app import (
     Processor,
     PunctuationType,
     SessionWindow,
+    SlidingWindow,
     TumblingWindow,
     kv_store,
     punctuate,
@@ -129,6 +130,41 @@ def emit_final_case() -> Case:
     return Case(app, {"in": 3}, {"in"}, {"per-minute": "stream", "sum-30s": "stream", "visits": "stream"})
 
 
+def sliding_case() -> Case:
+    app = App("sliding")
+    numbers = app.topic("in", value=serdes.Int())
+
+    @app.aggregate(numbers, initial=list, store="recent", value=serdes.Json(), window=SlidingWindow(difference=20 * S, grace=15 * S))
+    def recent(items: list[int], key: str, n: int) -> list[int]:
+        return [*items, n]
+
+    recent.to("recent")
+    rekeyed = numbers.group_by(lambda key, n: f"r{n % 2}", name="by_parity")
+    app.count(rekeyed, store="parity-recent", window=SlidingWindow(difference=10 * S)).to("parity-recent")
+    return Case(app, {"in": 2}, {"in"}, {"recent": "table", "parity-recent": "table"})
+
+
+def cogroup_case() -> Case:
+    # Two topics, each with its own aggregator, into one store: plain, windowed and sliding.
+    app = App("cogroup")
+    ones = app.topic("one", value=serdes.Int())
+    twos = app.topic("two", value=serdes.Int())
+
+    def add(total: int, key: str, n: int) -> int:
+        return total + n
+
+    def subtract_tens(total: int, key: str, n: int) -> int:
+        return total - 10 * n
+
+    ones.cogroup(add).cogroup(twos, subtract_tens).aggregate(initial=0, store="totals").to("totals")
+    per_minute = app.cogroup()
+    per_minute.cogroup(ones)(add)
+    per_minute.cogroup(twos)(subtract_tens)
+    per_minute.aggregate(initial=0, store="per-minute", window=TumblingWindow(size=60 * S, grace=10 * S)).to("per-minute")
+    ones.cogroup(add).cogroup(twos, subtract_tens).aggregate(initial=0, store="recent", window=SlidingWindow(difference=20 * S, grace=5 * S)).to("recent")
+    return Case(app, {"one": 2, "two": 2}, {"one", "two"}, {"totals": "table", "per-minute": "table", "recent": "table"}, {"one": 0, "two": 1})
+
+
 def stream_table_case(how: str) -> Case:
     app = App(f"stream-table-{how}")
     orders = app.topic("orders", value=serdes.Int())
@@ -183,6 +219,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "windows": windows_case,
     "emit-final": emit_final_case,
     "sessions": sessions_case,
+    "sliding": sliding_case,
+    "cogroup": cogroup_case,
     "stream-table-inner": lambda: stream_table_case("inner"),
     "stream-table-left": lambda: stream_table_case("left"),
     "stream-stream-inner": lambda: stream_stream_case("inner"),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_parity import decoded, read_final_table, run_on_spark, run_on_workers
+from spark_parity import DEFAULT_TIMEOUT_S, decoded, read_final_table, run_on_spark, run_on_workers
 from test_spark_examples import Record, create_topics, produce
 
 from pystreams import serdes
@@ -56,6 +56,23 @@ def seen(items, key, value):
 
 
 seen.to("seen")
+"""
+
+
+SLIDING_COGROUP_APP = """
+from pystreams import serdes
+from pystreams.app import App, SlidingWindow, TumblingWindow
+
+app = App("sliding_cogroup")
+clicks = app.topic("clicks", value=serdes.Text())
+views = app.topic("views", value=serdes.Text())
+app.count(clicks, store="recent", window=SlidingWindow(difference=30_000, grace=10_000)).to("recent")
+(
+    clicks.cogroup(lambda score, user, page: score + 1)
+    .cogroup(views, lambda score, user, page: score + 100)
+    .aggregate(initial=0, store="activity", window=TumblingWindow(size=60_000, grace=10_000))
+    .to("activity")
+)
 """
 
 
@@ -98,7 +115,14 @@ def kafka_streams_tumbling_counts(records: list[Record]) -> dict[tuple[str, int]
 
 
 def run_both(
-    spark: Any, tmp_path: Path, app_source: str, topics: dict[str, int], outputs: list[str], phases: list[list[Record]]
+    spark: Any,
+    tmp_path: Path,
+    app_source: str,
+    topics: dict[str, int],
+    outputs: list[str],
+    phases: list[list[Record]],
+    *,
+    spark_timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> dict[str, dict[str, dict[bytes | None, bytes]]]:
     app_file = tmp_path / "app_under_test.py"
     app_file.write_text(app_source)
@@ -112,7 +136,7 @@ def run_both(
         # One backfill per phase from one checkpoint: task state carries across micro-batches.
         for phase in phases:
             produce(spark_broker.bootstrap_servers, phase)
-            run_on_spark(load_app(str(app_file)), spark, spark_broker.bootstrap_servers, tmp_path / "checkpoint")
+            run_on_spark(load_app(str(app_file)), spark, spark_broker.bootstrap_servers, tmp_path / "checkpoint", timeout_s=spark_timeout_s)
         tables["spark"] = {t: read_final_table(spark_broker.bootstrap_servers, t) for t in outputs}
     return tables
 
@@ -151,3 +175,22 @@ def test_an_in_place_aggregator_starts_every_key_from_a_fresh_initial_on_both_ru
         expected[key.decode()].append(value.decode())
     for runtime in ("workers", "spark"):
         assert decoded(tables[runtime]["seen"], serdes.Text(), serdes.Json()) == expected, runtime
+
+
+def test_sliding_windows_and_a_windowed_cogroup_give_the_same_tables_on_both_runtimes(spark: Any, tmp_path: Path) -> None:
+    records = clicks(1_200)
+    views = [("views", partition, key, value, timestamp) for _, partition, key, value, timestamp in clicks(600, seed=5)]
+    # Interleaved by arrival: clicks and views share the users, so the cogroup sees both.
+    merged = sorted(records + views, key=lambda record: record[4] + (5_000 if record[0] == "views" else 0))
+    outputs = ["recent", "activity"]
+    topics = {"clicks": PARTITIONS, "views": PARTITIONS, **{topic: PARTITIONS for topic in outputs}}
+    # Two queries, each with a per-task step: more than the default minute on a busy machine.
+    tables = run_both(spark, tmp_path, SLIDING_COGROUP_APP, topics, outputs, [merged[:900], merged[900:]], spark_timeout_s=300)
+
+    windowed = serdes.WindowedKey(serdes.Text())
+    recent = decoded(tables["workers"]["recent"], windowed, serdes.Int())
+    assert len(recent) > 1_000 and all(w.end_ms - w.start_ms == 30_000 for w in recent)
+    assert tables["spark"]["recent"] == tables["workers"]["recent"]
+    activity = decoded(tables["workers"]["activity"], windowed, serdes.Int())
+    assert any(score >= 100 and score % 100 for score in activity.values()), "windows holding both streams"
+    assert tables["spark"]["activity"] == tables["workers"]["activity"]

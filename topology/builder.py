@@ -40,6 +40,7 @@ from .errors import (
 from .hashing import canonical_form, topology_hash
 from .ir import (
     KEYED_INPUT_KINDS,
+    CogroupNode,
     CopartitionGroup,
     ErrorPolicies,
     InternalTopic,
@@ -396,6 +397,10 @@ def _copartition_groups(nodes: dict[str, Node]) -> list[CopartitionGroup]:
             join_name = node.children[0] if node.children else node.name
             sources = _upstream_sources(nodes, node.name) | _upstream_sources(nodes, node.other)
             requirements.append((join_name, sources))
+        elif isinstance(node, CogroupNode):
+            # One store for every input: a key's records must all reach one task.
+            sources = set().union(*(_upstream_sources(nodes, parent) for parent in node.parents))
+            requirements.append((node.name, sources))
     # Merge requirements that share a source: they constrain the same topics.
     merged: list[tuple[list[str], set[str]]] = []
     for join_name, sources in requirements:

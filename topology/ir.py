@@ -52,6 +52,10 @@ AGGREGATE              ``acc = fn(acc, key, value)`` with ``acc`` starting at ``
                        ``emit=final`` (windowed only): nothing per update; each window's value
                        once, when it closes, from the store (``emitted_store`` keeps how far).
 REDUCE                 like AGGREGATE, but the first value of a key is the accumulator itself
+COGROUP_AGGREGATE      one input of a cogroup: like AGGREGATE with its own ``fn``, into the store
+                       of its COGROUP node (shared by every input); forwards nothing
+COGROUP                the cogroup's table: owns the store its COGROUP_AGGREGATE parents write and
+                       forwards its updates as an aggregation's table does
 STREAM_TABLE_JOIN      looks the record's key up in the table's store (``table_store``);
                        forwards ``(key, fn(key, value, table_value))``; an inner join drops misses,
                        a left join calls ``fn`` with ``None``. Table updates trigger nothing.
@@ -105,6 +109,10 @@ class NodeKind(enum.StrEnum):
     COUNT = "count"
     AGGREGATE = "aggregate"
     REDUCE = "reduce"
+    #: One input of a cogroup: aggregates its records into the cogroup's store.
+    COGROUP_AGGREGATE = "cogroup-aggregate"
+    #: The table of a cogroup: owns the store the inputs aggregate into.
+    COGROUP = "cogroup"
     STREAM_TABLE_JOIN = "stream-table-join"
     STREAM_STREAM_JOIN = "stream-stream-join"
     PROCESSOR = "processor"
@@ -113,9 +121,11 @@ class NodeKind(enum.StrEnum):
 
 #: Kinds whose input must be partitioned by the current key; a changed key upstream gets a
 #: repartition topic in front of them.
-KEYED_INPUT_KINDS = frozenset({NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE, NodeKind.STREAM_TABLE_JOIN, NodeKind.STREAM_STREAM_JOIN})
+KEYED_INPUT_KINDS = frozenset(
+    {NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE, NodeKind.COGROUP_AGGREGATE, NodeKind.STREAM_TABLE_JOIN, NodeKind.STREAM_STREAM_JOIN}
+)
 #: Kinds whose output is a table (an update stream of a keyed state).
-TABLE_KINDS = frozenset({NodeKind.TABLE_SOURCE, NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE})
+TABLE_KINDS = frozenset({NodeKind.TABLE_SOURCE, NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE, NodeKind.COGROUP})
 
 
 class EmitStrategy(enum.StrEnum):
@@ -481,6 +491,33 @@ class ReduceNode(AggregationNode):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CogroupAggregateNode(AggregationNode):
+    """One input stream of a cogroup (Kafka Streams' ``cogroup``): aggregates its records
+    with its own ``fn`` into ``store``, which the COGROUP node ``cogroup`` owns and all the
+    cogroup's inputs share. It forwards nothing; the cogroup's table emits the updates."""
+
+    kind: ClassVar[NodeKind] = NodeKind.COGROUP_AGGREGATE
+    cogroup: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CogroupNode(NodeBase):
+    """The table of a cogroup: its parents are the COGROUP_AGGREGATE inputs, ``store`` (one
+    value per key, or per key and window with ``window``) is theirs to write and its own to
+    emit, as an aggregation's store is."""
+
+    kind: ClassVar[NodeKind] = NodeKind.COGROUP
+    store: str
+    window: AggregationWindow | None = None
+    initial: Any = None
+    merger: Callable[[Any, Any, Any], Any] | None = None
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StreamTableJoinNode(NodeBase):
     """Looks each record's key up in ``table_store``, the store of the table node ``table``."""
 
@@ -560,6 +597,8 @@ Node: TypeAlias = (
     | CountNode
     | AggregateNode
     | ReduceNode
+    | CogroupAggregateNode
+    | CogroupNode
     | StreamTableJoinNode
     | StreamStreamJoinNode
     | ProcessorNode

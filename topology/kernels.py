@@ -43,6 +43,8 @@ from .ir import (
     AggregationNode,
     BranchNode,
     BranchOutputNode,
+    CogroupAggregateNode,
+    CogroupNode,
     CountNode,
     ErrorPolicies,
     ErrorPolicy,
@@ -69,6 +71,7 @@ from .ir import (
     TaskId,
     ToStreamNode,
 )
+from .sliding import SlidingWindowValue, aggregate_bytes, is_late, lookup_bounds, pack, sliding_window_updates, unpack
 from .suppress import (
     SuppressionBuffer,
     UntilWindowCloses,
@@ -77,7 +80,7 @@ from .suppress import (
     due_time_rule,
     encode_stream_time,
 )
-from .windows import HoppingWindow, JoinWindow, SessionWindow, TimeWindow, TumblingWindow, Windowed
+from .windows import HoppingWindow, JoinWindow, SessionWindow, SlidingWindow, TimeWindow, TumblingWindow, Windowed
 
 log = logging.getLogger(__name__)
 
@@ -303,9 +306,16 @@ def session_close_time(stream_time: int, grace_ms: int, gap_ms: int) -> int:
     return stream_time - grace_ms - gap_ms
 
 
-def fixed_window_key(window: TumblingWindow | HoppingWindow, key: Any, start: int) -> Windowed:
-    """The key of a tumbling or hopping window's table record: end = start + size (exclusive)."""
+def fixed_window_key(window: TumblingWindow | HoppingWindow | SlidingWindow, key: Any, start: int) -> Windowed:
+    """The key of a tumbling, hopping or sliding window's table record: end = start + size
+    (exclusive for tumbling and hopping windows, inclusive for sliding ones)."""
     return Windowed(key, start, start + window.size_ms)
+
+
+def table_value_reader(window: Any) -> Callable[[bytes | None], bytes | None] | None:
+    """How a windowed table's store value becomes the table's value bytes: None when it is
+    them already; a sliding window's store value carries its newest record timestamp first."""
+    return aggregate_bytes if isinstance(window, SlidingWindow) else None
 
 
 def session_lookup_bounds(timestamp: int, gap_ms: int) -> tuple[int, int]:
@@ -632,6 +642,13 @@ def _table_source(wiring: NodeWiring) -> Emit:
     return table_source
 
 
+def _store_table(wiring: NodeWiring) -> Emit:
+    """A table whose store other nodes write (a cogroup's): its updates reach its children
+    when the store's cache flushes, as an aggregation's do; records reaching it carry nothing
+    more."""
+    return drop
+
+
 def _aggregation(wiring: NodeWiring) -> Emit:
     """Aggregations write their store; its cache forwards the folded updates downstream when
     it flushes (the runtime wires that), so the emit itself forwards nothing."""
@@ -645,6 +662,9 @@ def _aggregation(wiring: NodeWiring) -> Emit:
     window = node.window
     if isinstance(window, SessionWindow):
         aggregate = _session_aggregation(node, window, store, key_serde, task, clock)
+    elif isinstance(window, SlidingWindow):
+        # Emit-final over sliding windows is refused where the app declares it (app.py).
+        return _sliding_aggregation(node, window, store, key_serde, task, clock)
     else:
         aggregate = _windowed_aggregation(node, window, store, key_serde, task, clock)
     if not node.emits_final:
@@ -794,6 +814,48 @@ def _windowed_aggregation(
             store.put(stored_key, start, value_bytes(total))
 
     return aggregate_windowed
+
+
+def _sliding_aggregation(
+    node: AggregationNode,
+    window: SlidingWindow,
+    store: WindowBytes,
+    key_serde: Any,
+    task: TaskPosition,
+    clock: NodeClock,
+) -> Emit:
+    """Sliding windows: ``pystreams.topology.sliding`` decides which windows a record updates
+    and creates; the store keeps each window's newest record timestamp with its aggregate."""
+    fn, first, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
+    difference, grace = window.difference_ms, window.grace_ms
+
+    def aggregate_sliding(key: Any, value: Any, timestamp: int) -> None:
+        if skips_record(key, value):
+            return
+        observed = clock.observed = advance_stream_time(clock.observed, timestamp)
+        closes = close_time(observed, grace)
+        if is_late(timestamp, difference, closes):
+            task.late_records_dropped += 1
+            log.debug("task %s node %s: record at %d is late for every sliding window (stream time %d)", task.task_id, node.name, timestamp, observed)
+            return
+        stored_key = key_bytes(key)
+        existing = []
+        for start, stored in store.fetch(stored_key, *lookup_bounds(timestamp, difference)):
+            max_timestamp, aggregate = unpack(stored)
+            existing.append(SlidingWindowValue(start, max_timestamp, value_of(aggregate)))
+        writes, closed = sliding_window_updates(
+            existing,
+            timestamp,
+            difference,
+            closes,
+            add=lambda aggregate: fn(aggregate, key, value),
+            first=lambda: first(key, value),
+        )
+        task.late_records_dropped += closed
+        for start, max_timestamp, aggregate in writes:
+            store.put(stored_key, start, pack(max_timestamp, value_bytes(aggregate)))
+
+    return aggregate_sliding
 
 
 def _session_aggregation(
@@ -1011,6 +1073,8 @@ NODE_KERNELS: Mapping[type[NodeBase], Kernel] = {
     CountNode: _aggregation,
     AggregateNode: _aggregation,
     ReduceNode: _aggregation,
+    CogroupAggregateNode: _aggregation,
+    CogroupNode: _store_table,
     StreamTableJoinNode: _stream_table_join,
     StreamStreamJoinNode: _stream_stream_join,
     ProcessorNode: _processor,

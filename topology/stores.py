@@ -10,6 +10,8 @@ from typing import Any
 from pystreams.serdes import Serde
 
 from .ir import Store, StoreKind, SuppressNode, Topology
+from .sliding import aggregate_bytes
+from .windows import SlidingWindow
 
 
 class _TypedStore:
@@ -21,7 +23,7 @@ class _TypedStore:
         self._key = key_serde.serialize
         self._key_of = key_serde.deserialize
         self._value = value_serde.serialize
-        self._value_of = value_serde.deserialize
+        self._value_of: Callable[[Any], Any] = value_serde.deserialize
 
 
 class TypedKeyValueStore(_TypedStore):
@@ -69,6 +71,22 @@ class TypedWindowStore(_TypedStore):
     all = items
 
 
+class TypedSlidingWindowStore(TypedWindowStore):
+    """A sliding aggregation's store: read-only, values are the aggregates (the store also
+    keeps each window's newest record timestamp, which only the aggregation uses)."""
+
+    def __init__(self, store: Any, key_serde: Serde, value_serde: Serde) -> None:
+        super().__init__(store, key_serde, value_serde)
+        self._aggregate_of = value_serde.deserialize
+        self._value_of = self._stored_aggregate
+
+    def _stored_aggregate(self, stored: Any) -> Any:
+        return self._aggregate_of(aggregate_bytes(stored))
+
+    def put(self, key: Any, window_start: int, value: Any) -> bool:
+        raise TypeError(f"store {self.name!r} belongs to a sliding-window aggregation: it is read-only")
+
+
 class TypedSessionStore(_TypedStore):
     def put(self, key: Any, start: int, end: int, value: Any) -> bool:
         return self.raw.put(self._key(key), start, end, self._value(value))
@@ -86,12 +104,12 @@ class TypedSessionStore(_TypedStore):
     all = items
 
 
-TypedStore = TypedKeyValueStore | TypedWindowStore | TypedSessionStore
+TypedStore = TypedKeyValueStore | TypedWindowStore | TypedSlidingWindowStore | TypedSessionStore
 
 
 def typed(store: Any, spec: Store) -> TypedStore:
     """The typed view of the byte store ``store`` described by ``spec``."""
-    view = _VIEWS[spec.kind]
+    view = TypedSlidingWindowStore if isinstance(spec.window, SlidingWindow) else _VIEWS[spec.kind]
     return view(store, spec.key_serde, spec.value_serde)
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from .windows import Duration, HoppingWindow, SessionWindow, TumblingWindow, Windowed, to_millis
+from .windows import Duration, HoppingWindow, SessionWindow, SlidingWindow, TumblingWindow, Windowed, to_millis
 
 
 class WhenFull(enum.StrEnum):
@@ -115,16 +115,19 @@ def describe_suppression(suppression: Suppression) -> str:
 # ============================================================================ when a key is due
 
 
-def window_closing_time(window: TumblingWindow | HoppingWindow | SessionWindow, windowed: Windowed) -> int:
+def window_closing_time(window: TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow, windowed: Windowed) -> int:
     """The stream time at which a window (a session) closes, which is when its final value may
-    go out: a fixed window at end + grace (Kafka Streams); a session once it ends before stream
-    time - grace - gap (the session aggregation's rule for lateness)."""
+    go out: a fixed window at end + grace (Kafka Streams); a sliding window, whose end is
+    inclusive, once end + grace is before stream time (its sliding aggregate); a session once it
+    ends before stream time - grace - gap (the session aggregation's rule for lateness)."""
     if isinstance(window, SessionWindow):
         return windowed.end_ms + window.gap_ms + window.grace_ms + 1
+    if isinstance(window, SlidingWindow):
+        return windowed.end_ms + window.grace_ms + 1
     return windowed.end_ms + window.grace_ms
 
 
-def due_time_rule(suppression: Suppression, window: TumblingWindow | HoppingWindow | SessionWindow | None) -> Callable[[Any, int], int]:
+def due_time_rule(suppression: Suppression, window: TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow | None) -> Callable[[Any, int], int]:
     """``due(key, record_time)``: the stream time at which a key buffered now is emitted."""
     if isinstance(suppression, UntilTimeLimit):
         duration = suppression.duration_ms

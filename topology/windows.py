@@ -18,8 +18,10 @@ from typing import Any
 Duration = int | timedelta
 
 
-def to_millis(duration: Duration, what: str, *, allow_zero: bool = True) -> int:
-    """A duration as whole milliseconds; ``what`` names it in the error message."""
+def to_millis(duration: Duration, what: str, *, allow_zero: bool = True, check_range: bool = True) -> int:
+    """A duration as whole milliseconds; ``what`` names it in the error message.
+    ``check_range=False`` only converts: window specs leave the range to ``window_problems``,
+    checked where the window is declared on a node, so the error can name the node."""
     if isinstance(duration, bool):
         raise TypeError(f"{what} must be a timedelta or milliseconds, not a bool")
     if isinstance(duration, timedelta):
@@ -28,7 +30,7 @@ def to_millis(duration: Duration, what: str, *, allow_zero: bool = True) -> int:
         millis = duration
     else:
         raise TypeError(f"{what} must be a timedelta or int milliseconds, not {type(duration).__name__}")
-    if millis < 0 or (millis == 0 and not allow_zero):
+    if check_range and (millis < 0 or (millis == 0 and not allow_zero)):
         raise ValueError(f"{what} must be {'>= 0' if allow_zero else '> 0'} ms, got {millis}")
     return millis
 
@@ -46,7 +48,8 @@ class Windowed:
     """The key of a windowed aggregation's output: the grouping key and its window.
 
     Session windows use the same type; their ``end_ms`` is the timestamp of the session's
-    last record (inclusive), as in Kafka Streams.
+    last record (inclusive), as in Kafka Streams; a sliding window's ``end_ms`` is inclusive
+    too (``start + difference``).
     """
 
     key: Any
@@ -62,8 +65,8 @@ class TumblingWindow:
     grace_ms: int
 
     def __init__(self, size: Duration, grace: Duration = 0) -> None:
-        object.__setattr__(self, "size_ms", to_millis(size, "tumbling window size", allow_zero=False))
-        object.__setattr__(self, "grace_ms", to_millis(grace, "grace period"))
+        object.__setattr__(self, "size_ms", to_millis(size, "tumbling window size", check_range=False))
+        object.__setattr__(self, "grace_ms", to_millis(grace, "grace period", check_range=False))
 
     @property
     def advance_ms(self) -> int:
@@ -88,14 +91,9 @@ class HoppingWindow:
     grace_ms: int
 
     def __init__(self, size: Duration, advance: Duration, grace: Duration = 0) -> None:
-        size_ms = to_millis(size, "hopping window size", allow_zero=False)
-        advance_ms = to_millis(advance, "hopping window advance", allow_zero=False)
-        if advance_ms > size_ms:
-            # Records between windows would silently belong to none.
-            raise ValueError(f"hopping window advance ({advance_ms} ms) must not exceed its size ({size_ms} ms)")
-        object.__setattr__(self, "size_ms", size_ms)
-        object.__setattr__(self, "advance_ms", advance_ms)
-        object.__setattr__(self, "grace_ms", to_millis(grace, "grace period"))
+        object.__setattr__(self, "size_ms", to_millis(size, "hopping window size", check_range=False))
+        object.__setattr__(self, "advance_ms", to_millis(advance, "hopping window advance", check_range=False))
+        object.__setattr__(self, "grace_ms", to_millis(grace, "grace period", check_range=False))
 
     @property
     def retention_ms(self) -> int:
@@ -125,8 +123,8 @@ class SessionWindow:
     grace_ms: int
 
     def __init__(self, gap: Duration, grace: Duration = 0) -> None:
-        object.__setattr__(self, "gap_ms", to_millis(gap, "session inactivity gap", allow_zero=False))
-        object.__setattr__(self, "grace_ms", to_millis(grace, "grace period"))
+        object.__setattr__(self, "gap_ms", to_millis(gap, "session inactivity gap", check_range=False))
+        object.__setattr__(self, "grace_ms", to_millis(grace, "grace period", check_range=False))
 
     @property
     def retention_ms(self) -> int:
@@ -137,6 +135,43 @@ class SessionWindow:
         exclusive). Kafka Streams' RocksDB store keeps them too (its segments expire coarsely);
         an exact ``gap + grace`` would expire a session a record still bridges to."""
         return 2 * self.gap_ms + self.grace_ms + 1
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class SlidingWindow:
+    """Kafka Streams' ``SlidingWindows`` (KIP-450): windows of a fixed length that follow the
+    records rather than the clock. Both ends are inclusive: ``[start, start + difference]``.
+
+    For each record at ``t`` there is its *left* window ``[t - difference, t]`` (ending at the
+    record) and, when a later record of the key lies within ``difference``, its *right*
+    window ``[t + 1, t + 1 + difference]`` (starting just after it); the record also counts
+    in every existing window covering ``t``. So every distinct set of records that fit within
+    ``difference`` of each other is one window, and no window is empty. A record at ``t <
+    difference`` would open a window starting before 0: it goes into ``[0, difference]``
+    instead (Kafka Streams does the same). Windows close as the others do: once ``end +
+    grace`` is at or before stream time.
+    """
+
+    difference_ms: int
+    grace_ms: int
+
+    def __init__(self, difference: Duration, grace: Duration = 0) -> None:
+        object.__setattr__(self, "difference_ms", to_millis(difference, "sliding window time difference", check_range=False))
+        object.__setattr__(self, "grace_ms", to_millis(grace, "grace period", check_range=False))
+
+    @property
+    def size_ms(self) -> int:
+        """A window's end minus its start (its end is inclusive)."""
+        return self.difference_ms
+
+    @property
+    def retention_ms(self) -> int:
+        """How long the store keeps a window behind its newest one: every window a record that
+        is not late may still read. Such a record is at most ``grace + difference`` behind
+        stream time and reads windows starting up to ``2 * difference`` before it (the
+        window holding its predecessor); the newest window may start just after stream time
+        (``+ 2``: that start, and the store's exclusive horizon)."""
+        return 3 * self.difference_ms + self.grace_ms + 2
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -159,14 +194,15 @@ class JoinWindow:
         if within is not None and (before is not None or after is not None):
             raise ValueError("give a join window either within= or before=/after=, not both")
         if within is not None:
-            before_ms, after_ms = to_millis(within, "join window before"), to_millis(within, "join window after")
+            before_ms = after_ms = to_millis(within, "join window within", check_range=False)
         elif before is not None and after is not None:
-            before_ms, after_ms = to_millis(before, "join window before"), to_millis(after, "join window after")
+            before_ms = to_millis(before, "join window before", check_range=False)
+            after_ms = to_millis(after, "join window after", check_range=False)
         else:
             raise ValueError("a join window needs within= or both before= and after=")
         object.__setattr__(self, "before_ms", before_ms)
         object.__setattr__(self, "after_ms", after_ms)
-        object.__setattr__(self, "grace_ms", to_millis(grace, "grace period"))
+        object.__setattr__(self, "grace_ms", to_millis(grace, "grace period", check_range=False))
 
     @property
     def retention_ms(self) -> int:
@@ -175,9 +211,43 @@ class JoinWindow:
 
 
 #: Windows an aggregation can use.
-AggregationWindow = TumblingWindow | HoppingWindow | SessionWindow
+AggregationWindow = TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow
 #: Any window spec the IR may carry.
-Window = TumblingWindow | HoppingWindow | SessionWindow | JoinWindow
+Window = TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow | JoinWindow
+
+
+def window_problems(window: Window) -> list[str]:
+    """What makes a window spec unusable (empty when it is fine). The constructors only
+    convert durations; a declaration checks the range here, so that its error names the node
+    (Kafka Streams refuses these when the windows are built)."""
+    problems: list[str] = []
+
+    def positive(value: int, what: str) -> None:
+        if value <= 0:
+            problems.append(f"{what} must be > 0 ms, got {value}")
+
+    def not_negative(value: int, what: str) -> None:
+        if value < 0:
+            problems.append(f"{what} must be >= 0 ms, got {value}")
+
+    match window:
+        case TumblingWindow():
+            positive(window.size_ms, "tumbling window size")
+        case HoppingWindow():
+            positive(window.size_ms, "hopping window size")
+            positive(window.advance_ms, "hopping window advance")
+            if 0 < window.size_ms < window.advance_ms:
+                # Records between windows would silently belong to none.
+                problems.append(f"hopping window advance ({window.advance_ms} ms) must not exceed its size ({window.size_ms} ms)")
+        case SlidingWindow():
+            positive(window.difference_ms, "sliding window time difference")
+        case SessionWindow():
+            positive(window.gap_ms, "session inactivity gap")
+        case JoinWindow():
+            not_negative(window.before_ms, "join window before")
+            not_negative(window.after_ms, "join window after")
+    not_negative(window.grace_ms, "grace period")
+    return problems
 
 
 def window_fields(window: Window) -> dict[str, Any]:

@@ -10,11 +10,13 @@ time. The compiled plan, per node kind:
   fused into one vectorized ``mapInArrow`` per source: Arrow batches in, kernels over
   deserialized records, Arrow batches out — never one Py4J call per row;
 * repartition topics disappear: Spark shuffles for the stateful step itself;
-* plain (unwindowed) count/reduce/aggregate and stream–table joins, which no stream time
-  affects, run their kernels per key in ``applyInPandasWithState`` (state: the key's
-  accumulator, or the table's value), emitting each changed key once per micro-batch like the
-  worker's cached table;
-* tumbling, hopping and session aggregations, windowed stream–stream joins and processors run
+* plain (unwindowed) count/reduce/aggregate, plain cogroups and stream–table joins, which no
+  stream time affects, run their kernels per key in ``applyInPandasWithState`` (state: the
+  key's accumulator, or the table's value), emitting each changed key once per micro-batch
+  like the worker's cached table; a cogroup's inputs are its sides, each through its own
+  aggregator's kernel into the key's one value;
+* tumbling, hopping, sliding and session aggregations (and windowed cogroups), windowed
+  stream–stream joins and processors run
   per *task* in ``transformWithStateInPandas``: grouped by the partition number a worker task
   would read (for a repartitioned input, the partition Kafka's partitioner gives its key), with
   the task's stores in ``MapState`` and its stream times in a ``ValueState``, so every window,
@@ -73,6 +75,8 @@ from pystreams.topology.ir import (
     AggregationNode,
     BranchNode,
     BranchOutputNode,
+    CogroupAggregateNode,
+    CogroupNode,
     CountNode,
     FilterNode,
     FlatMapNode,
@@ -355,6 +359,38 @@ class _Compilation:
         self.stateful.append(node.name)
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
 
+    def cogroup_input(self, node: Node) -> None:
+        # Compiled at the COGROUP node, which needs every input's flow.
+        for child in node.children:
+            if not isinstance(self.topology.nodes[child], CogroupNode):
+                raise _unsupported(node, f"one input of a cogroup feeds {child!r}, not the cogroup's table")
+
+    def cogroup(self, node: Node) -> None:
+        """Every input's rows, each side through its own aggregator's kernel, into the one
+        store: per key without a window (as a plain aggregation), per task with one."""
+        assert isinstance(node, CogroupNode)
+        topology = self.topology
+        store = _shipped_store(node, topology.stores[node.store])
+        out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
+        flows = []
+        inputs = {}
+        for side, step_name in enumerate(node.parents):
+            step = topology.nodes[step_name]
+            flow = self.parent_flow(step)
+            flows.append((side, flow))
+            inputs[side] = (_shipped_node(step), flow.key_serde, flow.value_serde)
+        table = _shipped_node(node)
+        assert isinstance(table, CogroupNode)
+        plan: KeyedPlan | TaskPlan
+        if node.window is None:
+            plan = KeyedPlan(node.name, tuple(flows), KeyedStep(topology.app_id, node.subtopology, store, inputs, table, out_key, out_value))
+        else:
+            for _, flow in flows:
+                self.warn_if_repartitioned(node, flow)
+            plan = TaskPlan(node.name, tuple(flows), TaskStep(topology.app_id, node.subtopology, inputs, (store,), out_key, out_value, table=table))
+        self.stateful.append(node.name)
+        self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
+
     def stream_table_join(self, node: Node) -> None:
         assert isinstance(node, StreamTableJoinNode)
         table_node = self.topology.nodes[node.table]
@@ -503,6 +539,8 @@ _PLANNERS: Mapping[type[NodeBase], Callable[[_Compilation, Node], None]] = {
     CountNode: _Compilation.aggregation,
     AggregateNode: _Compilation.aggregation,
     ReduceNode: _Compilation.aggregation,
+    CogroupAggregateNode: _Compilation.cogroup_input,
+    CogroupNode: _Compilation.cogroup,
     StreamTableJoinNode: _Compilation.stream_table_join,
     StreamStreamJoinNode: _Compilation.stream_stream_side,
     ProcessorNode: _Compilation.processor,

@@ -29,6 +29,7 @@ from pystreams.topology.ir import (
     AggregationNode,
     BranchNode,
     BranchOutputNode,
+    CogroupNode,
     NodeBase,
     PunctuationType,
     Store,
@@ -51,9 +52,10 @@ from pystreams.topology.kernels import (
     guard,
     partition_for_key,
     source_timestamp,
+    table_value_reader,
 )
 from pystreams.topology.stores import typed
-from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed
+from pystreams.topology.windows import HoppingWindow, SessionWindow, SlidingWindow, TumblingWindow, Windowed
 
 from .record_errors import RecordErrors
 from .serdes import ShippedSerde
@@ -369,8 +371,9 @@ class KeyedStep:
     subtopology: int
     store: Store
     inputs: Mapping[int, tuple[NodeBase, ShippedSerde, ShippedSerde]]
-    #: Aggregations: the table node whose store is the output (else the forwards are).
-    table: AggregationNode | None
+    #: Aggregations and cogroups: the table node whose store is the output (else the
+    #: forwards are).
+    table: AggregationNode | CogroupNode | None
     out_key: ShippedSerde
     out_value: ShippedSerde
     errors: RecordErrors = field(default_factory=RecordErrors)
@@ -494,8 +497,8 @@ class TaskStep:
     stores: tuple[Store, ...]
     out_key: ShippedSerde
     out_value: ShippedSerde
-    #: Windowed aggregations: the table node whose store's changes are the output.
-    table: AggregationNode | None = None
+    #: Windowed aggregations and cogroups: the table node whose store's changes are the output.
+    table: AggregationNode | CogroupNode | None = None
     #: Processors: how raw source rows reach it (then ``inputs`` has one entry, the processor).
     processor: ProcessorRun | None = None
     #: False in backfills: wall-clock punctuations neither run nor get scheduled.
@@ -680,22 +683,25 @@ class _OpenTask:
                 state.swept_to[name] = store.min_live_time
         return state, out
 
-    def _table_rows(self, table: AggregationNode, changes: list[Any]) -> Iterator[OutputRow]:
+    def _table_rows(self, table: AggregationNode | CogroupNode, changes: list[Any]) -> Iterator[OutputRow]:
         """A windowed table's flushed changes as its records: ``Windowed`` keys, stored value
-        bytes (None: a session merged away), stamped with the node's stream time."""
+        bytes (None: a session merged away; a sliding window's without its timestamp),
+        stamped with the stream time of the nodes writing the store."""
         key_of = self.step.inputs[0][1].deserialize
         out_key = self.step.out_key.serialize
-        clock = self.clocks.get(table.name)
-        timestamp = clock.observed if clock is not None and clock.observed is not None else -1
+        # The stream time of the nodes writing the store (a cogroup's inputs each have one).
+        observed = [clock.observed for node, _, _ in self.step.inputs.values() if (clock := self.clocks.get(node.name)) and clock.observed is not None]
+        timestamp = max(observed, default=-1)
         window = table.window
+        table_value = table_value_reader(window) or _same
         for change in changes:
             if isinstance(window, SessionWindow):
                 key, start, end, value = change
                 yield out_key(Windowed(key_of(key), start, end)), value, timestamp
             else:
-                assert isinstance(window, TumblingWindow | HoppingWindow)
+                assert isinstance(window, TumblingWindow | HoppingWindow | SlidingWindow)
                 key, start, value = change
-                yield out_key(fixed_window_key(window, key_of(key), start)), value, timestamp
+                yield out_key(fixed_window_key(window, key_of(key), start)), table_value(value), timestamp
 
 
 class TaskRunner:

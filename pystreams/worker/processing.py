@@ -45,10 +45,11 @@ from pystreams.topology.kernels import (
     forwards_store_updates,
     guard,
     sink_partitioner,
+    table_value_reader,
 )
 from pystreams.topology.resolve import ResolvedTopology
 from pystreams.topology.stores import TypedStore, typed
-from pystreams.topology.windows import HoppingWindow, SessionWindow, TumblingWindow, Windowed
+from pystreams.topology.windows import HoppingWindow, SessionWindow, SlidingWindow, TumblingWindow, Windowed
 
 if TYPE_CHECKING:
     from .kafka_io import Sender
@@ -216,7 +217,9 @@ def build_task_graph(
             processors=processors,
         )
         emit = kernel(wiring)
-        if node.stores and node.stores[0] in forwarders:
+        if node.stores and node.stores[0] in forwarders and topology.stores[node.stores[0]].owner == name:
+            # The store's owner forwards its flushed changes (a cogroup's inputs write the
+            # store its table node owns).
             spec = topology.stores[node.stores[0]]
             forwarders[node.stores[0]].target = _table_forwarder(
                 node,
@@ -329,7 +332,7 @@ def _table_forwarder(
         raw_key, key_object = session_raw_key, session_key_object
 
     else:
-        assert isinstance(window, TumblingWindow | HoppingWindow)
+        assert isinstance(window, TumblingWindow | HoppingWindow | SlidingWindow)
         fixed_window = window
         size = fixed_window.size_ms
 
@@ -341,6 +344,32 @@ def _table_forwarder(
 
         raw_key, key_object = window_raw_key, window_key_object
 
+    table_value = table_value_reader(window)
+    if table_value is not None:
+        # Sliding windows: the store value carries the window's newest record timestamp first.
+        forward_values = _table_forward(raw_key, key_object, raw_sinks, all_raw, guarded_children, send, send_partitioned, ctx, value_of)
+        reader = table_value
+
+        def forward_table_values(changes: list[Any]) -> None:
+            forward_values([change._replace(value=reader(change.value)) for change in changes])
+
+        return forward_table_values
+    return _table_forward(raw_key, key_object, raw_sinks, all_raw, guarded_children, send, send_partitioned, ctx, value_of)
+
+
+def _table_forward(
+    raw_key: Callable[[Any], bytes],
+    key_object: Callable[[Any], Any],
+    raw_sinks: list[tuple[str, Callable[[bytes, int], int] | None]],
+    all_raw: bool,
+    guarded_children: Emit,
+    send: Callable[[str, bytes | None, bytes | None, int | None], None],
+    send_partitioned: Callable[..., None],
+    ctx: TaskContext,
+    value_of: Callable[[Any], Any],
+) -> Callable[[list[Any]], None]:
+    """The forward of a table's flushed changes: raw bytes straight to the sinks when every
+    child is a sink with the table's serdes, else deserialized to the children."""
     if all_raw:
         # table.to(topic): the store already holds the sink's bytes; skip deserialize/serialize.
         def forward_raw(changes: list[Any]) -> None:

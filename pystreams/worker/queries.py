@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from pystreams.topology.ir import StoreKind, TaskId
+from pystreams.topology.kernels import table_value_reader
 from pystreams.topology.resolve import ResolvedTopology
 from pystreams.topology.stores import not_queryable_reason
 
@@ -136,9 +137,16 @@ class QueryServer:
         return self._error(status, message, **({"retry": True} if retry else {}))
 
     async def _windows_get(self, request: web.Request) -> web.Response:
+        spec = self._resolved.topology.stores.get(request.match_info["store"])
+        # A sliding aggregation's store values carry a timestamp first; queries see aggregates.
+        table_value = table_value_reader(spec.window if spec is not None else None) or _same_bytes
+
+        def value_hex(value: bytes) -> str:
+            return (table_value(value) or b"").hex()
+
         def fetch(key: bytes) -> Callable[[Any], list[list[Any]]]:
             time_from, time_to = _time(request, "from", MIN_TIME), _time(request, "to", MAX_TIME)
-            return lambda store: [[start, value.hex()] for start, value in store.fetch(key, time_from, time_to)]
+            return lambda store: [[start, value_hex(value)] for start, value in store.fetch(key, time_from, time_to)]
 
         return await self._answer_for_key(request, StoreKind.WINDOW, "windows", fetch)
 
@@ -298,3 +306,7 @@ def _partitions(request: web.Request, count: int) -> list[int]:
     if any(not 0 <= p < count for p in partitions):
         raise _BadQuery(f"partitions must lie in 0..{count - 1}, got {text!r}")
     return partitions
+
+
+def _same_bytes(value: bytes | None) -> bytes | None:
+    return value
