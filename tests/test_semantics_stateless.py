@@ -95,3 +95,22 @@ def test_a_timestamp_extractor_sets_event_time_for_everything_downstream() -> No
     events = app.topic("in", value=serdes.Json(), timestamp=lambda key, event, record_ts: event["at"])
     events.map_values(lambda key, event: event["n"], value=serdes.Int(), name="n").to("out")
     assert run(app, [("a", {"at": 42, "n": 1}, 1)], "out")["out"] == [("a", 1, 42)]
+
+
+@pytest.mark.parametrize(
+    ("returned", "shown"),
+    [("HI", "str 'HI'"), (("k", "v", "extra"), "tuple \\('k', 'v', 'extra'\\)"), ({"k": "v"}, "dict")],
+)
+def test_a_map_that_returns_no_key_value_pair_fails_naming_the_node(returned: Any, shown: str) -> None:
+    # "HI" used to unpack silently as key "H", value "I".
+    app = App("bad-map")
+    app.topic("in", value=serdes.Text()).map(lambda key, value: returned, name="shout").to("out")
+    with pytest.raises(RecordProcessingError, match=rf"in node 'shout': TypeError: map must return a \(key, value\) tuple, got {shown}"):
+        run(app, [("k", "hi", 1)], "out")
+
+
+def test_a_flat_map_item_that_is_no_key_value_pair_fails_naming_the_node() -> None:
+    app = App("bad-flat-map")
+    app.topic("in", value=serdes.Text()).flat_map(lambda key, value: [(key, value), value], name="twice").to("out")
+    with pytest.raises(RecordProcessingError, match=r"in node 'twice': TypeError: flat_map must return \(key, value\) tuples, got str 'hi'"):
+        run(app, [("k", "hi", 1)], "out")

@@ -142,9 +142,19 @@ def advance_stream_time(stream_time: int | None, timestamp: int) -> int:
 # Each takes the user's function and the downstream emit. Record timestamps pass unchanged.
 
 
+def key_value_pair(result: Any, rule: str) -> tuple[Any, Any]:
+    """``result`` as the ``(key, value)`` pair a map or flat map must return: anything else —
+    a string, whose two characters would unpack as key and value, a dict, a 3-tuple — is a
+    TypeError the node's error policy reports with the node's name."""
+    if isinstance(result, tuple) and len(result) == 2:
+        return result
+    shown = repr(result)
+    raise TypeError(f"{rule}, got {type(result).__name__} {shown[:80]}{'...' if len(shown) > 80 else ''}")
+
+
 def map_kernel(fn: Callable[[Any, Any], tuple[Any, Any]], forward: Emit) -> Emit:
     def map_(key: Any, value: Any, timestamp: int) -> None:
-        new_key, new_value = fn(key, value)
+        new_key, new_value = key_value_pair(fn(key, value), "map must return a (key, value) tuple")
         forward(new_key, new_value, timestamp)
 
     return map_
@@ -159,7 +169,8 @@ def map_values_kernel(fn: Callable[[Any, Any], Any], forward: Emit) -> Emit:
 
 def flat_map_kernel(fn: Callable[[Any, Any], Iterable[tuple[Any, Any]]], forward: Emit) -> Emit:
     def flat_map(key: Any, value: Any, timestamp: int) -> None:
-        for new_key, new_value in fn(key, value):
+        for pair in fn(key, value):
+            new_key, new_value = key_value_pair(pair, "flat_map must return (key, value) tuples")
             forward(new_key, new_value, timestamp)
 
     return flat_map
