@@ -202,3 +202,22 @@ def test_dynamic_group_configs_within_bounds():
     # Configs exist independently of the group, as the KIP says.
     assert _alter(h, "not-yet-a-group", (SESSION_TIMEOUT, 0, "5000")) == (0, None)
     h.assert_replay_equals_live()
+
+
+def test_a_commit_answer_tells_a_kip_848_member_its_groups_epoch():
+    # The tagged GroupEpoch field: a stable member commits every interval; when a member joins,
+    # the answer to its next commit shows the group moved on, and it heartbeats at once.
+    h = Harness()
+    epoch = _member(h)
+
+    def answer(member_epoch):
+        topic = CTopic(name="foo", partitions=[CPart(partition_index=0, committed_offset=1, committed_metadata="")])
+        return h.send(Commit(group_id=GROUP, generation_id_or_member_epoch=member_epoch, member_id="A", topics=[topic]))
+
+    assert answer(epoch).group_epoch == epoch == h.group.group_epoch
+    h.scripted.next = {"A": "foo-0", "B": "foo-1"}
+    h.join("B")
+    assert answer(epoch).group_epoch == h.group.group_epoch > epoch
+    # A commit for no known group names no epoch.
+    orphan = h.send(Commit(group_id="nobody", generation_id_or_member_epoch=-1, member_id="", topics=[]))
+    assert orphan.group_epoch == -1

@@ -154,7 +154,14 @@ def test_every_response_is_read_by_kafka_python_client_parser(case, nulls):
     answer = make(spec.response_class, version, nulls=nulls)
     [(received_id, received)] = client.receive_bytes(codec.encode_response(decoded.header, answer))
     assert received_id == correlation_id
-    assert received == answer
+    if type(answer) is m.OffsetCommitResponse:
+        # pystreams' own class (a tagged GroupEpoch): kafka-python reads it with its own class,
+        # skipping the tag, and gets every other field as sent.
+        assert type(received).__name__ == "OffsetCommitResponse"
+        answer.group_epoch = -1  # the default, which is not written
+        assert received.encode() == answer.encode()
+    else:
+        assert received == answer
 
 
 def test_null_client_id_round_trips():

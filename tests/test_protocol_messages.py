@@ -38,3 +38,22 @@ def test_kip_848_api_keys():
     # The KIP leaves these TBD; pystreams picks keys no Apache Kafka API uses.
     assert m.ConsumerGroupPrepareAssignmentRequest.API_KEY == 1000
     assert m.ConsumerGroupInstallAssignmentRequest.API_KEY == 1001
+
+
+def test_offset_commit_answers_carry_the_group_epoch_as_a_tag_other_clients_skip():
+    from kafka.protocol.api_header import ResponseClassRegistry
+    from kafka.protocol.consumer.group import OffsetCommitResponse as KafkaOffsetCommitResponse
+
+    from pystreams.protocol import messages as m
+
+    ours = m.OffsetCommitResponse(version=9, topics=[], group_epoch=7)
+    data = ours.encode()
+    assert m.OffsetCommitResponse.decode(data, version=9).group_epoch == 7
+    # kafka-python's own class reads the same bytes, skipping the unknown tag ...
+    theirs = KafkaOffsetCommitResponse.decode(data, version=9)
+    assert theirs.topics == [] and not hasattr(theirs, "group_epoch")
+    # ... and stays the class kafka-python decodes OffsetCommit answers with, process-wide.
+    registered = ResponseClassRegistry._response_class_registry[m.OffsetCommitRequest.API_KEY]
+    assert registered == KafkaOffsetCommitResponse  # a weak proxy to the class, as kafka-python keeps them
+    # Versions before the flexible ones have no tags: the field is its default there.
+    assert m.OffsetCommitResponse.decode(m.OffsetCommitResponse(version=7, topics=[], group_epoch=7).encode(), version=7).group_epoch == -1

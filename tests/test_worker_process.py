@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -195,3 +196,51 @@ def test_a_workers_windowed_results_are_partitioned_by_the_user_key(tmp_path: Pa
         running.stop()
     # Every window of a user in the partition of the user key alone (WindowedStreamPartitioner).
     assert placed == {user: {partition_for_key(user.encode(), 4)} for user in users}
+
+
+def test_with_production_heartbeats_a_joining_worker_runs_tasks_without_waiting_for_an_interval(tmp_path: Path) -> None:
+    # The coordinator's defaults: 5 s heartbeats, 45 s sessions. Every step of the rebalance
+    # waited for a heartbeat: the stable worker heard of the joiner only at its next one, so the
+    # joiner ran its first task 6-11 s after it started. Now the stable worker learns from its
+    # next commit (each second) and each later step takes a round trip. The bound is generous:
+    # the figure lives in benchmarks/, not here.
+    cluster = Cluster(tmp_path, group_args=())
+    fleet = Workers(cluster.bootstrap, cluster.coordinator_address, tmp_path, APP)
+    try:
+        ensure_input_topics(cluster.bootstrap, ["text-lines"], partitions=4)
+        fleet.start()
+        wait_for(lambda: "started tasks" in fleet.log(0), 30, "the first worker to start its tasks")
+        # A running group: lines keep coming, so the first worker keeps committing.
+        stop_feeding = threading.Event()
+        feeder = threading.Thread(target=_feed_lines, args=(cluster.bootstrap, stop_feeding), daemon=True)
+        feeder.start()
+        time.sleep(0.5)  # past the first worker's own first heartbeats: it is stable
+        started = time.monotonic()
+        fleet.start()
+        try:
+            wait_for(lambda: "started tasks" in fleet.log(1), 30, "the joining worker to start tasks")
+        finally:
+            stop_feeding.set()
+            feeder.join(5)
+        took = time.monotonic() - started
+        assert took < 4.0, f"the joiner's first task took {took:.1f} s\n" + fleet.log_tails()
+        assert fleet.stop_all() == [0, 0]
+    finally:
+        for process in fleet.processes:
+            if process.poll() is None:
+                process.kill()
+        cluster.stop()
+
+
+def _feed_lines(bootstrap: str, stop: threading.Event) -> None:
+    """A line every 50 ms until ``stop`` (at most 60 s)."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    try:
+        for number in range(1_200):
+            if stop.wait(0.05):
+                break
+            producer.send("text-lines", key=str(number).encode(), value=CORPUS[number % len(CORPUS)].encode("utf-8"))
+    finally:
+        producer.close()

@@ -547,7 +547,16 @@ class MemberDriver:
                 for partition in topic.partitions:
                     errors[(key_topic, partition.partition_index)] = partition.error_code
             self._note_offset_errors(errors.values())
+            self._note_group_epoch(getattr(response, "group_epoch", -1))
         return CommitResult(errors=errors, member_epoch=epoch)
+
+    def _note_group_epoch(self, group_epoch: int) -> None:
+        """The group's epoch, as a commit answer tells it: a member behind it has a rebalance
+        step to take (a worker joined, a target moved) and heartbeats now rather than at its
+        next interval, which for a stable member is the group's full interval."""
+        if group_epoch > self.member.member_epoch > 0:
+            self.member.request_heartbeat()
+            self._wake()
 
     async def fetch_offsets(self, partitions: Iterable[OffsetKey], *, require_stable: bool = True) -> FetchResult:
         """Committed offsets of ``partitions`` (topic id → OffsetFetch v10, name → v9), read as

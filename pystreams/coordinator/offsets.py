@@ -23,6 +23,7 @@ from uuid import UUID
 import kafka.errors as Errors
 
 from pystreams.coordinator import records as r
+from pystreams.coordinator.consumer_group import ConsumerGroup
 from pystreams.coordinator.context import ShardContext
 from pystreams.coordinator.errors import RequestError
 from pystreams.protocol import messages as m
@@ -129,7 +130,10 @@ class OffsetManager:
                     self.ctx.emit(r.OffsetCommit(request.group_id, name, p.partition_index, value))
                 partitions.append(Partition(partition_index=p.partition_index, error_code=code))
             topics.append(Topic(name=topic.name, topic_id=getattr(topic, "topic_id", None) or NIL_UUID, partitions=partitions))
-        return Response(topics=topics)
+        # A KIP-848 member behind its group's epoch has a rebalance step to take: it learns so
+        # from this commit rather than at its next heartbeat (the tagged GroupEpoch field).
+        group_epoch = group.group_epoch if isinstance(group, ConsumerGroup) else -1
+        return Response(topics=topics, group_epoch=group_epoch)
 
     # --- OffsetFetch ------------------------------------------------------------------------
 

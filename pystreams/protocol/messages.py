@@ -7,6 +7,8 @@ kafka-python's own classes, so standard tooling and pystreams agree byte for byt
 
 from __future__ import annotations
 
+import weakref
+
 from kafka.protocol.admin.configs import (
     DescribeConfigsRequest,
     DescribeConfigsResponse,
@@ -19,6 +21,7 @@ from kafka.protocol.admin.groups import (
     ListGroupsRequest,
     ListGroupsResponse,
 )
+from kafka.protocol.api_header import ResponseClassRegistry
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.consumer.group import (
     HeartbeatRequest,
@@ -28,12 +31,12 @@ from kafka.protocol.consumer.group import (
     LeaveGroupRequest,
     LeaveGroupResponse,
     OffsetCommitRequest,
-    OffsetCommitResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
     SyncGroupRequest,
     SyncGroupResponse,
 )
+from kafka.protocol.consumer.group import OffsetCommitResponse as _KafkaOffsetCommitResponse
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
@@ -48,6 +51,20 @@ from pystreams.protocol import schemas as _schemas
 
 
 # kafka-python ships no types, so mypy cannot see that ApiMessage.__init_subclass__ takes load_json.
+class OffsetCommitResponse(ApiMessage, load_json=_schemas):
+    """Kafka's OffsetCommitResponse plus one tagged field of pystreams' own, ``GroupEpoch``
+    (see the schema): a worker learns from the commit it makes anyway (every commit interval)
+    that its group moved on, and heartbeats at once instead of at its next interval."""
+
+    pass  # type: ignore[call-arg]  # untyped base
+
+
+# Defining the class registered it as kafka-python's OffsetCommit response class for the whole
+# process; pystreams decodes through its own registry, so put kafka-python's own back: a user's
+# kafka-python consumer in the same process keeps decoding with kafka-python's class.
+ResponseClassRegistry.register_response_class(weakref.proxy(_KafkaOffsetCommitResponse))
+
+
 class ConsumerGroupHeartbeatRequest(ApiMessage, load_json=_schemas):
     pass  # type: ignore[call-arg]  # untyped base
 
