@@ -17,6 +17,18 @@ DEFAULT_TIMEOUT_S = 60.0
 def read_final_table(bootstrap_servers: str, topic: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[bytes | None, bytes]:
     """Latest value per key of ``topic``, read to its end (found by fetching: the embedded
     broker's end offsets can stop short)."""
+    table: dict[bytes | None, bytes] = {}
+    for _, key, value in read_log(bootstrap_servers, topic, timeout_s):
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+    return table
+
+
+def read_log(bootstrap_servers: str, topic: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> list[tuple[int, bytes | None, bytes | None]]:
+    """Every record of ``topic`` as (partition, key, value), each partition in offset order,
+    read to its end: for outputs whose every record counts (one final result per window)."""
     from kafka import KafkaConsumer, TopicPartition
 
     from pystreams.log_ends import true_end_offsets
@@ -29,18 +41,14 @@ def read_final_table(bootstrap_servers: str, topic: str, timeout_s: float = DEFA
         ends = true_end_offsets(consumer, partitions, timeout_s=60)
         consumer.assign(partitions)
         consumer.seek_to_beginning(*partitions)
-        table: dict[bytes | None, bytes] = {}
+        log: list[tuple[int, bytes | None, bytes | None]] = []
         deadline = time.monotonic() + timeout_s
         while any(consumer.position(p) < ends[p] for p in partitions):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"could not read {topic} to its end")
-            for _, records in sorted(consumer.poll(timeout_ms=200).items()):
-                for record in records:
-                    if record.value is None:
-                        table.pop(record.key, None)
-                    else:
-                        table[record.key] = record.value
-        return table
+            for partition, records in sorted(consumer.poll(timeout_ms=200).items()):
+                log.extend((partition.partition, record.key, record.value) for record in records)
+        return log
     finally:
         consumer.close()
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import collections
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_parity import DEFAULT_TIMEOUT_S, decoded, read_final_table, run_on_spark, run_on_workers
+from spark_parity import DEFAULT_TIMEOUT_S, decoded, read_final_table, read_log, run_on_spark, run_on_workers
 from test_spark_examples import Record, create_topics, produce
 
 from pystreams import serdes
@@ -123,21 +124,23 @@ def run_both(
     phases: list[list[Record]],
     *,
     spark_timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> dict[str, dict[str, dict[bytes | None, bytes]]]:
+    read: Callable[[str, str], Any] = read_final_table,
+) -> dict[str, dict[str, Any]]:
+    """Each output as ``read`` reads it (default: its final table), per runtime."""
     app_file = tmp_path / "app_under_test.py"
     app_file.write_text(app_source)
-    tables: dict[str, dict[str, dict[bytes | None, bytes]]] = {}
+    tables: dict[str, dict[str, Any]] = {}
     with EmbeddedBroker() as workers_broker, EmbeddedBroker() as spark_broker:
         for bootstrap in (workers_broker.bootstrap_servers, spark_broker.bootstrap_servers):
             create_topics(bootstrap, topics)
         total = produce(workers_broker.bootstrap_servers, [r for phase in phases for r in phase])
         run_on_workers(load_app(str(app_file)), workers_broker.bootstrap_servers, tmp_path / "state", until_processed=total).close()
-        tables["workers"] = {t: read_final_table(workers_broker.bootstrap_servers, t) for t in outputs}
+        tables["workers"] = {t: read(workers_broker.bootstrap_servers, t) for t in outputs}
         # One backfill per phase from one checkpoint: task state carries across micro-batches.
         for phase in phases:
             produce(spark_broker.bootstrap_servers, phase)
             run_on_spark(load_app(str(app_file)), spark, spark_broker.bootstrap_servers, tmp_path / "checkpoint", timeout_s=spark_timeout_s)
-        tables["spark"] = {t: read_final_table(spark_broker.bootstrap_servers, t) for t in outputs}
+        tables["spark"] = {t: read(spark_broker.bootstrap_servers, t) for t in outputs}
     return tables
 
 
@@ -194,3 +197,52 @@ def test_sliding_windows_and_a_windowed_cogroup_give_the_same_tables_on_both_run
     activity = decoded(tables["workers"]["activity"], windowed, serdes.Int())
     assert any(score >= 100 and score % 100 for score in activity.values()), "windows holding both streams"
     assert tables["spark"]["activity"] == tables["workers"]["activity"]
+
+
+EMIT_FINAL_APP = """
+from pystreams import serdes
+from pystreams.app import App, SessionWindow, TumblingWindow
+
+app = App("emit_final")
+clicks = app.topic("clicks", value=serdes.Text())
+app.count(clicks, store="per-minute", window=TumblingWindow(size=60_000, grace=10_000), emit="final").to("per-minute")
+app.count(clicks, store="sessions", window=SessionWindow(gap=30_000, grace=10_000), emit="final").to("sessions")
+"""
+
+
+def test_emit_final_writes_the_same_final_records_on_both_runtimes(spark: Any, tmp_path: Path) -> None:
+    """Every record, not just the last per key: one final result per closed window, the same
+    set on Spark (two backfills, state and stream time carried between them) as on the workers,
+    and on the workers Kafka Streams' answer for the tumbling count."""
+    records = clicks(1_500, seed=23)
+    outputs = ["per-minute", "sessions"]
+    topics = {"clicks": PARTITIONS, **{topic: PARTITIONS for topic in outputs}}
+    logs = run_both(spark, tmp_path, EMIT_FINAL_APP, topics, outputs, [records[:700], records[700:]], read=read_log)
+
+    windowed = serdes.WindowedKey(serdes.Text())
+    for output in outputs:
+        worker_log, spark_log = logs["workers"][output], logs["spark"][output]
+        assert all(value is not None for _, _, value in worker_log), f"{output}: emit-final writes no tombstones"
+        windows = [key for _, key, _ in worker_log]
+        assert len(windows) == len(set(windows)), f"{output}: a window's final result appeared twice on the workers"
+        # The same records on the same partitions; the order within a partition may differ
+        # (a micro-batch closes several windows at once).
+        assert sorted(spark_log) == sorted(worker_log), f"{output}: Spark's final records differ from the workers'"
+
+    stream_time: dict[int, int] = {}
+    for _, partition, _, _, timestamp in records:
+        assert partition is not None
+        stream_time[partition] = max(stream_time.get(partition, timestamp), timestamp)
+    closed = {
+        (user, start): count
+        for (user, start), count in kafka_streams_tumbling_counts(records).items()
+        if start + MINUTE + GRACE <= stream_time[partition_for_key(user.encode(), PARTITIONS)]
+    }
+    finals = {
+        (w.key, w.start_ms): count
+        for w, count in decoded(dict((k, v) for _, k, v in logs["workers"]["per-minute"] if v is not None), windowed, serdes.Int()).items()
+    }
+    assert finals == closed
+    assert 100 < len(closed) < len(kafka_streams_tumbling_counts(records)), "some windows closed, the newest did not"
+    sessions = decoded(dict((k, v) for _, k, v in logs["workers"]["sessions"] if v is not None), windowed, serdes.Int())
+    assert len(sessions) > 50 and sum(sessions.values()) < len(records)
