@@ -630,6 +630,8 @@ async def test_metrics_are_served_in_prometheus_text_format() -> None:
             assert sample(text, 'refusals_total{reason="max_connections"}', OWN) == 3
             assert sample(text, "handler_failures_total", OWN) == 0
             assert sample(text, "quarantined_groups", OWN) == 0
+            # Requests by API: three joins and one heartbeat are four ConsumerGroupHeartbeats.
+            assert sample(text, 'requests_total{api="ConsumerGroupHeartbeat"}', OWN) == 4
             assert (await http_get(metrics.port, "/healthz"))[0] == 200
             assert (await http_get(metrics.port, "/nope"))[0] == 404
         finally:

@@ -283,6 +283,10 @@ class CoordinatorCollector(Collector):
         )
         yield _gauge("quarantined_groups", "Groups not served because a record of theirs cannot be replayed.", [({}, quarantined)], prefix=OWN_PREFIX)
         yield _gauge("connections", "Open client connections.", [({}, self._connections())], prefix=OWN_PREFIX)
+        requests = CounterMetricFamily(OWN_PREFIX + "requests", "Requests received, by API.", labels=["api"])
+        for api, count in sorted(coordinator.requests_received.items()):
+            requests.add_metric([api], count)
+        yield requests
 
 
 def coordinator_registry(coordinator: Coordinator, **sources: Any) -> CollectorRegistry:

@@ -50,6 +50,7 @@ applies the newest image). Topics of the log itself are hidden.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import enum
@@ -518,6 +519,8 @@ class Coordinator:
         self.authorizer = authorizer
         self.shard_count = log.partition_count
         self.metrics = CoordinatorMetrics()
+        #: Requests received, by API (Kafka's RequestsPerSec by request): the steady-state load.
+        self.requests_received: collections.Counter[str] = collections.Counter()
         self._topic_source = topic_source if topic_source is not None else StaticTopics()
         self._metadata_refresh_s = metadata_refresh_ms / 1000
         self._metadata_min_interval_s = metadata_min_interval_ms / 1000
@@ -611,6 +614,7 @@ class Coordinator:
         session = current_session()
         peer = session.peer if session is not None else None
         context = RequestContext(client_id=header.client_id or "", client_host=peer[0] if peer else "")
+        self.requests_received[type(request).__name__.removesuffix("Request")] += 1
         route = self._routes.get(request.API_KEY)
         if route is None:
             return codec.error_response(
