@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from coordinator_process import start_coordinator
 from kafka import KafkaConsumer, KafkaProducer
 
 from pystreams.broker import EmbeddedBroker, free_port
@@ -32,18 +33,6 @@ SETTINGS = {
 }
 
 
-def wait_listening(port: int, timeout_s: float = 20) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on {port}")
-
-
 def one_run(coordinator_args: list[str], workdir: Path) -> float:
     broker = EmbeddedBroker(port=None)
     broker.start()
@@ -52,24 +41,7 @@ def one_run(coordinator_args: list[str], workdir: Path) -> float:
     try:
         with ClusterMetadata(broker.bootstrap_servers) as cluster:
             cluster.ensure_topics([TopicSpec("text-lines", 4), TopicSpec("word-counts", 4)])
-        coordinator = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pystreams",
-                "coordinator",
-                "--bootstrap-servers",
-                broker.bootstrap_servers,
-                "--log",
-                "kafka",
-                "--listen",
-                f"127.0.0.1:{port}",
-                *coordinator_args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_listening(port)
+        coordinator = start_coordinator(broker.bootstrap_servers, port, *coordinator_args)
         consumer = KafkaConsumer("word-counts", bootstrap_servers=broker.bootstrap_servers, group_id=None, auto_offset_reset="earliest")
         started = time.monotonic()
         worker = subprocess.Popen(

@@ -27,6 +27,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from coordinator_process import start_coordinator
 from kafka import KafkaConsumer, KafkaProducer
 
 from pystreams.broker import EmbeddedBroker, free_port
@@ -112,25 +113,7 @@ def main() -> None:
         try:
             with ClusterMetadata(broker.bootstrap_servers) as cluster:
                 cluster.ensure_topics([TopicSpec("text-lines", 6), TopicSpec("word-counts", 6)])
-            coordinator = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pystreams",
-                    "coordinator",
-                    "--bootstrap-servers",
-                    broker.bootstrap_servers,
-                    "--log",
-                    "kafka",
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                    "--metrics-port",
-                    str(metrics_port),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            wait_for(lambda: _listening(port), 30, "the coordinator")
+            coordinator = start_coordinator(broker.bootstrap_servers, port, "--metrics-port", str(metrics_port))
 
             def feed() -> None:
                 producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers)
@@ -191,13 +174,6 @@ def main() -> None:
                 coordinator.kill()
                 coordinator.wait()
             broker.stop()
-
-
-def _listening(port: int) -> bool:
-    import socket
-
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 if __name__ == "__main__":
