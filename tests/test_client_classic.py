@@ -901,6 +901,43 @@ def test_a_guarded_cooperative_member_not_synced_a_rebalance_timeout_after_its_j
     assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
 
 
+def test_a_guarded_member_leaving_while_not_synced_gives_up_what_it_revokes_at_the_sync_deadline() -> None:
+    """The coordinator's sync timer (Kafka's scheduleConsumerGroupSyncTimeout) keeps running
+    when the member's SyncGroup is lost and its rejoin never arrives; a leave() then drops the
+    join it waited for and turns what it owned into revocations, but not that timer: the member
+    is removed a rebalance timeout after its JoinGroup and its partitions handed on while it
+    still revokes them, so it gives them up then (LeaveGroup, best effort). Heartbeats answered
+    meanwhile do not stop the timer. Found by the simulator's migration profile (seed 103095: a
+    leaving classic member revoking a partition its successor already owned)."""
+    member = make(assignors=("cooperative-sticky",), lose_partitions_on_session_timeout=True)
+    to_stable(member, {"foo": [0, 1]}, protocol="cooperative-sticky")
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=REBALANCE_IN_PROGRESS), INTERVAL)
+    rejoin = only(member.poll(INTERVAL), m.JoinGroupRequest)
+    member.on_response(rejoin, join_response(generation=2, protocol="cooperative-sticky"), INTERVAL)
+    sync = only(member.poll(INTERVAL), m.SyncGroupRequest)
+    heartbeat = only(member.poll(2 * INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=NONE), 2 * INTERVAL)  # session kept
+    member.on_request_failed(sync, 3 * INTERVAL)
+    only(member.poll(3 * INTERVAL + BACKOFF), m.JoinGroupRequest)  # never answered
+    member.leave(4 * INTERVAL)
+    [revoke] = member.take_events()
+    assert member.state is MemberState.PREPARE_LEAVING and member.revoking_partitions == parts(FOO, 0, 1)
+    assert member.next_deadline() <= INTERVAL + REBALANCE
+    for now in range(5 * INTERVAL, INTERVAL + REBALANCE, INTERVAL):  # heartbeats still answered
+        for request in member.poll(now):
+            member.on_response(request, m.HeartbeatResponse(error_code=NONE), now)
+    member.poll(INTERVAL + REBALANCE - 1)
+    assert member.take_events() == [] and member.revoking_partitions == parts(FOO, 0, 1)
+    leave = only(member.poll(INTERVAL + REBALANCE), m.LeaveGroupRequest)  # the rejoin's send + the rebalance timeout
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
+    assert member.revoking_partitions == PartitionSet() and member.owned_partitions == PartitionSet()
+    member.revocation_done(INTERVAL + REBALANCE + 1, revoke.revocation_id)  # too late: ignored
+    member.on_response(leave, m.LeaveGroupResponse(error_code=UNKNOWN_MEMBER, members=[]), INTERVAL + REBALANCE + 2)
+    assert member.take_events() == [LeftGroup(-1)]
+
+
 def test_without_answers_for_a_session_the_member_looks_the_coordinator_up_again() -> None:
     member = make()
     to_stable(member, {"foo": [0]})

@@ -76,6 +76,9 @@ REGRESSION_SEEDS = [
     ("migration", 102559),
     ("migration", 104060),
     ("migration", 104590),
+    # A guarded classic member leaving while its SyncGroup was lost: leave() turned what it owned
+    # into revocations, which the sync-timer guard did not count, and kept them past its removal.
+    ("migration", 103095),
 ]
 
 

@@ -1007,8 +1007,13 @@ class ClassicGroupMember:
         not rejoined a rebalance timeout after the rebalance began, or has not synced one after
         answering its join (the timer a failed SyncGroup and an unanswered rejoin leave running);
         the JoinGroup's own timeout is later still. Only its partitions go: the answers it waits
-        for may still come, and then it carries on."""
-        if not self.config.lose_partitions_on_session_timeout or not self._owned:
+        for may still come, and then it carries on. Partitions it is revoking are still its own
+        (it processes them until the revocation is done), so they count, also when it revokes
+        before leaving: leave() drops the join and sync it waited for, not the coordinator's
+        timer (Kafka's GroupMetadataManager: scheduleConsumerGroupSyncTimeout for a classic
+        member of a consumer group, the classic group's pending-sync expiry, remove the member
+        whatever it does meanwhile short of a JoinGroup or SyncGroup reaching it)."""
+        if not self.config.lose_partitions_on_session_timeout or not (self._owned or self._revocations):
             return None
         starts = [self._sync_awaited_since_ms] if self._sync_awaited_since_ms is not None else []
         if self._join is not None:
@@ -1021,6 +1026,10 @@ class ClassicGroupMember:
         join = self._join_deadline()
         if join is not None and now_ms >= join:
             log.warning("group %s: not rejoined and synced within the rebalance timeout; giving up every partition", self.config.group_id)
+            if self._state is ClassicState.LEAVING:
+                # Revoking before a leave: no answer can bring it back; LeaveGroup, best effort.
+                self._lose_revoking(_REQUEST_TIMED_OUT)
+                return
             self._lose_owned(_REQUEST_TIMED_OUT)  # the answer may still come: then carry on
         rebalance = self._rebalance_deadline()
         if rebalance is not None and now_ms >= rebalance:
