@@ -5,6 +5,12 @@ operation and a flush hands the store exactly one change per key. Entries are ke
 least-recently-written order; when the cache outgrows its limits the oldest entries are
 evicted through the store's normal write path (RocksDB, changelog, forward), as Kafka Streams'
 NamedCache does.
+
+A store that forwards its changes also stamps each entry with the timestamp of the record that
+last wrote it (read from the task's ``RecordClock``), so every flushed change goes downstream
+with its own record's time, in write order, as Kafka Streams' cache forwards each entry with its
+record context. Stamping them all with the stream time at the flush would let a node downstream
+(a suppression) see a time past a window's close before that window's last update arrives.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 # Rough per-entry cost of a dict slot plus the two bytes objects, so that many tiny records
 # still count against max_bytes.
@@ -30,6 +36,14 @@ ABSENT: Final = _Absent.ABSENT
 CachedEntry = tuple[bytes, "bytes | None"]
 # Changes handed to the store's write path: key → latest value (None: delete), oldest first.
 CachedChanges = dict[bytes, "bytes | None"]
+#: Timestamp of the record that last wrote each key (stores that forward their changes).
+Stamps = dict[bytes, int]
+
+
+class RecordClock(Protocol):
+    """The timestamp of the record being processed (the task's context)."""
+
+    timestamp: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +61,13 @@ class CacheLimits:
             raise ValueError("evict_to_fraction must be in [0, 1)")
 
 
+class _Unstamped:
+    timestamp = 0
+
+
+_UNSTAMPED: Final = _Unstamped()
+
+
 def _size(key: bytes, value: bytes | None) -> int:
     return len(key) + ENTRY_OVERHEAD_BYTES + (len(value) if value is not None else 0)
 
@@ -58,14 +79,15 @@ class RecordCache:
     composite key minus its timestamp suffix), so window and session stores can find the
     cached entries of one user key without scanning the whole cache."""
 
-    __slots__ = ("_entries", "_bytes", "_limits", "_evict", "_groups", "_group_suffix_bytes", "evicted_entries")
+    __slots__ = ("_entries", "_bytes", "_limits", "_evict", "_groups", "_group_suffix_bytes", "_clock", "_stamps", "evicted_entries")
 
     def __init__(
         self,
         limits: CacheLimits,
-        evict: Callable[[CachedChanges], None],
+        evict: Callable[[CachedChanges, Stamps | None], None],
         *,
         group_suffix_bytes: int = 0,
+        clock: RecordClock | None = None,
     ) -> None:
         self._entries: dict[bytes, bytes | None] = {}
         self._bytes = 0
@@ -73,6 +95,8 @@ class RecordCache:
         self._evict = evict
         self._group_suffix_bytes = group_suffix_bytes
         self._groups: dict[bytes, set[bytes]] | None = {} if group_suffix_bytes else None
+        self._clock: RecordClock = clock if clock is not None else _UNSTAMPED
+        self._stamps: Stamps | None = {} if clock is not None else None
         self.evicted_entries = 0
 
     def __len__(self) -> int:
@@ -94,6 +118,9 @@ class RecordCache:
         entries = self._entries
         previous: Any = entries.pop(key, ABSENT)  # re-inserting moves the key to the young end
         entries[key] = value
+        stamps = self._stamps
+        if stamps is not None:
+            stamps[key] = self._clock.timestamp
         if previous is ABSENT:
             self._bytes += len(key) + ENTRY_OVERHEAD_BYTES + (len(value) if value is not None else 0)
             if self._groups is not None:
@@ -135,17 +162,26 @@ class RecordCache:
             del entries[key]
             if groups is not None:
                 self._remove_from_group(groups, key)
+        stamps = self._stamps
+        evicted_stamps = None if stamps is None else {key: stamps.pop(key) for key in evicted}
         self.evicted_entries += len(evicted)
-        self._evict(evicted)
+        self._evict(evicted, evicted_stamps)
 
     def drain(self) -> CachedChanges:
         """All entries, oldest first, leaving the cache empty."""
-        drained = self._entries
+        return self.drain_stamped()[0]
+
+    def drain_stamped(self) -> tuple[CachedChanges, Stamps | None]:
+        """All entries, oldest first, and their stamps (None: the cache keeps none), leaving
+        the cache empty."""
+        drained, stamps = self._entries, self._stamps
         self._entries = {}
         self._bytes = 0
         if self._groups is not None:
             self._groups = {}
-        return drained
+        if stamps is not None:
+            self._stamps = {}
+        return drained, stamps
 
     def in_range(self, lower: bytes | None, upper: bytes | None) -> list[CachedEntry]:
         """Cached entries with ``lower <= key < upper``, sorted by key (O(cache size))."""

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 from rocksdict import WriteBatch
 
-from .cache import ABSENT, CachedChanges
+from .cache import ABSENT, CachedChanges, Stamps
 from .changelog import ChangelogRecord
 from .store import CachedStore
 
@@ -20,6 +20,8 @@ class KeyValueChange(NamedTuple):
     key: bytes
     value: bytes | None
     old_value: bytes | None
+    #: The timestamp of the record that last wrote the key (None: the store has no clock).
+    timestamp: int | None = None
 
 
 _new_tuple = tuple.__new__
@@ -84,12 +86,16 @@ class KeyValueStore(CachedStore[KeyValueChange]):
         """RocksDB's estimate plus cached writes (may over- or under-count, as in Kafka)."""
         return self._db.estimate_num_keys() + len(self._cache)
 
-    def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None) -> list[KeyValueChange]:
+    def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None, stamps: Stamps | None) -> list[KeyValueChange]:
         # tuple.__new__ skips the namedtuple's Python-level __new__: this runs once per key
         # per flush.
+        if stamps is None:
+            if old_values is None:
+                return [_new_tuple(KeyValueChange, (key, value, None, None)) for key, value in changes.items()]
+            return [_new_tuple(KeyValueChange, (key, value, old, None)) for (key, value), old in zip(changes.items(), old_values, strict=True)]
         if old_values is None:
-            return [_new_tuple(KeyValueChange, (key, value, None)) for key, value in changes.items()]
-        return [_new_tuple(KeyValueChange, (key, value, old)) for (key, value), old in zip(changes.items(), old_values, strict=True)]
+            return [_new_tuple(KeyValueChange, (key, value, None, stamps[key])) for key, value in changes.items()]
+        return [_new_tuple(KeyValueChange, (key, value, old, stamps[key])) for (key, value), old in zip(changes.items(), old_values, strict=True)]
 
     def _stage_changes(self, batch: WriteBatch, changes: CachedChanges) -> None:
         put = batch.put

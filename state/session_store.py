@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .cache import CachedChanges
+from .cache import CachedChanges, Stamps
 from .keys import (
     MAX_TIMESTAMP,
     SESSION_SUFFIX_BYTES,
@@ -29,6 +29,7 @@ class SessionChange(NamedTuple):
     end: int
     value: bytes | None  # None: the session was removed (merged into another, usually)
     old_value: bytes | None  # only with send_old_values
+    timestamp: int | None = None  # of the record that last wrote it (None: the store has no clock)
 
 
 class Session(NamedTuple):
@@ -106,10 +107,10 @@ class SessionStore(TimeIndexedStore[SessionChange]):
             if end >= earliest_end and start <= latest_start:
                 yield Session(key, start, end, value)
 
-    def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None) -> list[SessionChange]:
+    def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None, stamps: Stamps | None) -> list[SessionChange]:
         result = []
         for index, (composite, value) in enumerate(changes.items()):
             key, start, end = split_session_key(composite)
             old = old_values[index] if old_values is not None else None
-            result.append(SessionChange(key, start, end, value, old))
+            result.append(SessionChange(key, start, end, value, old, None if stamps is None else stamps[composite]))
         return result

@@ -9,7 +9,7 @@ from typing import Generic, TypeVar
 
 from rocksdict import WriteBatch
 
-from .cache import ABSENT, CachedChanges, CachedEntry, CacheLimits, RecordCache
+from .cache import ABSENT, CachedChanges, CachedEntry, CacheLimits, RecordCache, RecordClock, Stamps
 from .changelog import ChangelogRecord, ChangelogSink, TopicPartition, changelog_topic_config
 from .errors import StateError
 from .rocksdb import RocksDatabase, new_batch
@@ -39,7 +39,10 @@ class CachedStore(Generic[ChangeT]):
         forward: Forward[ChangeT] | None = None,
         send_old_values: bool = False,
         changelog_position: int | None = None,
+        record_clock: RecordClock | None = None,
     ) -> None:
+        """``record_clock``: where a forwarding store reads the timestamp of the record writing
+        it, which each forwarded change carries (without one, changes carry None)."""
         self.name = name
         self.changelog = changelog
         # Next changelog offset this store's contents do not yet include (None: unknown,
@@ -51,7 +54,9 @@ class CachedStore(Generic[ChangeT]):
         self._sink = sink
         self._forward = forward
         self._send_old_values = send_old_values
-        self._cache = RecordCache(cache_limits, self._write_out, group_suffix_bytes=self._GROUP_SUFFIX_BYTES)
+        self._cache = RecordCache(
+            cache_limits, self._write_out, group_suffix_bytes=self._GROUP_SUFFIX_BYTES, clock=record_clock if forward is not None else None
+        )
         self._closed = False
 
     # -- cache ----------------------------------------------------------------------------
@@ -70,13 +75,14 @@ class CachedStore(Generic[ChangeT]):
         """Write every cached change to RocksDB in one batch, send each to the changelog and
         forward it downstream: one record per key since the previous flush."""
         self._check_open()
-        entries = self._cache.drain()
+        entries, stamps = self._cache.drain_stamped()
         if entries:
-            self._write_out(entries)
+            self._write_out(entries, stamps)
         self._after_flush()
 
-    def _write_out(self, changes: CachedChanges) -> None:
-        """The write path of flush and eviction: RocksDB, then changelog, then downstream."""
+    def _write_out(self, changes: CachedChanges, stamps: Stamps | None = None) -> None:
+        """The write path of flush and eviction: RocksDB, then changelog, then downstream
+        (oldest write first, each change with its writer's timestamp from ``stamps``)."""
         section = self._SECTION
         old_values = None
         if self._forward is not None and self._send_old_values:
@@ -90,7 +96,7 @@ class CachedStore(Generic[ChangeT]):
             send(topic, partition, key, value)
         self.changelog_records_sent += len(changes)
         if self._forward is not None:
-            self._forward(self._changes(changes, old_values))
+            self._forward(self._changes(changes, old_values, stamps))
 
     def _stage_changes(self, batch: WriteBatch, changes: CachedChanges) -> None:
         # Key order: RocksDB inserts a sorted batch into its memtable much faster.
@@ -107,7 +113,7 @@ class CachedStore(Generic[ChangeT]):
     def _after_flush(self) -> None:
         """Hook: retention for window and session stores."""
 
-    def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None) -> list[ChangeT]:
+    def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None, stamps: Stamps | None) -> list[ChangeT]:
         raise NotImplementedError
 
     # -- merged reads ---------------------------------------------------------------------

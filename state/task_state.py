@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from .cache import CacheLimits
+from .cache import CacheLimits, RecordClock
 from .changelog import (
     ChangelogReader,
     ChangelogRecord,
@@ -116,6 +116,7 @@ class TaskState:
         cache_limits: CacheLimits = CacheLimits(),
         forward: Forward[KeyValueChange] | None = None,
         send_old_values: bool = False,
+        record_clock: RecordClock | None = None,
     ) -> KeyValueStore:
         return self._open_store(
             name,
@@ -128,6 +129,7 @@ class TaskState:
                 forward=forward,
                 send_old_values=send_old_values,
                 changelog_position=position,
+                record_clock=record_clock,
             ),
         )
 
@@ -139,6 +141,7 @@ class TaskState:
         cache_limits: CacheLimits = CacheLimits(),
         forward: Forward[WindowChange] | None = None,
         send_old_values: bool = False,
+        record_clock: RecordClock | None = None,
     ) -> WindowStore:
         return self._open_store(
             name,
@@ -152,6 +155,7 @@ class TaskState:
                 forward=forward,
                 send_old_values=send_old_values,
                 changelog_position=position,
+                record_clock=record_clock,
             ),
         )
 
@@ -163,6 +167,7 @@ class TaskState:
         cache_limits: CacheLimits = CacheLimits(),
         forward: Forward[SessionChange] | None = None,
         send_old_values: bool = False,
+        record_clock: RecordClock | None = None,
     ) -> SessionStore:
         return self._open_store(
             name,
@@ -176,6 +181,7 @@ class TaskState:
                 forward=forward,
                 send_old_values=send_old_values,
                 changelog_position=position,
+                record_clock=record_clock,
             ),
         )
 

@@ -18,7 +18,7 @@ from typing import TypeVar
 
 from rocksdict import WriteBatch
 
-from .cache import CacheLimits
+from .cache import CacheLimits, RecordClock
 from .changelog import ChangelogRecord, ChangelogSink, TopicPartition, changelog_topic_config
 from .keys import MAX_TIMESTAMP, MIN_TIMESTAMP, TIMESTAMP_BYTES, decode_timestamp, encode_timestamp
 from .rocksdb import RocksDatabase, new_batch
@@ -81,6 +81,7 @@ class TimeIndexedStore(CachedStore[ChangeT], Retention):
         forward: Forward[ChangeT] | None = None,
         send_old_values: bool = False,
         changelog_position: int | None = None,
+        record_clock: RecordClock | None = None,
     ) -> None:
         if retention_ms < 1:
             raise ValueError("retention_ms must be positive")
@@ -93,6 +94,7 @@ class TimeIndexedStore(CachedStore[ChangeT], Retention):
             forward=forward,
             send_old_values=send_old_values,
             changelog_position=changelog_position,
+            record_clock=record_clock,
         )
         self.retention_ms = retention_ms
         self.observed_stream_time: int | None = self._load_observed_stream_time()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .cache import CachedChanges
+from .cache import CachedChanges, Stamps
 from .keys import (
     MAX_TIMESTAMP,
     WINDOW_SUFFIX_BYTES,
@@ -26,6 +26,7 @@ class WindowChange(NamedTuple):
     window_start: int
     value: bytes | None  # None: the window was deleted
     old_value: bytes | None  # only with send_old_values
+    timestamp: int | None = None  # of the record that last wrote it (None: the store has no clock)
 
 
 class WindowedValue(NamedTuple):
@@ -99,10 +100,10 @@ class WindowStore(TimeIndexedStore[WindowChange]):
             if time_from <= window_start <= time_to:
                 yield WindowedValue(key, window_start, value)
 
-    def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None) -> list[WindowChange]:
+    def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None, stamps: Stamps | None) -> list[WindowChange]:
         result = []
         for index, (composite, value) in enumerate(changes.items()):
             key, window_start = split_window_key(composite)
             old = old_values[index] if old_values is not None else None
-            result.append(WindowChange(key, window_start, value, old))
+            result.append(WindowChange(key, window_start, value, old, None if stamps is None else stamps[composite]))
         return result

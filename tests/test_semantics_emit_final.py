@@ -14,7 +14,7 @@ from pystreams.topology.kernels import SuppressionBufferFullError, partition_for
 from pystreams.topology.windows import Windowed
 
 from pystreams import serdes, until_time_limit, until_window_closes
-from pystreams.app import App, HoppingWindow, SessionWindow, TumblingWindow
+from pystreams.app import App, HoppingWindow, Processor, SessionWindow, TumblingWindow
 from pystreams.queries import QueryError
 from pystreams.spark import compile_topology
 from pystreams.spark.compiler import SparkCompileError, TaskPlan
@@ -184,6 +184,34 @@ def test_until_window_closes_emits_each_windows_final_count_once() -> None:
         [("a", 1), ("a", 5), ("b", 12), ("a", 14), ("a", 3), ("c", 16), ("a", 2), ("b", 40)],
     )
     assert seen == [[], [], [], [], [], [(Windowed("a", 0, 10), 3)], [], [(Windowed("b", 10, 20), 1), (Windowed("a", 10, 20), 1), (Windowed("c", 10, 20), 1)]]
+
+
+class Unbatch(Processor):
+    """Forwards each ``[user, timestamp]`` of a batch record as a click at its own timestamp."""
+
+    def process(self, key: Any, value: Any) -> None:
+        for user, timestamp in value:
+            self.context.forward(user, "click", timestamp=timestamp)
+
+
+def test_until_window_closes_emits_once_when_one_commit_flushes_several_records_updates() -> None:
+    # The batches go through a repartition topic, whose records the driver processes all
+    # before it commits: the counting task then flushes several records' updates at once, as a
+    # worker commits a poll's worth. Flushed in write order, each update must carry its own
+    # record's timestamp (Kafka Streams' cache): stamped with the stream time at the commit, b's
+    # update would move the suppression's stream time to 12 before a's newer count arrived,
+    # emitting a's older count and then its newer one.
+    app = App("suppressed-batches")
+    batches = app.topic("batches", value=serdes.Json())
+    clicks = app.processor(batches, value=serdes.Text(), key=serdes.Text(), name="unbatch")(Unbatch)
+    counts = app.count(clicks, store="counts", window=TumblingWindow(size=10))
+    counts.suppress(until_window_closes(), name="held").to("out")
+    with TopologyTestDriver(app) as driver:
+        source, out = driver.input_topic("batches"), driver.output_topic("out")
+        source.pipe_input(None, [["a", 1]], timestamp=1)
+        assert out.read_records() == []
+        source.pipe_input(None, [["b", 2], ["a", 3], ["c", 12]], timestamp=12)
+        assert [(r.key, r.value, r.timestamp) for r in out.read_records()] == [(Windowed("a", 0, 10), 2, 3), (Windowed("b", 0, 10), 1, 2)]
 
 
 def test_until_window_closes_on_sessions_waits_for_gap_and_grace() -> None:

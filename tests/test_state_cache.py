@@ -6,7 +6,7 @@ from pystreams.state.cache import ABSENT, ENTRY_OVERHEAD_BYTES, CacheLimits, Rec
 
 def make_cache(**limits):
     evicted = []
-    cache = RecordCache(CacheLimits(**limits), evicted.append)
+    cache = RecordCache(CacheLimits(**limits), lambda changes, stamps: evicted.append(changes))
     return cache, evicted
 
 
@@ -54,7 +54,7 @@ def test_growing_a_value_past_max_bytes_evicts():
 
 def test_range_and_group_lookups_are_sorted():
     evicted = []
-    cache = RecordCache(CacheLimits(), evicted.append, group_suffix_bytes=2)
+    cache = RecordCache(CacheLimits(), lambda changes, stamps: evicted.append(changes), group_suffix_bytes=2)
     for key in (b"b\x00\x02", b"a\x00\x09", b"b\x00\x01", b"bb\x00\x01"):
         cache.put(key, key)
     assert [k for k, _ in cache.in_range(b"b", None)] == [b"b\x00\x01", b"b\x00\x02", b"bb\x00\x01"]
@@ -62,6 +62,26 @@ def test_range_and_group_lookups_are_sorted():
     assert [k for k, _ in cache.in_group(b"b", b"b\x00\x02", b"c")] == [b"b\x00\x02"]
     cache.drain()
     assert cache.in_group(b"b", b"", b"\xff") == []
+
+
+class Clock:
+    timestamp = 0
+
+
+def test_a_clocked_cache_stamps_each_entry_with_its_last_writers_timestamp_in_write_order():
+    clock, evicted = Clock(), []
+    cache = RecordCache(CacheLimits(max_entries=2, evict_to_fraction=0.0), lambda changes, stamps: evicted.append((list(changes), stamps)), clock=clock)
+    for key, timestamp in ((b"a", 5), (b"b", 9), (b"a", 7)):
+        clock.timestamp = timestamp
+        cache.put(key, b"v")
+    entries, stamps = cache.drain_stamped()
+    assert (list(entries), stamps) == ([b"b", b"a"], {b"b": 9, b"a": 7})
+    for key, timestamp in ((b"c", 1), (b"d", 2), (b"c", 3), (b"e", 4)):  # the third key evicts all
+        clock.timestamp = timestamp
+        cache.put(key, b"v")
+    assert evicted == [([b"d", b"c", b"e"], {b"d": 2, b"c": 3, b"e": 4})]
+    assert cache.drain_stamped() == ({}, {})
+    assert RecordCache(CacheLimits(), lambda changes, stamps: None).drain_stamped() == ({}, None)  # no clock: no stamps
 
 
 @pytest.mark.parametrize("limits", [dict(max_entries=0), dict(max_bytes=0), dict(evict_to_fraction=1.0)])

@@ -1,11 +1,17 @@
 """Shared by the worker-process tests: a broker and coordinator per test, and a fleet of
-``pystreams worker`` processes with their logs."""
+``pystreams worker`` processes with their logs; and the windowed-click scenario of the
+one-result-per-window tests (emit-final, suppress): workers SIGKILLed and replaced mid-stream
+under exactly-once while a ``read_committed`` reader collects every final result."""
 
 from __future__ import annotations
 
+import collections
 import os
+import random
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -13,7 +19,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KafkaTopicPartition
+from pystreams.topology.kernels import partition_for_key
+from pystreams.topology.windows import Windowed
+
+from pystreams import serdes
 from pystreams.broker import EmbeddedBroker, free_port
+from pystreams.commands.dev import ensure_input_topics
+from pystreams.worker.committed_consumer import CommittedConsumer
 
 COMMIT_INTERVAL_MS = 200
 #: ``tests/apps/ha_keys.py``'s input topic.
@@ -224,3 +238,147 @@ class CommandTicker:
         self._thread.join()
         self._producer.flush()
         self._producer.close()
+
+
+# --------------------------------------------------------------------------- windowed clicks
+
+EXACTLY_ONCE = ("--processing-guarantee", "exactly_once_v2", "--commit-interval-ms", "100")
+CLICK_PARTITIONS = 4
+CLICK_USERS = [f"user-{n}" for n in range(10)]
+#: The apps under test count clicks per tumbling window of this size and grace.
+CLICK_WINDOW_MS = 200
+CLICK_GRACE_MS = 100  # with grace, a restarted clock taken from the window store alone would lag: a real test of the kept stream time
+CLICK_STEP_MS = 5  # event time between two input records
+CLICK_RECORDS = 3_000
+_LONG = struct.Struct(">q")
+
+
+def planned_clicks() -> list[tuple[str, int]]:
+    """(user, event time): increasing times, random users; then, per partition, one record far
+    ahead so that every window of the data closes."""
+    rng = random.Random(23)
+    records = [(rng.choice(CLICK_USERS), 1_000 + i * CLICK_STEP_MS) for i in range(CLICK_RECORDS)]
+    closing_time = records[-1][1] + 10 * CLICK_WINDOW_MS
+    closers = {}
+    for n in range(1_000):
+        key = f"closer-{n}"
+        closers.setdefault(partition_for_key(key.encode(), CLICK_PARTITIONS), key)
+        if len(closers) == CLICK_PARTITIONS:
+            break
+    return records + [(key, closing_time) for key in closers.values()]
+
+
+def expected_final_counts(records: list[tuple[str, int]]) -> dict[Windowed, int]:
+    """Kafka Streams' answer: per partition (task), every window whose end + grace its stream
+    time reached, with every record (times increase per partition: none is late)."""
+    stream_time: dict[int, int] = collections.defaultdict(int)
+    counts: collections.Counter[Windowed] = collections.Counter()
+    for user, timestamp in records:
+        partition = partition_for_key(user.encode(), CLICK_PARTITIONS)
+        stream_time[partition] = max(stream_time[partition], timestamp)
+        start = timestamp - timestamp % CLICK_WINDOW_MS
+        counts[Windowed(user, start, start + CLICK_WINDOW_MS)] += 1
+    return {w: n for w, n in counts.items() if w.end_ms + CLICK_GRACE_MS <= stream_time[partition_for_key(w.key.encode(), CLICK_PARTITIONS)]}
+
+
+class ClickFeed:
+    """Produces the planned records in order (each partition's times increase) from a thread,
+    a few at a time, so input flows while workers die."""
+
+    def __init__(self, bootstrap: str, topic: str, records: list[tuple[str, int]], per_batch: int = 25) -> None:
+        self._producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        self._topic, self._records, self._per_batch = topic, records, per_batch
+        self.sent = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while self.sent < len(self._records):
+            for user, timestamp in self._records[self.sent : self.sent + self._per_batch]:
+                self._producer.send(self._topic, key=user.encode(), value=b"click", timestamp_ms=timestamp)
+            self._producer.flush()
+            self.sent = min(len(self._records), self.sent + self._per_batch)
+            time.sleep(0.2)
+
+    def join(self) -> None:
+        self._thread.join(180)
+        self._producer.close()
+        assert self.sent == len(self._records)
+
+
+class FinalsReader:
+    """Every windowed count written, ``read_committed`` behind the transaction filter."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._consumer = CommittedConsumer(
+            KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest", isolation_level="read_committed")
+        )
+        self._consumer.assign([KafkaTopicPartition(topic, p) for p in range(CLICK_PARTITIONS)])
+        self._consumer.seek_to_beginning()
+        self._key = serdes.WindowedKey(serdes.Text())
+        self.finals: list[tuple[Windowed, int]] = []
+
+    def read_more(self, timeout_s: float) -> None:
+        for records in self._consumer.poll(timeout_ms=int(timeout_s * 1000)).values():
+            for record in records:
+                self.finals.append((self._key.deserialize(record.key), _LONG.unpack(record.value)[0]))
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def check_each_closed_windows_count_appears_once_through_kills(cluster: Cluster, tmp_path: Path, app: Path, source: str, sink: str) -> None:
+    """Runs ``app`` (a count per ``CLICK_WINDOW_MS`` window, ``CLICK_GRACE_MS`` grace, one result
+    per window from ``source`` to ``sink``) on two exactly-once workers while the planned clicks
+    flow in; kills a worker four times, replacing it on its state directory, on its wiped state
+    directory, and on a new one; then asserts every closed window's count appears exactly once
+    in ``sink``, right, and no other window's."""
+    ensure_input_topics(cluster.bootstrap, [source, sink], partitions=CLICK_PARTITIONS)
+    records = planned_clicks()
+    expected = expected_final_counts(records)
+    workers = Workers(cluster.bootstrap, cluster.coordinator_address, tmp_path, app)
+    reader = FinalsReader(cluster.bootstrap, sink)
+    try:
+        state_dir_of = [0, 1]  # each worker's state directory number
+        for _ in range(2):
+            workers.start(*EXACTLY_ONCE)
+        wait_for(lambda: all("started tasks" in workers.log(i) for i in range(2)), 60, "both workers to start tasks")
+        feed = ClickFeed(cluster.bootstrap, source, records)
+        wait_for(lambda: (reader.read_more(0.3), bool(reader.finals))[1], 60, "the first final counts")
+        for round_number in range(4):
+            time.sleep(2.0)
+            victim = random.Random(round_number).choice([i for i, p in enumerate(workers.processes) if p.poll() is None])
+            workers.processes[victim].send_signal(signal.SIGKILL)
+            workers.processes[victim].wait(10)
+            if round_number == 1:  # the same pod, its volume wiped: state comes from the changelogs
+                shutil.rmtree(tmp_path / f"state-{state_dir_of[victim]}", ignore_errors=True)
+            if round_number == 3:  # a new machine, with an empty state directory of its own
+                state_dir_of.append(len(workers.processes))
+                workers.start(*EXACTLY_ONCE)
+            else:  # a restarted pod on its state directory
+                state_dir_of.append(state_dir_of[victim])
+                workers.start(*EXACTLY_ONCE, state_of=state_dir_of[victim])
+            reader.read_more(0.1)
+        feed.join()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(reader.finals) < len(expected):
+            reader.read_more(0.5)
+        reader.read_more(2.0)  # anything repeated after the last expected final would show now
+        windows = [windowed for windowed, _ in reader.finals]
+        repeated = {w: n for w, n in collections.Counter(windows).items() if n > 1}
+        repeats = {w: [n for windowed, n in reader.finals if windowed == w] for w in list(repeated)[:10]}
+        assert not repeated, (
+            f"final results repeated (their counts, in order; expected): {[(w, n, expected.get(w)) for w, n in repeats.items()]}\n" + workers.log_tails()
+        )
+        got = dict(reader.finals)
+        missing = sorted(set(expected) - set(got), key=lambda w: (w.start_ms, w.key))
+        assert not missing, f"{len(missing)} closed windows have no final result, e.g. {missing[:5]}\n" + workers.log_tails()
+        wrong = {w: (got[w], expected[w]) for w in expected if got[w] != expected[w]}
+        assert not wrong, f"wrong final counts (got, expected): {dict(list(wrong.items())[:10])}"
+        assert set(got) == set(expected), f"finals for windows that never closed: {sorted(set(got) - set(expected), key=str)[:5]}"
+    finally:
+        reader.close()
+        workers.stop_all()
+    logs = "".join(workers.log(i) for i in range(len(workers.processes)))
+    assert "fencing" in logs, "no takeover had to fence a killed owner: the scenario did not test takeovers"
+    assert "Traceback" not in logs, workers.log_tails(80)

@@ -11,7 +11,9 @@ on node kinds.
 Tables (aggregations, table sources) write to their store's cache; the cache folds updates
 per key and, when it flushes (commit, or eviction), the store hands the folded changes to a
 *forwarder* that sends them downstream — straight to the sink's topic as raw bytes when every
-child is a sink with the same serdes, which is the common ``table.to(topic)`` case.
+child is a sink with the same serdes, which is the common ``table.to(topic)`` case. Each change
+goes in the order it was last written, with the timestamp of the record that wrote it (the
+store reads it from the task's context), as Kafka Streams' cache forwards.
 """
 
 from __future__ import annotations
@@ -118,22 +120,24 @@ def open_task_stores(
     *,
     cache_limits: CacheLimits,
     forwarder_for: Callable[[str], Any] | None = None,
+    record_clock: TaskContext | None = None,
 ) -> dict[str, Any]:
     """Open every store of the task's sub-topology in ``state``: for active tasks (with their
-    forwarders) and for standby replicas (none: they only apply changelogs)."""
+    forwarders, and the context whose record timestamp stamps each forwarded change) and for
+    standby replicas (none: they only apply changelogs)."""
     topology = resolved.topology
     stores: dict[str, Any] = {}
     for store_name in topology.subtopologies[task_id.subtopology].stores:
         spec = topology.stores[store_name]
         forward = forwarder_for(store_name) if forwarder_for is not None else None
         if spec.kind is StoreKind.KEY_VALUE:
-            stores[store_name] = state.key_value_store(store_name, cache_limits=cache_limits, forward=forward)
+            stores[store_name] = state.key_value_store(store_name, cache_limits=cache_limits, forward=forward, record_clock=record_clock)
             continue
         retention = spec.retention_ms or (spec.window.retention_ms if spec.window is not None else None)
         if retention is None:
             raise ValueError(f"store {store_name!r} has no retention")
         open_store = state.window_store if spec.kind is StoreKind.WINDOW else state.session_store
-        stores[store_name] = open_store(store_name, retention_ms=retention, cache_limits=cache_limits, forward=forward)
+        stores[store_name] = open_store(store_name, retention_ms=retention, cache_limits=cache_limits, forward=forward, record_clock=record_clock)
     return stores
 
 
@@ -164,7 +168,7 @@ def build_task_graph(
             return forwarders[store_name]
         return None
 
-    raw_stores = open_task_stores(resolved, task_id, state, cache_limits=cache_limits, forwarder_for=forwarder_for)
+    raw_stores = open_task_stores(resolved, task_id, state, cache_limits=cache_limits, forwarder_for=forwarder_for, record_clock=ctx)
     typed_stores = {name: typed(raw_stores[name], topology.stores[name]) for name in raw_stores}
     graph = TaskGraph(sources={}, typed_stores=typed_stores)
     sender = ctx.sender
@@ -373,9 +377,12 @@ def _table_forward(
     if all_raw:
         # table.to(topic): the store already holds the sink's bytes; skip deserialize/serialize.
         def forward_raw(changes: list[Any]) -> None:
-            timestamp = ctx.forward_timestamp()
+            fallback = ctx.forward_timestamp()
             for change in changes:
                 key = raw_key(change)
+                timestamp = change.timestamp
+                if timestamp is None:
+                    timestamp = fallback
                 for topic, partitioner in raw_sinks:
                     if partitioner is None:
                         send(topic, key, change.value, timestamp)
@@ -385,10 +392,11 @@ def _table_forward(
         return forward_raw
 
     def forward(changes: list[Any]) -> None:
-        timestamp = ctx.forward_timestamp()
+        fallback = ctx.forward_timestamp()
         for change in changes:
+            timestamp = change.timestamp
             try:
-                guarded_children(key_object(change), value_of(change.value), timestamp)
+                guarded_children(key_object(change), value_of(change.value), fallback if timestamp is None else timestamp)
             except NodeFailure as failure:
                 ctx.on_forward_error(failure)
 
