@@ -54,3 +54,19 @@ def test_bad_settings_are_refused() -> None:
         WarmUpTracker(acceptable_recovery_lag=-1)
     with pytest.raises(ValueError, match="patience_checks"):
         WarmUpTracker(acceptable_recovery_lag=0, patience_checks=0)
+
+
+def test_a_standby_that_catches_up_says_ready_once_per_standby_assignment() -> None:
+    # The assignor moves an active to a process whose standby restores it once that standby is
+    # caught up; nothing else would tell it (no warm-up where a standby restores).
+    tracker = WarmUpTracker(acceptable_recovery_lag=100, min_interval_ms=0)
+    tracker.assigned([], standbys=[A, B])
+    assert tracker.watching
+    assert tracker.observe({A: 5_000, B: 5_000}, now_ms=0) is MemberReason.NONE
+    assert tracker.observe({A: 50, B: 5_000}, now_ms=1) is MemberReason.WARM_UP_READY
+    assert tracker.observe({A: 0, B: 5_000}, now_ms=2) is MemberReason.NONE  # A said it already
+    tracker.assigned([], standbys=[A, B])  # the same standbys again: A stays said
+    assert tracker.observe({A: 0, B: 5_000}, now_ms=3) is MemberReason.NONE
+    assert tracker.observe({A: 0, B: 10}, now_ms=4) is MemberReason.WARM_UP_READY
+    assert not tracker.watching  # both caught up: no more rebalances from them
+    assert tracker.observe({A: 0, B: 0}, now_ms=5) is MemberReason.NONE

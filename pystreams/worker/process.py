@@ -669,15 +669,16 @@ class StreamThread:
         self.assignment = assignment
         replicas = [*assignment.standby_task_ids(), *assignment.warmup_task_ids()]
         warmups = assignment.warmup_task_ids()
-        self._commands.put((lambda: self._set_replicas(replicas, warmups), concurrent.futures.Future()))
+        standbys = assignment.standby_task_ids()
+        self._commands.put((lambda: self._set_replicas(replicas, warmups, standbys), concurrent.futures.Future()))
 
-    def _set_replicas(self, replicas: list[TaskId], warmups: list[TaskId]) -> None:
+    def _set_replicas(self, replicas: list[TaskId], warmups: list[TaskId], standbys: list[TaskId]) -> None:
         # Nobody waits for this command: what goes wrong must be logged here.
         try:
             self.engine.set_standby_tasks(replicas)
         except Exception:
             log.exception("%s: opening replicas %s failed", self.name, ", ".join(map(str, sorted(replicas))))
-        self.warmups.assigned(warmups)
+        self.warmups.assigned(warmups, standbys)
         if replicas:
             log.info("%s: replicas %s (warm-ups %s)", self.name, ", ".join(map(str, sorted(replicas))), ", ".join(map(str, sorted(warmups))) or "none")
 
@@ -692,7 +693,7 @@ class StreamThread:
 
     def _check_warmups(self, now_ms: int, replica_lags: Mapping[TaskId, int]) -> None:
         """WarmUpReady / WarmUpFailed, with fresh lags, when warm-ups say so."""
-        if not self.warmups.warmups:
+        if not self.warmups.watching:
             return
         reason = self.warmups.observe(replica_lags, now_ms)
         if reason is not MemberReason.NONE:
