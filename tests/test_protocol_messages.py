@@ -54,6 +54,6 @@ def test_offset_commit_answers_carry_the_group_epoch_as_a_tag_other_clients_skip
     assert theirs.topics == [] and not hasattr(theirs, "group_epoch")
     # ... and stays the class kafka-python decodes OffsetCommit answers with, process-wide.
     registered = ResponseClassRegistry._response_class_registry[m.OffsetCommitRequest.API_KEY]
-    assert registered == KafkaOffsetCommitResponse  # a weak proxy to the class, as kafka-python keeps them
+    assert not hasattr(registered.decode(data, version=9), "group_epoch")
     # Versions before the flexible ones have no tags: the field is its default there.
     assert m.OffsetCommitResponse.decode(m.OffsetCommitResponse(version=7, topics=[], group_epoch=7).encode(), version=7).group_epoch == -1

@@ -12,6 +12,7 @@ must start from a fresh copy of ``initial=[]`` for every key on both runtimes.
 from __future__ import annotations
 
 import collections
+import hashlib
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -127,7 +128,9 @@ def run_both(
     read: Callable[[str, str], Any] = read_final_table,
 ) -> dict[str, dict[str, Any]]:
     """Each output as ``read`` reads it (default: its final table), per runtime."""
-    app_file = tmp_path / "app_under_test.py"
+    # One module name per app: Spark ships it by name into a session the tests share, and a
+    # second app under a name already shipped would be refused (and poison the session).
+    app_file = tmp_path / f"app_under_test_{hashlib.sha256(app_source.encode()).hexdigest()[:12]}.py"
     app_file.write_text(app_source)
     tables: dict[str, dict[str, Any]] = {}
     with EmbeddedBroker() as workers_broker, EmbeddedBroker() as spark_broker:
