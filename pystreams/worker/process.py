@@ -588,6 +588,10 @@ class StreamThread:
             # A fenced member hears so here (and its events drop what it owned) before anything starts.
             await self.driver.next_heartbeat()
         async with self._membership_lock:
+            # Starting the tasks may be fenced again (a new owner of another task fences this
+            # thread's transactional id, which a dead incarnation of this worker used too): that
+            # asks for a recovery of its own, which must not find this one still running.
+            self._migration_recovery = None
             await self._start_owned_tasks()
 
     def _log_unreleased_instance_id(self, event: InstanceIdUnreleased) -> None:
