@@ -14,26 +14,20 @@ Design — **one asyncio loop, one engine thread per stream thread.**
 * The process's main thread runs one asyncio loop. It drives one :class:`MemberDriver` per
   stream thread (heartbeats, Prepare/Install with the :class:`StickyTaskAssignor`, events) in
   the group ``application.id`` = the app's id.
-* Each stream thread owns one :class:`TaskEngine` and one OS thread that is the only one ever
-  touching that engine: it loops *run queued commands → ``engine.poll()`` → commit when
-  ``commit_interval_ms`` has passed*. So the engine stays single-threaded, as it requires.
+* Each stream thread owns one :class:`TaskEngine` and one :class:`EngineThread`
+  (worker/engine_thread.py), the only OS thread ever touching that engine: it loops *run queued
+  commands → ``engine.poll()`` → commit when ``commit_interval_ms`` has passed*. So the engine
+  stays single-threaded, as it requires.
 * Membership events are turned into engine commands: the asyncio ``on_event`` handler puts a
-  command (add / revoke / lose tasks) on the thread's queue and awaits its completion
-  (``asyncio.wrap_future``), so the driver acknowledges a revocation only once the revoked
-  tasks are committed and closed; the driver keeps heartbeating meanwhile (events run in their
-  own task).
-* The engine's IO callbacks (``commit_offsets``, ``committed_offsets``) run on the engine
-  thread and hop onto the loop with ``run_coroutine_threadsafe``, where the driver commits
-  with its member id and epoch (OffsetCommit v9, by topic name). STALE_MEMBER_EPOCH → wait for
-  the next heartbeat (which brings the new epoch) and commit again. The loop is never blocked
-  by the engine, so these hops cannot deadlock.
-* Which callbacks the engine gets depends on ``processing.guarantee`` (the engine's commit
-  strategy does the rest): at-least-once gets a background committer for periodic commits and
-  a blocking one for revocations; exactly-once gets the *membership gate* — the offsets go to
-  the coordinator synchronously inside each commit, before the Kafka transaction commits, and a
-  refusal (fenced or unknown member) aborts it. A coordinator that does not answer within
-  ``_GATE_TIMEOUT_S`` does not stop commits (the positions in the transaction keep them exact):
-  the offsets follow in the background until it answers again.
+  command (add / revoke / lose tasks) on the thread's queue and awaits its completion, so the
+  driver acknowledges a revocation only once the revoked tasks are committed and closed; the
+  driver keeps heartbeating meanwhile (events run in their own task).
+* The engine's offset callbacks go through the thread's :class:`OffsetGate`
+  (worker/offset_gate.py), which hops onto the loop where the driver commits with its member id
+  and epoch. Which callbacks the engine gets depends on ``processing.guarantee``: at-least-once
+  gets a background committer for periodic commits and a blocking one for revocations;
+  exactly-once gets the *membership gate* (the offsets reach the coordinator inside each commit,
+  before the Kafka transaction commits, and a refusal aborts it).
 * Exactly-once gives each stream thread a transactional producer whose ``transactional.id`` is
   stable across restarts (:func:`transactional_id_for`): the static instance id, else a process
   id persisted in the state directory. When the engine reports the thread's tasks migrated
@@ -53,12 +47,10 @@ close and the drivers stop.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
 import logging
 import os
-import queue
 import re
 import tempfile
 import threading
@@ -96,10 +88,11 @@ from pystreams.topology.resolve import ResolvedTopology
 
 from .commits import TaskMigratedError
 from .engine import EngineConfig, TaskEngine, internal_topic_specs, resolve_against_cluster
+from .engine_thread import EngineStopped, EngineThread
 from .errors import MissingDeadLetterTopic, RecordProcessingError, skip_hint
 from .identity import ProcessIdentity, transactional_id_for
+from .offset_gate import OffsetGate
 from .progress import LagSnapshot, ReplicaProgressLog, RestoreTracker
-from .transaction import MembershipLost
 from .warmup import WarmUpTracker
 
 if TYPE_CHECKING:  # aiohttp and prometheus_client load only for a worker that serves HTTP
@@ -112,17 +105,10 @@ log = logging.getLogger(__name__)
 #: a short interval also bounds what a crash makes the next owner reprocess. Under exactly-once
 #: the default is 100 ms (``ProcessingGuarantee.default_commit_interval_ms``).
 DEFAULT_COMMIT_INTERVAL_MS = ProcessingGuarantee.AT_LEAST_ONCE.default_commit_interval_ms
-#: How long a commit or offset fetch (made from the engine thread) may wait for the loop.
-_OFFSETS_CALL_TIMEOUT_S = 30.0
 #: A static member refused this long is more likely a duplicate instance id than a crash-restart.
 _UNRELEASED_ALARM_S = 120.0
-_STALE_EPOCH_RETRIES = 5
-#: Exactly-once: how long a commit waits for the coordinator's word before going on without it.
-_GATE_TIMEOUT_S = 5.0
 #: How long a task that failed to start waits before the next try.
 _START_RETRY_S = 1.0
-#: OffsetCommit errors that mean the member no longer owns what it commits.
-_MEMBERSHIP_ERRORS = frozenset({22, 25, 82, 110})  # ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID, FENCED_MEMBER_EPOCH
 #: How soon a task whose state a sibling thread's replica still locks is started again.
 _LOCKED_TASK_RETRY_S = 0.2
 #: How long a worker that asked the application to shut down waits to hear the answer.
@@ -141,18 +127,6 @@ GROUP_PROTOCOLS = ("consumer", "classic")
 _CLASSIC_METADATA_MAX_AGE_MS = 30_000
 
 T = TypeVar("T")
-
-
-class CommitFailed(RuntimeError):
-    """The coordinator refused a commit (fenced, unknown member, ...)."""
-
-
-class EngineStopped(RuntimeError):
-    """A command was given to a stream thread whose engine thread has stopped (or failed)."""
-
-
-class CoordinatorAway(CommitFailed):
-    """Exactly-once: the coordinator did not answer the membership gate in time."""
 
 
 @dataclass(frozen=True)
@@ -315,26 +289,6 @@ class StreamThread:
             if self.exactly_once
             else None
         )
-        self.engine = TaskEngine(
-            resolved,
-            EngineConfig(
-                bootstrap_servers=settings.bootstrap_servers,
-                # One directory per process: a task promoted from a replica on another stream
-                # thread of this process finds its state (the task lock keeps it exclusive).
-                state_dir=state_dir,
-                client_id=f"{app_id}-{process_id.hex[:8]}-{self.name}",
-                commit_interval_ms=settings.commit_interval_ms or guarantee.default_commit_interval_ms,
-                create_internal_topics=False,  # the process created them before joining
-                client_config=settings.broker_security.kafka_python_config(),
-                processing_guarantee=guarantee,
-                transactional_id=self.transactional_id,
-            ),
-            committed_offsets=self._read_committed_blocking,
-            commit_offsets=self._confirm_membership if self.exactly_once else self._commit_blocking,
-            commit_offsets_in_background=None if self.exactly_once else self._commit_in_background,
-            on_restore_progress=self.restores,
-            on_commit=commit_latency.observe if commit_latency is not None else None,
-        )
         self.assignor = StickyTaskAssignor(
             resolved,
             process_id=process_id,
@@ -357,6 +311,36 @@ class StreamThread:
             security=settings.coordinator_security,
             connect_timeout_ms=settings.coordinator_connect_timeout_ms,
         )
+        self._offsets = OffsetGate(self.name, self.driver, loop)
+        self.engine = TaskEngine(
+            resolved,
+            EngineConfig(
+                bootstrap_servers=settings.bootstrap_servers,
+                # One directory per process: a task promoted from a replica on another stream
+                # thread of this process finds its state (the task lock keeps it exclusive).
+                state_dir=state_dir,
+                client_id=f"{app_id}-{process_id.hex[:8]}-{self.name}",
+                commit_interval_ms=settings.commit_interval_ms or guarantee.default_commit_interval_ms,
+                create_internal_topics=False,  # the process created them before joining
+                client_config=settings.broker_security.kafka_python_config(),
+                processing_guarantee=guarantee,
+                transactional_id=self.transactional_id,
+            ),
+            committed_offsets=self._offsets.read_committed_blocking,
+            commit_offsets=self._offsets.confirm_membership if self.exactly_once else self._offsets.commit_blocking,
+            commit_offsets_in_background=None if self.exactly_once else self._offsets.commit_in_background,
+            on_restore_progress=self.restores,
+            on_commit=commit_latency.observe if commit_latency is not None else None,
+        )
+        self._engine_thread = EngineThread(
+            self.name,
+            self.engine,
+            loop=loop,
+            lag_check_interval_ms=settings.lag_check_interval_ms,
+            check_lags=self._check_lags,
+            on_tasks_migrated=self._tasks_migrated,
+            on_failure=self._engine_failed,
+        )
         self._task_of_partition: dict[TopicPartition, TaskId] = {
             TopicPartition(*pair): task for task in resolved.tasks for pair in resolved.input_partitions(task)
         }
@@ -366,28 +350,9 @@ class StreamThread:
         #: Membership events and retries of locked tasks run one at a time, in order.
         self._membership_lock = asyncio.Lock()
         self._unreleased_since: float | None = None
-        #: The periodic commit on its way to the coordinator (one at a time, so offsets never
-        #: go back), and the newest offsets waiting for it to finish.
-        self._background_commit: concurrent.futures.Future[None] | None = None
-        self._next_background_commit: dict[TopicPartition, int] = {}
-        self._background_lock = threading.Lock()
-        self._background_failures = 0
-        #: Exactly-once: the coordinator missed a gate; offsets go in the background until it answers.
-        self._gate_bypassed = False
         self._migration_recovery: asyncio.Task[None] | None = None
         self._start_retry: asyncio.Task[None] | None = None
         self._rebalance_watch: asyncio.Task[None] | None = None
-        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = queue.SimpleQueue()
-        #: Set (under the lock) once the engine thread takes no more commands: a command queued
-        #: after it would wait forever, so ``_call_engine`` refuses it instead.
-        self._command_lock = threading.Lock()
-        self._engine_stopped = False
-        #: Why the engine thread failed (None: it did not). Such a thread cannot commit: its
-        #: member leaves at once and its tasks are lost, not revoked.
-        self.engine_failure: BaseException | None = None
-        self._stop = threading.Event()
-        self._engine_started: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._engine_loop, name=self.name, daemon=True)
 
     def _member_config(self, app_id: str, instance_id: str | None) -> MemberConfig | ClassicMemberConfig:
         settings = self._settings
@@ -413,10 +378,9 @@ class StreamThread:
     # -- lifecycle (asyncio side) -------------------------------------------------------------
 
     async def start(self, topics: Sequence[str] | None, regex: str | None, reason: MemberReason = MemberReason.NONE) -> None:
-        self._thread.start()
-        await asyncio.wrap_future(self._engine_started)
+        await self._engine_thread.start()
         # The join advertises where state already is, so the assignor can keep tasks there.
-        self.assignor.report(await self._call_engine(self.engine.task_lags), reason)
+        self.assignor.report(await self._engine_thread.call(self.engine.task_lags), reason)
         self.driver.subscribe(topics=topics, regex=regex)
         await self.driver.start()
         self._rebalance_watch = asyncio.get_running_loop().create_task(self._watch_rebalances())
@@ -439,13 +403,18 @@ class StreamThread:
             log.exception("%s: leaving the group failed", self.name)
         if self._start_retry is not None:
             self._start_retry.cancel()
-        self._stop.set()
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, timeout_s)
+        await self._engine_thread.stop(timeout_s)
         await self.driver.stop()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._engine_thread.alive
+
+    @property
+    def engine_failure(self) -> BaseException | None:
+        """Why the engine thread failed (None: it did not). Such a thread cannot commit: its
+        member leaves at once and its tasks are lost, not revoked."""
+        return self._engine_thread.failure
 
     @property
     def records_processed(self) -> int:
@@ -463,7 +432,7 @@ class StreamThread:
         running (nothing restoring, nothing waiting to start). A thread the assignment gives no
         active task is ready once it has heard that assignment (as a Kafka Streams thread is
         RUNNING after its rebalance)."""
-        if self._stopping or not self._thread.is_alive() or self.assignment is None:
+        if self._stopping or not self._engine_thread.alive or self.assignment is None:
             return False
         member = self.driver.member
         if member.state not in _IN_GROUP or self.restoring or not self._caught_up_with(member):
@@ -478,8 +447,8 @@ class StreamThread:
     @property
     def state(self) -> str:
         """One of metrics.THREAD_STATES."""
-        if not self._thread.is_alive():
-            return "dead" if self._engine_started.done() else "starting"
+        if not self._engine_thread.alive:
+            return "dead" if self._engine_thread.started else "starting"
         if self._stopping:
             return "pending_shutdown"
         if self.restoring:
@@ -539,7 +508,7 @@ class StreamThread:
             stopping = self._tasks_touching(revoked)
             if stopping:
                 try:
-                    await self._call_engine(lambda: self.engine.revoke_tasks(stopping))
+                    await self._engine_thread.call(lambda: self.engine.revoke_tasks(stopping))
                     log.info("%s: revoked tasks %s (committed)", self.name, ", ".join(map(str, stopping)))
                 except EngineStopped:
                     pass  # the stopped engine thread dropped every task itself
@@ -569,7 +538,7 @@ class StreamThread:
 
     async def _lose(self, tasks: list[TaskId]) -> None:
         try:
-            await self._call_engine(lambda: self.engine.lose_tasks(tasks))
+            await self._engine_thread.call(lambda: self.engine.lose_tasks(tasks))
         except EngineStopped:
             pass  # the stopped engine thread dropped every task itself
         except TaskMigratedError as error:
@@ -625,7 +594,7 @@ class StreamThread:
             return
         self.restoring = self.restoring | set(ready)
         try:
-            restored = await self._call_engine(lambda: self.engine.add_tasks(ready))
+            restored = await self._engine_thread.call(lambda: self.engine.add_tasks(ready))
         except TaskMigratedError as error:
             self._tasks_migrated(error)
             return
@@ -674,7 +643,7 @@ class StreamThread:
         replicas = [*assignment.standby_task_ids(), *assignment.warmup_task_ids()]
         warmups = assignment.warmup_task_ids()
         standbys = assignment.standby_task_ids()
-        self._commands.put((lambda: self._set_replicas(replicas, warmups, standbys), concurrent.futures.Future()))
+        self._engine_thread.post(lambda: self._set_replicas(replicas, warmups, standbys))
 
     def _set_replicas(self, replicas: list[TaskId], warmups: list[TaskId], standbys: list[TaskId]) -> None:
         # Nobody waits for this command: what goes wrong must be logged here.
@@ -727,7 +696,7 @@ class StreamThread:
 
         if task not in self._running and not (include_standby and task in self.engine.standby_tasks):
             return False, None
-        return await self._call_engine(run)
+        return await self._engine_thread.call(run)
 
     def _tasks_touching(self, partitions: Iterable[TopicPartition]) -> list[TaskId]:
         touched = {self._task_of_partition[p] for p in partitions if p in self._task_of_partition}
@@ -746,193 +715,8 @@ class StreamThread:
             named.add(TopicPartition(name, partition))
         return named
 
-    async def _call_engine(self, command: Callable[[], T]) -> T:
-        """Run ``command`` on the engine thread, between two polls."""
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        with self._command_lock:
-            if self._engine_stopped or not self._thread.is_alive():
-                raise EngineStopped(f"{self.name}: the engine thread is not running")
-            self._commands.put((command, future))
-        return await asyncio.wrap_future(future)
-
-    # -- offsets (called on the engine thread; executed on the loop) --------------------------
-
-    def _commit_blocking(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """A commit that ends ownership (revocation, close): it waits, after any periodic one in
-        flight, so that an older background commit can never land after it."""
-        with self._background_lock:
-            self._next_background_commit.clear()  # these offsets supersede them
-            in_flight = self._background_commit
-        if in_flight is not None:
-            with contextlib.suppress(Exception):
-                in_flight.result(_OFFSETS_CALL_TIMEOUT_S)
-        asyncio.run_coroutine_threadsafe(self._commit(offsets), self._loop).result(_OFFSETS_CALL_TIMEOUT_S)
-
-    def _commit_in_background(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """A periodic commit: the engine goes on processing while it travels. If the previous one
-        is still on its way (the coordinator is away), these offsets wait and go next, merged."""
-        with self._background_lock:
-            if self._background_commit is not None and not self._background_commit.done():
-                self._next_background_commit.update(offsets)
-                return
-            self._background_commit = asyncio.run_coroutine_threadsafe(self._commit_chain(dict(offsets)), self._loop)
-
-    async def _commit_chain(self, offsets: dict[TopicPartition, int]) -> None:
-        while True:
-            try:
-                await self._commit(offsets)
-                if self._background_failures:
-                    log.info("%s: offsets committed again after %d failed attempt(s)", self.name, self._background_failures)
-                self._background_failures = 0
-                self._gate_bypassed = False
-            except Exception as error:
-                # The offsets stay uncommitted for now: the next periodic commit carries newer ones.
-                self._background_failures += 1
-                if self._background_failures in (1, 10) or self._background_failures % 100 == 0:
-                    log.warning("%s: committing offsets failed (%s); processing goes on and the next commit retries", self.name, error)
-            with self._background_lock:
-                if not self._next_background_commit:
-                    return
-                offsets, self._next_background_commit = self._next_background_commit, {}
-
-    def _confirm_membership(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Exactly-once's gate, inside each commit before the transaction commits: the offsets
-        go to the coordinator with the member epoch and wait for its answer. MembershipLost
-        when it refuses the member; CoordinatorAway when it does not answer in time (then the
-        following commits do not wait for it: their offsets go in the background until one
-        gets through)."""
-        with self._background_lock:
-            bypassed = self._gate_bypassed
-            if not bypassed:
-                self._next_background_commit.clear()  # these offsets supersede them
-            in_flight = self._background_commit
-        if bypassed:
-            self._commit_in_background(offsets)
-            raise CoordinatorAway("the coordinator is away; offsets follow in the background")
-        if in_flight is not None:
-            with contextlib.suppress(Exception):
-                in_flight.result(_GATE_TIMEOUT_S)
-        future = asyncio.run_coroutine_threadsafe(self._commit(offsets), self._loop)
-        try:
-            future.result(_GATE_TIMEOUT_S)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            self._gate_bypassed = True
-            raise CoordinatorAway(f"no answer from the coordinator within {_GATE_TIMEOUT_S:g} s") from None
-        except MembershipLost:
-            raise
-        except CommitFailed:
-            self._gate_bypassed = True
-            raise
-
-    async def _commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        keyed: dict[tuple[uuid.UUID | str, int], int] = {(tp.topic, tp.partition): offset for tp, offset in offsets.items()}
-        for _ in range(_STALE_EPOCH_RETRIES):
-            result = await self.driver.commit_offsets(keyed)
-            if result.ok:
-                return
-            if _MEMBERSHIP_ERRORS & set(result.failed.values()):
-                raise MembershipLost(f"the coordinator refused the member's offsets: {result.failed}")
-            if not result.retry_after_heartbeat:
-                raise CommitFailed(f"commit refused: {result.failed}")
-            # Brings the current epoch (or, in a classic group, the end of its rebalance).
-            await self.driver.next_heartbeat()
-        raise CommitFailed("commit kept failing with STALE_MEMBER_EPOCH or REBALANCE_IN_PROGRESS")
-
-    def _read_committed_blocking(self, partitions: Sequence[TopicPartition]) -> Mapping[TopicPartition, int]:
-        return asyncio.run_coroutine_threadsafe(self._read_committed(partitions), self._loop).result(_OFFSETS_CALL_TIMEOUT_S)
-
-    async def _read_committed(self, partitions: Sequence[TopicPartition]) -> dict[TopicPartition, int]:
-        keys = [(tp.topic, tp.partition) for tp in partitions]
-        for attempt in range(_STALE_EPOCH_RETRIES):
-            result = await self.driver.fetch_offsets(keys)
-            if result.ok:
-                # Asked by topic name, answered by topic name.
-                return {TopicPartition(str(topic), partition): offset for (topic, partition), offset in result.offsets.items() if offset >= 0}
-            log.info("%s: offset fetch failed (%s); retrying", self.name, result.errors)
-            await asyncio.sleep(0.1 * (attempt + 1))
-        raise RuntimeError(f"{self.name}: cannot read committed offsets: {result.errors}")
-
-    # -- the engine thread --------------------------------------------------------------------
-
-    def _engine_loop(self) -> None:
-        try:
-            self.engine.start()
-        except BaseException as error:
-            self._engine_started.set_exception(error)
-            return
-        self._engine_started.set_result(None)
-        interval_ms = self._settings.lag_check_interval_ms
-        next_lag_check = 0.0
-        try:
-            while not self._stop.is_set():
-                self._run_commands()
-                try:
-                    self.engine.poll()
-                except TaskMigratedError as error:
-                    self._tasks_migrated_threadsafe(error)
-                now = time.monotonic()
-                if now >= next_lag_check:
-                    next_lag_check = now + interval_ms / 1000
-                    try:
-                        self._check_lags(int(now * 1000))
-                    except Exception:
-                        # A lag is a hint: a broker that does not answer now is asked again later.
-                        log.exception("%s: checking lags failed", self.name)
-                try:
-                    self.engine.maybe_commit()
-                except TaskMigratedError as error:
-                    self._tasks_migrated_threadsafe(error)
-                except Exception:
-                    # Flushing the outputs failed; the offsets stay uncommitted (at-least-once).
-                    log.exception("%s: periodic commit failed", self.name)
-            self._run_commands()
-        except BaseException as error:
-            self.engine_failure = error
-            if isinstance(error, RecordProcessingError):  # the failure says all: where, which node, why
-                log.error("%s: the engine failed: %s", self.name, error)
-            else:
-                log.exception("%s: the engine failed", self.name)
-            self._on_fatal_threadsafe(f"{self.name} failed: {describe_engine_failure(error)}")
-        finally:
-            with self._command_lock:
-                self._engine_stopped = True
-            self._fail_pending_commands()
-            with contextlib.suppress(Exception):
-                # Normally nothing is left: leaving revoked (committed) every task.
-                self.engine.lose_tasks(list(self.engine.tasks))
-            with contextlib.suppress(Exception):
-                self.engine.close()
-
-    def _run_commands(self) -> None:
-        while True:
-            try:
-                command, future = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(command())
-            except BaseException as error:
-                future.set_exception(error)
-
-    def _fail_pending_commands(self) -> None:
-        while True:
-            try:
-                _, future = self._commands.get_nowait()
-            except queue.Empty:
-                return
-            if future.set_running_or_notify_cancel():
-                future.set_exception(EngineStopped(f"{self.name}: the engine thread stopped"))
-
-    def _tasks_migrated_threadsafe(self, error: TaskMigratedError) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed already
-            self._loop.call_soon_threadsafe(self._tasks_migrated, error)
-
-    def _on_fatal_threadsafe(self, message: str) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed already
-            self._loop.call_soon_threadsafe(self._on_fatal, message)
+    def _engine_failed(self, error: BaseException) -> None:
+        self._on_fatal(f"{self.name} failed: {describe_engine_failure(error)}")
 
 
 def with_error_policies(topology: Any, settings: WorkerSettings) -> Any:
