@@ -41,6 +41,7 @@ from pystreams import serdes
 from pystreams.app_loader import AppLoadError as AppLoadError
 from pystreams.app_loader import AppNotFound as AppNotFound
 from pystreams.app_loader import load_app as load_app
+from pystreams.app_queries import AppQueries
 from pystreams.guarantee import ProcessingGuarantee
 from pystreams.serdes import Serde
 from pystreams.topology.errors import (
@@ -390,7 +391,7 @@ class ReduceMerger:
 # --------------------------------------------------------------------------- the app
 
 
-class App:
+class App(AppQueries):
     """One stream-processing application: its id, default serdes and declared topology.
 
     ``name`` is the application id: it prefixes internal topics and names the consumer group.
@@ -402,6 +403,8 @@ class App:
     functions (``processing.exception.handler``), and ``dead_letter_topic`` where dead letters
     go (``errors.dead.letter.queue.topic.name``). ``pystreams worker`` and ``pystreams spark``
     options replace the app-wide ones.
+
+    Interactive queries (``query``, ``query_windows``, ...) come from ``AppQueries``.
     """
 
     def __init__(
@@ -444,108 +447,6 @@ class App:
             self.error_policies.deserialization, self.error_policies.processing, self.error_policies.dead_letter_topic, self._source_policies
         )
         return build(self.app_id, list(self._nodes.values()), list(self._stores.values()), errors)
-
-    def query(
-        self,
-        store: str,
-        key: Any,
-        *,
-        endpoints: str | Sequence[str] | None = None,
-        timeout_s: float = 10.0,
-        stale: bool = False,
-    ) -> Any:
-        """Interactive query: the value of ``key`` in key-value store ``store``, read from the
-        worker hosting it (routed by the assignment's PartitionsByHost); ``None`` when the key
-        has no value. ``endpoints``: any worker's user endpoint(s), HOST:PORT (default: env
-        PYSTREAMS_QUERY_ENDPOINTS, comma-separated). ``stale=True`` also reads standby
-        replicas. Raises ``pystreams.queries.NotAvailableYet`` while the key's task restores or
-        moves for longer than ``timeout_s``.
-
-        Keys are given as the app uses them — the store's key serde serializes them: for a
-        key-value store the table's key; for window and session stores the grouping key
-        (``query_windows``, ``query_sessions``), never a ``Windowed``."""
-        from pystreams.queries import KeyNotFound
-
-        spec, client = self._query_client(store, endpoints)
-        try:
-            return client.get(store, key, spec.key_serde, spec.value_serde, timeout_s=timeout_s, stale=stale)
-        except KeyNotFound:
-            return None
-
-    def query_windows(
-        self,
-        store: str,
-        key: Any,
-        time_from: int | None = None,
-        time_to: int | None = None,
-        *,
-        endpoints: str | Sequence[str] | None = None,
-        timeout_s: float = 10.0,
-        stale: bool = False,
-    ) -> list[tuple[int, Any]]:
-        """Window store: ``(window start ms, value)`` of the windows of ``key`` (the grouping
-        key) whose start lies in ``[time_from, time_to]`` (None: unbounded), oldest first —
-        Kafka Streams' ``ReadOnlyWindowStore.fetch(key, timeFrom, timeTo)``."""
-        spec, client = self._query_client(store, endpoints)
-        windows = client.fetch_windows_bytes(store, spec.key_serde.serialize(key), time_from, time_to, timeout_s=timeout_s, stale=stale)
-        return [(start, spec.value_serde.deserialize(value)) for start, value in windows]
-
-    def query_sessions(
-        self, store: str, key: Any, *, endpoints: str | Sequence[str] | None = None, timeout_s: float = 10.0, stale: bool = False
-    ) -> list[tuple[Windowed, Any]]:
-        """Session store: ``(Windowed(key, start, end), value)`` of every session of ``key``
-        (the grouping key) — Kafka Streams' ``ReadOnlySessionStore.fetch(key)``."""
-        spec, client = self._query_client(store, endpoints)
-        sessions = client.fetch_sessions_bytes(store, spec.key_serde.serialize(key), timeout_s=timeout_s, stale=stale)
-        return [(Windowed(key, start, end), spec.value_serde.deserialize(value)) for start, end, value in sessions]
-
-    def query_range(
-        self,
-        store: str,
-        key_from: Any = None,
-        key_to: Any = None,
-        *,
-        endpoints: str | Sequence[str] | None = None,
-        timeout_s: float = 10.0,
-        stale: bool = False,
-    ) -> list[tuple[Any, Any]]:
-        """Key-value store: ``(key, value)`` of the keys in ``[key_from, key_to]`` (both
-        inclusive; None: unbounded) from every task — Kafka Streams' ``range``/``all``.
-        Keys compare as their serialized bytes (text: by code point; ``Int``: negatives after
-        positives), and come back in that order."""
-        spec, client = self._query_client(store, endpoints)
-        serialize = spec.key_serde.serialize
-        entries = client.scan_bytes(
-            store,
-            key_from=None if key_from is None else serialize(key_from),
-            key_to=None if key_to is None else serialize(key_to),
-            timeout_s=timeout_s,
-            stale=stale,
-        )
-        return [(spec.key_serde.deserialize(k), spec.value_serde.deserialize(v)) for k, v in entries]
-
-    def query_prefix(
-        self, store: str, prefix: Any, *, endpoints: str | Sequence[str] | None = None, timeout_s: float = 10.0, stale: bool = False
-    ) -> list[tuple[Any, Any]]:
-        """Key-value store: ``(key, value)`` of the keys whose serialized bytes start with
-        ``prefix`` serialized by the store's key serde (for text keys: a text prefix) — Kafka
-        Streams' ``prefixScan``; ordered by serialized key."""
-        spec, client = self._query_client(store, endpoints)
-        entries = client.scan_bytes(store, prefix=spec.key_serde.serialize(prefix), timeout_s=timeout_s, stale=stale)
-        return [(spec.key_serde.deserialize(k), spec.value_serde.deserialize(v)) for k, v in entries]
-
-    def _query_client(self, store: str, endpoints: str | Sequence[str] | None) -> tuple[Any, Any]:
-        from pystreams.queries import QueryClient, QueryError, endpoints_from
-        from pystreams.topology.stores import not_queryable_reason
-
-        topology = self.topology()
-        spec = topology.stores.get(store)
-        if spec is None:
-            raise QueryError(f"app {self.app_id!r} has no store named {store!r}")
-        reason = not_queryable_reason(topology, store)
-        if reason is not None:
-            raise QueryError(f"store {store!r} of app {self.app_id!r} is not queryable: {reason}")
-        return spec, QueryClient(endpoints_from(endpoints))
 
     # ----------------------------------------------------------------- sources
 
