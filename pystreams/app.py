@@ -33,9 +33,11 @@ values takes ``key=``/``value=`` for them; anything undeclared uses the app defa
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from types import MethodType
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeAlias, TypeVar, overload
 
 from pystreams import serdes
 from pystreams.app_loader import AppLoadError as AppLoadError
@@ -135,189 +137,6 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 StatelessNode: TypeAlias = MapNode | MapValuesNode | FlatMapNode | FlatMapValuesNode | FilterNode | PeekNode | SelectKeyNode
 TimestampExtractor = Callable[[Any, Any, int], int]
-
-
-# --------------------------------------------------------------------------- handles
-
-
-class _Handle:
-    """A named node of one app; what decorators and fluent methods build on."""
-
-    __slots__ = ("app", "name")
-
-    def __init__(self, app: App, name: str) -> None:
-        self.app = app
-        self.name = name
-
-    @property
-    def node(self) -> Node:
-        """The node as declared (before the builder wires children and sub-topologies)."""
-        return self.app._nodes[self.name]
-
-    def to(self, topic: str, *, key: Serde | None = None, value: Serde | None = None, name: str | None = None) -> None:
-        """Write every record (for a table: every update) to ``topic``."""
-        assert isinstance(self, Stream | Table), "streams and tables are the only handles"
-        self.app.to(self, topic, key=key, value=value, name=name)
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} of app {self.app.app_id!r}>"
-
-
-class Stream(_Handle):
-    """A record stream. Methods mirror the ``App`` decorators, taking the function first."""
-
-    __slots__ = ()
-
-    def map(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.map(self, **options)(fn)
-
-    def map_values(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.map_values(self, **options)(fn)
-
-    def flat_map(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.flat_map(self, **options)(fn)
-
-    def flat_map_values(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.flat_map_values(self, **options)(fn)
-
-    def filter(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.filter(self, **options)(fn)
-
-    def peek(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.peek(self, **options)(fn)
-
-    def branch(self, fn: Callable, branches: Sequence[str], **options: Any) -> Branches:
-        return self.app.branch(self, branches=branches, **options)(fn)
-
-    def merge(self, *others: Stream, name: str | None = None) -> Stream:
-        return self.app.merge(self, *others, name=name)
-
-    def group_by(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.group_by(self, **options)(fn)
-
-    def repartition(self, **options: Any) -> Stream:
-        return self.app.repartition(self, **options)
-
-    def count(self, **options: Any) -> Table:
-        return self.app.count(self, **options)
-
-    def aggregate(self, fn: Callable, **options: Any) -> Table:
-        return self.app.aggregate(self, **options)(fn)
-
-    def reduce(self, fn: Callable, **options: Any) -> Table:
-        return self.app.reduce(self, **options)(fn)
-
-    def join(self, other: Stream | Table, fn: Callable, **options: Any) -> Stream:
-        return self.app.join(self, other, **options)(fn)
-
-    def cogroup(self, fn: Callable) -> CogroupedStreams:
-        """This stream as the first input of a cogroup, aggregated by ``fn(acc, key, value)``;
-        add more with ``.cogroup(stream, fn)``, then ``.aggregate(initial=...)``."""
-        return self.app.cogroup().cogroup(self, fn)
-
-    def process(self, processor_class: type[Processor], **options: Any) -> Stream:
-        return self.app.processor(self, **options)(processor_class)
-
-
-class Table(_Handle):
-    """A table: the latest value per key, kept in a store (``store``)."""
-
-    __slots__ = ()
-
-    @property
-    def store(self) -> str:
-        return self.node.stores[0]
-
-    @property
-    def windowed(self) -> bool:
-        return self.node.window is not None
-
-    def to_stream(self, *, name: str | None = None) -> Stream:
-        return self.app.to_stream(self, name=name)
-
-    def suppress(self, suppression: Suppression, *, store: str | None = None, name: str | None = None) -> Table:
-        return self.app.suppress(self, suppression, store=store, name=name)
-
-
-class CogroupedStreams:
-    """Several streams, each with its own aggregator, on their way into one aggregate with one
-    store (Kafka Streams' ``cogroup``). Nothing is declared until ``aggregate``.
-
-        activity = app.cogroup()
-
-        @activity.cogroup(clicks)
-        def clicked(total, key, click):
-            return total + 1
-
-        @activity.cogroup(purchases)
-        def bought(total, key, purchase):
-            return total + purchase["amount"]
-
-        totals = activity.aggregate(initial=0, store="activity", window=TumblingWindow(60_000))
-
-    or, fluently: ``clicks.cogroup(clicked).cogroup(purchases, bought).aggregate(initial=0)``.
-    Every stream is grouped by its current key (a re-keyed one is repartitioned first), the
-    streams must be co-partitioned and have the same key serde, and each record is aggregated
-    by its own stream's function into the key's (window's) one accumulator.
-    """
-
-    def __init__(self, app: App) -> None:
-        self.app = app
-        self._inputs: list[tuple[Stream, Callable]] = []
-
-    def cogroup(self, stream: Stream, fn: Callable | None = None) -> Any:
-        """Add ``stream``, aggregated by ``fn(acc, key, value)``. With ``fn``: returns this
-        cogroup (to chain); without: a decorator that adds the function it decorates (and
-        returns it unchanged)."""
-        self.app._stream(stream, "cogroup")
-        if any(existing.name == stream.name for existing, _ in self._inputs):
-            raise TopologyError(f"cogroup: stream {stream.name!r} is already one of its inputs", nodes=[stream.name])
-        if fn is None:
-
-            def add(function: Callable) -> Callable:
-                self._inputs.append((stream, _callable(function, "cogroup aggregator")))
-                return function
-
-            return add
-        self._inputs.append((stream, _callable(fn, "cogroup aggregator")))
-        return self
-
-    def aggregate(
-        self,
-        *,
-        initial: Any,
-        store: str | None = None,
-        window: AggregationWindow | None = None,
-        merge: Callable[[Any, Any, Any], Any] | None = None,
-        value: Serde | None = None,
-        name: str | None = None,
-    ) -> Table:
-        """Declare the cogroup: one accumulator per key (per window with ``window``), from
-        ``initial`` (a value, or a zero-argument factory), updated by each input's function.
-        Session windows need ``merge(key, older, newer)``."""
-        return self.app._cogroup(self._inputs, initial=initial, store=store, window=window, merge=merge, value=value, name=name)
-
-
-class Branches(Mapping[str, Stream]):
-    """The streams of a ``branch``, by label: ``branches["big"]`` or ``branches.big``."""
-
-    def __init__(self, streams: dict[str, Stream]) -> None:
-        self._streams = streams
-
-    def __getitem__(self, label: str) -> Stream:
-        return self._streams[label]
-
-    def __getattr__(self, label: str) -> Stream:
-        try:
-            return self._streams[label]
-        except KeyError:
-            raise AttributeError(f"no branch {label!r}; branches are {sorted(self._streams)}") from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._streams)
-
-    def __len__(self) -> int:
-        return len(self._streams)
 
 
 # --------------------------------------------------------------------------- processor stores
@@ -1300,6 +1119,234 @@ class App(AppQueries):
         from pystreams.spark import to_spark
 
         return to_spark(self, spark, **options)
+
+
+# --------------------------------------------------------------------------- handles
+# A handle's fluent methods are the App's operations with the handle as their input:
+# ``stream.count(...)`` is ``app.count(stream, ...)`` and ``stream.map(fn, ...)`` is
+# ``app.map(stream, ...)(fn)``. They are built from the App methods, so each one keeps its App
+# method's parameters, defaults and docstring for ``help()``, ``inspect.signature``, IDEs and mypy.
+
+HandleT = TypeVar("HandleT", bound="_Handle")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _Forward(Generic[HandleT, P, R]):
+    """A handle's method built from an ``App`` operation (by ``_applied`` or ``_decorating``); a
+    descriptor rather than the bare function so that the method learns its name and class when
+    the class is created, for ``help()`` and tracebacks."""
+
+    def __init__(self, method: Callable[Concatenate[HandleT, P], R], operation: Callable[..., Any], spelling: str) -> None:
+        self._method = method
+        self._operation = operation
+        self._spelling = spelling
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._method.__name__ = name
+        self._method.__qualname__ = f"{owner.__qualname__}.{name}"
+        handle = owner.__name__.lstrip("_").lower()
+        self._method.__doc__ = (
+            f"{self._spelling.format(handle=handle, method=name, operation=self._operation.__name__)}\n\n{inspect.cleandoc(self._operation.__doc__ or '')}"
+        )
+
+    @overload
+    def __get__(self, handle: None, owner: type) -> Callable[Concatenate[HandleT, P], R]: ...
+
+    @overload
+    def __get__(self, handle: HandleT, owner: type) -> Callable[P, R]: ...
+
+    def __get__(self, handle: HandleT | None, owner: type) -> Callable[..., R]:
+        return self._method if handle is None else MethodType(self._method, handle)
+
+
+def _applied(operation: Callable[Concatenate[App, HandleT, P], R]) -> _Forward[HandleT, P, R]:
+    """The method ``handle.op(...)`` = ``app.op(handle, ...)``."""
+
+    def method(handle: HandleT, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return operation(handle.app, handle, *args, **kwargs)
+
+    _adopt_signature(method, operation, (), inspect.signature(operation).return_annotation)
+    return _Forward(method, operation, "``{handle}.{method}(...)`` is ``app.{operation}({handle}, ...)``:")
+
+
+def _decorating(operation: Callable[Concatenate[App, HandleT, P], Callable[[F], R]], *, takes: str = "fn") -> _Forward[HandleT, Concatenate[F, P], R]:
+    """The method ``handle.op(fn, ...)`` = ``app.op(handle, ...)(fn)``, for an operation that
+    returns a decorator; ``takes`` names the decorated argument."""
+
+    def method(handle: HandleT, fn: F, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return operation(handle.app, handle, *args, **kwargs)(fn)
+
+    # ``Callable[[Fn], Result]`` (annotations are strings in this module): what the decorator
+    # takes becomes the method's first argument, what it returns the method's result.
+    decorator = re.fullmatch(r"Callable\[\[(.+)\], (\w+)\]", inspect.signature(operation).return_annotation)
+    assert decorator is not None, f"App.{operation.__name__} does not return a decorator"
+    _adopt_signature(method, operation, (inspect.Parameter(takes, inspect.Parameter.POSITIONAL_ONLY, annotation=decorator[1]),), decorator[2])
+    return _Forward(method, operation, f"``{{handle}}.{{method}}({takes}, ...)`` is ``app.{{operation}}({{handle}}, ...)({takes})``:")
+
+
+def _adopt_signature(method: Callable[..., Any], operation: Callable[..., Any], leading: tuple[inspect.Parameter, ...], returns: Any) -> None:
+    """Give ``method`` the signature of ``operation`` as a handle's method: ``self`` stands for
+    the app and the handle, ``leading`` comes next (a variadic first input stays: ``merge``)."""
+    parameters = list(inspect.signature(operation).parameters.values())
+    rest = parameters[1:] if parameters[1].kind is inspect.Parameter.VAR_POSITIONAL else parameters[2:]
+    self_kind = inspect.Parameter.POSITIONAL_ONLY if leading else inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature([inspect.Parameter("self", self_kind), *leading, *rest], return_annotation=returns)
+    method.__signature__ = signature  # type: ignore[attr-defined]
+    method.__annotations__ = {p.name: p.annotation for p in signature.parameters.values() if p.annotation is not p.empty} | {"return": returns}
+
+
+class _Handle:
+    """A named node of one app; what decorators and fluent methods build on."""
+
+    __slots__ = ("app", "name")
+
+    def __init__(self, app: App, name: str) -> None:
+        self.app = app
+        self.name = name
+
+    @property
+    def node(self) -> Node:
+        """The node as declared (before the builder wires children and sub-topologies)."""
+        return self.app._nodes[self.name]
+
+    to = _applied(App.to)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} of app {self.app.app_id!r}>"
+
+
+class Stream(_Handle):
+    """A record stream. Methods mirror the ``App`` decorators, taking the function first."""
+
+    __slots__ = ()
+
+    map = _decorating(App.map)
+    map_values = _decorating(App.map_values)
+    flat_map = _decorating(App.flat_map)
+    flat_map_values = _decorating(App.flat_map_values)
+    filter = _decorating(App.filter)
+    peek = _decorating(App.peek)
+    group_by = _decorating(App.group_by)
+    merge = _applied(App.merge)
+    repartition = _applied(App.repartition)
+    count = _applied(App.count)
+    aggregate = _decorating(App.aggregate)
+    reduce = _decorating(App.reduce)
+    process = _decorating(App.processor, takes="processor_class")
+
+    # Written out where the fluent spelling is not the App method's with the stream in front.
+
+    def branch(self, fn: Callable, branches: Sequence[str], **options: Any) -> Branches:
+        """``app.branch(stream, branches=branches, ...)(fn)``, the labels also by position."""
+        return self.app.branch(self, branches=branches, **options)(fn)
+
+    def join(self, other: Stream | Table, fn: Callable, **options: Any) -> Stream:
+        """``app.join(stream, other, ...)(fn)``: the other side comes before the joiner."""
+        return self.app.join(self, other, **options)(fn)
+
+    def cogroup(self, fn: Callable) -> CogroupedStreams:
+        """This stream as the first input of a cogroup, aggregated by ``fn(acc, key, value)``;
+        add more with ``.cogroup(stream, fn)``, then ``.aggregate(initial=...)``."""
+        return self.app.cogroup().cogroup(self, fn)
+
+
+class Table(_Handle):
+    """A table: the latest value per key, kept in a store (``store``)."""
+
+    __slots__ = ()
+
+    @property
+    def store(self) -> str:
+        return self.node.stores[0]
+
+    @property
+    def windowed(self) -> bool:
+        return self.node.window is not None
+
+    to_stream = _applied(App.to_stream)
+    suppress = _applied(App.suppress)
+
+
+class CogroupedStreams:
+    """Several streams, each with its own aggregator, on their way into one aggregate with one
+    store (Kafka Streams' ``cogroup``). Nothing is declared until ``aggregate``.
+
+        activity = app.cogroup()
+
+        @activity.cogroup(clicks)
+        def clicked(total, key, click):
+            return total + 1
+
+        @activity.cogroup(purchases)
+        def bought(total, key, purchase):
+            return total + purchase["amount"]
+
+        totals = activity.aggregate(initial=0, store="activity", window=TumblingWindow(60_000))
+
+    or, fluently: ``clicks.cogroup(clicked).cogroup(purchases, bought).aggregate(initial=0)``.
+    Every stream is grouped by its current key (a re-keyed one is repartitioned first), the
+    streams must be co-partitioned and have the same key serde, and each record is aggregated
+    by its own stream's function into the key's (window's) one accumulator.
+    """
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._inputs: list[tuple[Stream, Callable]] = []
+
+    def cogroup(self, stream: Stream, fn: Callable | None = None) -> Any:
+        """Add ``stream``, aggregated by ``fn(acc, key, value)``. With ``fn``: returns this
+        cogroup (to chain); without: a decorator that adds the function it decorates (and
+        returns it unchanged)."""
+        self.app._stream(stream, "cogroup")
+        if any(existing.name == stream.name for existing, _ in self._inputs):
+            raise TopologyError(f"cogroup: stream {stream.name!r} is already one of its inputs", nodes=[stream.name])
+        if fn is None:
+
+            def add(function: Callable) -> Callable:
+                self._inputs.append((stream, _callable(function, "cogroup aggregator")))
+                return function
+
+            return add
+        self._inputs.append((stream, _callable(fn, "cogroup aggregator")))
+        return self
+
+    def aggregate(
+        self,
+        *,
+        initial: Any,
+        store: str | None = None,
+        window: AggregationWindow | None = None,
+        merge: Callable[[Any, Any, Any], Any] | None = None,
+        value: Serde | None = None,
+        name: str | None = None,
+    ) -> Table:
+        """Declare the cogroup: one accumulator per key (per window with ``window``), from
+        ``initial`` (a value, or a zero-argument factory), updated by each input's function.
+        Session windows need ``merge(key, older, newer)``."""
+        return self.app._cogroup(self._inputs, initial=initial, store=store, window=window, merge=merge, value=value, name=name)
+
+
+class Branches(Mapping[str, Stream]):
+    """The streams of a ``branch``, by label: ``branches["big"]`` or ``branches.big``."""
+
+    def __init__(self, streams: dict[str, Stream]) -> None:
+        self._streams = streams
+
+    def __getitem__(self, label: str) -> Stream:
+        return self._streams[label]
+
+    def __getattr__(self, label: str) -> Stream:
+        try:
+            return self._streams[label]
+        except KeyError:
+            raise AttributeError(f"no branch {label!r}; branches are {sorted(self._streams)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._streams)
+
+    def __len__(self) -> int:
+        return len(self._streams)
 
 
 def _callable(fn: Any, what: str = "function") -> Callable:
