@@ -32,16 +32,18 @@ values takes ``key=``/``value=`` for them; anything undeclared uses the app defa
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import sys
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
+from types import MethodType
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeAlias, TypeVar, overload
 
 from pystreams import serdes
+from pystreams.app_loader import AppLoadError as AppLoadError
+from pystreams.app_loader import AppNotFound as AppNotFound
+from pystreams.app_loader import load_app as load_app
+from pystreams.app_queries import AppQueries
 from pystreams.guarantee import ProcessingGuarantee
 from pystreams.serdes import Serde
 from pystreams.topology.errors import (
@@ -137,189 +139,6 @@ StatelessNode: TypeAlias = MapNode | MapValuesNode | FlatMapNode | FlatMapValues
 TimestampExtractor = Callable[[Any, Any, int], int]
 
 
-# --------------------------------------------------------------------------- handles
-
-
-class _Handle:
-    """A named node of one app; what decorators and fluent methods build on."""
-
-    __slots__ = ("app", "name")
-
-    def __init__(self, app: App, name: str) -> None:
-        self.app = app
-        self.name = name
-
-    @property
-    def node(self) -> Node:
-        """The node as declared (before the builder wires children and sub-topologies)."""
-        return self.app._nodes[self.name]
-
-    def to(self, topic: str, *, key: Serde | None = None, value: Serde | None = None, name: str | None = None) -> None:
-        """Write every record (for a table: every update) to ``topic``."""
-        assert isinstance(self, Stream | Table), "streams and tables are the only handles"
-        self.app.to(self, topic, key=key, value=value, name=name)
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r} of app {self.app.app_id!r}>"
-
-
-class Stream(_Handle):
-    """A record stream. Methods mirror the ``App`` decorators, taking the function first."""
-
-    __slots__ = ()
-
-    def map(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.map(self, **options)(fn)
-
-    def map_values(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.map_values(self, **options)(fn)
-
-    def flat_map(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.flat_map(self, **options)(fn)
-
-    def flat_map_values(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.flat_map_values(self, **options)(fn)
-
-    def filter(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.filter(self, **options)(fn)
-
-    def peek(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.peek(self, **options)(fn)
-
-    def branch(self, fn: Callable, branches: Sequence[str], **options: Any) -> Branches:
-        return self.app.branch(self, branches=branches, **options)(fn)
-
-    def merge(self, *others: Stream, name: str | None = None) -> Stream:
-        return self.app.merge(self, *others, name=name)
-
-    def group_by(self, fn: Callable, **options: Any) -> Stream:
-        return self.app.group_by(self, **options)(fn)
-
-    def repartition(self, **options: Any) -> Stream:
-        return self.app.repartition(self, **options)
-
-    def count(self, **options: Any) -> Table:
-        return self.app.count(self, **options)
-
-    def aggregate(self, fn: Callable, **options: Any) -> Table:
-        return self.app.aggregate(self, **options)(fn)
-
-    def reduce(self, fn: Callable, **options: Any) -> Table:
-        return self.app.reduce(self, **options)(fn)
-
-    def join(self, other: Stream | Table, fn: Callable, **options: Any) -> Stream:
-        return self.app.join(self, other, **options)(fn)
-
-    def cogroup(self, fn: Callable) -> CogroupedStreams:
-        """This stream as the first input of a cogroup, aggregated by ``fn(acc, key, value)``;
-        add more with ``.cogroup(stream, fn)``, then ``.aggregate(initial=...)``."""
-        return self.app.cogroup().cogroup(self, fn)
-
-    def process(self, processor_class: type[Processor], **options: Any) -> Stream:
-        return self.app.processor(self, **options)(processor_class)
-
-
-class Table(_Handle):
-    """A table: the latest value per key, kept in a store (``store``)."""
-
-    __slots__ = ()
-
-    @property
-    def store(self) -> str:
-        return self.node.stores[0]
-
-    @property
-    def windowed(self) -> bool:
-        return self.node.window is not None
-
-    def to_stream(self, *, name: str | None = None) -> Stream:
-        return self.app.to_stream(self, name=name)
-
-    def suppress(self, suppression: Suppression, *, store: str | None = None, name: str | None = None) -> Table:
-        return self.app.suppress(self, suppression, store=store, name=name)
-
-
-class CogroupedStreams:
-    """Several streams, each with its own aggregator, on their way into one aggregate with one
-    store (Kafka Streams' ``cogroup``). Nothing is declared until ``aggregate``.
-
-        activity = app.cogroup()
-
-        @activity.cogroup(clicks)
-        def clicked(total, key, click):
-            return total + 1
-
-        @activity.cogroup(purchases)
-        def bought(total, key, purchase):
-            return total + purchase["amount"]
-
-        totals = activity.aggregate(initial=0, store="activity", window=TumblingWindow(60_000))
-
-    or, fluently: ``clicks.cogroup(clicked).cogroup(purchases, bought).aggregate(initial=0)``.
-    Every stream is grouped by its current key (a re-keyed one is repartitioned first), the
-    streams must be co-partitioned and have the same key serde, and each record is aggregated
-    by its own stream's function into the key's (window's) one accumulator.
-    """
-
-    def __init__(self, app: App) -> None:
-        self.app = app
-        self._inputs: list[tuple[Stream, Callable]] = []
-
-    def cogroup(self, stream: Stream, fn: Callable | None = None) -> Any:
-        """Add ``stream``, aggregated by ``fn(acc, key, value)``. With ``fn``: returns this
-        cogroup (to chain); without: a decorator that adds the function it decorates (and
-        returns it unchanged)."""
-        self.app._stream(stream, "cogroup")
-        if any(existing.name == stream.name for existing, _ in self._inputs):
-            raise TopologyError(f"cogroup: stream {stream.name!r} is already one of its inputs", nodes=[stream.name])
-        if fn is None:
-
-            def add(function: Callable) -> Callable:
-                self._inputs.append((stream, _callable(function, "cogroup aggregator")))
-                return function
-
-            return add
-        self._inputs.append((stream, _callable(fn, "cogroup aggregator")))
-        return self
-
-    def aggregate(
-        self,
-        *,
-        initial: Any,
-        store: str | None = None,
-        window: AggregationWindow | None = None,
-        merge: Callable[[Any, Any, Any], Any] | None = None,
-        value: Serde | None = None,
-        name: str | None = None,
-    ) -> Table:
-        """Declare the cogroup: one accumulator per key (per window with ``window``), from
-        ``initial`` (a value, or a zero-argument factory), updated by each input's function.
-        Session windows need ``merge(key, older, newer)``."""
-        return self.app._cogroup(self._inputs, initial=initial, store=store, window=window, merge=merge, value=value, name=name)
-
-
-class Branches(Mapping[str, Stream]):
-    """The streams of a ``branch``, by label: ``branches["big"]`` or ``branches.big``."""
-
-    def __init__(self, streams: dict[str, Stream]) -> None:
-        self._streams = streams
-
-    def __getitem__(self, label: str) -> Stream:
-        return self._streams[label]
-
-    def __getattr__(self, label: str) -> Stream:
-        try:
-            return self._streams[label]
-        except KeyError:
-            raise AttributeError(f"no branch {label!r}; branches are {sorted(self._streams)}") from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._streams)
-
-    def __len__(self) -> int:
-        return len(self._streams)
-
-
 # --------------------------------------------------------------------------- processor stores
 
 
@@ -391,7 +210,7 @@ class ReduceMerger:
 # --------------------------------------------------------------------------- the app
 
 
-class App:
+class App(AppQueries):
     """One stream-processing application: its id, default serdes and declared topology.
 
     ``name`` is the application id: it prefixes internal topics and names the consumer group.
@@ -403,6 +222,8 @@ class App:
     functions (``processing.exception.handler``), and ``dead_letter_topic`` where dead letters
     go (``errors.dead.letter.queue.topic.name``). ``pystreams worker`` and ``pystreams spark``
     options replace the app-wide ones.
+
+    Interactive queries (``query``, ``query_windows``, ...) come from ``AppQueries``.
     """
 
     def __init__(
@@ -445,108 +266,6 @@ class App:
             self.error_policies.deserialization, self.error_policies.processing, self.error_policies.dead_letter_topic, self._source_policies
         )
         return build(self.app_id, list(self._nodes.values()), list(self._stores.values()), errors)
-
-    def query(
-        self,
-        store: str,
-        key: Any,
-        *,
-        endpoints: str | Sequence[str] | None = None,
-        timeout_s: float = 10.0,
-        stale: bool = False,
-    ) -> Any:
-        """Interactive query: the value of ``key`` in key-value store ``store``, read from the
-        worker hosting it (routed by the assignment's PartitionsByHost); ``None`` when the key
-        has no value. ``endpoints``: any worker's user endpoint(s), HOST:PORT (default: env
-        PYSTREAMS_QUERY_ENDPOINTS, comma-separated). ``stale=True`` also reads standby
-        replicas. Raises ``pystreams.queries.NotAvailableYet`` while the key's task restores or
-        moves for longer than ``timeout_s``.
-
-        Keys are given as the app uses them — the store's key serde serializes them: for a
-        key-value store the table's key; for window and session stores the grouping key
-        (``query_windows``, ``query_sessions``), never a ``Windowed``."""
-        from pystreams.queries import KeyNotFound
-
-        spec, client = self._query_client(store, endpoints)
-        try:
-            return client.get(store, key, spec.key_serde, spec.value_serde, timeout_s=timeout_s, stale=stale)
-        except KeyNotFound:
-            return None
-
-    def query_windows(
-        self,
-        store: str,
-        key: Any,
-        time_from: int | None = None,
-        time_to: int | None = None,
-        *,
-        endpoints: str | Sequence[str] | None = None,
-        timeout_s: float = 10.0,
-        stale: bool = False,
-    ) -> list[tuple[int, Any]]:
-        """Window store: ``(window start ms, value)`` of the windows of ``key`` (the grouping
-        key) whose start lies in ``[time_from, time_to]`` (None: unbounded), oldest first —
-        Kafka Streams' ``ReadOnlyWindowStore.fetch(key, timeFrom, timeTo)``."""
-        spec, client = self._query_client(store, endpoints)
-        windows = client.fetch_windows_bytes(store, spec.key_serde.serialize(key), time_from, time_to, timeout_s=timeout_s, stale=stale)
-        return [(start, spec.value_serde.deserialize(value)) for start, value in windows]
-
-    def query_sessions(
-        self, store: str, key: Any, *, endpoints: str | Sequence[str] | None = None, timeout_s: float = 10.0, stale: bool = False
-    ) -> list[tuple[Windowed, Any]]:
-        """Session store: ``(Windowed(key, start, end), value)`` of every session of ``key``
-        (the grouping key) — Kafka Streams' ``ReadOnlySessionStore.fetch(key)``."""
-        spec, client = self._query_client(store, endpoints)
-        sessions = client.fetch_sessions_bytes(store, spec.key_serde.serialize(key), timeout_s=timeout_s, stale=stale)
-        return [(Windowed(key, start, end), spec.value_serde.deserialize(value)) for start, end, value in sessions]
-
-    def query_range(
-        self,
-        store: str,
-        key_from: Any = None,
-        key_to: Any = None,
-        *,
-        endpoints: str | Sequence[str] | None = None,
-        timeout_s: float = 10.0,
-        stale: bool = False,
-    ) -> list[tuple[Any, Any]]:
-        """Key-value store: ``(key, value)`` of the keys in ``[key_from, key_to]`` (both
-        inclusive; None: unbounded) from every task — Kafka Streams' ``range``/``all``.
-        Keys compare as their serialized bytes (text: by code point; ``Int``: negatives after
-        positives), and come back in that order."""
-        spec, client = self._query_client(store, endpoints)
-        serialize = spec.key_serde.serialize
-        entries = client.scan_bytes(
-            store,
-            key_from=None if key_from is None else serialize(key_from),
-            key_to=None if key_to is None else serialize(key_to),
-            timeout_s=timeout_s,
-            stale=stale,
-        )
-        return [(spec.key_serde.deserialize(k), spec.value_serde.deserialize(v)) for k, v in entries]
-
-    def query_prefix(
-        self, store: str, prefix: Any, *, endpoints: str | Sequence[str] | None = None, timeout_s: float = 10.0, stale: bool = False
-    ) -> list[tuple[Any, Any]]:
-        """Key-value store: ``(key, value)`` of the keys whose serialized bytes start with
-        ``prefix`` serialized by the store's key serde (for text keys: a text prefix) — Kafka
-        Streams' ``prefixScan``; ordered by serialized key."""
-        spec, client = self._query_client(store, endpoints)
-        entries = client.scan_bytes(store, prefix=spec.key_serde.serialize(prefix), timeout_s=timeout_s, stale=stale)
-        return [(spec.key_serde.deserialize(k), spec.value_serde.deserialize(v)) for k, v in entries]
-
-    def _query_client(self, store: str, endpoints: str | Sequence[str] | None) -> tuple[Any, Any]:
-        from pystreams.queries import QueryClient, QueryError, endpoints_from
-        from pystreams.topology.stores import not_queryable_reason
-
-        topology = self.topology()
-        spec = topology.stores.get(store)
-        if spec is None:
-            raise QueryError(f"app {self.app_id!r} has no store named {store!r}")
-        reason = not_queryable_reason(topology, store)
-        if reason is not None:
-            raise QueryError(f"store {store!r} of app {self.app_id!r} is not queryable: {reason}")
-        return spec, QueryClient(endpoints_from(endpoints))
 
     # ----------------------------------------------------------------- sources
 
@@ -1402,6 +1121,234 @@ class App:
         return to_spark(self, spark, **options)
 
 
+# --------------------------------------------------------------------------- handles
+# A handle's fluent methods are the App's operations with the handle as their input:
+# ``stream.count(...)`` is ``app.count(stream, ...)`` and ``stream.map(fn, ...)`` is
+# ``app.map(stream, ...)(fn)``. They are built from the App methods, so each one keeps its App
+# method's parameters, defaults and docstring for ``help()``, ``inspect.signature``, IDEs and mypy.
+
+HandleT = TypeVar("HandleT", bound="_Handle")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class _Forward(Generic[HandleT, P, R]):
+    """A handle's method built from an ``App`` operation (by ``_applied`` or ``_decorating``); a
+    descriptor rather than the bare function so that the method learns its name and class when
+    the class is created, for ``help()`` and tracebacks."""
+
+    def __init__(self, method: Callable[Concatenate[HandleT, P], R], operation: Callable[..., Any], spelling: str) -> None:
+        self._method = method
+        self._operation = operation
+        self._spelling = spelling
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._method.__name__ = name
+        self._method.__qualname__ = f"{owner.__qualname__}.{name}"
+        handle = owner.__name__.lstrip("_").lower()
+        self._method.__doc__ = (
+            f"{self._spelling.format(handle=handle, method=name, operation=self._operation.__name__)}\n\n{inspect.cleandoc(self._operation.__doc__ or '')}"
+        )
+
+    @overload
+    def __get__(self, handle: None, owner: type) -> Callable[Concatenate[HandleT, P], R]: ...
+
+    @overload
+    def __get__(self, handle: HandleT, owner: type) -> Callable[P, R]: ...
+
+    def __get__(self, handle: HandleT | None, owner: type) -> Callable[..., R]:
+        return self._method if handle is None else MethodType(self._method, handle)
+
+
+def _applied(operation: Callable[Concatenate[App, HandleT, P], R]) -> _Forward[HandleT, P, R]:
+    """The method ``handle.op(...)`` = ``app.op(handle, ...)``."""
+
+    def method(handle: HandleT, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return operation(handle.app, handle, *args, **kwargs)
+
+    _adopt_signature(method, operation, (), inspect.signature(operation).return_annotation)
+    return _Forward(method, operation, "``{handle}.{method}(...)`` is ``app.{operation}({handle}, ...)``:")
+
+
+def _decorating(operation: Callable[Concatenate[App, HandleT, P], Callable[[F], R]], *, takes: str = "fn") -> _Forward[HandleT, Concatenate[F, P], R]:
+    """The method ``handle.op(fn, ...)`` = ``app.op(handle, ...)(fn)``, for an operation that
+    returns a decorator; ``takes`` names the decorated argument."""
+
+    def method(handle: HandleT, fn: F, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return operation(handle.app, handle, *args, **kwargs)(fn)
+
+    # ``Callable[[Fn], Result]`` (annotations are strings in this module): what the decorator
+    # takes becomes the method's first argument, what it returns the method's result.
+    decorator = re.fullmatch(r"Callable\[\[(.+)\], (\w+)\]", inspect.signature(operation).return_annotation)
+    assert decorator is not None, f"App.{operation.__name__} does not return a decorator"
+    _adopt_signature(method, operation, (inspect.Parameter(takes, inspect.Parameter.POSITIONAL_ONLY, annotation=decorator[1]),), decorator[2])
+    return _Forward(method, operation, f"``{{handle}}.{{method}}({takes}, ...)`` is ``app.{{operation}}({{handle}}, ...)({takes})``:")
+
+
+def _adopt_signature(method: Callable[..., Any], operation: Callable[..., Any], leading: tuple[inspect.Parameter, ...], returns: Any) -> None:
+    """Give ``method`` the signature of ``operation`` as a handle's method: ``self`` stands for
+    the app and the handle, ``leading`` comes next (a variadic first input stays: ``merge``)."""
+    parameters = list(inspect.signature(operation).parameters.values())
+    rest = parameters[1:] if parameters[1].kind is inspect.Parameter.VAR_POSITIONAL else parameters[2:]
+    self_kind = inspect.Parameter.POSITIONAL_ONLY if leading else inspect.Parameter.POSITIONAL_OR_KEYWORD
+    signature = inspect.Signature([inspect.Parameter("self", self_kind), *leading, *rest], return_annotation=returns)
+    method.__signature__ = signature  # type: ignore[attr-defined]
+    method.__annotations__ = {p.name: p.annotation for p in signature.parameters.values() if p.annotation is not p.empty} | {"return": returns}
+
+
+class _Handle:
+    """A named node of one app; what decorators and fluent methods build on."""
+
+    __slots__ = ("app", "name")
+
+    def __init__(self, app: App, name: str) -> None:
+        self.app = app
+        self.name = name
+
+    @property
+    def node(self) -> Node:
+        """The node as declared (before the builder wires children and sub-topologies)."""
+        return self.app._nodes[self.name]
+
+    to = _applied(App.to)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} of app {self.app.app_id!r}>"
+
+
+class Stream(_Handle):
+    """A record stream. Methods mirror the ``App`` decorators, taking the function first."""
+
+    __slots__ = ()
+
+    map = _decorating(App.map)
+    map_values = _decorating(App.map_values)
+    flat_map = _decorating(App.flat_map)
+    flat_map_values = _decorating(App.flat_map_values)
+    filter = _decorating(App.filter)
+    peek = _decorating(App.peek)
+    group_by = _decorating(App.group_by)
+    merge = _applied(App.merge)
+    repartition = _applied(App.repartition)
+    count = _applied(App.count)
+    aggregate = _decorating(App.aggregate)
+    reduce = _decorating(App.reduce)
+    process = _decorating(App.processor, takes="processor_class")
+
+    # Written out where the fluent spelling is not the App method's with the stream in front.
+
+    def branch(self, fn: Callable, branches: Sequence[str], **options: Any) -> Branches:
+        """``app.branch(stream, branches=branches, ...)(fn)``, the labels also by position."""
+        return self.app.branch(self, branches=branches, **options)(fn)
+
+    def join(self, other: Stream | Table, fn: Callable, **options: Any) -> Stream:
+        """``app.join(stream, other, ...)(fn)``: the other side comes before the joiner."""
+        return self.app.join(self, other, **options)(fn)
+
+    def cogroup(self, fn: Callable) -> CogroupedStreams:
+        """This stream as the first input of a cogroup, aggregated by ``fn(acc, key, value)``;
+        add more with ``.cogroup(stream, fn)``, then ``.aggregate(initial=...)``."""
+        return self.app.cogroup().cogroup(self, fn)
+
+
+class Table(_Handle):
+    """A table: the latest value per key, kept in a store (``store``)."""
+
+    __slots__ = ()
+
+    @property
+    def store(self) -> str:
+        return self.node.stores[0]
+
+    @property
+    def windowed(self) -> bool:
+        return self.node.window is not None
+
+    to_stream = _applied(App.to_stream)
+    suppress = _applied(App.suppress)
+
+
+class CogroupedStreams:
+    """Several streams, each with its own aggregator, on their way into one aggregate with one
+    store (Kafka Streams' ``cogroup``). Nothing is declared until ``aggregate``.
+
+        activity = app.cogroup()
+
+        @activity.cogroup(clicks)
+        def clicked(total, key, click):
+            return total + 1
+
+        @activity.cogroup(purchases)
+        def bought(total, key, purchase):
+            return total + purchase["amount"]
+
+        totals = activity.aggregate(initial=0, store="activity", window=TumblingWindow(60_000))
+
+    or, fluently: ``clicks.cogroup(clicked).cogroup(purchases, bought).aggregate(initial=0)``.
+    Every stream is grouped by its current key (a re-keyed one is repartitioned first), the
+    streams must be co-partitioned and have the same key serde, and each record is aggregated
+    by its own stream's function into the key's (window's) one accumulator.
+    """
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self._inputs: list[tuple[Stream, Callable]] = []
+
+    def cogroup(self, stream: Stream, fn: Callable | None = None) -> Any:
+        """Add ``stream``, aggregated by ``fn(acc, key, value)``. With ``fn``: returns this
+        cogroup (to chain); without: a decorator that adds the function it decorates (and
+        returns it unchanged)."""
+        self.app._stream(stream, "cogroup")
+        if any(existing.name == stream.name for existing, _ in self._inputs):
+            raise TopologyError(f"cogroup: stream {stream.name!r} is already one of its inputs", nodes=[stream.name])
+        if fn is None:
+
+            def add(function: Callable) -> Callable:
+                self._inputs.append((stream, _callable(function, "cogroup aggregator")))
+                return function
+
+            return add
+        self._inputs.append((stream, _callable(fn, "cogroup aggregator")))
+        return self
+
+    def aggregate(
+        self,
+        *,
+        initial: Any,
+        store: str | None = None,
+        window: AggregationWindow | None = None,
+        merge: Callable[[Any, Any, Any], Any] | None = None,
+        value: Serde | None = None,
+        name: str | None = None,
+    ) -> Table:
+        """Declare the cogroup: one accumulator per key (per window with ``window``), from
+        ``initial`` (a value, or a zero-argument factory), updated by each input's function.
+        Session windows need ``merge(key, older, newer)``."""
+        return self.app._cogroup(self._inputs, initial=initial, store=store, window=window, merge=merge, value=value, name=name)
+
+
+class Branches(Mapping[str, Stream]):
+    """The streams of a ``branch``, by label: ``branches["big"]`` or ``branches.big``."""
+
+    def __init__(self, streams: dict[str, Stream]) -> None:
+        self._streams = streams
+
+    def __getitem__(self, label: str) -> Stream:
+        return self._streams[label]
+
+    def __getattr__(self, label: str) -> Stream:
+        try:
+            return self._streams[label]
+        except KeyError:
+            raise AttributeError(f"no branch {label!r}; branches are {sorted(self._streams)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._streams)
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+
 def _callable(fn: Any, what: str = "function") -> Callable:
     """Check that ``fn`` is a plain synchronous callable: runtimes call it inline, per record."""
     if not callable(fn):
@@ -1438,78 +1385,3 @@ def _join_how(how: str, node_name: str) -> JoinHow:
         return JoinHow(how)
     except ValueError:
         raise TopologyError(f"join {node_name!r}: how must be one of {[h.value for h in JoinHow]}, got {how!r}", nodes=[node_name]) from None
-
-
-class AppLoadError(ImportError):
-    """The app could not be loaded: no such file or module, a syntax error, or an exception
-    while its module ran. The message names the file and line, and the cause."""
-
-
-class AppNotFound(AppLoadError, LookupError):
-    """The module loaded, but it does not hold the one ``App`` asked for."""
-
-
-def load_app(target: str) -> App:
-    """Load an app from ``path/to/app.py`` or ``package.module``, optionally ``:attribute``.
-
-    Without an attribute: the module's ``app`` if it is an ``App``, else its only ``App``.
-    A file's directory goes on ``sys.path`` first, as when Python runs it as a script.
-    Raises :class:`AppLoadError` (with the file, line and cause) when it cannot.
-    """
-    location, _, attribute = target.partition(":") if not Path(target).exists() else (target, "", "")
-    if location.endswith(".py") or Path(location).exists():
-        path = Path(location).resolve()
-        if not path.is_file():
-            raise AppLoadError(f"no app file {location} (give path/to/app.py or package.module[:NAME])")
-        module_name = f"pystreams_app_{path.stem}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise AppLoadError(f"cannot load {location} as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        if str(path.parent) not in sys.path:
-            sys.path.insert(0, str(path.parent))
-        sys.modules[module_name] = module  # so dataclasses, pickling and msgspec can find it
-        try:
-            spec.loader.exec_module(module)
-        except Exception as error:
-            sys.modules.pop(module_name, None)
-            raise AppLoadError(_load_failure(location, path, error)) from error
-    else:
-        try:
-            module = importlib.import_module(location)
-        except ModuleNotFoundError as error:
-            if error.name is not None and location.startswith(error.name):
-                raise AppLoadError(f"no app file or module {location!r} ({error})") from error
-            raise AppLoadError(f"app module {location}: {type(error).__name__}: {error}") from error
-        except SyntaxError as error:
-            raise AppLoadError(_load_failure(location, Path(error.filename or location), error)) from error
-    if attribute:
-        found = getattr(module, attribute, None)
-        if not isinstance(found, App):
-            raise AppNotFound(f"{target}: {attribute!r} is not a pystreams App")
-        return found
-    named = getattr(module, "app", None)
-    if isinstance(named, App):
-        return named
-    apps = [value for value in vars(module).values() if isinstance(value, App)]
-    if len(apps) != 1:
-        raise AppNotFound(f"{target}: expected one pystreams App, found {len(apps)}; use {location}:NAME")
-    return apps[0]
-
-
-def _load_failure(location: str, path: Path, error: BaseException) -> str:
-    """``APP line N: the cause`` for an app whose module failed to run (the line in the app
-    file itself, where the traceback passes through it)."""
-    if isinstance(error, SyntaxError):
-        where = f"{location} line {error.lineno}" if error.lineno else location
-        text = (error.text or "").rstrip("\n")
-        pointer = ""
-        if text.strip() and error.offset:
-            stripped = text.lstrip()
-            pointer = f"\n    {stripped}\n    {' ' * max(0, error.offset - 1 - (len(text) - len(stripped)))}^"
-        return f"{where}: {type(error).__name__}: {error.msg}{pointer}\n(fix the app file)"
-    import traceback
-
-    line = next((frame.lineno for frame in reversed(traceback.extract_tb(error.__traceback__)) if Path(frame.filename).resolve() == path.resolve()), None)
-    where = f"{location} line {line}" if line else location
-    return f"{where}: loading the app raised {type(error).__name__}: {error}"

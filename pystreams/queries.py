@@ -201,10 +201,16 @@ class QueryClient:
             time.sleep(0.2)
 
     def get(self, store: str, key: Any, key_serde: Serde, value_serde: Serde, **options: Any) -> Any:
-        key_bytes = key_serde.serialize(key)
-        if key_bytes is None:  # Kafka Streams refuses a null key the same way, before routing
-            raise ValueError(f"store {store!r}: an interactive query needs a key, not None")
-        return value_serde.deserialize(self.get_bytes(store, key_bytes, **options))
+        return value_serde.deserialize(self.get_bytes(store, serialized_key(store, key, key_serde), **options))
+
+
+def serialized_key(store: str, key: Any, key_serde: Serde) -> bytes:
+    """The bytes a key routes by; a key that serializes to None (a None key) is refused before
+    any worker is asked, as Kafka Streams refuses a null key."""
+    key_bytes = key_serde.serialize(key)
+    if key_bytes is None:
+        raise ValueError(f"store {store!r}: an interactive query needs a key, not None")
+    return key_bytes
 
 
 def _stale(stale: bool) -> dict[str, str]:

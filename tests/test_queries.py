@@ -637,3 +637,21 @@ def test_the_query_client_does_not_load_the_worker_engine() -> None:
     code = "import sys, pystreams.queries; print(sorted(m for m in sys.modules if m.startswith('pystreams.worker')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"
+
+
+@pytest.mark.parametrize("ask", ["query_windows", "query_sessions"])
+def test_window_and_session_queries_refuse_a_none_key_before_asking_any_worker(ask: str) -> None:
+    stores_app = load_app(str(Path(__file__).resolve().parent / "apps" / "query_stores.py"))
+    store = {"query_windows": "per-minute", "query_sessions": "sessions"}[ask]
+    with pytest.raises(ValueError, match=f"store '{store}': an interactive query needs a key, not None"):
+        getattr(stores_app, ask)(store, None, endpoints=f"127.0.0.1:{free_port()}", timeout_s=0)
+
+
+def test_declaring_an_app_does_not_load_the_query_client() -> None:
+    # app.query* import the HTTP client on the first query, not when the app module is imported.
+    import subprocess
+    import sys
+
+    code = "import sys, pystreams.app; print(sorted(m for m in ('pystreams.queries', 'urllib.request') if m in sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"

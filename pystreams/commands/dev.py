@@ -184,7 +184,7 @@ async def _serve_dev(settings: coordinator_command.CoordinatorSettings, args: ar
 
 
 async def _run_app(args: argparse.Namespace, bootstrap: str, coordinator: str, stop: asyncio.Event, components: contextlib.AsyncExitStack) -> int:
-    from pystreams.app import load_app
+    from pystreams.app_loader import load_app
 
     loop = asyncio.get_running_loop()
     app_path = Path(args.app)

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from pystreams.app import AppLoadError
+from pystreams.app_loader import AppLoadError
 from pystreams.topology.errors import MissingSourceError, TopologyError
 
 #: What to install for the Spark runtime.

@@ -63,7 +63,7 @@ def parse_key(serde: serdes.Serde, text: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pystreams.app import load_app
+    from pystreams.app_loader import load_app
     from pystreams.queries import NotAvailableYet, QueryError, endpoints_from
     from pystreams.topology.ir import StoreKind
 

@@ -89,7 +89,7 @@ def _true_or_false(text: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pystreams.app import load_app
+    from pystreams.app_loader import load_app
     from pystreams.commands.explain import check_java, verbose
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

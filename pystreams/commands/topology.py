@@ -42,7 +42,7 @@ def _parse_partitions(entries: list[str]) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pystreams.app import load_app
+    from pystreams.app_loader import load_app
     from pystreams.topology.describe import describe, to_mermaid
     from pystreams.topology.errors import TopologyError
     from pystreams.topology.resolve import resolve
