@@ -23,7 +23,7 @@ here, over the same backends.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .session_store import Session
 from .window_store import WindowedValue
@@ -119,3 +119,13 @@ class SessionBytesStore(TimeRetainingStore, Protocol):
 
 
 BytesStore = KeyValueBytesStore | WindowBytesStore | SessionBytesStore
+
+
+if TYPE_CHECKING:  # mypy checks that the stores over a database implement the interface
+    from .key_value_store import KeyValueStore
+    from .session_store import SessionStore
+    from .window_store import WindowStore
+
+    _key_value_store: type[KeyValueBytesStore] = KeyValueStore
+    _window_store: type[WindowBytesStore] = WindowStore
+    _session_store: type[SessionBytesStore] = SessionStore

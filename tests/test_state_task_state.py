@@ -1,4 +1,5 @@
-"""Task state: checkpoints, restore from the changelog, wiping untrustworthy state, the lock."""
+"""Task state on disk (RocksDB): checkpoints, restore from the changelog, persistence across
+reopen, wiping untrustworthy state, the lock — and the memory backend's lack of any of it."""
 
 import json
 import subprocess
@@ -434,3 +435,53 @@ def test_flush_repeats_until_a_store_written_by_another_stores_forward_is_flushe
     assert buffer.get(b"k") == b"v"
     assert [(key, value) for _, key, value in changelog.records(TopicPartition(f"{APP}-a-buffer-changelog", PARTITION))] == [(b"k", b"v")]
     state.close()
+
+
+def test_key_value_data_survives_close_and_reopen(tmp_path):
+    changelog = InMemoryChangelog()
+    with TaskState(tmp_path, "app", "0_0", 0, changelog) as state:
+        store = state.key_value_store("counts")
+        state.restore(changelog)
+        for index in range(100):
+            store.put(b"k%03d" % index, b"v%d" % index)
+        state.flush()
+        state.checkpoint(changelog.take_written_offsets())
+        before = list(store.all())
+    with TaskState(tmp_path, "app", "0_0", 0, changelog) as state:
+        store = state.key_value_store("counts")
+        assert state.wipes == []
+        assert list(store.all()) == before
+        assert store.changelog_position == 100
+
+
+def test_a_window_stores_observed_stream_time_survives_reopen(tmp_path):
+    changelog = InMemoryChangelog()
+    with TaskState(tmp_path, "app", "0_2", 2, changelog) as state:
+        store = state.window_store("windows", retention_ms=1_000)
+        state.restore(changelog)
+        store.put(b"k", 0, b"a")
+        store.put(b"k", 900, b"b")
+        state.flush()
+        state.checkpoint(changelog.take_written_offsets())
+    with TaskState(tmp_path, "app", "0_2", 2, changelog) as state:
+        store = state.window_store("windows", retention_ms=1_000)
+        assert store.observed_stream_time == 900
+        assert list(store.fetch(b"k", 0, 1000)) == [(0, b"a"), (900, b"b")]
+        assert not store.put(b"k", -200, b"expired")
+
+
+def test_memory_state_writes_no_files_and_loses_its_data_on_close(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    changelog = InMemoryChangelog()
+    with TaskState(None, "app", "0_0", 0, changelog) as state:
+        store = state.key_value_store("counts")
+        store.put(b"a", b"1")
+        state.flush()
+        assert state.checkpoint(changelog.take_written_offsets(), force=True)
+        assert state.changelog_offsets() == {TopicPartition("app-counts-changelog", 0): 1}
+    assert list(tmp_path.iterdir()) == []
+    with TaskState(None, "app", "0_0", 0, changelog) as state:
+        store = state.key_value_store("counts")
+        assert state.restore_positions() == {TopicPartition("app-counts-changelog", 0): None}
+        assert state.restore(changelog) == {"counts": 1}
+        assert store.get(b"a") == b"1"
