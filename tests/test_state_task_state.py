@@ -437,37 +437,28 @@ def test_flush_repeats_until_a_store_written_by_another_stores_forward_is_flushe
     state.close()
 
 
-def test_key_value_data_survives_close_and_reopen(tmp_path):
+def test_stores_and_a_window_stores_stream_time_survive_close_and_reopen(tmp_path):
     changelog = InMemoryChangelog()
-    with TaskState(tmp_path, "app", "0_0", 0, changelog) as state:
-        store = state.key_value_store("counts")
-        state.restore(changelog)
-        for index in range(100):
-            store.put(b"k%03d" % index, b"v%d" % index)
-        state.flush()
-        state.checkpoint(changelog.take_written_offsets())
-        before = list(store.all())
-    with TaskState(tmp_path, "app", "0_0", 0, changelog) as state:
-        store = state.key_value_store("counts")
+    state, counts, windows = open_task(tmp_path, changelog)
+    state.restore(changelog)
+    for index in range(100):
+        counts.put(b"k%03d" % index, b"v%d" % index)
+    windows.put(b"k", 0, b"a")
+    windows.put(b"k", 9_900, b"b")
+    state.flush()
+    state.checkpoint(changelog.take_written_offsets())
+    before = contents(counts, windows)
+    state.close()
+    state, counts, windows = open_task(tmp_path, changelog)
+    try:
         assert state.wipes == []
-        assert list(store.all()) == before
-        assert store.changelog_position == 100
-
-
-def test_a_window_stores_observed_stream_time_survives_reopen(tmp_path):
-    changelog = InMemoryChangelog()
-    with TaskState(tmp_path, "app", "0_2", 2, changelog) as state:
-        store = state.window_store("windows", retention_ms=1_000)
-        state.restore(changelog)
-        store.put(b"k", 0, b"a")
-        store.put(b"k", 900, b"b")
-        state.flush()
-        state.checkpoint(changelog.take_written_offsets())
-    with TaskState(tmp_path, "app", "0_2", 2, changelog) as state:
-        store = state.window_store("windows", retention_ms=1_000)
-        assert store.observed_stream_time == 900
-        assert list(store.fetch(b"k", 0, 1000)) == [(0, b"a"), (900, b"b")]
-        assert not store.put(b"k", -200, b"expired")
+        assert contents(counts, windows) == before
+        assert counts.changelog_position == 100
+        assert windows.observed_stream_time == 9_900
+        assert list(windows.fetch(b"k", 0, 10_000)) == [(0, b"a"), (9_900, b"b")]
+        assert not windows.put(b"k", -200, b"expired")  # 10,000 ms behind 9,900
+    finally:
+        state.close()
 
 
 def test_memory_state_writes_no_files_and_loses_its_data_on_close(tmp_path, monkeypatch):

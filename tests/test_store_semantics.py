@@ -404,13 +404,19 @@ def test_unflushed_window_writes_overlay_stored_windows(store_backend):
     assert list(store.fetch(b"k", 0, 100)) == [(10, b"stored-10"), (20, b"cached-20"), (25, b"cached-25")]
 
 
-def test_fetch_all_is_by_time_then_key_and_all_by_key_then_time(store_backend):
-    store = store_backend.window_store(retention_ms=1_000)
+def windows_of_three_keys(backend: Backend) -> Any:
+    """A window store with windows of keys a, b, c, some flushed, some not."""
+    store = backend.window_store(retention_ms=1_000)
     store.put(b"a", 300, b"a300")
     store.put(b"b", 100, b"b100")
-    store_backend.flush()
+    backend.flush()
     store.put(b"c", 200, b"c200")
     store.put(b"a", 100, b"a100")
+    return store
+
+
+def test_fetch_all_is_by_time_then_key_and_all_by_key_then_time(store_backend):
+    store = windows_of_three_keys(store_backend)
     assert list(store.fetch_all(100, 200)) == [
         WindowedValue(b"a", 100, b"a100"),
         WindowedValue(b"b", 100, b"b100"),
@@ -426,12 +432,7 @@ def test_fetch_all_is_by_time_then_key_and_all_by_key_then_time(store_backend):
 
 
 def test_fetch_key_range(logged_backend):
-    store = logged_backend.window_store(retention_ms=1_000)
-    store.put(b"a", 300, b"a300")
-    store.put(b"b", 100, b"b100")
-    store.flush()
-    store.put(b"c", 200, b"c200")
-    store.put(b"a", 100, b"a100")
+    store = windows_of_three_keys(logged_backend)
     assert [(w.key, w.window_start) for w in store.fetch_key_range(b"a", b"b", 0, 1000)] == [
         (b"a", 100),
         (b"a", 300),
@@ -543,14 +544,20 @@ def test_sessions_are_ordered_by_end_then_start(store_backend):
     assert [(s.start, s.end) for s in store.fetch(b"k")] == [(0, 10), (0, 20), (5, 20)]
 
 
-def test_merging_removes_old_sessions(store_backend):
-    store = store_backend.session_store(retention_ms=10_000)
+def merge_two_sessions(backend: Backend, store: Any) -> None:
+    """Sessions [0, 10] and [20, 30] of key k, flushed, then merged into [0, 30] (what a
+    record at 15 with a gap of 10 does)."""
     store.put(b"k", 0, 10, b"one")
     store.put(b"k", 20, 30, b"two")
-    store_backend.flush()
+    backend.flush()
     store.remove(b"k", 0, 10)
     store.remove(b"k", 20, 30)
     store.put(b"k", 0, 30, b"merged")
+
+
+def test_merging_removes_old_sessions(store_backend):
+    store = store_backend.session_store(retention_ms=10_000)
+    merge_two_sessions(store_backend, store)
     assert list(store.fetch(b"k")) == [Session(b"k", 0, 30, b"merged")]
     store_backend.flush()
     assert list(store.fetch(b"k")) == [Session(b"k", 0, 30, b"merged")]
@@ -559,12 +566,7 @@ def test_merging_removes_old_sessions(store_backend):
 
 def test_merging_removes_old_sessions_with_tombstones(logged_backend, changelog, forwarded):
     store = logged_backend.session_store(retention_ms=10_000, forward=forwarded.extend)
-    store.put(b"k", 0, 10, b"one")
-    store.put(b"k", 20, 30, b"two")
-    store.flush()
-    store.remove(b"k", 0, 10)
-    store.remove(b"k", 20, 30)
-    store.put(b"k", 0, 30, b"merged")
+    merge_two_sessions(logged_backend, store)
     assert store.fetch_session(b"k", 0, 10) is None
     store.flush()
     assert [(r.key, r.value) for r in changelog.records(SESSION_CHANGELOG)[2:]] == [
