@@ -10,8 +10,8 @@
         assert driver.store_contents("counts") == {"a": 2, "b": 1}
 
 The driver runs the worker's own tasks (``pystreams.worker.StreamTask``: the same kernels,
-RocksDB stores in a temporary directory, record caches) in this thread: deterministic, no
-broker, no threads of its own. As Kafka Streams' driver does, it processes each piped record
+the same stores and record caches, over the in-memory store backend: no RocksDB, no disk) in
+this thread: deterministic, no broker, no threads of its own. As Kafka Streams' driver does, it processes each piped record
 to the end — through repartition topics, whose records it hands to the reading task at once
 — and then commits every task, so table updates (folded per key within one input record)
 reach the output topics after every record.
@@ -27,7 +27,6 @@ with ``advance_wall_clock``, which runs the wall-clock punctuations that come du
 from __future__ import annotations
 
 import random
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -166,7 +165,6 @@ class TopologyTestDriver:
             )
         )
         self._errors.policies.check()
-        self._state_dir = tempfile.TemporaryDirectory(prefix="pystreams-test-driver-")
         self._sender = _DriverSender(self)
         self._repartition_topics = frozenset(topology.repartition_topics)
         self._pending: deque[_Written] = deque()
@@ -182,7 +180,7 @@ class TopologyTestDriver:
                 task = StreamTask(
                     self.resolved,
                     task_id,
-                    state_dir=self._state_dir.name,
+                    state_dir=None,  # stores in memory
                     sender=self._sender,
                     errors=self._errors,
                     cache_limits=cache_limits or CacheLimits(),
@@ -309,15 +307,12 @@ class TopologyTestDriver:
     # -- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close every processor and remove the temporary state."""
+        """Close every processor and drop the state."""
         if self._closed:
             return
         self._closed = True
-        try:
-            for task in self._tasks.values():
-                task.close_dirty()
-        finally:
-            self._state_dir.cleanup()
+        for task in self._tasks.values():
+            task.close_dirty()
 
     def __enter__(self) -> TopologyTestDriver:
         return self

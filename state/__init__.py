@@ -1,5 +1,7 @@
-"""Task state: RocksDB key-value, window and session stores (rocksdict) behind a record
-cache, backed by compacted changelog topics, with checkpoints and restore.
+"""Task state: key-value, window and session stores behind a record cache, backed by
+compacted changelog topics, with checkpoints and restore. One store interface
+(interface.py); the stores keep their data in an ordered bytes database (database.py):
+RocksDB (rocksdict) on workers, memory in the test driver.
 
 Layout on disk: ``<state_dir>/<application_id>/<task_id>/{.lock,.checkpoint,<store>/}``.
 Stores take and return bytes; serdes live in the runtime above.
@@ -16,13 +18,16 @@ from .changelog import (
     changelog_topic_name,
 )
 from .checkpoint import read_checkpoint, write_checkpoint
+from .database import OrderedBytesDatabase
 from .errors import (
     CheckpointCorruptedError,
     StateError,
     StoreCorruptedError,
     TaskDirectoryLockedError,
 )
+from .interface import BytesStore, KeyValueBytesStore, SessionBytesStore, WindowBytesStore
 from .key_value_store import KeyValueChange, KeyValueStore
+from .memory import MemoryDatabase
 from .memory_changelog import InMemoryChangelog
 from .restore import RestoreProgressLogger
 from .rocksdb import RocksDBSettings
@@ -31,18 +36,23 @@ from .task_state import StateWipe, TaskState, read_local_task_offsets
 from .window_store import WindowChange, WindowedValue, WindowStore
 
 __all__ = [
+    "BytesStore",
     "CacheLimits",
     "ChangelogReader",
     "ChangelogRecord",
     "ChangelogSink",
     "CheckpointCorruptedError",
     "InMemoryChangelog",
+    "MemoryDatabase",
+    "OrderedBytesDatabase",
+    "KeyValueBytesStore",
     "KeyValueChange",
     "KeyValueStore",
     "RestoreProgress",
     "RestoreProgressLogger",
     "RocksDBSettings",
     "Session",
+    "SessionBytesStore",
     "SessionChange",
     "SessionStore",
     "StateError",
@@ -51,6 +61,7 @@ __all__ = [
     "TaskDirectoryLockedError",
     "TaskState",
     "TopicPartition",
+    "WindowBytesStore",
     "WindowChange",
     "WindowStore",
     "WindowedValue",

@@ -6,10 +6,9 @@ from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from rocksdict import WriteBatch
-
 from .cache import ABSENT, CachedChanges, Stamps
 from .changelog import ChangelogRecord
+from .database import WriteBatch
 from .store import CachedStore
 
 

@@ -1,4 +1,5 @@
-"""One RocksDB database (through rocksdict, raw bytes) with options for write-heavy stores.
+"""One RocksDB database (through rocksdict, raw bytes) with options for write-heavy stores: the
+workers' ``OrderedBytesDatabase``.
 
 The write-ahead log is disabled: the changelog topic is the durable log of every store, and
 ``flush_memtables()`` runs before each checkpoint so that a checkpointed offset is always
@@ -22,6 +23,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from . import database
 from .errors import StateError, StoreCorruptedError
 
 
@@ -131,6 +133,9 @@ class RocksDatabase:
             self._db.close()
             raise DatabaseOpenError(f"cannot read {self.path}: {error}") from error
 
+    def new_batch(self) -> WriteBatch:
+        return WriteBatch(raw_mode=True)
+
     def get(self, key: bytes) -> bytes | None:
         try:
             return self._db.get(key)
@@ -145,7 +150,8 @@ class RocksDatabase:
         except Exception as error:
             raise _translate(error) from error
 
-    def write(self, batch: WriteBatch) -> None:
+    def write(self, batch: database.WriteBatch) -> None:
+        assert isinstance(batch, WriteBatch), "a batch of new_batch()"
         if batch.is_empty():
             return
         try:
@@ -213,7 +219,3 @@ class RocksDatabase:
 
     def close(self) -> None:
         self._db.close()
-
-
-def new_batch() -> WriteBatch:
-    return WriteBatch(raw_mode=True)

@@ -1,5 +1,6 @@
-"""What every store shares: the record cache, the RocksDB write path, the changelog and the
-restore path. Subclasses (key-value, window, session) define key layouts and queries."""
+"""What every store shares: the record cache, the database write path, the changelog and the
+restore path. Subclasses (key-value, window, session) define key layouts and queries. The
+database is any ``OrderedBytesDatabase``: RocksDB on workers, memory in the test driver."""
 
 from __future__ import annotations
 
@@ -7,12 +8,10 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from rocksdict import WriteBatch
-
 from .cache import ABSENT, CachedChanges, CachedEntry, CacheLimits, RecordCache, RecordClock, Stamps
 from .changelog import ChangelogRecord, ChangelogSink, TopicPartition, changelog_topic_config
+from .database import OrderedBytesDatabase, WriteBatch
 from .errors import StateError
-from .rocksdb import RocksDatabase, new_batch
 
 log = logging.getLogger(__name__)
 
@@ -21,9 +20,9 @@ Forward = Callable[[list[ChangeT]], None]
 
 
 class CachedStore(Generic[ChangeT]):
-    """One store of one task: cache → (RocksDB WriteBatch, changelog, forward) at flush."""
+    """One store of one task: cache → (database batch, changelog, forward) at flush."""
 
-    # Prepended to every composite key in RocksDB; window and session stores also keep a
+    # Prepended to every composite key in the database; window and session stores also keep a
     # time index in the same database under another section byte.
     _SECTION = b""
     _GROUP_SUFFIX_BYTES = 0
@@ -31,7 +30,7 @@ class CachedStore(Generic[ChangeT]):
     def __init__(
         self,
         name: str,
-        database: RocksDatabase,
+        database: OrderedBytesDatabase,
         changelog: TopicPartition,
         sink: ChangelogSink,
         *,
@@ -87,7 +86,7 @@ class CachedStore(Generic[ChangeT]):
         old_values = None
         if self._forward is not None and self._send_old_values:
             old_values = self._db.multi_get([section + key for key in changes])
-        batch = new_batch()
+        batch = self._db.new_batch()
         self._stage_changes(batch, changes)
         self._db.write(batch)
         topic, partition = self.changelog
@@ -140,7 +139,7 @@ class CachedStore(Generic[ChangeT]):
         self._check_open()
         if len(self._cache):
             raise StateError(f"store {self.name}: cannot apply changelog records over {len(self._cache)} unflushed writes")
-        batch = new_batch()
+        batch = self._db.new_batch()
         count, last_offset = self._stage_restored(batch, records)
         if count:
             self._db.write(batch)

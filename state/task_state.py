@@ -7,9 +7,9 @@ Commit protocol, driven by the runtime:
     producer.flush()                   # the runtime learns the changelog offsets written
     state.checkpoint(written_offsets)  # memtables → disk, then the checkpoint file
 
-On open, state that cannot be trusted is wiped and rebuilt from the changelog: an unreadable
-checkpoint wipes the whole task; a corrupt or missing database, or a database the checkpoint
-has no offset for, wipes that store. Every wipe is logged and reported with its reason.
+Where the stores' databases live is a ``TaskStorage``: RocksDB under a locked task directory
+with a checkpoint file (workers; see task_storage.py for when it wipes state), or memory (the
+test driver). The stores and this commit protocol are the same over both.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .cache import CacheLimits, RecordClock
 from .changelog import (
@@ -28,14 +27,16 @@ from .changelog import (
     TopicPartition,
     changelog_topic_name,
 )
-from .checkpoint import read_checkpoint, remove_checkpoint, write_checkpoint
+from .checkpoint import read_checkpoint
 from .errors import CheckpointCorruptedError, StateError
 from .key_value_store import KeyValueChange, KeyValueStore
+from .memory import MemoryTaskStorage
 from .restore import ProgressListener, restore_store
-from .rocksdb import DatabaseOpenError, RocksDatabase, RocksDBSettings, database_exists
+from .rocksdb import RocksDBSettings
 from .session_store import SessionChange, SessionStore
 from .store import CachedStore, Forward
 from .task_directory import CHECKPOINT_FILE, TaskDirectory, application_path, check_name
+from .task_storage import RocksDBTaskStorage, StateWipe, TaskStorage
 from .window_store import WindowChange, WindowStore
 
 log = logging.getLogger(__name__)
@@ -43,19 +44,14 @@ log = logging.getLogger(__name__)
 StoreT = TypeVar("StoreT", bound=CachedStore)
 
 
-@dataclass(frozen=True, slots=True)
-class StateWipe:
-    """Why state was thrown away on open; ``store_name`` None means the whole task."""
-
-    task_id: str
-    store_name: str | None
-    reason: str
-
-
 class TaskState:
+    """The stores of one task, their checkpoint and their restore (Kafka Streams'
+    ProcessorStateManager). Named apart from the Spark runtime's ``TaskClocks``, which keeps
+    only a Spark task's times."""
+
     def __init__(
         self,
-        state_dir: str | os.PathLike[str],
+        state_dir: str | os.PathLike[str] | None,
         application_id: str,
         task_id: str,
         changelog_partition: int,
@@ -66,7 +62,9 @@ class TaskState:
         on_wipe: Callable[[StateWipe], None] | None = None,
         checkpoint_min_records: int = 0,
     ) -> None:
-        """Lock the task directory and read its checkpoint.
+        """Lock the task directory and read its checkpoint (``state_dir`` None: the stores
+        live in memory — the test driver's backend — with no directory, lock or checkpoint
+        file; everything else, changelogs included, behaves the same).
 
         ``checkpoint_min_records`` > 0 skips checkpoints until the changelogs advanced by that
         many offsets (Kafka Streams uses 10,000): each checkpoint flushes memtables to a new
@@ -76,29 +74,21 @@ class TaskState:
         self.changelog_partition = changelog_partition
         self.wipes: list[StateWipe] = []
         self._sink = changelog_sink
-        self._settings = rocksdb_settings
         self._on_restore_progress = on_restore_progress
         self._on_wipe = on_wipe
         self._checkpoint_min_records = checkpoint_min_records
         self._stores: dict[str, CachedStore] = {}
         self._by_changelog: dict[TopicPartition, CachedStore] = {}
         self._closed = False
-        self.directory = TaskDirectory(state_dir, application_id, task_id)
-        try:
-            self._checkpointed = self._read_checkpoint()
-        except BaseException:
-            self.directory.unlock()
-            raise
-        # What the file on disk says; stores take their start positions from _checkpointed.
+        self._storage: TaskStorage = (
+            MemoryTaskStorage()
+            if state_dir is None
+            else RocksDBTaskStorage(TaskDirectory(state_dir, application_id, task_id), rocksdb_settings, self._record_wipe)
+        )
+        # Stores take their start positions from _checkpointed; _written_checkpoint is what
+        # the checkpoint file says.
+        self._checkpointed = self._storage.read_checkpoint()
         self._written_checkpoint: dict[TopicPartition, int] = dict(self._checkpointed)
-
-    def _read_checkpoint(self) -> dict[TopicPartition, int]:
-        try:
-            return read_checkpoint(self.directory.checkpoint_path) or {}
-        except CheckpointCorruptedError as error:
-            self._record_wipe(None, f"checkpoint is unusable ({error}); rebuilding every store from its changelog")
-            self.directory.wipe()
-            return {}
 
     def _record_wipe(self, store_name: str | None, reason: str) -> None:
         wipe = StateWipe(self.task_id, store_name, reason)
@@ -118,20 +108,7 @@ class TaskState:
         send_old_values: bool = False,
         record_clock: RecordClock | None = None,
     ) -> KeyValueStore:
-        return self._open_store(
-            name,
-            lambda database, changelog, position: KeyValueStore(
-                name,
-                database,
-                changelog,
-                self._sink,
-                cache_limits=cache_limits,
-                forward=forward,
-                send_old_values=send_old_values,
-                changelog_position=position,
-                record_clock=record_clock,
-            ),
-        )
+        return self._open_store(KeyValueStore, name, cache_limits=cache_limits, forward=forward, send_old_values=send_old_values, record_clock=record_clock)
 
     def window_store(
         self,
@@ -144,19 +121,7 @@ class TaskState:
         record_clock: RecordClock | None = None,
     ) -> WindowStore:
         return self._open_store(
-            name,
-            lambda database, changelog, position: WindowStore(
-                name,
-                database,
-                changelog,
-                self._sink,
-                retention_ms=retention_ms,
-                cache_limits=cache_limits,
-                forward=forward,
-                send_old_values=send_old_values,
-                changelog_position=position,
-                record_clock=record_clock,
-            ),
+            WindowStore, name, retention_ms=retention_ms, cache_limits=cache_limits, forward=forward, send_old_values=send_old_values, record_clock=record_clock
         )
 
     def session_store(
@@ -170,48 +135,22 @@ class TaskState:
         record_clock: RecordClock | None = None,
     ) -> SessionStore:
         return self._open_store(
+            SessionStore,
             name,
-            lambda database, changelog, position: SessionStore(
-                name,
-                database,
-                changelog,
-                self._sink,
-                retention_ms=retention_ms,
-                cache_limits=cache_limits,
-                forward=forward,
-                send_old_values=send_old_values,
-                changelog_position=position,
-                record_clock=record_clock,
-            ),
+            retention_ms=retention_ms,
+            cache_limits=cache_limits,
+            forward=forward,
+            send_old_values=send_old_values,
+            record_clock=record_clock,
         )
 
-    def _open_store(self, name: str, build: Callable[[RocksDatabase, TopicPartition, int | None], StoreT]) -> StoreT:
+    def _open_store(self, kind: type[StoreT], name: str, **options: Any) -> StoreT:
         self._check_open()
         if name in self._stores:
             raise StateError(f"task {self.task_id} already has a store named {name}")
-        path = self.directory.store_path(name)
         changelog = TopicPartition(changelog_topic_name(self.application_id, name), self.changelog_partition)
-        position = self._checkpointed.get(changelog)
-        if database_exists(path):
-            if position is None:
-                self._record_wipe(
-                    name,
-                    f"database has no checkpointed offset for {changelog.topic}-{changelog.partition} "
-                    "(unclean shutdown before the first checkpoint?); rebuilding from the changelog",
-                )
-                self.directory.wipe_store(name)
-        elif position is not None:
-            self._record_wipe(name, f"checkpoint has offset {position} but the database is missing; rebuilding from the changelog")
-            self.directory.wipe_store(name)
-            position = None
-        try:
-            database = RocksDatabase(path, self._settings)
-        except DatabaseOpenError as error:
-            self._record_wipe(name, f"database is corrupt ({error}); rebuilding from the changelog")
-            self.directory.wipe_store(name)
-            position = None
-            database = RocksDatabase(path, self._settings)
-        store = build(database, changelog, position)
+        database, position = self._storage.open_database(name, changelog, self._checkpointed.get(changelog))
+        store = kind(name, database, changelog, self._sink, changelog_position=position, **options)
         self._stores[name] = store
         self._by_changelog[changelog] = store
         return store
@@ -256,7 +195,7 @@ class TaskState:
                 return False
         for store in self._stores.values():
             store.flush_to_disk()  # the WAL is off: data must be on disk before the offsets are
-        write_checkpoint(self.directory.checkpoint_path, offsets)
+        self._storage.write_checkpoint(offsets)
         self._written_checkpoint = offsets
         return True
 
@@ -275,9 +214,8 @@ class TaskState:
         covers yet (exactly-once), so after a crash they must be rebuilt from their changelogs,
         not trusted. The next ``checkpoint`` (a clean close) writes the file again."""
         self._check_open()
-        if self._written_checkpoint or self.directory.checkpoint_path.exists():
-            remove_checkpoint(self.directory.checkpoint_path)
-            self._written_checkpoint = {}
+        self._storage.remove_checkpoint()
+        self._written_checkpoint = {}
 
     def _advanced_enough(self, offsets: Mapping[TopicPartition, int]) -> bool:
         if offsets.keys() - self._written_checkpoint.keys():
@@ -367,11 +305,7 @@ class TaskState:
             self._closed = True
             for store in self._stores.values():
                 store.close()
-            try:
-                if wipe:
-                    self.directory.wipe()
-            finally:
-                self.directory.unlock()
+            self._storage.release(wipe=wipe)
 
     def __enter__(self) -> TaskState:
         return self

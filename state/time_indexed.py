@@ -1,6 +1,6 @@
 """Shared machinery of window and session stores: a time index and retention.
 
-RocksDB holds two sections in one database:
+The database holds two sections:
 
 * ``0x01 + composite``                → value   (key-major: queries by key and time)
 * ``0x02 + ts(time) + composite``     → b""     (time-major: retention and fetch_all)
@@ -16,12 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from rocksdict import WriteBatch
-
 from .cache import CacheLimits, RecordClock
 from .changelog import ChangelogRecord, ChangelogSink, TopicPartition, changelog_topic_config
+from .database import OrderedBytesDatabase, WriteBatch
 from .keys import MAX_TIMESTAMP, MIN_TIMESTAMP, TIMESTAMP_BYTES, decode_timestamp, encode_timestamp
-from .rocksdb import RocksDatabase, new_batch
 from .store import CachedStore, Forward, overlay
 
 ChangeT = TypeVar("ChangeT")
@@ -72,7 +70,7 @@ class TimeIndexedStore(CachedStore[ChangeT], Retention):
     def __init__(
         self,
         name: str,
-        database: RocksDatabase,
+        database: OrderedBytesDatabase,
         changelog: TopicPartition,
         sink: ChangelogSink,
         *,
@@ -144,7 +142,7 @@ class TimeIndexedStore(CachedStore[ChangeT], Retention):
         if self.observed_stream_time is None:
             return 0
         upper = TIME_INDEX_SECTION + encode_timestamp(self.min_live_time)
-        batch = new_batch()
+        batch = self._db.new_batch()
         expired = 0
         for index_key, _ in self._db.scan(TIME_INDEX_SECTION, upper):
             batch.delete(PRIMARY_SECTION + index_key[_INDEX_PREFIX_BYTES:])

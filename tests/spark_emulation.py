@@ -30,7 +30,7 @@ from pystreams.spark.operators import (
     side_offset,
 )
 from pystreams.spark.record_errors import RecordErrors
-from pystreams.spark.state import TaskState
+from pystreams.spark.state import TaskClocks
 
 Row = tuple[bytes | None, bytes | None, int]
 
@@ -101,7 +101,7 @@ class SparkEmulator:
         self.sources = {topic: index for index, topic in enumerate(plan.source_topics)}
         self._offsets: dict[tuple[str, int], int] = {}
         self._group_states: dict[tuple[str, bytes], tuple[Any, ...] | None] = {}
-        self._task_states: dict[tuple[str, int], TaskState] = {}
+        self._task_states: dict[tuple[str, int], TaskClocks] = {}
         self._backends: dict[tuple[str, int, str], DictBackend] = {}
 
     def run_batch(self, records: Iterable[InputRecord]) -> dict[str, list[Row]]:

@@ -16,9 +16,9 @@ from pystreams.spark.compiler import KeyedPlan, TaskPlan, UnionPlan, choose_sour
 from pystreams.spark.state import (
     SparkSessionStore,
     SparkWindowStore,
-    TaskState,
-    decode_task_state,
-    encode_task_state,
+    TaskClocks,
+    decode_task_clocks,
+    encode_task_clocks,
 )
 
 # -- constructs that cannot compile ---------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_a_session_store_in_spark_state_finds_sessions_by_end_then_start() -> No
     assert short.put(b"k", 21, 21, b"kept") and short.find_sessions(b"k", 0, 100)[0].value == b"kept"
 
 
-def test_task_state_survives_its_encoding() -> None:
-    state = TaskState(stream_time=5, node_clocks={"n": 7}, store_times={"s": None}, swept_to={"s": 1}, due={"m": 9})
-    assert decode_task_state(encode_task_state(state)) == state
-    assert decode_task_state(encode_task_state(TaskState())) == TaskState()
+def test_task_clocks_survive_their_encoding() -> None:
+    state = TaskClocks(stream_time=5, node_clocks={"n": 7}, store_times={"s": None}, swept_to={"s": 1}, due={"m": 9})
+    assert decode_task_clocks(encode_task_clocks(state)) == state
+    assert decode_task_clocks(encode_task_clocks(TaskClocks())) == TaskClocks()

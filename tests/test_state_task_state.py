@@ -1,4 +1,5 @@
-"""Task state: checkpoints, restore from the changelog, wiping untrustworthy state, the lock."""
+"""Task state on disk (RocksDB): checkpoints, restore from the changelog, persistence across
+reopen, wiping untrustworthy state, the lock — and the memory backend's lack of any of it."""
 
 import json
 import subprocess
@@ -434,3 +435,44 @@ def test_flush_repeats_until_a_store_written_by_another_stores_forward_is_flushe
     assert buffer.get(b"k") == b"v"
     assert [(key, value) for _, key, value in changelog.records(TopicPartition(f"{APP}-a-buffer-changelog", PARTITION))] == [(b"k", b"v")]
     state.close()
+
+
+def test_stores_and_a_window_stores_stream_time_survive_close_and_reopen(tmp_path):
+    changelog = InMemoryChangelog()
+    state, counts, windows = open_task(tmp_path, changelog)
+    state.restore(changelog)
+    for index in range(100):
+        counts.put(b"k%03d" % index, b"v%d" % index)
+    windows.put(b"k", 0, b"a")
+    windows.put(b"k", 9_900, b"b")
+    state.flush()
+    state.checkpoint(changelog.take_written_offsets())
+    before = contents(counts, windows)
+    state.close()
+    state, counts, windows = open_task(tmp_path, changelog)
+    try:
+        assert state.wipes == []
+        assert contents(counts, windows) == before
+        assert counts.changelog_position == 100
+        assert windows.observed_stream_time == 9_900
+        assert list(windows.fetch(b"k", 0, 10_000)) == [(0, b"a"), (9_900, b"b")]
+        assert not windows.put(b"k", -200, b"expired")  # 10,000 ms behind 9,900
+    finally:
+        state.close()
+
+
+def test_memory_state_writes_no_files_and_loses_its_data_on_close(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    changelog = InMemoryChangelog()
+    with TaskState(None, "app", "0_0", 0, changelog) as state:
+        store = state.key_value_store("counts")
+        store.put(b"a", b"1")
+        state.flush()
+        assert state.checkpoint(changelog.take_written_offsets(), force=True)
+        assert state.changelog_offsets() == {TopicPartition("app-counts-changelog", 0): 1}
+    assert list(tmp_path.iterdir()) == []
+    with TaskState(None, "app", "0_0", 0, changelog) as state:
+        store = state.key_value_store("counts")
+        assert state.restore_positions() == {TopicPartition("app-counts-changelog", 0): None}
+        assert state.restore(changelog) == {"counts": 1}
+        assert store.get(b"a") == b"1"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
+import tempfile
 from typing import Any
 
 import pytest
+from pystreams.state import task_storage
 from pystreams.topology.errors import MissingSourceError
 from pystreams.topology.windows import Windowed
 
@@ -144,12 +145,19 @@ def test_dead_letters_carry_the_input_bytes_and_why() -> None:
         assert [failure.offset for failure in driver.failures] == [0]
 
 
-def test_closing_removes_the_temporary_state() -> None:
+def test_the_driver_keeps_its_stores_in_memory_and_close_ends_them(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_rocksdb(*args: Any) -> None:
+        raise AssertionError("the test driver opened a RocksDB database")
+
+    monkeypatch.setattr(task_storage, "RocksDatabase", no_rocksdb)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
     driver = TopologyTestDriver(count_per_minute_app())
-    state_dir = driver._state_dir.name
     driver.input_topic("clicks").pipe_input("u", "x", timestamp=1)
-    assert os.path.isdir(state_dir)
+    assert driver.store_contents("per-minute") == {("u", 0): 1}
+    assert list(tmp_path.iterdir()) == []  # nothing on disk
     driver.close()
-    assert not os.path.exists(state_dir)
+    with pytest.raises(RuntimeError, match="closed"):
+        driver.store_contents("per-minute")
     with TopologyTestDriver(upper_app()) as driver, pytest.raises(ValueError, match="only moves forward"):
         driver.advance_wall_clock(-1)

@@ -1,6 +1,7 @@
 """Typed views of a task's stores: what a Processor's ``context.store(name)`` returns and what
-interactive queries read. Stores hold bytes (RocksDB on the worker, Spark state on Spark);
-these apply the store's serdes, so processors see one store API on every runtime."""
+interactive queries read. Stores hold bytes behind one interface (pystreams.state.interface:
+RocksDB on the worker, memory in the test driver, Spark state on Spark); these apply the
+store's serdes, so processors see one store API on every runtime."""
 
 from __future__ import annotations
 

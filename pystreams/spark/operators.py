@@ -65,7 +65,7 @@ from .state import (
     SparkKeyValueStore,
     SparkSessionStore,
     SparkWindowStore,
-    TaskState,
+    TaskClocks,
     needs_sweep,
 )
 
@@ -514,7 +514,7 @@ class TaskStep:
 class _OpenTask:
     """One task of a ``TaskStep`` opened over its state for one micro-batch (or timer)."""
 
-    def __init__(self, step: TaskStep, partition: int, backends: Mapping[str, MapBackend], state: TaskState) -> None:
+    def __init__(self, step: TaskStep, partition: int, backends: Mapping[str, MapBackend], state: TaskClocks) -> None:
         self.step = step
         self.state = state
         self.position = position = TaskPosition(step.app_id, TaskId(step.subtopology, partition))
@@ -660,7 +660,7 @@ class _OpenTask:
             if scheduled.punctuation.type is PunctuationType.WALL_CLOCK_TIME:
                 scheduled.next_due = None
 
-    def finish(self) -> tuple[TaskState, list[OutputRow]]:
+    def finish(self) -> tuple[TaskClocks, list[OutputRow]]:
         """Flush the stores (a table's changes become output rows) and the state to keep."""
         step, out = self.step, self.out
         table = step.table
@@ -668,7 +668,7 @@ class _OpenTask:
             changes = store.flush()
             if table is not None and name == table.store:
                 out.extend(self._table_rows(table, changes))
-        state = TaskState(
+        state = TaskClocks(
             stream_time=self.position.stream_time,
             node_clocks={name: clock.observed for name, clock in self.clocks.items()},
             store_times={name: store.observed_stream_time for name, store in self.stores.items() if not isinstance(store, SparkKeyValueStore)},
@@ -718,22 +718,22 @@ class TaskRunner:
         partition: int,
         frame: Any,
         backends: Mapping[str, MapBackend],
-        state: TaskState | None,
+        state: TaskClocks | None,
         now_ms: int,
-    ) -> tuple[TaskState, list[OutputRow], list[int]]:
+    ) -> tuple[TaskClocks, list[OutputRow], list[int]]:
         """One micro-batch of the task's rows, in worker order. Returns the state to keep, the
         rows to emit and the wall-clock due times newly scheduled."""
-        task = _OpenTask(self.step, partition, backends, state or TaskState())
+        task = _OpenTask(self.step, partition, backends, state or TaskClocks())
         task.process(frame)
         scheduled = self._wall_clock(task, now_ms)
         new_state, out = task.finish()
         return new_state, out, scheduled
 
     def on_timer(
-        self, partition: int, backends: Mapping[str, MapBackend], state: TaskState | None, now_ms: int
-    ) -> tuple[TaskState, list[OutputRow], list[int]]:
+        self, partition: int, backends: Mapping[str, MapBackend], state: TaskClocks | None, now_ms: int
+    ) -> tuple[TaskClocks, list[OutputRow], list[int]]:
         """A processing-time timer: run the wall-clock punctuations due now."""
-        task = _OpenTask(self.step, partition, backends, state or TaskState())
+        task = _OpenTask(self.step, partition, backends, state or TaskClocks())
         fired = task.fire_wall_clock(now_ms) if self.step.wall_clock_timers else []
         new_state, out = task.finish()
         return new_state, out, fired
@@ -771,7 +771,7 @@ class _MapStateBackend:
 
 def task_operator(step: TaskStep) -> Any:
     """A ``StatefulProcessor`` for ``transformWithStateInPandas`` grouped by ``task``: each
-    store is a ``MapState`` of key bytes -> bytes, the ``TaskState`` one ``ValueState``;
+    store is a ``MapState`` of key bytes -> bytes, the ``TaskClocks`` one ``ValueState``;
     wall-clock punctuations are processing-time timers.
 
     The step travels pickled and is unpickled on first use: Spark also runs ``init`` in a
@@ -781,7 +781,7 @@ def task_operator(step: TaskStep) -> Any:
     from pyspark import cloudpickle
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    from .state import decode_task_state, encode_task_state
+    from .state import decode_task_clocks, encode_task_clocks
 
     pickled_step = cloudpickle.dumps(step)
     store_names = tuple(spec.name for spec in step.stores)
@@ -803,16 +803,16 @@ def task_operator(step: TaskStep) -> Any:
                 self._runner = TaskRunner(pickle.loads(pickled_step))
             return self._runner
 
-        def _state(self) -> TaskState | None:
-            return decode_task_state(self.task_state.get()[0]) if self.task_state.exists() else None
+        def _state(self) -> TaskClocks | None:
+            return decode_task_clocks(self.task_state.get()[0]) if self.task_state.exists() else None
 
-        def _finish(self, state: TaskState, out: list[Any], timers: list[int]) -> Iterator[Any]:
+        def _finish(self, state: TaskClocks, out: list[Any], timers: list[int]) -> Iterator[Any]:
             if has_wall_clock and backfill:
                 for timer in list(self.handle.listTimers()):  # left by a streaming run
                     self.handle.deleteTimer(timer)
             for due in timers:
                 self.handle.registerTimer(due)
-            self.task_state.update((encode_task_state(state),))
+            self.task_state.update((encode_task_clocks(state),))
             if out:
                 yield _rows_frame(out)
 

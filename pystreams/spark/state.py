@@ -1,4 +1,5 @@
-"""A task's stores on Spark: the byte-store interfaces the kernels use, kept in Spark state.
+"""A task's stores on Spark: the Spark backend of the one store interface
+(``pystreams.state.interface``), kept in Spark state.
 
 The Spark runtime runs a stateful node the way a worker runs its task (grouped by task, the
 node's kernel over the task's stores); these are those stores. Each keeps its entries in a
@@ -14,10 +15,12 @@ it would see in the worker's RocksDB stores.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from pystreams.state.interface import KeyValueBytesStore, SessionBytesStore, WindowBytesStore
+from pystreams.state.keys import MAX_TIMESTAMP
 from pystreams.state.session_store import Session
 from pystreams.state.time_indexed import Retention
 from pystreams.state.window_store import WindowedValue
@@ -231,6 +234,13 @@ class SparkWindowStore(_TimedStore):
         found.sort(key=lambda window: (window.window_start, window.key))
         return found
 
+    def all(self) -> list[WindowedValue]:
+        """Every live window, by key then start."""
+        live = self.min_live_time
+        found = [WindowedValue(key, start, value) for key, entries in self._every_key() for start, value in entries.items() if start >= live]
+        found.sort(key=lambda window: (window.key, window.window_start))
+        return found
+
 
 class SparkSessionStore(_TimedStore):
     """Values per (key, session start, session end), retention on the end."""
@@ -258,6 +268,10 @@ class SparkSessionStore(_TimedStore):
         )
         return [Session(key, start, end, sessions[(start, end)]) for start, end in bounds]
 
+    def fetch(self, key: bytes) -> list[Session]:
+        """Every live session of ``key``, by end then start."""
+        return self.find_sessions(key, self.min_live_time, MAX_TIMESTAMP)
+
     def put(self, key: bytes, start: int, end: int, value: bytes | None) -> bool:
         if start > end:
             raise ValueError(f"session start {start} is after its end {end}")
@@ -271,6 +285,13 @@ class SparkSessionStore(_TimedStore):
         end_from = max(end_from, self.min_live_time)
         found = [Session(key, start, end, value) for key, entries in self._every_key() for (start, end), value in entries.items() if end_from <= end <= end_to]
         found.sort(key=lambda session: (session.end, session.key, session.start))
+        return found
+
+    def all(self) -> list[Session]:
+        """Every live session, by key, then end, then start."""
+        live = self.min_live_time
+        found = [Session(key, start, end, value) for key, entries in self._every_key() for (start, end), value in entries.items() if end >= live]
+        found.sort(key=lambda session: (session.key, session.end, session.start))
         return found
 
     def flush(self) -> list[tuple[bytes, int, int, bytes | None]]:
@@ -294,8 +315,9 @@ class GroupKeyStore:
         self.changed = True
 
 
-class TaskState(msgspec.Struct, omit_defaults=True):
-    """What a task operator keeps besides its stores (one ``ValueState``): the task's stream
+class TaskClocks(msgspec.Struct, omit_defaults=True):
+    """What a task operator keeps besides its stores (one ``ValueState``), all times: the
+    task's stream
     time, its windowed nodes' stream times, each store's newest time and how far it was last
     swept, and when each punctuation is next due."""
 
@@ -306,18 +328,18 @@ class TaskState(msgspec.Struct, omit_defaults=True):
     due: dict[str, int | None] = {}
 
 
-_encode_task_state = msgspec.msgpack.Encoder().encode
-_decode_task_state = msgspec.msgpack.Decoder(TaskState).decode
+_encode_task_clocks = msgspec.msgpack.Encoder().encode
+_decode_task_clocks = msgspec.msgpack.Decoder(TaskClocks).decode
 
 
 # Functions, not the codec's bound methods: Spark pickles what an operator refers to, and
 # msgspec codecs do not pickle.
-def encode_task_state(state: TaskState) -> bytes:
-    return _encode_task_state(state)
+def encode_task_clocks(clocks: TaskClocks) -> bytes:
+    return _encode_task_clocks(clocks)
 
 
-def decode_task_state(data: bytes) -> TaskState:
-    return _decode_task_state(data)
+def decode_task_clocks(data: bytes) -> TaskClocks:
+    return _decode_task_clocks(data)
 
 
 def needs_sweep(store: Retention, swept_to: int | None) -> bool:
@@ -325,3 +347,9 @@ def needs_sweep(store: Retention, swept_to: int | None) -> bool:
     retention horizon moved a full retention past the last sweep, so sweeps stay rare."""
     live = store.min_live_time
     return swept_to is None or live - swept_to >= store.retention_ms
+
+
+if TYPE_CHECKING:  # mypy checks that the Spark stores sit behind the one store interface
+    _key_value_store: type[KeyValueBytesStore] = SparkKeyValueStore
+    _window_store: type[WindowBytesStore] = SparkWindowStore
+    _session_store: type[SessionBytesStore] = SparkSessionStore

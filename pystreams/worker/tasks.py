@@ -32,7 +32,7 @@ class StreamTask:
         resolved: ResolvedTopology,
         task_id: TaskId,
         *,
-        state_dir: str | os.PathLike[str],
+        state_dir: str | os.PathLike[str] | None,
         sender: Sender,
         errors: ErrorHandling,
         cache_limits: CacheLimits,
