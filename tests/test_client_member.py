@@ -19,8 +19,8 @@ from pystreams.client.member import (
     ASSIGNOR_FAILED,
     AssignmentAbandoned,
     AssignmentInstalled,
+    ConsumerGroupMember,
     CoordinatorUnavailable,
-    GroupMember,
     InstanceIdUnreleased,
     LeftGroup,
     MemberConfig,
@@ -102,13 +102,13 @@ def error_response(code: int, message: str | None = None) -> ConsumerGroupHeartb
     return hb_response(epoch=0, error=code, error_message=message, interval=0)
 
 
-def member(**config) -> GroupMember:
+def member(**config) -> ConsumerGroupMember:
     config.setdefault("group_id", "g")
     config.setdefault("retry_backoff_ms", BACKOFF)
-    return GroupMember(MemberConfig(**config))
+    return ConsumerGroupMember(MemberConfig(**config))
 
 
-def only_heartbeat(m: GroupMember, now: int) -> ConsumerGroupHeartbeatRequest:
+def only_heartbeat(m: ConsumerGroupMember, now: int) -> ConsumerGroupHeartbeatRequest:
     requests = m.poll(now)
     assert len(requests) == 1, requests
     assert isinstance(requests[0], ConsumerGroupHeartbeatRequest)
@@ -120,7 +120,7 @@ def owned_in(request: ConsumerGroupHeartbeatRequest):
     return PartitionSet.from_wire(request.topic_partitions)
 
 
-def join(m: GroupMember, now: int = 0, *, epoch: int = 1, assigned=None, pending=frozenset(), topics=("foo",), **response):
+def join(m: ConsumerGroupMember, now: int = 0, *, epoch: int = 1, assigned=None, pending=frozenset(), topics=("foo",), **response):
     """Subscribe, send the join heartbeat and answer it; returns the join request."""
     m.subscribe(topics=topics)
     request = only_heartbeat(m, now)
@@ -802,7 +802,7 @@ def install_response(error: int = 0) -> ConsumerGroupInstallAssignmentResponse:
     return ConsumerGroupInstallAssignmentResponse(throttle_time_ms=0, error_code=error, error_message=None)
 
 
-def computing_member(assignor: RecordingAssignor) -> tuple[GroupMember, int]:
+def computing_member(assignor: RecordingAssignor) -> tuple[ConsumerGroupMember, int]:
     """A joined member told to compute the assignment; returns it and the current time."""
     m = member(client_assignors=[assignor])
     join(m, 0, epoch=6, should_compute=True)

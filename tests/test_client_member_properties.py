@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pystreams.client.member import (
-    GroupMember,
+    ConsumerGroupMember,
     LeftGroup,
     MemberConfig,
     MemberState,
@@ -83,7 +83,7 @@ operations = st.sampled_from(["tick", "answer", "answer", "answer", "fail", "fen
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_member_invariants_hold_under_random_answers(data):
-    m = GroupMember(MemberConfig(group_id="g", retry_backoff_ms=10))
+    m = ConsumerGroupMember(MemberConfig(group_id="g", retry_backoff_ms=10))
     m.subscribe(topics=["foo"])
     model = Model()
     now = 0

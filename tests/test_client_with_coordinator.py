@@ -17,7 +17,7 @@ from pystreams.assignors.api import (
 )
 
 from pystreams.client.member import (
-    GroupMember,
+    ConsumerGroupMember,
     MemberConfig,
     MemberFailed,
     MemberState,
@@ -53,7 +53,7 @@ class RoundRobinAssignor:
         pass
 
 
-def run(seed: int, client_side: bool, steps: int = 2_500, drop: float = 0.05) -> list[GroupMember]:
+def run(seed: int, client_side: bool, steps: int = 2_500, drop: float = 0.05) -> list[ConsumerGroupMember]:
     rnd = random.Random(seed)
     config = CoordinatorConfig(
         session_timeout_ms=3_000,
@@ -68,15 +68,15 @@ def run(seed: int, client_side: bool, steps: int = 2_500, drop: float = 0.05) ->
     now = 0
     shard.update_topics({"foo": TopicMetadata(FOO, "foo", 6), "bar": TopicMetadata(BAR, "bar", 3)}, now)
 
-    def new_member() -> GroupMember:
+    def new_member() -> ConsumerGroupMember:
         assignors = {"client_assignors": [RoundRobinAssignor()]} if client_side else {"server_assignor": "uniform"}
-        member = GroupMember(MemberConfig(group_id="g", session_timeout_ms=3_000, rebalance_timeout_ms=2_000, **assignors))
+        member = ConsumerGroupMember(MemberConfig(group_id="g", session_timeout_ms=3_000, rebalance_timeout_ms=2_000, **assignors))
         member.subscribe(topics=["foo", "bar"])
         return member
 
     members = [new_member() for _ in range(3)]
-    in_flight: list[tuple[int, str, GroupMember, object, object]] = []
-    revocations: list[tuple[int, GroupMember, int]] = []
+    in_flight: list[tuple[int, str, ConsumerGroupMember, object, object]] = []
+    revocations: list[tuple[int, ConsumerGroupMember, int]] = []
     for step in range(steps):
         now += rnd.randint(1, 30)
         shard.expire(now)

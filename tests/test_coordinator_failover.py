@@ -1,7 +1,7 @@
 """Coordinator fail-over with real processes: ``python -m pystreams.commands.coordinator --log
 kafka`` against the embedded broker, members speaking the Kafka protocol over TCP.
 
-The members are the real :class:`~pystreams.client.member.GroupMember` state machine driven by a
+The members are the real :class:`~pystreams.client.member.ConsumerGroupMember` state machine driven by a
 small asyncio loop written for these tests (one connection per member, requests built from
 ``pystreams.protocol.messages``). The coordinator is killed with SIGKILL while a member is in
 the middle of revoking; a new process on the same log must have the same groups, and the
@@ -36,7 +36,7 @@ from kafka.structs import TopicPartition
 
 from pystreams.broker import free_port, responds_to_kafka
 from pystreams.client.member import (
-    GroupMember,
+    ConsumerGroupMember,
     MemberConfig,
     MemberState,
     PartitionsLost,
@@ -191,12 +191,12 @@ class Connection:
 
 
 class WireMember:
-    """Drives one GroupMember over TCP. Revocations are completed at once unless held."""
+    """Drives one ConsumerGroupMember over TCP. Revocations are completed at once unless held."""
 
     def __init__(self, name: str, group_id: str, topic: str, address: tuple[str, int]) -> None:
         self.name = name
         self.address = address
-        self.member = GroupMember(MemberConfig(group_id=group_id, client_id=name, rebalance_timeout_ms=60_000, server_assignor="uniform"))
+        self.member = ConsumerGroupMember(MemberConfig(group_id=group_id, client_id=name, rebalance_timeout_ms=60_000, server_assignor="uniform"))
         self.member.subscribe(topics=[topic])
         self.connection: Connection | None = None
         self.sent: list = []  # every request, in order

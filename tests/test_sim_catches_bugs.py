@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 import pystreams.coordinator.consumer as consumer
-from pystreams.client.member import GroupMember
+from pystreams.client.member import ConsumerGroupMember
 from pystreams.coordinator import records
 from pystreams.coordinator.consumer_group import ConsumerGroup
 from pystreams.coordinator.context import ShardContext
@@ -115,7 +115,7 @@ def test_a_member_that_never_gives_up_partitions_on_its_own_is_caught(monkeypatc
     """The member client's safety timers (session and revocation guards) are what keep a
     member cut off from the coordinator from processing partitions the coordinator has
     already handed on; switched off, the simulator sees both owners."""
-    caught(monkeypatch, lambda patch: patch.setattr(GroupMember, "_check_timeouts", lambda self, now_ms: None), CUTS, {"double-ownership"})
+    caught(monkeypatch, lambda patch: patch.setattr(ConsumerGroupMember, "_check_timeouts", lambda self, now_ms: None), CUTS, {"double-ownership"})
 
 
 def test_requests_that_overtake_each_other_break_kip848_exclusivity():

@@ -83,17 +83,14 @@ from pystreams.client.classic_leader import (
     to_ids,
     to_names,
 )
-from pystreams.client.common import Revocations, parse_subscription
+from pystreams.client.common import MemberBase, parse_subscription
 from pystreams.client.common import Subscription as _Subscription
 from pystreams.client.events import (
     CoordinatorUnavailable,
     LeftGroup,
-    MemberEvent,
     MemberFailed,
-    MemberFatalError,
     MemberState,
     PartitionsAssigned,
-    PartitionsLost,
     error_name,
 )
 from pystreams.client.topics import TopicResolver
@@ -269,61 +266,66 @@ class _LeaderMemory:
     topic_partition_counts: dict[str, int | None] = field(default_factory=dict)
 
 
-class ClassicGroupMember:
-    """One classic-protocol member. See the module docstring."""
+@dataclass
+class _Session:
+    """What one membership builds up, from its JoinGroup to a reset, a leave or a failure; each
+    replaces it whole (``_Session(...)``), keeping on purpose only what its call names."""
+
+    #: Who the group says this member is (Kafka's ``Generation``), and who leads it.
+    generation: int = NO_GENERATION
+    member_id: str = ""
+    protocol_name: str | None = None
+    leader_id: str = ""
+    rejoin_needed: bool = False
+    rejoin_reason: str = ""
+    needs_join_prepare: bool = True
+    join_due_ms: int | None = None  # None: as soon as possible
+    heartbeat_due_ms: int | None = None
+    heartbeat_asap: bool = False
+    leave_due: bool = False
+    leave_epoch: int | None = None
+    #: Send time of the latest request answered without error: the coordinator restarted the
+    #: member's session no earlier than that.
+    last_answered_send_ms: int | None = None
+    #: The coordinator's rebalance timer for this member started no earlier than this: the
+    #: send time of the last request answered before a heartbeat first said
+    #: REBALANCE_IN_PROGRESS (a classic group's rebalance may begin right after that answer).
+    rebalance_heard_ms: int | None = None
+    #: Send time of the last JoinGroup answered until a SyncGroup succeeds: the coordinator
+    #: answered it (and started waiting for this member's sync) no earlier than that.
+    sync_awaited_since_ms: int | None = None
+    leader: _LeaderMemory | None = None
+
+
+class ClassicGroupMember(MemberBase):
+    """One classic-protocol member (``group.protocol=classic``). See the module docstring."""
 
     def __init__(self, config: ClassicMemberConfig, topics: TopicResolver) -> None:
+        super().__init__()
         self.config = config
         self.topics = topics
         self.rebalance_protocol = config.rebalance_protocol
         self._protocols = [_Protocol(a, BUILTIN_ASSIGNORS[a][0](), None) if isinstance(a, str) else _Protocol(a.name, a, a) for a in config.assignors]
         self._state = ClassicState.UNJOINED
-        self._member_id = ""
-        self._generation = NO_GENERATION
-        self._protocol_name: str | None = None
-        self._leader_id = ""
         self._subscription: _Subscription | None = None
+        self._session = _Session()
+        # What the last JoinGroup reported, whatever happened since: the leader acts on it.
         self._joined_topics: tuple[str, ...] = ()
         self._joined_user_data: dict[str, bytes] = {}
         #: What the last JoinGroup reported owning: the leader withholds those partitions from
         #: any new owner until this member rejoins without them (KIP-429).
         self._joined_owned: PartitionSet = NO_PARTITIONS
-        self._closed = False
-        self._fatal_error: str | None = None
-
-        self._owned: PartitionSet = NO_PARTITIONS
-        self._revocations = Revocations()
-        #: Assigned by the last SyncGroup but held back until this member's revocations are done.
+        #: Assigned by the last SyncGroup but held back until this member's revocations are done;
+        #: goes with the owned partitions (lost with them).
         self._pending_assigned: PartitionSet = NO_PARTITIONS
-
-        self._rejoin_needed = False
-        self._rejoin_reason = ""
-        self._needs_join_prepare = True
         self._lost_error = _UNKNOWN_MEMBER_ID  # what a reset's lost partitions are reported with
-        self._join_due_ms: int | None = None  # None: as soon as possible
-        self._join: _InFlight | None = None
+        # Requests on the wire. A reset does not drop them: each answer is checked against the
+        # generation it was sent in (``_generation_unchanged``).
         self._sync_request: SyncGroupRequest | None = None  # built from the JoinGroup answer
+        self._join: _InFlight | None = None
         self._sync: _InFlight | None = None
         self._heartbeat: _InFlight | None = None
-        self._heartbeat_due_ms: int | None = None
-        self._heartbeat_asap = False
         self._leave: _InFlight | None = None
-        self._leave_due = False
-        self._leave_epoch: int | None = None
-        #: Send time of the latest request answered without error: the coordinator restarted the
-        #: member's session no earlier than that.
-        self._last_answered_send_ms: int | None = None
-        #: The coordinator's rebalance timer for this member started no earlier than this: the
-        #: send time of the last request answered before a heartbeat first said
-        #: REBALANCE_IN_PROGRESS (a classic group's rebalance may begin right after that answer).
-        self._rebalance_heard_ms: int | None = None
-        #: Send time of the last JoinGroup answered until a SyncGroup succeeds: the coordinator
-        #: answered it (and started waiting for this member's sync) no earlier than that.
-        self._sync_awaited_since_ms: int | None = None
-        self._leader: _LeaderMemory | None = None
-
-        self._now_ms = 0
-        self._events: list[MemberEvent] = []
 
     # ------------------------------------------------------------------ observation
 
@@ -339,9 +341,9 @@ class ClassicGroupMember:
             return MemberState.UNSUBSCRIBED
         if self._revocations:
             return MemberState.RECONCILING
-        if state is ClassicState.STABLE and not self._rejoin_needed:
+        if state is ClassicState.STABLE and not self._session.rejoin_needed:
             return MemberState.STABLE
-        if state is ClassicState.UNJOINED or self._generation == NO_GENERATION:
+        if state is ClassicState.UNJOINED or self._session.generation == NO_GENERATION:
             return MemberState.JOINING
         return MemberState.ACKNOWLEDGING  # in the group, completing a rebalance
 
@@ -351,32 +353,24 @@ class ClassicGroupMember:
 
     @property
     def member_id(self) -> str:
-        return self._member_id
+        return self._session.member_id
 
     @property
     def member_epoch(self) -> int:
         """The generation (-1 when none): what offset commits carry."""
-        return self._generation
+        return self._session.generation
 
     @property
     def generation(self) -> int:
-        return self._generation
+        return self._session.generation
 
     @property
     def protocol_name(self) -> str | None:
-        return self._protocol_name
+        return self._session.protocol_name
 
     @property
     def is_leader(self) -> bool:
-        return bool(self._member_id) and self._leader_id == self._member_id
-
-    @property
-    def owned_partitions(self) -> PartitionSet:
-        return self._owned
-
-    @property
-    def revoking_partitions(self) -> PartitionSet:
-        return self._revocations.partitions
+        return bool(self._session.member_id) and self._session.leader_id == self._session.member_id
 
     @property
     def pending_partitions(self) -> PartitionSet:
@@ -387,38 +381,22 @@ class ClassicGroupMember:
         return self.config.heartbeat_interval_ms
 
     @property
-    def fatal_error(self) -> str | None:
-        return self._fatal_error
-
-    @property
     def computing_assignment(self) -> bool:
         return False  # the leader computes synchronously, inside on_response
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def take_events(self) -> list[MemberEvent]:
-        events, self._events = self._events, []
-        return events
 
     # ------------------------------------------------------------------ application API
 
     def subscribe(self, topics: Iterable[str] | None = None, regex: str | None = None) -> None:
         """Subscribe to topic names or to one RE2 regex (matched here, against the resolver's
         topics, as Kafka's classic consumer matches patterns); (re)join."""
-        self._raise_if_failed()
-        if self._closed:
-            raise RuntimeError("the member is closed")
-        if self._state is ClassicState.LEAVING:
-            raise RuntimeError("the member is leaving the group; subscribe once it has left")
+        self._check_may_subscribe(leaving=self._state is ClassicState.LEAVING)
         subscription = parse_subscription(topics, regex)
         if subscription.regex:
             _compile(subscription.regex)  # matched here, not by the coordinator: a bad pattern fails now
         changed = subscription != self._subscription
         self._subscription = subscription
         if changed or self._state is ClassicState.UNJOINED:
-            self._request_rejoin("subscription changed" if self._generation != NO_GENERATION else "joining")
+            self._request_rejoin("subscription changed" if self._session.generation != NO_GENERATION else "joining")
 
     def request_rejoin(self, reason: str = "requested by the application") -> None:
         """Rebalance the group (Kafka's ``enforceRebalance``)."""
@@ -429,7 +407,7 @@ class ClassicGroupMember:
         """Heartbeat now; and rejoin when a client-side assignor's metadata asks for a rebalance
         (a non-zero reason with metadata the group has not seen), as a KIP-848 member's would."""
         if self._state in (ClassicState.COMPLETING_REBALANCE, ClassicState.STABLE):
-            self._heartbeat_asap = True
+            self._session.heartbeat_asap = True
         self._check_assignor_reasons()
 
     def metadata_changed(self) -> None:
@@ -441,7 +419,7 @@ class ClassicGroupMember:
             if self._current_topics() != self._joined_topics:
                 self._request_rejoin("the topics matching the subscription changed")
                 return
-        leader = self._leader
+        leader = self._session.leader
         if leader is not None and self.is_leader and self._state is ClassicState.STABLE:
             counts = {name: (t.num_partitions if (t := self.topics.topic(name)) else None) for name in leader.topic_partition_counts}
             if counts != leader.topic_partition_counts:
@@ -466,20 +444,20 @@ class ClassicGroupMember:
         if self._state in (ClassicState.LEAVING, ClassicState.FATAL) or self._subscription is None:
             return
         static = self.config.instance_id is not None
-        in_group = bool(self._member_id) and self._state is not ClassicState.UNJOINED
+        in_group = bool(self._session.member_id) and self._state is not ClassicState.UNJOINED
         send = in_group and (not static or permanent)
         if send:
-            self._leave_epoch = LEAVE_EPOCH
+            self._session.leave_epoch = LEAVE_EPOCH
         elif static and in_group:
-            self._leave_epoch = LEAVE_STATIC_EPOCH  # the session keeps its place: KIP-848's -2
+            self._session.leave_epoch = LEAVE_STATIC_EPOCH  # the session keeps its place: KIP-848's -2
         else:
-            self._leave_epoch = None
-        self._leave_due = send
-        reset = self._generation == NO_GENERATION or not self._member_id
+            self._session.leave_epoch = None
+        self._session.leave_due = send
+        reset = self._session.generation == NO_GENERATION or not self._session.member_id
         self._state = ClassicState.LEAVING
         self._join = self._sync = None  # their answers no longer matter
         self._sync_request = None
-        self._rejoin_needed = False
+        self._session.rejoin_needed = False
         self._pending_assigned = NO_PARTITIONS
         if lose:
             self._lose_owned(0)
@@ -487,14 +465,9 @@ class ClassicGroupMember:
             if reset:
                 self._lose_owned(self._lost_error)
             else:
-                self._start_revocation(self._owned)
+                self._revoke(self._owned)
         if not self._revocations:
             self._after_leave_revocations()
-
-    def close(self, now_ms: int) -> None:
-        """Leave (as :meth:`leave`) and refuse any later subscribe."""
-        self._closed = True
-        self.leave(now_ms)
 
     # ------------------------------------------------------------------ driver API
 
@@ -512,19 +485,19 @@ class ClassicGroupMember:
         if self._state is ClassicState.FATAL:
             return requests
         if self._state is ClassicState.LEAVING:
-            if self._leave_due and self._leave is None and not self._revocations:
+            if self._session.leave_due and self._leave is None and not self._revocations:
                 requests.append(self._send_leave(now_ms))
             if self._revocations and self._heartbeat_wanted() and self._heartbeat_due(now_ms):
                 requests.append(self._send_heartbeat(now_ms))
             return requests
         if self._subscription is None:
             return requests
-        if self._state is ClassicState.STABLE and not self._rejoin_needed and self._heartbeat_due(now_ms):
+        if self._state is ClassicState.STABLE and not self._session.rejoin_needed and self._heartbeat_due(now_ms):
             self._check_assignor_reasons()  # costs a metadata() call, so only when heartbeating
         if self._join_wanted():
-            if self._needs_join_prepare:
+            if self._session.needs_join_prepare:
                 self._join_prepare()
-            if not self._revocations and (self._join_due_ms is None or now_ms >= self._join_due_ms):
+            if not self._revocations and (self._session.join_due_ms is None or now_ms >= self._session.join_due_ms):
                 requests.append(self._send_join(now_ms))
         if self._sync_request is not None and self._sync is None:
             requests.append(self._send_sync(now_ms))
@@ -539,15 +512,15 @@ class ClassicGroupMember:
         if self._state is ClassicState.FATAL:
             return None
         if self._state is ClassicState.LEAVING:
-            if self._leave_due and self._leave is None and not self._revocations:
+            if self._session.leave_due and self._leave is None and not self._revocations:
                 deadlines.append(now)
         elif self._subscription is not None:
-            if self._join_wanted() and (self._needs_join_prepare or not self._revocations):
-                deadlines.append(now if self._join_due_ms is None or self._needs_join_prepare else self._join_due_ms)
+            if self._join_wanted() and (self._session.needs_join_prepare or not self._revocations):
+                deadlines.append(now if self._session.join_due_ms is None or self._session.needs_join_prepare else self._session.join_due_ms)
             if self._sync_request is not None and self._sync is None:
                 deadlines.append(now)
         if self._heartbeat_wanted() and (self._state is not ClassicState.LEAVING or self._revocations):
-            deadlines.append(now if self._heartbeat_asap or self._heartbeat_due_ms is None else self._heartbeat_due_ms)
+            deadlines.append(now if self._session.heartbeat_asap or self._session.heartbeat_due_ms is None else self._session.heartbeat_due_ms)
         deadlines.extend(d for d in (self._session_deadline(), self._rebalance_deadline(), self._join_deadline()) if d is not None)
         return min(deadlines) if deadlines else None
 
@@ -573,13 +546,13 @@ class ClassicGroupMember:
         self._advance(now_ms)
         if self._join is not None and request is self._join.request:
             self._join = None
-            self._join_due_ms = now_ms + self.config.retry_backoff_ms
+            self._session.join_due_ms = now_ms + self.config.retry_backoff_ms
         elif self._sync is not None and request is self._sync.request:
             self._sync = None
             self._rejoin_after(now_ms + self.config.retry_backoff_ms, "SyncGroup failed")
         elif self._heartbeat is not None and request is self._heartbeat.request:
             self._heartbeat = None
-            self._heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
+            self._session.heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
         elif self._leave is not None and request is self._leave.request:
             self._leave = None
             self._finish_leave()  # best effort, as Kafka's consumer: no retry
@@ -588,7 +561,7 @@ class ClassicGroupMember:
 
     def _join_wanted(self) -> bool:
         return (
-            self._rejoin_needed
+            self._session.rejoin_needed
             and self._join is None
             and self._sync is None
             and self._sync_request is None
@@ -596,30 +569,30 @@ class ClassicGroupMember:
         )
 
     def _request_rejoin(self, reason: str) -> None:
-        if not self._rejoin_needed:
+        if not self._session.rejoin_needed:
             log.debug("group %s: rejoining: %s", self.config.group_id, reason)
-        self._rejoin_needed = True
-        self._rejoin_reason = reason
+        self._session.rejoin_needed = True
+        self._session.rejoin_reason = reason
 
     def _rejoin_after(self, due_ms: int | None, reason: str) -> None:
         self._request_rejoin(reason)
-        self._join_due_ms = due_ms
+        self._session.join_due_ms = due_ms
 
     def _join_prepare(self) -> None:
         """Kafka's ``onJoinPrepare``: lose (after a reset), revoke all (eager), or revoke the
         partitions of topics no longer subscribed (cooperative)."""
-        self._needs_join_prepare = False
+        self._session.needs_join_prepare = False
         if not self._owned:
             return
-        if self._generation == NO_GENERATION or not self._member_id:
+        if self._session.generation == NO_GENERATION or not self._session.member_id:
             self._lose_owned(self._lost_error)
         elif self.rebalance_protocol is RebalanceProtocol.EAGER:
-            self._start_revocation(self._owned)
+            self._revoke(self._owned)
         else:
             topics = set(self._current_topics())
             unsubscribed = PartitionSet({t: ps for t, ps in self._owned.by_topic.items() if self.topics.name_of(t) not in topics})
             if unsubscribed:
-                self._start_revocation(unsubscribed)
+                self._revoke(unsubscribed)
 
     def _current_topics(self) -> tuple[str, ...]:
         assert self._subscription is not None
@@ -649,7 +622,7 @@ class ClassicGroupMember:
                         topics=topics,
                         user_data=user_data[p.name],
                         owned_partitions=owned,
-                        generation_id=self._generation,
+                        generation_id=self._session.generation,
                         rack_id=self.config.rack_id,
                     ),
                     SUBSCRIPTION_VERSION,
@@ -661,36 +634,36 @@ class ClassicGroupMember:
             group_id=self.config.group_id,
             session_timeout_ms=self.config.session_timeout_ms,
             rebalance_timeout_ms=self.config.rebalance_timeout_ms,
-            member_id=self._member_id,
+            member_id=self._session.member_id,
             group_instance_id=self.config.instance_id,
             protocol_type=PROTOCOL_TYPE,
             protocols=protocols,
-            reason=self._rejoin_reason[:_REASON_MAX_CHARS] or None,
+            reason=self._session.rejoin_reason[:_REASON_MAX_CHARS] or None,
         )
         self._state = ClassicState.PREPARING_REBALANCE
-        self._join = _InFlight(request, now_ms, self._generation, self._member_id)
-        self._join_due_ms = None
+        self._join = _InFlight(request, now_ms, self._session.generation, self._session.member_id)
+        self._session.join_due_ms = None
         self._joined_topics = topics
         self._joined_user_data = {name: data for name, data in user_data.items() if data is not None}
         self._joined_owned = self._owned
-        self._heartbeat_asap = False
+        self._session.heartbeat_asap = False
         return request
 
     def _on_join_response(self, in_flight: _InFlight, response: JoinGroupResponse, now_ms: int) -> None:
         code = response.error_code
-        self._rebalance_heard_ms = None  # the coordinator has the join: rejoined in time
+        self._session.rebalance_heard_ms = None  # the coordinator has the join: rejoined in time
         if code == _NONE:
             if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
                 self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"JoinGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
                 return
             self._state = ClassicState.COMPLETING_REBALANCE
-            self._generation = response.generation_id
-            self._member_id = response.member_id
-            self._protocol_name = response.protocol_name
-            self._leader_id = response.leader or ""
-            self._last_answered_send_ms = in_flight.sent_at_ms
-            self._sync_awaited_since_ms = in_flight.sent_at_ms
-            self._heartbeat_due_ms = now_ms + self.config.heartbeat_interval_ms
+            self._session.generation = response.generation_id
+            self._session.member_id = response.member_id
+            self._session.protocol_name = response.protocol_name
+            self._session.leader_id = response.leader or ""
+            self._session.last_answered_send_ms = in_flight.sent_at_ms
+            self._session.sync_awaited_since_ms = in_flight.sent_at_ms
+            self._session.heartbeat_due_ms = now_ms + self.config.heartbeat_interval_ms
             assignments: dict[str, bytes] = {}
             if self.is_leader and response.skip_assignment:
                 self._watch_as_returning_leader(response)
@@ -702,36 +675,36 @@ class ClassicGroupMember:
                     return
             self._sync_request = SyncGroupRequest(
                 group_id=self.config.group_id,
-                generation_id=self._generation,
-                member_id=self._member_id,
+                generation_id=self._session.generation,
+                member_id=self._session.member_id,
                 group_instance_id=self.config.instance_id,
                 protocol_type=PROTOCOL_TYPE,
-                protocol_name=self._protocol_name,
+                protocol_name=self._session.protocol_name,
                 assignments=[
                     SyncGroupRequest.SyncGroupRequestAssignment(member_id=member_id, assignment=data) for member_id, data in sorted(assignments.items())
                 ],
             )
         elif code == _MEMBER_ID_REQUIRED:
             # KIP-394: join again, at once, with the id the coordinator has reserved for us.
-            self._member_id = response.member_id
-            self._generation, self._protocol_name = NO_GENERATION, None
-            self._join_due_ms = None
+            self._session.member_id = response.member_id
+            self._session.generation, self._session.protocol_name = NO_GENERATION, None
+            self._session.join_due_ms = None
         elif code == _UNKNOWN_MEMBER_ID:
             if self._generation_unchanged(in_flight):
                 self._reset(code, reset_member_id=True)
-            self._join_due_ms = None
+            self._session.join_due_ms = None
         elif code == _ILLEGAL_GENERATION:
             # Kafka's coordinator never says this to a JoinGroup; treated as the SyncGroup answer.
             if self._generation_unchanged(in_flight):
                 self._reset(code, reset_member_id=False)
-            self._join_due_ms = None
+            self._session.join_due_ms = None
         elif code == _REBALANCE_IN_PROGRESS:
-            self._join_due_ms = None  # e.g. the group was converted meanwhile: retry at once
+            self._session.join_due_ms = None  # e.g. the group was converted meanwhile: retry at once
         elif code in COORDINATOR_MOVED:
             self._events.append(CoordinatorUnavailable(code))
-            self._join_due_ms = now_ms + self.config.retry_backoff_ms
+            self._session.join_due_ms = now_ms + self.config.retry_backoff_ms
         elif code == _LOAD_IN_PROGRESS:
-            self._join_due_ms = now_ms + self.config.retry_backoff_ms
+            self._session.join_due_ms = now_ms + self.config.retry_backoff_ms
         else:
             self._fail(code, response_message(response), api="JoinGroup")
 
@@ -739,8 +712,8 @@ class ClassicGroupMember:
         protocol = next((p for p in self._protocols if p.name == response.protocol_name), None)
         if protocol is None:
             raise _SelectedProtocolUnknown(f"the coordinator selected protocol {response.protocol_name!r}, which this member does not have")
-        memory = self._leader
-        previous = memory.targets if memory is not None and memory.generation == self._generation - 1 else None
+        memory = self._session.leader
+        previous = memory.targets if memory is not None and memory.generation == self._session.generation - 1 else None
         result = assign_group(
             protocol.assignor,
             client_side=protocol.client_side,
@@ -749,7 +722,7 @@ class ClassicGroupMember:
             protocol=self.rebalance_protocol,
             previous_targets=previous,
         )
-        self._leader = _LeaderMemory(self._generation, result.targets, result.topic_partition_counts)
+        self._session.leader = _LeaderMemory(self._session.generation, result.targets, result.topic_partition_counts)
         return result.assignments
 
     def _watch_as_returning_leader(self, response: JoinGroupResponse) -> None:
@@ -760,12 +733,12 @@ class ClassicGroupMember:
         rebalance the group."""
         names = sorted({name for member in decode_members(response.members or ()) if member.subscription for name in member.subscription.topics})
         counts = {name: (t.num_partitions if (t := self.topics.topic(name)) else None) for name in names}
-        self._leader = _LeaderMemory(self._generation, {}, counts)
+        self._session.leader = _LeaderMemory(self._session.generation, {}, counts)
 
     def _send_sync(self, now_ms: int) -> SyncGroupRequest:
         assert self._sync_request is not None
         request, self._sync_request = self._sync_request, None
-        self._sync = _InFlight(request, now_ms, self._generation, self._member_id)
+        self._sync = _InFlight(request, now_ms, self._session.generation, self._session.member_id)
         return request
 
     def _on_sync_response(self, in_flight: _InFlight, response: SyncGroupResponse, now_ms: int) -> None:
@@ -778,15 +751,15 @@ class ClassicGroupMember:
                 # A heartbeat reset the generation meanwhile: this rebalance failed, rejoin.
                 self._rejoin_after(None, "the generation was reset during the rebalance")
                 return
-            if response.protocol_name is not None and response.protocol_name != self._protocol_name:
-                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol {response.protocol_name!r}, not {self._protocol_name!r}")
+            if response.protocol_name is not None and response.protocol_name != self._session.protocol_name:
+                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol {response.protocol_name!r}, not {self._session.protocol_name!r}")
                 return
             self._state = ClassicState.STABLE
-            self._rejoin_needed = False
-            self._rejoin_reason = ""
-            self._needs_join_prepare = True
-            self._last_answered_send_ms = in_flight.sent_at_ms
-            self._sync_awaited_since_ms = None
+            self._session.rejoin_needed = False
+            self._session.rejoin_reason = ""
+            self._session.needs_join_prepare = True
+            self._session.last_answered_send_ms = in_flight.sent_at_ms
+            self._session.sync_awaited_since_ms = None
             self._on_join_complete(bytes(response.assignment or b""))
             if self._state is ClassicState.STABLE and self._current_topics() != self._joined_topics:
                 self._request_rejoin("the subscription changed during the rebalance")
@@ -822,7 +795,7 @@ class ClassicGroupMember:
         if revoked:
             # Cooperative: give up what moved, then rejoin so the next rebalance hands it on.
             # (An eager member owns nothing here: it revoked everything before joining.)
-            self._start_revocation(revoked)
+            self._revoke(revoked)
             self._request_rejoin("need to revoke partitions and re-join")
         elif self._joined_owned - assigned:
             # It reported owning these in its JoinGroup and lost them since (a guard gave them
@@ -836,13 +809,13 @@ class ClassicGroupMember:
             self._assign_pending()
 
     def _notify_assignor(self, assigned: PartitionSet, user_data: bytes | None) -> None:
-        protocol = next((p for p in self._protocols if p.name == self._protocol_name), None)
+        protocol = next((p for p in self._protocols if p.name == self._session.protocol_name), None)
         if protocol is None or protocol.client is None:
             return
         protocol.client.on_assignment(
             _NONE,
             MemberAssignment(partitions=assigned.by_topic, metadata_version=CLASSIC_METADATA_VERSION, metadata=user_data or b""),
-            self._generation,
+            self._session.generation,
         )
 
     def _assign_pending(self) -> None:
@@ -850,11 +823,11 @@ class ClassicGroupMember:
         self._pending_assigned = NO_PARTITIONS
         if added:
             self._owned = self._owned | added
-            self._events.append(PartitionsAssigned(added, self._generation))
+            self._events.append(PartitionsAssigned(added, self._session.generation))
 
     def _check_assignor_reasons(self) -> None:
         """A client-side assignor with a reason and metadata the group has not seen rejoins."""
-        if self._state is not ClassicState.STABLE or self._rejoin_needed:
+        if self._state is not ClassicState.STABLE or self._session.rejoin_needed:
             return
         for protocol in self._protocols:
             if protocol.client is None or protocol.client.metadata().reason == 0:
@@ -870,42 +843,42 @@ class ClassicGroupMember:
         if self._heartbeat is not None:
             return False
         if self._state is ClassicState.LEAVING:
-            return self._generation != NO_GENERATION and bool(self._member_id)
+            return self._session.generation != NO_GENERATION and bool(self._session.member_id)
         return self._state in (ClassicState.COMPLETING_REBALANCE, ClassicState.STABLE)
 
     def _heartbeat_due(self, now_ms: int) -> bool:
-        if self._heartbeat_asap:
+        if self._session.heartbeat_asap:
             return True
-        return self._heartbeat_due_ms is not None and now_ms >= self._heartbeat_due_ms
+        return self._session.heartbeat_due_ms is not None and now_ms >= self._session.heartbeat_due_ms
 
     def _send_heartbeat(self, now_ms: int) -> HeartbeatRequest:
         request = HeartbeatRequest(
             group_id=self.config.group_id,
-            generation_id=self._generation,
-            member_id=self._member_id,
+            generation_id=self._session.generation,
+            member_id=self._session.member_id,
             group_instance_id=self.config.instance_id,
         )
-        self._heartbeat = _InFlight(request, now_ms, self._generation, self._member_id)
-        self._heartbeat_asap = False
-        self._heartbeat_due_ms = None
+        self._heartbeat = _InFlight(request, now_ms, self._session.generation, self._session.member_id)
+        self._session.heartbeat_asap = False
+        self._session.heartbeat_due_ms = None
         return request
 
     def _on_heartbeat_response(self, in_flight: _InFlight, response: HeartbeatResponse, now_ms: int) -> None:
         code = response.error_code
-        self._heartbeat_due_ms = in_flight.sent_at_ms + self.config.heartbeat_interval_ms
+        self._session.heartbeat_due_ms = in_flight.sent_at_ms + self.config.heartbeat_interval_ms
         if code == _NONE:
             if self._generation_unchanged(in_flight):
-                self._last_answered_send_ms = in_flight.sent_at_ms
+                self._session.last_answered_send_ms = in_flight.sent_at_ms
         elif code == _REBALANCE_IN_PROGRESS:
-            settled_send_ms = self._last_answered_send_ms
+            settled_send_ms = self._session.last_answered_send_ms
             if self._generation_unchanged(in_flight):
                 # Still a member: the coordinator keeps it while it rejoins within the rebalance timeout.
-                self._last_answered_send_ms = in_flight.sent_at_ms
+                self._session.last_answered_send_ms = in_flight.sent_at_ms
             guarded = self._state is ClassicState.STABLE or (self._state is ClassicState.LEAVING and self._revocations)
-            if guarded and self._rebalance_heard_ms is None:
+            if guarded and self._session.rebalance_heard_ms is None:
                 # The rebalance (and the coordinator's timer) began after it answered this
                 # member's previous request without one: count from that request's send.
-                self._rebalance_heard_ms = min(in_flight.sent_at_ms, settled_send_ms if settled_send_ms is not None else in_flight.sent_at_ms)
+                self._session.rebalance_heard_ms = min(in_flight.sent_at_ms, settled_send_ms if settled_send_ms is not None else in_flight.sent_at_ms)
             if self._state is ClassicState.STABLE:
                 self._request_rejoin("the group is rebalancing")
             # Otherwise already rebalancing (or leaving): no rejoin, as Kafka does.
@@ -922,54 +895,41 @@ class ClassicGroupMember:
             self._rejoin_after(None, f"Heartbeat said {error_name(code)}")
         elif code in COORDINATOR_MOVED:
             self._events.append(CoordinatorUnavailable(code))
-            self._heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
+            self._session.heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
         else:
             # Kafka's heartbeat thread retries anything else after the back-off.
             log.info("group %s: heartbeat failed with %s; retrying", self.config.group_id, error_name(code))
-            self._heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
+            self._session.heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
 
     # ------------------------------------------------------------------ losing and resetting
 
     def _generation_unchanged(self, in_flight: _InFlight) -> bool:
-        return in_flight.generation == self._generation and in_flight.member_id == self._member_id
+        return in_flight.generation == self._session.generation and in_flight.member_id == self._session.member_id
 
     def _reset(self, error_code: int, *, reset_member_id: bool) -> None:
         """Kafka's ``resetStateAndGeneration``: out of the group; everything owned is lost."""
         self._lose_owned(error_code)
-        self._generation = NO_GENERATION
-        self._protocol_name = None
-        self._leader_id = ""
-        if reset_member_id:
-            self._member_id = ""
+        old = self._session
+        self._session = _Session(
+            member_id="" if reset_member_id else old.member_id,  # ILLEGAL_GENERATION keeps it
+            join_due_ms=old.join_due_ms,  # kept: a failed JoinGroup's back-off still holds
+            leader=old.leader,  # kept: the next assignment it leads stays sticky to its last
+        )
         self._state = ClassicState.UNJOINED
-        self._sync_request = None
-        self._heartbeat_asap = False
-        self._heartbeat_due_ms = None
-        self._last_answered_send_ms = None
-        self._rebalance_heard_ms = None
-        self._sync_awaited_since_ms = None
-        self._needs_join_prepare = True
+        self._sync_request = None  # built for the generation just reset: never sent
         self._lost_error = error_code
         self._request_rejoin(f"reset after {error_name(error_code)}")
 
     def _lose_owned(self, error_code: int) -> None:
-        lost = self._owned | self.revoking_partitions
-        self._owned = NO_PARTITIONS
-        self._revocations.clear()
         self._pending_assigned = NO_PARTITIONS
-        if lost:
-            self._events.append(PartitionsLost(lost, error_code))
+        self._lose_partitions(error_code)
 
     def _lose_revoking(self, error_code: int) -> None:
         """Leaving, and out of the group (the coordinator said so, or has removed us by now): the
         revocations become losses."""
         self._lose_owned(error_code)
-        self._generation = NO_GENERATION
+        self._session.generation = NO_GENERATION
         self._after_leave_revocations()
-
-    def _start_revocation(self, partitions: PartitionSet) -> None:
-        self._owned = self._owned - partitions
-        self._events.append(self._revocations.open(partitions))
 
     # ------------------------------------------------------------------ guards
 
@@ -985,21 +945,21 @@ class ClassicGroupMember:
         rejoin, and has the leader assign around a static one's old partitions), while its
         session still runs. Not while completing a rebalance: its last answer is the JoinGroup,
         which may have waited out a whole join phase at the coordinator."""
-        if self._last_answered_send_ms is None:
+        if self._session.last_answered_send_ms is None:
             return None
         if self._state not in (ClassicState.COMPLETING_REBALANCE, ClassicState.STABLE) and not self._revoking_before_leave():
             return None
         timeout_ms = self.config.session_timeout_ms
         if self.config.lose_partitions_on_session_timeout and self._state is not ClassicState.COMPLETING_REBALANCE:
             timeout_ms = min(timeout_ms, self.config.rebalance_timeout_ms)
-        return self._last_answered_send_ms + timeout_ms
+        return self._session.last_answered_send_ms + timeout_ms
 
     def _rebalance_deadline(self) -> int | None:
-        if self._rebalance_heard_ms is None:
+        if self._session.rebalance_heard_ms is None:
             return None
         if self._state is not ClassicState.STABLE and not self._revoking_before_leave():
             return None
-        return self._rebalance_heard_ms + self.config.rebalance_timeout_ms
+        return self._session.rebalance_heard_ms + self.config.rebalance_timeout_ms
 
     def _join_deadline(self) -> int | None:
         """Guarded, a member still owning partitions between a rebalance and its next successful
@@ -1015,11 +975,11 @@ class ClassicGroupMember:
         whatever it does meanwhile short of a JoinGroup or SyncGroup reaching it)."""
         if not self.config.lose_partitions_on_session_timeout or not (self._owned or self._revocations):
             return None
-        starts = [self._sync_awaited_since_ms] if self._sync_awaited_since_ms is not None else []
+        starts = [self._session.sync_awaited_since_ms] if self._session.sync_awaited_since_ms is not None else []
         if self._join is not None:
             starts.append(self._join.sent_at_ms)
-            if self._rebalance_heard_ms is not None:
-                starts.append(self._rebalance_heard_ms)
+            if self._session.rebalance_heard_ms is not None:
+                starts.append(self._session.rebalance_heard_ms)
         return min(starts) + self.config.rebalance_timeout_ms if starts else None
 
     def _check_timeouts(self, now_ms: int) -> None:
@@ -1045,7 +1005,7 @@ class ClassicGroupMember:
         if session is not None and now_ms >= session:
             self._events.append(CoordinatorUnavailable(_REQUEST_TIMED_OUT))
             if not self.config.lose_partitions_on_session_timeout:
-                self._last_answered_send_ms = now_ms  # look the coordinator up again, keep going
+                self._session.last_answered_send_ms = now_ms  # look the coordinator up again, keep going
             elif self._state is ClassicState.LEAVING:
                 self._lose_revoking(_REQUEST_TIMED_OUT)
             else:
@@ -1054,45 +1014,33 @@ class ClassicGroupMember:
     # ------------------------------------------------------------------ leaving
 
     def _after_leave_revocations(self) -> None:
-        if self._leave_due:
+        if self._session.leave_due:
             return  # poll() sends the LeaveGroup
         self._finish_leave()
 
     def _send_leave(self, now_ms: int) -> LeaveGroupRequest:
-        self._leave_due = False
+        self._session.leave_due = False
         request = LeaveGroupRequest(
             group_id=self.config.group_id,
             members=[
                 LeaveGroupRequest.MemberIdentity(
-                    member_id=self._member_id,
+                    member_id=self._session.member_id,
                     group_instance_id=self.config.instance_id,
                     reason="the consumer is being closed" if self._closed else "the consumer left the group",
                 )
             ],
         )
-        self._leave = _InFlight(request, now_ms, self._generation, self._member_id)
+        self._leave = _InFlight(request, now_ms, self._session.generation, self._session.member_id)
         return request
 
     def _finish_leave(self) -> None:
-        sent = self._leave_epoch
+        old = self._session
+        # A new session: no generation, no member id (Kafka's resetGenerationOnLeaveGroup).
+        self._session = _Session(join_due_ms=old.join_due_ms)  # kept: a failed JoinGroup's back-off still holds
+        self._heartbeat = None  # a late answer must not act on the group just left
         self._state = ClassicState.UNJOINED
         self._subscription = None
-        self._generation = NO_GENERATION
-        self._protocol_name = None
-        self._leader_id = ""
-        self._member_id = ""  # Kafka's resetGenerationOnLeaveGroup
-        self._leave_due = False
-        self._leave_epoch = None
-        self._heartbeat = None
-        self._heartbeat_asap = False
-        self._heartbeat_due_ms = None
-        self._last_answered_send_ms = None
-        self._rebalance_heard_ms = None
-        self._sync_awaited_since_ms = None
-        self._rejoin_needed = False
-        self._needs_join_prepare = True
-        self._leader = None
-        self._events.append(LeftGroup(sent))
+        self._events.append(LeftGroup(old.leave_epoch))
 
     # ------------------------------------------------------------------ failure
 
@@ -1108,18 +1056,14 @@ class ClassicGroupMember:
             if server_message:
                 message += f": {server_message}"
         self._lose_owned(error_code)
+        old = self._session
+        # Kept: the generation it failed in stays readable (member_epoch, member_id, is_leader).
+        self._session = _Session(generation=old.generation, member_id=old.member_id, protocol_name=old.protocol_name, leader_id=old.leader_id)
         self._join = self._sync = self._heartbeat = self._leave = None
         self._sync_request = None
         self._state = ClassicState.FATAL
         self._fatal_error = message
         self._events.append(MemberFailed(error_code, message))
-
-    def _raise_if_failed(self) -> None:
-        if self._state is ClassicState.FATAL:
-            raise MemberFatalError(self._fatal_error)
-
-    def _advance(self, now_ms: int) -> None:
-        self._now_ms = max(self._now_ms, now_ms)
 
 
 class _SelectedProtocolUnknown(Exception):

@@ -1,7 +1,7 @@
 """An asyncio driver that runs a group member over the Kafka wire protocol against a group
-coordinator: a KIP-848 :class:`~pystreams.client.member.GroupMember` (``MemberConfig``) or a
-classic :class:`~pystreams.client.classic.ClassicGroupMember` (``ClassicMemberConfig``, with a
-``topics`` resolver); both have the same surface and events.
+coordinator: a KIP-848 :class:`~pystreams.client.member.ConsumerGroupMember` (``MemberConfig``)
+or a classic :class:`~pystreams.client.classic.ClassicGroupMember` (``ClassicMemberConfig``, with
+a ``topics`` resolver); both are a :class:`~pystreams.client.common.GroupMember`.
 
 The member is sans-IO; this module owns the IO around it:
 
@@ -55,6 +55,7 @@ from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata.find_coordinator import CoordinatorType
 
 from pystreams.client.classic import ClassicGroupMember, ClassicMemberConfig, topic_names_in
+from pystreams.client.common import GroupMember
 from pystreams.client.events import (
     CoordinatorUnavailable,
     LeftGroup,
@@ -63,7 +64,7 @@ from pystreams.client.events import (
     MemberState,
     RevokePartitions,
 )
-from pystreams.client.member import GroupMember, MemberConfig
+from pystreams.client.member import ConsumerGroupMember, MemberConfig
 from pystreams.client.topics import RefreshableTopics, TopicResolver
 from pystreams.protocol import messages as m
 from pystreams.protocol.framing import ClientFraming
@@ -372,13 +373,13 @@ class MemberDriver:
         #: Why the driver gave up finding a coordinator (None: it did not).
         self.gave_up: str | None = None
         self.security = security or ClientSecurity()
-        self.member: GroupMember | ClassicGroupMember
+        self.member: GroupMember
         if isinstance(config, ClassicMemberConfig):
             if topics is None:
                 raise ValueError("a classic member needs a topic resolver (topics=...): the classic protocol names topics")
             self.member = ClassicGroupMember(config, topics)
         else:
-            self.member = GroupMember(config)
+            self.member = ConsumerGroupMember(config)
         self.topics = topics
         #: The resolver when it can be refreshed (the worker's cluster metadata; a test's table cannot).
         self._refreshable = topics if isinstance(topics, RefreshableTopics) else None

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import kafka.errors as Errors
 
@@ -63,7 +63,7 @@ from pystreams.assignors.api import (
     PartitionAssignorError,
     TopicMetadata,
 )
-from pystreams.client.common import Revocations, Subscription, parse_subscription
+from pystreams.client.common import MemberBase, Subscription, parse_subscription
 from pystreams.client.events import (
     IN_GROUP as _IN_GROUP,
 )
@@ -73,13 +73,13 @@ from pystreams.client.events import (
     CoordinatorUnavailable,
     InstanceIdUnreleased,
     LeftGroup,
-    MemberEvent,
+    MemberEvent,  # noqa: F401  (re-exported: callers import the events from here too)
     MemberFailed,
-    MemberFatalError,
+    MemberFatalError,  # noqa: F401  (re-exported)
     MemberState,
     PartitionsAssigned,
-    PartitionsLost,
-    RevokePartitions,  # noqa: F401  (re-exported: callers import the events from here too)
+    PartitionsLost,  # noqa: F401  (re-exported)
+    RevokePartitions,  # noqa: F401  (re-exported)
     error_name,
 )
 from pystreams.partitions import NO_PARTITIONS, PartitionSet
@@ -223,45 +223,47 @@ def _assignor_entry(assignor: ClientAssignor) -> tuple:
 # ----------------------------------------------------------------------------- the member
 
 
-class GroupMember:
-    """One KIP-848 group member. See the module docstring for the driving loop and events."""
+@dataclass
+class _Session:
+    """Everything one session with the coordinator builds up, from a join to a fence, a leave
+    or a failure. Each of those replaces it whole (``_Session()``): nothing of a fenced epoch
+    can leak into the next one. The member itself keeps only what outlives sessions."""
+
+    member_epoch: int = JOIN_EPOCH
+    target: _Target | None = None
+    on_assignment_epoch: int | None = None
+    # Heartbeat scheduling: one heartbeat in flight at most.
+    sent: _SentFields | None = None  # None: the next heartbeat carries all fields
+    heartbeat: _InFlightHeartbeat | None = None  # a late answer to it belongs to this session only
+    heartbeat_due_ms: int | None = None
+    heartbeat_asap: bool = False
+    ack_pending: bool = False  # a revocation is done and not yet reported
+    report_owned: bool = False  # an Assignment arrived: report owned partitions next time
+    #: Send time of the latest heartbeat answered without error, since the last (re)join;
+    #: None while the coordinator has not accepted this member (or has dropped it).
+    last_answered_send_ms: int | None = None
+    #: Send time of the first heartbeat sent since the last one answered while STABLE (joins
+    #: aside). Any of those may have been answered with a revocation the member never heard
+    #: (a lost response), so the coordinator's revocation timer started no earlier than this.
+    first_unsettled_send_ms: int | None = None
+    computation: _Computation = field(default_factory=_Computation)
+
+
+class ConsumerGroupMember(MemberBase):
+    """One KIP-848 group member (``group.protocol=consumer``). See the module docstring for the
+    driving loop and events."""
 
     def __init__(self, config: MemberConfig) -> None:
+        super().__init__()
         self.config = config
         self._state = MemberState.UNSUBSCRIBED
-        self._member_id = ""
-        self._member_epoch = JOIN_EPOCH
+        self._member_id = ""  # kept across fences (KIP: same member id) and leaves
         self._heartbeat_interval_ms = 5_000  # until the coordinator says otherwise
         self._subscription: Subscription | None = None
         self._regex_ever_sent = False
-        self._closed = False
-        self._fatal_error: str | None = None
         self._unreleased_attempts = 0
         self._leave_epoch = LEAVE_EPOCH
-
-        self._owned: PartitionSet = NO_PARTITIONS
-        self._revocations = Revocations()
-        self._target: _Target | None = None
-        self._on_assignment_epoch: int | None = None
-
-        # Heartbeat scheduling: one heartbeat in flight at most.
-        self._sent: _SentFields | None = None  # None: the next heartbeat carries all fields
-        self._heartbeat: _InFlightHeartbeat | None = None
-        self._heartbeat_due_ms: int | None = None
-        self._heartbeat_asap = False
-        self._ack_pending = False  # a revocation is done and not yet reported
-        self._report_owned = False  # an Assignment arrived: report owned partitions next time
-        #: Send time of the latest heartbeat answered without error, since the last (re)join;
-        #: None while the coordinator has not accepted this member (or has dropped it).
-        self._last_answered_send_ms: int | None = None
-        #: Send time of the first heartbeat sent since the last one answered while STABLE (joins
-        #: aside). Any of those may have been answered with a revocation the member never heard
-        #: (a lost response), so the coordinator's revocation timer started no earlier than this.
-        self._first_unsettled_send_ms: int | None = None
-
-        self._computation = _Computation()
-        self._now_ms = 0  # the latest time the caller told us about
-        self._events: list[MemberEvent] = []
+        self._session = _Session()
 
     # ------------------------------------------------------------------ observation
 
@@ -275,70 +277,43 @@ class GroupMember:
 
     @property
     def member_epoch(self) -> int:
-        return self._member_epoch
-
-    @property
-    def owned_partitions(self) -> PartitionSet:
-        """What this member may process right now (revoked partitions leave at once)."""
-        return self._owned
-
-    @property
-    def revoking_partitions(self) -> PartitionSet:
-        """Handed to the caller for revocation; still reported to the coordinator as owned."""
-        return self._revocations.partitions
+        return self._session.member_epoch
 
     @property
     def pending_partitions(self) -> PartitionSet:
         """In the current target but not processed yet: not released by their previous owners
         yet, or held back until this member's own revocations are done."""
-        if self._target is None:
+        if self._session.target is None:
             return NO_PARTITIONS
-        return (self._target.assigned | self._target.pending) - self._owned
+        return (self._session.target.assigned | self._session.target.pending) - self._owned
 
     @property
     def heartbeat_interval_ms(self) -> int:
         return self._heartbeat_interval_ms
 
     @property
-    def fatal_error(self) -> str | None:
-        return self._fatal_error
-
-    @property
     def computing_assignment(self) -> bool:
-        return self._computation.phase is not _AssignPhase.IDLE
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def take_events(self) -> list[MemberEvent]:
-        """Return and forget the events produced since the last call, oldest first."""
-        events, self._events = self._events, []
-        return events
+        return self._session.computation.phase is not _AssignPhase.IDLE
 
     # ------------------------------------------------------------------ application API
 
     def subscribe(self, topics: Iterable[str] | None = None, regex: str | None = None) -> None:
         """Subscribe to topic names or to one RE2 regex; (re)join if not in the group."""
-        self._raise_if_failed()
-        if self._closed:
-            raise RuntimeError("the member is closed")
-        if self._state in (MemberState.PREPARE_LEAVING, MemberState.LEAVING):
-            raise RuntimeError("the member is leaving the group; subscribe once it has left")
+        self._check_may_subscribe(leaving=self._state in (MemberState.PREPARE_LEAVING, MemberState.LEAVING))
         subscription = parse_subscription(topics, regex)
         changed = subscription != self._subscription
         self._subscription = subscription
         if self._state is MemberState.UNSUBSCRIBED:
             self._state = MemberState.JOINING
-            self._heartbeat_asap = True
+            self._session.heartbeat_asap = True
         elif changed:
             # Subscription changes go out right away rather than at the next interval.
-            self._heartbeat_asap = True
+            self._session.heartbeat_asap = True
 
     def request_heartbeat(self) -> None:
         """Heartbeat as soon as possible, e.g. because an assignor's metadata() changed."""
         if self._wants_heartbeats():
-            self._heartbeat_asap = True
+            self._session.heartbeat_asap = True
 
     def revocation_done(self, now_ms: int, revocation_id: int | None = None) -> None:
         """The caller committed and called on_partitions_revoked for a RevokePartitions.
@@ -354,8 +329,8 @@ class GroupMember:
             return
         if self._state is MemberState.RECONCILING:
             self._state = MemberState.ACKNOWLEDGING
-            self._ack_pending = True
-            self._heartbeat_asap = True  # KIP: acknowledge in the very next heartbeat
+            self._session.ack_pending = True
+            self._session.heartbeat_asap = True  # KIP: acknowledge in the very next heartbeat
             self._reconcile()
 
     def leave(self, now_ms: int, *, permanent: bool = False, lose: bool = False) -> None:
@@ -377,23 +352,14 @@ class GroupMember:
         static = self.config.instance_id is not None
         self._leave_epoch = LEAVE_STATIC_EPOCH if static and not permanent else LEAVE_EPOCH
         self._abandon_computation(None)
-        self._ack_pending = False
-        self._heartbeat_asap = False  # nothing to acknowledge any more: the leave says it all
+        self._session.ack_pending = False
+        self._session.heartbeat_asap = False  # nothing to acknowledge any more: the leave says it all
         self._state = MemberState.PREPARE_LEAVING
         if lose:
-            lost = self._owned | self.revoking_partitions
-            self._owned = NO_PARTITIONS
-            self._revocations.clear()
-            if lost:
-                self._events.append(PartitionsLost(lost, 0))
+            self._lose_partitions(0)
         elif self._owned:
             self._start_revocation(self._owned)
         self._maybe_leave()
-
-    def close(self, now_ms: int) -> None:
-        """Leave (as :meth:`leave`) and refuse any later subscribe."""
-        self._closed = True
-        self.leave(now_ms)
 
     # ------------------------------------------------------------------ driver API
 
@@ -402,7 +368,7 @@ class GroupMember:
         self._advance(now_ms)
         self._check_timeouts(now_ms)
         requests: list[Request] = []
-        if self._heartbeat is None and self._heartbeat_due(now_ms):
+        if self._session.heartbeat is None and self._heartbeat_due(now_ms):
             requests.append(self._send_heartbeat(now_ms))
         computation_request = self._computation_request(now_ms)
         if computation_request is not None:
@@ -416,13 +382,13 @@ class GroupMember:
     def next_deadline(self) -> int | None:
         """When to call poll() next (a time in the past or now means: at once), or None."""
         deadlines: list[int] = []
-        if self._heartbeat is None and self._wants_heartbeats():
-            if self._heartbeat_asap:
+        if self._session.heartbeat is None and self._wants_heartbeats():
+            if self._session.heartbeat_asap:
                 deadlines.append(self._now_ms)
-            elif self._heartbeat_due_ms is not None:
-                deadlines.append(self._heartbeat_due_ms)
-        if self._computation.phase in (_AssignPhase.PREPARE_DUE, _AssignPhase.INSTALL_DUE):
-            due = self._computation.due_ms
+            elif self._session.heartbeat_due_ms is not None:
+                deadlines.append(self._session.heartbeat_due_ms)
+        if self._session.computation.phase in (_AssignPhase.PREPARE_DUE, _AssignPhase.INSTALL_DUE):
+            due = self._session.computation.due_ms
             deadlines.append(self._now_ms if due is None else due)
         for deadline in (self._session_deadline(), self._revocation_deadline()):
             if deadline is not None:
@@ -432,11 +398,11 @@ class GroupMember:
     def on_response(self, request: Request, response: Response, now_ms: int) -> None:
         """Feed the coordinator's answer to a request that poll() returned."""
         self._advance(now_ms)
-        if self._heartbeat is not None and request is self._heartbeat.request:
-            in_flight, self._heartbeat = self._heartbeat, None
+        if self._session.heartbeat is not None and request is self._session.heartbeat.request:
+            in_flight, self._session.heartbeat = self._session.heartbeat, None
             self._on_heartbeat_response(in_flight, response, now_ms)
-        elif self._computation.in_flight is not None and request is self._computation.in_flight:
-            self._computation.in_flight = None
+        elif self._session.computation.in_flight is not None and request is self._session.computation.in_flight:
+            self._session.computation.in_flight = None
             if isinstance(request, ConsumerGroupPrepareAssignmentRequest):
                 self._on_prepare_response(response)
             else:
@@ -447,20 +413,20 @@ class GroupMember:
     def on_request_failed(self, request: Request, now_ms: int) -> None:
         """The request timed out or the connection dropped: the outcome is unknown."""
         self._advance(now_ms)
-        if self._heartbeat is not None and request is self._heartbeat.request:
-            in_flight, self._heartbeat = self._heartbeat, None
+        if self._session.heartbeat is not None and request is self._session.heartbeat.request:
+            in_flight, self._session.heartbeat = self._session.heartbeat, None
             if in_flight.is_leave:
                 self._finish_leave(self._leave_epoch)  # best effort, as Kafka's consumer: no retry
                 return
             self._after_heartbeat_error(in_flight, now_ms)
             if self._state is MemberState.PREPARE_LEAVING:
                 self._maybe_leave()
-        elif self._computation.in_flight is not None and request is self._computation.in_flight:
-            self._computation.in_flight = None
+        elif self._session.computation.in_flight is not None and request is self._session.computation.in_flight:
+            self._session.computation.in_flight = None
             if isinstance(request, ConsumerGroupPrepareAssignmentRequest):
                 # Prepare only reads: try again after the back-off.
-                self._computation.phase = _AssignPhase.PREPARE_DUE
-                self._computation.due_ms = now_ms + self.config.retry_backoff_ms
+                self._session.computation.phase = _AssignPhase.PREPARE_DUE
+                self._session.computation.due_ms = now_ms + self.config.retry_backoff_ms
             else:
                 # An Install may have been applied; re-sending an old assignment could install
                 # it over a newer one, so the round is abandoned and the coordinator re-elects.
@@ -470,7 +436,7 @@ class GroupMember:
 
     def _wants_heartbeats(self) -> bool:
         if self._state is MemberState.LEAVING:
-            return self._heartbeat is None or not self._heartbeat.is_leave
+            return self._session.heartbeat is None or not self._session.heartbeat.is_leave
         return self._state in _IN_GROUP or self._state in (
             MemberState.JOINING,
             MemberState.FENCED,
@@ -480,13 +446,13 @@ class GroupMember:
     def _heartbeat_due(self, now_ms: int) -> bool:
         if not self._wants_heartbeats():
             return False
-        if self._heartbeat_asap:
+        if self._session.heartbeat_asap:
             return True
-        return self._heartbeat_due_ms is not None and now_ms >= self._heartbeat_due_ms
+        return self._session.heartbeat_due_ms is not None and now_ms >= self._session.heartbeat_due_ms
 
     def _send_heartbeat(self, now_ms: int) -> ConsumerGroupHeartbeatRequest:
-        self._heartbeat_asap = False
-        self._heartbeat_due_ms = None
+        self._session.heartbeat_asap = False
+        self._session.heartbeat_due_ms = None
         if self._state is MemberState.LEAVING:
             request = ConsumerGroupHeartbeatRequest(
                 group_id=self.config.group_id,
@@ -494,20 +460,20 @@ class GroupMember:
                 member_epoch=self._leave_epoch,
                 instance_id=self.config.instance_id,
             )
-            self._heartbeat = _InFlightHeartbeat(request, now_ms, carries_ack=False, is_leave=True)
+            self._session.heartbeat = _InFlightHeartbeat(request, now_ms, carries_ack=False, is_leave=True)
             return request
 
         if self._state is MemberState.FENCED:
             self._state = MemberState.JOINING
         joining = self._state is MemberState.JOINING
         if joining:
-            self._sent = None  # a join always carries every field
-        full = self._sent is None
+            self._session.sent = None  # a join always carries every field
+        full = self._session.sent is None
         assert self._subscription is not None
         subscription = self._subscription
         assignors = tuple(_assignor_entry(a) for a in self.config.client_assignors) if self.config.client_assignors else None
         reported = self._owned | self.revoking_partitions
-        sent = self._sent
+        sent = self._session.sent
 
         topics: list[str] | None = None
         if sent is None or subscription.topics != sent.topics:
@@ -535,13 +501,13 @@ class GroupMember:
                 for name, min_version, max_version, reason, version, data in assignors
             ]
         topic_partitions = None
-        if sent is None or self._ack_pending or self._report_owned or reported != sent.owned:
+        if sent is None or self._session.ack_pending or self._session.report_owned or reported != sent.owned:
             topic_partitions = reported.to_wire(ConsumerGroupHeartbeatRequest.TopicPartitions)
 
         request = ConsumerGroupHeartbeatRequest(
             group_id=self.config.group_id,
             member_id=self._member_id,
-            member_epoch=JOIN_EPOCH if joining else self._member_epoch,
+            member_epoch=JOIN_EPOCH if joining else self._session.member_epoch,
             instance_id=self.config.instance_id if full else None,
             rack_id=self.config.rack_id if full else None,
             rebalance_timeout_ms=self.config.rebalance_timeout_ms if full else -1,
@@ -551,17 +517,17 @@ class GroupMember:
             client_assignors=client_assignors,
             topic_partitions=topic_partitions,
         )
-        self._sent = _SentFields(
+        self._session.sent = _SentFields(
             topics=subscription.topics,
             regex=subscription.regex,
             assignors=assignors,
             owned=reported,
         )
-        self._heartbeat = _InFlightHeartbeat(request, now_ms, carries_ack=self._ack_pending, is_leave=False)
-        if self._first_unsettled_send_ms is None and not joining:
-            self._first_unsettled_send_ms = now_ms
-        self._ack_pending = False
-        self._report_owned = False
+        self._session.heartbeat = _InFlightHeartbeat(request, now_ms, carries_ack=self._session.ack_pending, is_leave=False)
+        if self._session.first_unsettled_send_ms is None and not joining:
+            self._session.first_unsettled_send_ms = now_ms
+        self._session.ack_pending = False
+        self._session.report_owned = False
         return request
 
     def _on_heartbeat_response(self, in_flight: _InFlightHeartbeat, response: ConsumerGroupHeartbeatResponse, now_ms: int) -> None:
@@ -580,7 +546,7 @@ class GroupMember:
             delay = min(self.config.retry_backoff_ms * 2 ** min(self._unreleased_attempts, 16), _UNRELEASED_RETRY_MAX_MS)
             self._events.append(InstanceIdUnreleased(self.config.instance_id, self._unreleased_attempts, delay))
             self._after_heartbeat_error(in_flight, now_ms)
-            self._heartbeat_due_ms = now_ms + delay
+            self._session.heartbeat_due_ms = now_ms + delay
         elif code in _RETRIABLE_HEARTBEAT_ERRORS:
             if code in _COORDINATOR_ERRORS:
                 self._events.append(CoordinatorUnavailable(code))
@@ -591,20 +557,20 @@ class GroupMember:
             self._fail(code, response.error_message)
 
     def _after_heartbeat_error(self, in_flight: _InFlightHeartbeat, now_ms: int) -> None:
-        self._sent = None  # KIP: after an error or a timeout, send every field again
-        self._ack_pending = self._ack_pending or in_flight.carries_ack
-        self._heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
+        self._session.sent = None  # KIP: after an error or a timeout, send every field again
+        self._session.ack_pending = self._session.ack_pending or in_flight.carries_ack
+        self._session.heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
 
     def _on_heartbeat_success(self, in_flight: _InFlightHeartbeat, response: ConsumerGroupHeartbeatResponse, now_ms: int) -> None:
         if response.member_id:
             self._member_id = response.member_id
-        self._member_epoch = response.member_epoch
+        self._session.member_epoch = response.member_epoch
         self._unreleased_attempts = 0
         if response.heartbeat_interval_ms > 0:
             self._heartbeat_interval_ms = response.heartbeat_interval_ms
         # The interval counts from the send, as Kafka's consumer does.
-        self._heartbeat_due_ms = in_flight.sent_at_ms + self._heartbeat_interval_ms
-        self._last_answered_send_ms = in_flight.sent_at_ms
+        self._session.heartbeat_due_ms = in_flight.sent_at_ms + self._heartbeat_interval_ms
+        self._session.last_answered_send_ms = in_flight.sent_at_ms
 
         if self._state in (MemberState.PREPARE_LEAVING, MemberState.LEAVING):
             # A leaving member takes nothing new; its leave releases whatever it was given.
@@ -619,16 +585,16 @@ class GroupMember:
         if assignment is not None:
             assigned = PartitionSet.from_wire(assignment.assigned_topic_partitions)
             pending = PartitionSet.from_wire(assignment.pending_topic_partitions) - assigned
-            self._target = _Target(response.member_epoch, assigned, pending)
+            self._session.target = _Target(response.member_epoch, assigned, pending)
             # Reporting owned partitions is how the member acknowledges an assignment.
-            self._report_owned = True
-            if response.member_epoch != self._on_assignment_epoch:
-                self._on_assignment_epoch = response.member_epoch
+            self._session.report_owned = True
+            if response.member_epoch != self._session.on_assignment_epoch:
+                self._session.on_assignment_epoch = response.member_epoch
                 self._call_on_assignment(assignment, assigned | pending, response.member_epoch)
             self._reconcile()
 
         if self._state is MemberState.STABLE:
-            self._first_unsettled_send_ms = None
+            self._session.first_unsettled_send_ms = None
         self._resume_computation_after_heartbeat()
         if response.should_compute_assignment:
             self._start_computation()
@@ -657,63 +623,49 @@ class GroupMember:
 
     def _reconcile(self) -> None:
         """Move owned partitions towards the latest target: revoke first, assign when clear."""
-        if self._target is None or self._state not in _IN_GROUP:
+        if self._session.target is None or self._state not in _IN_GROUP:
             return
-        revoked = self._owned - self._target.assigned
+        revoked = self._owned - self._session.target.assigned
         if revoked:
             self._start_revocation(revoked)
         if self._revocations:
             # New partitions wait until every revocation is done (the KIP never mixes both),
             # so a partition being revoked cannot come back before its commit finished.
             return
-        newly_assigned = self._target.assigned - self._owned
+        newly_assigned = self._session.target.assigned - self._owned
         if newly_assigned:
             self._owned = self._owned | newly_assigned
-            self._events.append(PartitionsAssigned(newly_assigned, self._member_epoch))
+            self._events.append(PartitionsAssigned(newly_assigned, self._session.member_epoch))
             # Acknowledge in the very next heartbeat, as Kafka's consumer does once it has
             # reconciled: the coordinator learns the member reached its target.
-            self._heartbeat_asap = True
+            self._session.heartbeat_asap = True
 
     def _start_revocation(self, partitions: PartitionSet) -> None:
-        self._owned = self._owned - partitions
+        self._revoke(partitions)
         if self._state in _IN_GROUP:
             self._state = MemberState.RECONCILING
-        self._events.append(self._revocations.open(partitions))
 
     def _lose_everything(self, error_code: int) -> None:
-        """Fenced / unknown / expired: give up every partition and rejoin with epoch 0."""
-        lost = self._owned | self.revoking_partitions
-        self._owned = NO_PARTITIONS
-        self._revocations.clear()
-        self._target = None
-        self._on_assignment_epoch = None
-        self._member_epoch = JOIN_EPOCH  # the member id is kept (KIP: same member id)
-        self._sent = None
-        self._heartbeat = None  # a late answer to it would belong to the fenced epoch
-        self._ack_pending = False
-        self._report_owned = False
-        self._last_answered_send_ms = None
-        self._first_unsettled_send_ms = None
-        self._abandon_computation(None)
-        if lost:
-            self._events.append(PartitionsLost(lost, error_code))
+        """Fenced / unknown / expired: give up every partition and rejoin with epoch 0, under
+        the same member id (KIP), in a new session."""
+        self._lose_partitions(error_code)
         if self._state in (MemberState.PREPARE_LEAVING, MemberState.LEAVING):
             self._finish_leave()  # the coordinator already dropped us: nothing left to leave
             return
+        self._session = _Session(heartbeat_asap=True)  # KIP: rejoin immediately
         self._state = MemberState.FENCED
-        self._heartbeat_asap = True  # KIP: rejoin immediately
 
     # ------------------------------------------------------------------ session guard
 
     def _session_deadline(self) -> int | None:
         timeout = self.config.session_timeout_ms
-        if timeout is None or self._last_answered_send_ms is None:
+        if timeout is None or self._session.last_answered_send_ms is None:
             return None
         if self._state not in _IN_GROUP and self._state is not MemberState.PREPARE_LEAVING:
             return None
         # The coordinator restarted the session no earlier than when that heartbeat was sent,
         # so it cannot expire us before this.
-        return self._last_answered_send_ms + timeout
+        return self._session.last_answered_send_ms + timeout
 
     def _revocation_deadline(self) -> int | None:
         """The coordinator removes a member that does not acknowledge a revocation within its
@@ -722,14 +674,14 @@ class GroupMember:
         never heard of the revocation (its response was lost) or is leaving; past that plus the
         rebalance timeout, without a settled answer, the member may be out and must let go.
         """
-        if self._first_unsettled_send_ms is None or self._state not in (
+        if self._session.first_unsettled_send_ms is None or self._state not in (
             MemberState.STABLE,
             MemberState.RECONCILING,
             MemberState.ACKNOWLEDGING,
             MemberState.PREPARE_LEAVING,
         ):
             return None
-        return self._first_unsettled_send_ms + self.config.rebalance_timeout_ms
+        return self._session.first_unsettled_send_ms + self.config.rebalance_timeout_ms
 
     def _check_timeouts(self, now_ms: int) -> None:
         for deadline in (self._session_deadline(), self._revocation_deadline()):
@@ -743,29 +695,21 @@ class GroupMember:
         """From PREPARE_LEAVING, once revocations are done: send the leave heartbeat or stop."""
         if self._state is not MemberState.PREPARE_LEAVING or self._revocations:
             return
-        if self._member_id and self._last_answered_send_ms is not None:
+        if self._member_id and self._session.last_answered_send_ms is not None:
             # Accepted by the coordinator (possibly still at epoch 0, waiting for its first
             # assignment): it must be told.
             self._state = MemberState.LEAVING
-            self._heartbeat_asap = True
-        elif self._heartbeat is None:
+            self._session.heartbeat_asap = True
+        elif self._session.heartbeat is None:
             self._finish_leave()  # never joined (or fenced): nothing to tell the coordinator
         # else: a join is in flight; its answer tells us the member id to leave with.
 
     def _finish_leave(self, sent_epoch: int | None = None) -> None:
+        # Nothing is owned or revoked by now: leave() revoked or lost it all, and a leaving
+        # member takes nothing new.
+        self._session = _Session()
         self._state = MemberState.UNSUBSCRIBED
-        self._member_epoch = JOIN_EPOCH
         self._subscription = None
-        self._target = None
-        self._on_assignment_epoch = None
-        self._sent = None
-        self._heartbeat = None
-        self._heartbeat_due_ms = None
-        self._heartbeat_asap = False
-        self._ack_pending = False
-        self._report_owned = False
-        self._last_answered_send_ms = None
-        self._first_unsettled_send_ms = None
         self._events.append(LeftGroup(sent_epoch))
 
     # ------------------------------------------------------------------ failure
@@ -781,49 +725,38 @@ class GroupMember:
             message = f"group {self.config.group_id!r}: heartbeat failed with {error_name(error_code)} ({error_code}), which is not retriable"
         if server_message:
             message += f": {server_message}"
-        lost = self._owned | self.revoking_partitions
-        self._owned = NO_PARTITIONS
-        self._revocations.clear()
-        self._target = None
-        self._abandon_computation(None)
-        self._heartbeat = None
-        self._heartbeat_due_ms = None
-        self._heartbeat_asap = False
+        self._lose_partitions(error_code)
+        # Kept: member_epoch stays readable as the epoch the member failed at.
+        self._session = _Session(member_epoch=self._session.member_epoch)
         self._state = MemberState.FATAL
         self._fatal_error = message
-        if lost:
-            self._events.append(PartitionsLost(lost, error_code))
         self._events.append(MemberFailed(error_code, message))
-
-    def _raise_if_failed(self) -> None:
-        if self._state is MemberState.FATAL:
-            raise MemberFatalError(self._fatal_error)
 
     # ------------------------------------------------------------------ client-side assignment
 
     def _start_computation(self) -> None:
-        if self._computation.phase is not _AssignPhase.IDLE or self._state not in _IN_GROUP:
+        if self._session.computation.phase is not _AssignPhase.IDLE or self._state not in _IN_GROUP:
             return
         if not self.config.client_assignors:
             self._events.append(AssignmentAbandoned("assign", 0, "asked to compute an assignment but this member has no client-side assignor"))
             return
-        self._computation = _Computation(phase=_AssignPhase.PREPARE_DUE)
+        self._session.computation = _Computation(phase=_AssignPhase.PREPARE_DUE)
 
     def _resume_computation_after_heartbeat(self) -> None:
         # KIP: on STALE_MEMBER_EPOCH, retry once the next heartbeat response brings the epoch.
-        computation = self._computation
+        computation = self._session.computation
         if computation.phase is _AssignPhase.PREPARE_AWAITS_EPOCH:
             computation.phase, computation.due_ms = _AssignPhase.PREPARE_DUE, None
         elif computation.phase is _AssignPhase.INSTALL_AWAITS_EPOCH:
             computation.phase, computation.due_ms = _AssignPhase.INSTALL_DUE, None
 
     def _abandon_computation(self, event: AssignmentAbandoned | None) -> None:
-        self._computation = _Computation()
+        self._session.computation = _Computation()
         if event is not None:
             self._events.append(event)
 
     def _computation_request(self, now_ms: int) -> Request | None:
-        computation = self._computation
+        computation = self._session.computation
         if computation.in_flight is not None:
             return None
         if computation.due_ms is not None and now_ms < computation.due_ms:
@@ -833,7 +766,7 @@ class GroupMember:
             request = ConsumerGroupPrepareAssignmentRequest(
                 group_id=self.config.group_id,
                 member_id=self._member_id,
-                member_epoch=self._member_epoch,
+                member_epoch=self._session.member_epoch,
             )
             computation.phase = _AssignPhase.PREPARE_IN_FLIGHT
         elif computation.phase is _AssignPhase.INSTALL_DUE:
@@ -841,7 +774,7 @@ class GroupMember:
             request = ConsumerGroupInstallAssignmentRequest(
                 group_id=self.config.group_id,
                 member_id=self._member_id,
-                member_epoch=self._member_epoch,  # the current one: retries carry the new epoch
+                member_epoch=self._session.member_epoch,  # the current one: retries carry the new epoch
                 group_epoch=computation.group_epoch,
                 error=computation.result.error,
                 members=[
@@ -866,8 +799,8 @@ class GroupMember:
     def _on_prepare_response(self, response: ConsumerGroupPrepareAssignmentResponse) -> None:
         code = response.error_code
         if code == _STALE_MEMBER_EPOCH:
-            self._computation.phase = _AssignPhase.PREPARE_AWAITS_EPOCH
-            self._heartbeat_asap = True  # fetch the epoch now rather than at the next interval
+            self._session.computation.phase = _AssignPhase.PREPARE_AWAITS_EPOCH
+            self._session.heartbeat_asap = True  # fetch the epoch now rather than at the next interval
             return
         if code != _NONE:
             # UNKNOWN_MEMBER_ID (not, or no longer, the chosen member) and anything else.
@@ -885,31 +818,25 @@ class GroupMember:
         except PartitionAssignorError:
             # The coordinator keeps the current target when the assignment carries an error.
             result = GroupAssignment(members={}, error=ASSIGNOR_FAILED)
-        self._computation.group_epoch = response.group_epoch
-        self._computation.result = result
-        self._computation.phase = _AssignPhase.INSTALL_DUE
-        self._computation.due_ms = None
+        self._session.computation.group_epoch = response.group_epoch
+        self._session.computation.result = result
+        self._session.computation.phase = _AssignPhase.INSTALL_DUE
+        self._session.computation.due_ms = None
 
     def _on_install_response(self, response: ConsumerGroupInstallAssignmentResponse) -> None:
         code = response.error_code
         if code == _NONE:
-            group_epoch = self._computation.group_epoch
+            group_epoch = self._session.computation.group_epoch
             self._abandon_computation(None)
             self._events.append(AssignmentInstalled(group_epoch))
             # The installed target holds this member's new assignment: fetch it now rather
             # than at the next interval.
             self.request_heartbeat()
         elif code == _STALE_MEMBER_EPOCH:
-            self._computation.phase = _AssignPhase.INSTALL_AWAITS_EPOCH
-            self._heartbeat_asap = True
+            self._session.computation.phase = _AssignPhase.INSTALL_AWAITS_EPOCH
+            self._session.heartbeat_asap = True
         else:
             self._abandon_computation(AssignmentAbandoned("install", code, response.error_message or error_name(code)))
-
-    # ------------------------------------------------------------------ time
-
-    def _advance(self, now_ms: int) -> None:
-        # Callers may pass a stale time (e.g. a late callback); the clock never goes back.
-        self._now_ms = max(self._now_ms, now_ms)
 
 
 def assignment_spec_from_prepare(

@@ -14,7 +14,7 @@ The application part is small and deliberate:
 * a slow client-side assignor holds its Install request back for the computation time;
 * it can crash (gone at once, no leave), leave (-1, or -2 when static), and start again as a
   new incarnation (a new GroupMember; a static one keeps its instance id);
-* it speaks the group protocol its spec names: KIP-848 (``GroupMember``) or classic
+* it speaks the group protocol its spec names: KIP-848 (``ConsumerGroupMember``) or classic
   (``ClassicGroupMember``, Kafka's consumer: JoinGroup / SyncGroup long polls, whose request
   timeout is the rebalance timeout plus 5 s). A restart may switch it (online migration).
 
@@ -35,10 +35,11 @@ import kafka.errors as Errors
 from kafka.protocol.api_message import ApiMessage
 
 from pystreams.client.classic import ClassicGroupMember, ClassicMemberConfig
+from pystreams.client.common import GroupMember
 from pystreams.client.member import (
     AssignmentAbandoned,
     AssignmentInstalled,
-    GroupMember,
+    ConsumerGroupMember,
     InstanceIdUnreleased,
     LeftGroup,
     MemberConfig,
@@ -92,7 +93,7 @@ class MemberProcess:
         self.world = world
         self.spec = spec
         self.name = spec.name
-        self.member: GroupMember | ClassicGroupMember | None = None
+        self.member: GroupMember | None = None
         self.assignor: SimAssignor | None = None
         #: Changes on every start and crash: callbacks of an older incarnation are ignored.
         self.incarnation = 0
@@ -176,10 +177,10 @@ class MemberProcess:
         world.at(world.now + timing.commit_interval_ms, self._periodic_commit, self.incarnation)
         world.touched(self)
 
-    def _kip848_member(self) -> GroupMember:
+    def _kip848_member(self) -> ConsumerGroupMember:
         timing = self.world.timing
         spec = self.spec
-        return GroupMember(
+        return ConsumerGroupMember(
             MemberConfig(
                 group_id=self.world.group_id,
                 client_id=self.name,
