@@ -10,14 +10,16 @@ states *constraints*: which topics must be co-partitioned, and how each internal
 follows from its sub-topology's inputs. ``pystreams.topology.resolve.resolve`` turns a
 topology plus the cluster's partition counts into tasks and concrete counts.
 
-A node is one small frozen type per kind (``MapNode``, ``AggregateNode``, ...: the tagged
-union ``Node``, tagged by each type's ``kind``) holding only the fields its kind uses; runtimes
-dispatch on the type through a table. Callables (the user's functions, timestamp extractors,
+A node is one small frozen type per kind (``MapNode``, ``AggregateNode``, ...: the union
+``Node``) holding only the fields its kind uses; code dispatches with ``match`` on the type,
+which narrows it, and a node's ``kind`` (``"map"``, ``"aggregate"``) is only the type's name,
+for people and for the topology hash. Callables (the user's functions, timestamp extractors,
 processor classes) are held by reference; nothing here is serialized. The topology hash covers
 structure only. The rules each kind follows live in ``pystreams.topology.kernels``, which
 both runtimes wrap.
 
-How a runtime executes each node kind (``key``/``value`` are deserialized objects; a record
+How a runtime executes each node kind (named here in capitals: ``BRANCH_OUTPUT`` is
+``BranchOutputNode``; ``key``/``value`` are deserialized objects; a record
 also carries a timestamp, inherited by every record derived from it):
 
 =====================  ===========================================================================
@@ -451,7 +453,7 @@ class SuppressNode(NodeBase):
         return (self.store,)
 
 
-#: One step of the graph: a tagged union, the tag being each type's ``kind``.
+#: One step of the graph: match on the type to reach a kind's fields.
 Node: TypeAlias = (
     SourceNode
     | TableSourceNode
