@@ -53,7 +53,6 @@ from pystreams.topology.errors import (
     TopologyError,
 )
 from pystreams.topology.ir import (
-    TABLE_KINDS,
     AggregateNode,
     BranchNode,
     BranchOutputNode,
@@ -72,7 +71,6 @@ from pystreams.topology.ir import (
     MapValuesNode,
     MergeNode,
     Node,
-    NodeKind,
     PeekNode,
     ProcessorNode,
     PunctuationType,
@@ -88,6 +86,9 @@ from pystreams.topology.ir import (
     SuppressNode,
     TableSourceNode,
     ToStreamNode,
+    is_table,
+    stores_of,
+    window_of,
 )
 from pystreams.topology.naming import check_name, repartition_source_node
 from pystreams.topology.patterns import compile_pattern
@@ -508,7 +509,8 @@ class App(AppQueries):
         node_name = self._fresh_name(name, f"{parent.name}-suppress")
         if not isinstance(suppression, UntilWindowCloses | UntilTimeLimit):
             raise TypeError(f"suppress {node_name!r}: give until_window_closes() or until_time_limit(...), got {suppression!r}")
-        window = parent.window if isinstance(parent.window, TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow) else None
+        parent_window = window_of(parent)
+        window = parent_window if isinstance(parent_window, TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow) else None
         if isinstance(suppression, UntilWindowCloses) and window is None:
             raise TopologyError(
                 f"suppress {node_name!r}: until_window_closes() needs a windowed table, but {parent.name!r} has no windows (use until_time_limit(...))",
@@ -762,7 +764,7 @@ class App(AppQueries):
             )
         self._nodes[node.name] = node
 
-    def _add_source(self, node: Node) -> None:
+    def _add_source(self, node: SourceNode | TableSourceNode) -> None:
         for topic in node.topics:
             owner = self._sources_by_topic.get(topic)
             if owner is not None:
@@ -898,7 +900,7 @@ class App(AppQueries):
         if isinstance(window, SessionWindow):
             if merger is None:
                 raise TopologyError(f"aggregate {node_name!r} over session windows needs merge=(key, older, newer)", nodes=[node_name])
-        elif kind is NodeKind.AGGREGATE and merger is not None:
+        elif node_type is AggregateNode and merger is not None:
             raise TopologyError(f"aggregate {node_name!r}: merge= only applies to session windows", nodes=[node_name])
         else:
             merger = None
@@ -1029,14 +1031,14 @@ class App(AppQueries):
             raise TopologyError(f"join {node_name!r}: a stream-table join takes no window", nodes=[node_name])
         if how is JoinHow.OUTER:
             raise TopologyError(f"join {node_name!r}: a stream-table join is inner or left, not outer", nodes=[node_name])
-        if table.kind not in TABLE_KINDS:
+        if not is_table(table):
             raise TopologyError(f"join {node_name!r}: {table.name!r} is not a table", nodes=[node_name, table.name])
-        if table.window is not None:
+        if window_of(table) is not None:
             raise TopologyError(
                 f"join {node_name!r}: cannot join a stream with the windowed table {table.name!r}",
                 nodes=[node_name, table.name],
             )
-        table_store = table.stores[0]
+        table_store = stores_of(table)[0]
         self._add(
             StreamTableJoinNode(
                 name=node_name,
@@ -1258,11 +1260,11 @@ class Table(_Handle):
 
     @property
     def store(self) -> str:
-        return self.node.stores[0]
+        return stores_of(self.node)[0]
 
     @property
     def windowed(self) -> bool:
-        return self.node.window is not None
+        return window_of(self.node) is not None
 
     to_stream = _applied(App.to_stream)
     suppress = _applied(App.suppress)

@@ -34,7 +34,7 @@ from typing import Any
 
 from pystreams.serdes import Bytes, Serde
 from pystreams.state import CacheLimits, TopicPartition
-from pystreams.topology.ir import NodeKind, TaskId, Topology
+from pystreams.topology.ir import SinkNode, SourceNode, TaskId, Topology
 from pystreams.topology.patterns import matching_topics
 from pystreams.topology.resolve import ResolvedTopology, resolve
 from pystreams.topology.stores import TypedStore
@@ -328,8 +328,8 @@ class TopologyTestDriver:
 
     def _source_node(self, topic: str) -> Any:
         for node_name, topics in self.resolved.source_topics.items():
-            node = self.topology.nodes[node_name]
-            if topic in topics and not node.internal:
+            node = self.topology.source(node_name)
+            if topic in topics and not (isinstance(node, SourceNode) and node.internal):
                 return node
         inputs = sorted(t for topics in self.resolved.source_topics.values() for t in topics if t not in self._repartition_topics)
         raise ValueError(f"topic {topic!r} is not an input topic of app {self.topology.app_id!r} (inputs: {inputs})")
@@ -337,7 +337,7 @@ class TopologyTestDriver:
     def _sink_serdes(self, topic: str) -> tuple[Serde, Serde]:
         if topic == self._errors.dead_letter_topic:
             return Bytes(), Bytes()
-        sinks = [node for node in self.topology.nodes.values() if node.kind is NodeKind.SINK and topic in node.topics]
+        sinks = [node for node in self.topology.nodes.values() if isinstance(node, SinkNode) and node.topic == topic]
         if not sinks or sinks[0].internal:
             raise ValueError(f"app {self.topology.app_id!r} writes no topic {topic!r}")
         serde_pairs = {(sink.key_serde, sink.value_serde) for sink in sinks}
@@ -511,7 +511,7 @@ def _input_partition_counts(topology: Topology, partitions: Mapping[str, int]) -
     for topic in topology.external_source_topics:
         counts.setdefault(topic, 1)
     for node in topology.nodes.values():
-        if node.pattern is not None:
+        if isinstance(node, SourceNode) and node.pattern is not None:
             for topic in matching_topics(node.pattern, node.name, partitions):
                 counts.setdefault(topic, partitions[topic])
     for count in counts.values():

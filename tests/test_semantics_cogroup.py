@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from pystreams.topology.errors import TopologyError
-from pystreams.topology.ir import NodeKind
+from pystreams.topology.ir import CogroupAggregateNode, CogroupNode
 from pystreams.topology.windows import Windowed
 
 from pystreams import serdes
@@ -63,8 +63,8 @@ def test_two_streams_with_their_own_aggregators_share_one_accumulator(fluent: bo
         assert driver.store_contents("both") == {"k1": "0+A-B+A", "k2": "0+A-B"}
     assert updates == [("k1", "0+A"), ("k2", "0+A"), ("k1", "0+A-B"), ("k1", "0+A-B+A"), ("k2", "0+A-B")]
     topology = app.topology()
-    kinds = [node.kind for node in topology.nodes.values()]
-    assert kinds.count(NodeKind.COGROUP_AGGREGATE) == 2 and kinds.count(NodeKind.COGROUP) == 1
+    kinds = [type(node) for node in topology.nodes.values()]
+    assert kinds.count(CogroupAggregateNode) == 2 and kinds.count(CogroupNode) == 1
     assert list(topology.stores) == ["both"]  # one store for both streams
 
 

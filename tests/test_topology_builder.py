@@ -15,7 +15,7 @@ from pystreams.topology.errors import (
     StoreError,
     TopologyError,
 )
-from pystreams.topology.ir import FilterNode, NodeKind, PunctuationType, StoreKind, TopicRole
+from pystreams.topology.ir import FilterNode, ProcessorNode, PunctuationType, StoreKind, TopicRole
 
 from pystreams import serdes
 from pystreams.app import App, JoinWindow, Processor, kv_store, load_app
@@ -55,7 +55,7 @@ def test_wordcount_splits_at_the_words_repartition_topic():
     counts = topology.node("counts")
     assert counts.parents == ("words-repartition-source",) and counts.children == ("counts-to-word-counts",)
     sink = topology.node("counts-to-word-counts")
-    assert sink.topics == ("word-counts",) and sink.value_serde == serdes.Int() and sink.key_serde == serdes.Text()
+    assert sink.topic == "word-counts" and sink.value_serde == serdes.Int() and sink.key_serde == serdes.Text()
     # the repartition topic carries the key-changed records with the words node's serdes
     assert topology.node("words-repartition-sink").value_serde == words.value_serde
     assert topology.copartition_groups == ()
@@ -97,7 +97,7 @@ def test_dedupe_example_is_one_subtopology_with_a_processor_store():
     topology = example("dedupe_processor")
     (only,) = topology.subtopologies
     node = topology.node("Dedupe")
-    assert node.kind is NodeKind.PROCESSOR and node.stores == ("seen-ids",)
+    assert isinstance(node, ProcessorNode) and node.stores == ("seen-ids",)
     assert {(p.method, p.type) for p in node.punctuations} == {
         ("forget_old_ids", PunctuationType.STREAM_TIME),
         ("report", PunctuationType.WALL_CLOCK_TIME),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from pystreams.topology.describe import describe, to_mermaid
+from pystreams.topology.ir import stores_of
 from pystreams.topology.resolve import resolve
 
 from pystreams.app import load_app
@@ -52,7 +53,7 @@ def test_mermaid_is_a_flowchart_with_every_node_and_topic(name):
     # every edge joins declared ids, and subgraphs are closed
     ids = set(re.findall(r"^\s+(\w+)[\[(>]", chart, re.M))
     edges = re.findall(r"^\s+(\w+) -[-.]-?>? (\w+)$", chart, re.M)
-    assert len(edges) >= sum(len(node.children) + len(node.stores) for node in topology.nodes.values())
+    assert len(edges) >= sum(len(node.children) + len(stores_of(node)) for node in topology.nodes.values())
     for left, right in edges:
         assert left in ids and right in ids
     assert sum(line.strip().startswith("subgraph") for line in lines) == len(topology.subtopologies)

@@ -39,14 +39,15 @@ from .errors import (
 )
 from .hashing import canonical_form, topology_hash
 from .ir import (
-    KEYED_INPUT_KINDS,
+    AggregationNode,
     CogroupNode,
     CopartitionGroup,
     ErrorPolicies,
     InternalTopic,
     JoinSide,
     Node,
-    NodeKind,
+    ProcessorNode,
+    RepartitionNode,
     SinkNode,
     SourceNode,
     Store,
@@ -54,8 +55,13 @@ from .ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SubTopology,
+    TableSourceNode,
     TopicRole,
     Topology,
+    changes_key,
+    is_source,
+    stores_of,
+    topics_of,
 )
 from .naming import changelog_topic, check_name, repartition_sink_node, repartition_source_node, repartition_topic
 from .patterns import compile_pattern
@@ -74,7 +80,7 @@ def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store], errors: E
     declared = _index(nodes)
     errors = errors or ErrorPolicies()
     for source in errors.sources:
-        if source not in declared or not declared[source].is_source:
+        if source not in declared or not is_source(declared[source]):
             raise TopologyError(f"an error policy names {source!r}, which is not a source node", nodes=[source])
     store_index = {store.name: store for store in stores}
     _check_references(declared, store_index)
@@ -91,7 +97,7 @@ def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store], errors: E
 
     node_list = list(ordered.values())
     canonical = canonical_form(app_id, node_list, list(built_stores.values()), subtopologies, list(internal_topics.values()), groups)
-    external_sources = sorted({t for n in node_list if n.is_source and not n.internal for t in n.topics})
+    external_sources = sorted({t for n in node_list if _reads_external_topics(n) for t in topics_of(n)})
     return Topology(
         app_id=app_id,
         nodes=ordered,
@@ -99,12 +105,17 @@ def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store], errors: E
         subtopologies=tuple(subtopologies),
         internal_topics=internal_topics,
         external_source_topics=tuple(external_sources),
-        source_patterns=tuple(n.pattern for n in node_list if n.pattern is not None),
-        sink_topics=tuple(sorted({n.topics[0] for n in node_list if n.kind is NodeKind.SINK and not n.internal})),
+        source_patterns=tuple(n.pattern for n in node_list if isinstance(n, SourceNode) and n.pattern is not None),
+        sink_topics=tuple(sorted({n.topic for n in node_list if isinstance(n, SinkNode) and not n.internal})),
         copartition_groups=tuple(groups),
         hash=topology_hash(canonical),
         errors=errors,
     )
+
+
+def _reads_external_topics(node: Node) -> bool:
+    """A source of other systems' topics (not of a repartition topic)."""
+    return isinstance(node, TableSourceNode) or (isinstance(node, SourceNode) and not node.internal)
 
 
 # --------------------------------------------------------------------------- 1. references
@@ -117,7 +128,7 @@ def _index(nodes: Sequence[Node]) -> dict[str, Node]:
         if node.name in index:
             raise InvalidNameError(f"two nodes are named {node.name!r}", nodes=[node.name])
         index[node.name] = node
-    if not any(node.is_source for node in nodes):
+    if not any(is_source(node) for node in nodes):
         raise MissingSourceError("the topology has no source: declare one with app.topic(...) or app.table(...)")
     return index
 
@@ -125,10 +136,10 @@ def _index(nodes: Sequence[Node]) -> dict[str, Node]:
 def _check_references(declared: dict[str, Node], stores: dict[str, Store]) -> None:
     seen: set[str] = set()
     for node in declared.values():
-        if node.is_source:
+        if isinstance(node, SourceNode | TableSourceNode):
             if node.parents:
                 raise TopologyError(f"source {node.name!r} cannot have parents", nodes=[node.name])
-            if not node.topics and node.pattern is None:
+            if not node.topics and not (isinstance(node, SourceNode) and node.pattern is not None):
                 raise MissingSourceError(f"source {node.name!r} reads no topic and no pattern", nodes=[node.name])
         elif not node.parents:
             raise MissingSourceError(f"{node.kind} node {node.name!r} has no input", nodes=[node.name])
@@ -149,13 +160,13 @@ def _check_references(declared: dict[str, Node], stores: dict[str, Store]) -> No
                 f"join {node.name!r} reads table {node.table!r}, which is not declared",
                 nodes=[node.name, node.table],
             )
-        for store_name in node.stores:
+        for store_name in stores_of(node):
             if store_name not in stores:
                 raise StoreError(f"{node.kind} node {node.name!r} uses store {store_name!r}, which no node declares", nodes=[node.name])
         seen.add(node.name)
     for store in stores.values():
         owner = declared.get(store.owner)
-        if owner is None or store.name not in owner.stores:
+        if owner is None or store.name not in stores_of(owner):
             raise StoreError(f"store {store.name!r} names owner {store.owner!r}, which does not use it", nodes=[store.owner])
 
 
@@ -163,7 +174,13 @@ def _check_references(declared: dict[str, Node], stores: dict[str, Store]) -> No
 
 
 def _needs_keyed_input(node: Node) -> bool:
-    return node.kind in KEYED_INPUT_KINDS or (node.kind is NodeKind.PROCESSOR and bool(node.stores))
+    match node:
+        case AggregationNode() | StreamTableJoinNode() | StreamStreamJoinNode():
+            return True
+        case ProcessorNode():
+            return bool(node.stores)
+        case _:
+            return False
 
 
 def _insert_repartitions(app_id: str, declared: dict[str, Node]) -> dict[str, Node]:
@@ -212,7 +229,7 @@ def _insert_repartitions(app_id: str, declared: dict[str, Node]) -> dict[str, No
         return source_name
 
     for node in declared.values():
-        if node.kind is NodeKind.REPARTITION:
+        if isinstance(node, RepartitionNode):
             parent = declared[node.parents[0]]
             base = node.name.removesuffix("-repartition-source")
             source_name = emit_pair(base, parent, node, node.partitions)
@@ -233,11 +250,11 @@ def _insert_repartitions(app_id: str, declared: dict[str, Node]) -> dict[str, No
                         )
                     repartitioned[parent_name] = emit_pair(parent_name, ordered[parent_name], None, None)
                 parents[index] = repartitioned[parent_name]
-            key_changed[node.name] = node.key_changing
-        elif node.is_source:
+            key_changed[node.name] = changes_key(node)
+        elif is_source(node):
             key_changed[node.name] = False
         else:
-            key_changed[node.name] = node.key_changing or any(key_changed[p] for p in parents)
+            key_changed[node.name] = changes_key(node) or any(key_changed[p] for p in parents)
         emit(replace(node, parents=tuple(parents)))
     return ordered
 
@@ -284,7 +301,7 @@ def _split(nodes: dict[str, Node]) -> dict[str, int]:
 def _place_stores(app_id: str, nodes: dict[str, Node], stores: dict[str, Store]) -> dict[str, Store]:
     users: dict[str, list[str]] = {name: [] for name in stores}
     for node in nodes.values():
-        for store_name in node.stores:
+        for store_name in stores_of(node):
             users[store_name].append(node.name)
     placed = {}
     for name in sorted(stores):
@@ -317,10 +334,10 @@ def _changelog_config(store: Store) -> dict[str, str]:
 
 def _internal_topics(app_id: str, nodes: dict[str, Node], stores: dict[str, Store]) -> dict[str, InternalTopic]:
     topics: dict[str, InternalTopic] = {}
-    readers = {n.topics[0]: n.subtopology for n in nodes.values() if n.internal and n.kind is NodeKind.SOURCE}
+    readers = {n.topics[0]: n.subtopology for n in nodes.values() if isinstance(n, SourceNode) and n.internal}
     for node in nodes.values():
-        if node.internal and node.kind is NodeKind.SINK:
-            topic = node.topics[0]
+        if isinstance(node, SinkNode) and node.internal:
+            topic = node.topic
             topics[topic] = InternalTopic(
                 name=topic,
                 role=TopicRole.REPARTITION,
@@ -352,8 +369,8 @@ def _subtopologies(nodes: dict[str, Node], stores: dict[str, Store]) -> list[Sub
     result = []
     for sub_id in range(count):
         members = [node for node in nodes.values() if node.subtopology == sub_id]
-        sources = [n for n in members if n.is_source]
-        sinks = [n for n in members if n.kind is NodeKind.SINK]
+        sources = [n for n in members if isinstance(n, SourceNode | TableSourceNode)]
+        sinks = [n for n in members if isinstance(n, SinkNode)]
         result.append(
             SubTopology(
                 id=sub_id,
@@ -361,8 +378,8 @@ def _subtopologies(nodes: dict[str, Node], stores: dict[str, Store]) -> list[Sub
                 source_nodes=tuple(n.name for n in sources),
                 sink_nodes=tuple(n.name for n in sinks),
                 source_topics=tuple(t for n in sources for t in n.topics),
-                source_patterns=tuple(n.pattern for n in sources if n.pattern is not None),
-                sink_topics=tuple(dict.fromkeys(n.topics[0] for n in sinks)),
+                source_patterns=tuple(n.pattern for n in sources if isinstance(n, SourceNode) and n.pattern is not None),
+                sink_topics=tuple(dict.fromkeys(n.topic for n in sinks)),
                 stores=tuple(sorted(s.name for s in stores.values() if s.subtopology == sub_id)),
             )
         )
@@ -380,7 +397,7 @@ def _upstream_sources(nodes: dict[str, Node], start: str) -> set[str]:
             continue
         seen.add(name)
         node = nodes[name]
-        if node.is_source:
+        if is_source(node):
             found.add(name)
         stack.extend(node.parents)
     return found
@@ -415,10 +432,11 @@ def _copartition_groups(nodes: dict[str, Node]) -> list[CopartitionGroup]:
     groups = []
     for joins, sources in merged:
         source_nodes = sorted(sources, key=order.__getitem__)
-        if len(source_nodes) < 2 and not any(nodes[s].pattern for s in source_nodes):
+        members = [nodes[s] for s in source_nodes]
+        if len(members) < 2 and not any(isinstance(n, SourceNode) and n.pattern for n in members):
             continue  # one named topic is trivially co-partitioned with itself
-        topics = tuple(t for s in source_nodes for t in nodes[s].topics)
-        explicit = {nodes[s].topics[0]: nodes[s].partitions for s in source_nodes if nodes[s].internal and nodes[s].partitions is not None}
+        topics = tuple(t for n in members for t in topics_of(n))
+        explicit = {n.topics[0]: n.partitions for n in members if isinstance(n, SourceNode) and n.internal and n.partitions is not None}
         if len(set(explicit.values())) > 1:
             raise CopartitionError(
                 f"join {', '.join(map(repr, joins))} needs co-partitioned inputs, but repartition topics have different fixed partition counts: {explicit}",
@@ -434,24 +452,25 @@ def _copartition_groups(nodes: dict[str, Node]) -> list[CopartitionGroup]:
 
 
 def _check_sources_and_sinks(nodes: dict[str, Node], internal_topics: dict[str, InternalTopic]) -> None:
-    named_sources = {t: n.name for n in nodes.values() if n.is_source and not n.internal for t in n.topics}
+    named_sources = {t: n.name for n in nodes.values() if _reads_external_topics(n) for t in topics_of(n)}
     for node in nodes.values():
-        if node.pattern is not None:
-            compiled = compile_pattern(node.pattern, node.name)
-            clashes = sorted(t for t in named_sources if compiled.fullmatch(t))
-            if clashes:
-                raise InvalidPatternError(
-                    f"source {node.name!r}: pattern {node.pattern!r} also matches {clashes}, already read by "
-                    f"{sorted({named_sources[t] for t in clashes})}; a topic can feed only one source",
-                    nodes=[node.name, *sorted({named_sources[t] for t in clashes})],
-                    topics=clashes,
+        match node:
+            case SourceNode(pattern=str(pattern)):
+                compiled = compile_pattern(pattern, node.name)
+                clashes = sorted(t for t in named_sources if compiled.fullmatch(t))
+                if clashes:
+                    raise InvalidPatternError(
+                        f"source {node.name!r}: pattern {pattern!r} also matches {clashes}, already read by "
+                        f"{sorted({named_sources[t] for t in clashes})}; a topic can feed only one source",
+                        nodes=[node.name, *sorted({named_sources[t] for t in clashes})],
+                        topics=clashes,
+                    )
+            case SinkNode(internal=False) if node.topic in internal_topics:
+                raise InvalidNameError(
+                    f"sink {node.name!r} writes to {node.topic!r}, an internal topic of this app",
+                    nodes=[node.name],
+                    topics=[node.topic],
                 )
-        if node.kind is NodeKind.SINK and not node.internal and node.topics[0] in internal_topics:
-            raise InvalidNameError(
-                f"sink {node.name!r} writes to {node.topics[0]!r}, an internal topic of this app",
-                nodes=[node.name],
-                topics=[node.topics[0]],
-            )
     for name, source in named_sources.items():
         if name in internal_topics:
             raise InvalidNameError(f"source {source!r} reads {name!r}, an internal topic of this app", nodes=[source], topics=[name])

@@ -9,40 +9,65 @@ from __future__ import annotations
 
 import re
 
-from .ir import AggregationNode, JoinKind, Node, NodeKind, StreamStreamJoinNode, StreamTableJoinNode, SubTopology, SuppressNode, TopicRole, Topology
+from .ir import (
+    AggregationNode,
+    BranchOutputNode,
+    EmitStrategy,
+    JoinKind,
+    Node,
+    ProcessorNode,
+    SinkNode,
+    SourceNode,
+    StreamStreamJoinNode,
+    StreamTableJoinNode,
+    SubTopology,
+    SuppressNode,
+    TableSourceNode,
+    TopicRole,
+    Topology,
+    is_source,
+    stores_of,
+    topics_of,
+    window_of,
+)
 from .resolve import ResolvedTopology
 from .suppress import describe_suppression
 from .windows import describe_window
 
 
 def _node_line(node: Node) -> str:
-    if node.is_source:
-        what = f"pattern {node.pattern!r}" if node.pattern is not None else f"topics {list(node.topics)}"
-        label = "Table source" if node.kind is NodeKind.TABLE_SOURCE else "Source"
-        line = f"{label}: {node.name} ({what})"
-    elif node.kind is NodeKind.SINK:
-        line = f"Sink: {node.name} (topic {node.topics[0]!r})"
-    else:
-        line = f"Processor: {node.name} ({node.kind})"
+    match node:
+        case SourceNode(pattern=str(pattern)):
+            line = f"Source: {node.name} (pattern {pattern!r})"
+        case SourceNode():
+            line = f"Source: {node.name} (topics {list(node.topics)})"
+        case TableSourceNode():
+            line = f"Table source: {node.name} (topics {list(node.topics)})"
+        case SinkNode():
+            line = f"Sink: {node.name} (topic {node.topic!r})"
+        case _:
+            line = f"Processor: {node.name} ({node.kind})"
     details = []
-    if node.stores:
-        details.append(f"stores {list(node.stores)}")
-    if node.window is not None:
-        details.append(describe_window(node.window))
-    if isinstance(node, AggregationNode) and node.emits_final:
-        details.append("emit final")
-    if isinstance(node, SuppressNode):
-        details.append(describe_suppression(node.suppression))
-    if isinstance(node, StreamTableJoinNode):
-        details.append(f"{node.how} {JoinKind.STREAM_TABLE} join")
-    elif isinstance(node, StreamStreamJoinNode):
-        details.append(f"{node.how} {JoinKind.STREAM_STREAM} join, {node.side} side")
-    if node.punctuations:
-        details.append("punctuate " + ", ".join(f"{p.method} every {p.interval_ms}ms {p.type}" for p in node.punctuations))
-    if node.timestamp_extractor is not None:
-        details.append("event time from extractor")
-    if node.kind is NodeKind.BRANCH_OUTPUT:
-        details.append(f"branch {node.branches[0]!r}")
+    stores, window = stores_of(node), window_of(node)
+    if stores:
+        details.append(f"stores {list(stores)}")
+    if window is not None:
+        details.append(describe_window(window))
+    match node:
+        case AggregationNode(emit=EmitStrategy.FINAL):
+            details.append("emit final")
+        case SuppressNode():
+            details.append(describe_suppression(node.suppression))
+        case StreamTableJoinNode():
+            details.append(f"{node.how} {JoinKind.STREAM_TABLE} join")
+        case StreamStreamJoinNode():
+            details.append(f"{node.how} {JoinKind.STREAM_STREAM} join, {node.side} side")
+        case ProcessorNode(punctuations=punctuations) if punctuations:
+            details.append("punctuate " + ", ".join(f"{p.method} every {p.interval_ms}ms {p.type}" for p in punctuations))
+        case SourceNode() | TableSourceNode() if node.timestamp_extractor is not None:
+            details.append("event time from extractor")
+        case BranchOutputNode():
+            details.append(f"branch {node.label!r}")
     details.append(f"serdes {node.key_serde.name}/{node.value_serde.name}")
     return f"{line} [{'; '.join(details)}]"
 
@@ -79,7 +104,7 @@ def describe(topology: Topology, resolved: ResolvedTopology | None = None) -> st
     for pattern in topology.source_patterns:
         matched = ""
         if resolved is not None:
-            node = next(n for n in topology.nodes.values() if n.pattern == pattern)
+            node = next(n for n in topology.nodes.values() if isinstance(n, SourceNode) and n.pattern == pattern)
             matched = f" -> {list(resolved.source_topics[node.name])}"
         lines.append(f"  /{pattern}/: source pattern{matched}")
     for topic in topology.sink_topics:
@@ -129,9 +154,9 @@ def to_mermaid(topology: Topology) -> str:
     lines = ["flowchart LR"]
     topics: dict[str, str] = {}
     for node in topology.nodes.values():
-        for topic in node.topics:
+        for topic in topics_of(node):
             topics.setdefault(topic, _mermaid_id("t_", topic))
-        if node.pattern is not None:
+        if isinstance(node, SourceNode) and node.pattern is not None:
             topics.setdefault(f"/{node.pattern}/", _mermaid_id("t_", f"/{node.pattern}/"))
     for name, topic_id in topics.items():
         lines.append(f"  {topic_id}>{_label(name)}]")
@@ -140,20 +165,22 @@ def to_mermaid(topology: Topology) -> str:
         for node in topology.nodes_of(sub.id):
             label = _label(f"{node.name}<br/>{node.kind}")
             node_id = _mermaid_id("n_", node.name)
-            shape = f"([{label}])" if node.is_source or node.kind is NodeKind.SINK else f"[{label}]"
+            shape = f"([{label}])" if is_source(node) or isinstance(node, SinkNode) else f"[{label}]"
             lines.append(f"    {node_id}{shape}")
         for store in sub.stores:
             lines.append(f"    {_mermaid_id('s_', store)}[({_label(store)})]")
         lines.append("  end")
     for node in topology.nodes.values():
         node_id = _mermaid_id("n_", node.name)
-        if node.is_source:
-            for topic in node.topics or (f"/{node.pattern}/",):
-                lines.append(f"  {topics[topic]} --> {node_id}")
-        if node.kind is NodeKind.SINK:
-            lines.append(f"  {node_id} --> {topics[node.topics[0]]}")
+        match node:
+            case SourceNode(pattern=str(pattern)):
+                lines.append(f"  {topics[f'/{pattern}/']} --> {node_id}")
+            case SourceNode() | TableSourceNode():
+                lines.extend(f"  {topics[topic]} --> {node_id}" for topic in node.topics)
+            case SinkNode():
+                lines.append(f"  {node_id} --> {topics[node.topic]}")
         for child in node.children:
             lines.append(f"  {node_id} --> {_mermaid_id('n_', child)}")
-        for store in node.stores:
+        for store in stores_of(node):
             lines.append(f"  {node_id} -.- {_mermaid_id('s_', store)}")
     return "\n".join(lines) + "\n"

@@ -18,15 +18,26 @@ import msgspec
 
 from .ir import (
     AggregationNode,
+    BranchNode,
+    BranchOutputNode,
     CopartitionGroup,
     InternalTopic,
     JoinKind,
     Node,
+    ProcessorNode,
+    RepartitionNode,
+    SinkNode,
+    SourceNode,
     Store,
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SubTopology,
     SuppressNode,
+    TableSourceNode,
+    changes_key,
+    stores_of,
+    topics_of,
+    window_of,
 )
 from .suppress import suppression_fields
 from .windows import window_fields
@@ -60,27 +71,40 @@ def _join(node: Node) -> dict[str, Any] | None:
 
 
 def _node(node: Node) -> dict[str, Any]:
+    # The layout the nodes had when every node had every field: a kind without a field
+    # writes its empty value, so hashes stay the same.
+    window = window_of(node)
     return {
         "name": node.name,
-        "kind": node.kind.value,
+        "kind": node.kind,
         "parents": list(node.parents),
         "subtopology": node.subtopology,
         "key_serde": node.key_serde.name,
         "value_serde": node.value_serde.name,
-        "key_changing": node.key_changing,
-        "topics": list(node.topics),
-        "pattern": node.pattern,
-        "has_timestamp_extractor": node.timestamp_extractor is not None,
-        "internal": node.internal,
-        "partitions": node.partitions,
-        "stores": list(node.stores),
-        "window": window_fields(node.window) if node.window else None,
+        "key_changing": changes_key(node),
+        "topics": list(topics_of(node)),
+        "pattern": node.pattern if isinstance(node, SourceNode) else None,
+        "has_timestamp_extractor": isinstance(node, SourceNode | TableSourceNode) and node.timestamp_extractor is not None,
+        "internal": isinstance(node, RepartitionNode) or (isinstance(node, SourceNode | SinkNode) and node.internal),
+        "partitions": node.partitions if isinstance(node, SourceNode | SinkNode | RepartitionNode) else None,
+        "stores": list(stores_of(node)),
+        "window": window_fields(window) if window else None,
         "join": _join(node),
-        "branches": list(node.branches),
-        "punctuations": [[p.method, p.interval_ms, p.type.value] for p in node.punctuations],
+        "branches": list(_branches(node)),
+        "punctuations": [[p.method, p.interval_ms, p.type.value] for p in node.punctuations] if isinstance(node, ProcessorNode) else [],
         "emit": node.emit.value if isinstance(node, AggregationNode) else None,
         "suppression": suppression_fields(node.suppression) if isinstance(node, SuppressNode) else None,
     }
+
+
+def _branches(node: Node) -> tuple[str, ...]:
+    match node:
+        case BranchNode():
+            return node.branches
+        case BranchOutputNode():
+            return (node.label,)
+        case _:
+            return ()
 
 
 def _store(store: Store) -> dict[str, Any]:

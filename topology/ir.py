@@ -10,14 +10,16 @@ states *constraints*: which topics must be co-partitioned, and how each internal
 follows from its sub-topology's inputs. ``pystreams.topology.resolve.resolve`` turns a
 topology plus the cluster's partition counts into tasks and concrete counts.
 
-A node is one small frozen type per kind (``MapNode``, ``AggregateNode``, ...: the tagged
-union ``Node``, tagged by each type's ``kind``) holding only the fields its kind uses; runtimes
-dispatch on the type through a table. Callables (the user's functions, timestamp extractors,
+A node is one small frozen type per kind (``MapNode``, ``AggregateNode``, ...: the union
+``Node``) holding only the fields its kind uses; code dispatches with ``match`` on the type,
+which narrows it, and a node's ``kind`` (``"map"``, ``"aggregate"``) is only the type's name,
+for people and for the topology hash. Callables (the user's functions, timestamp extractors,
 processor classes) are held by reference; nothing here is serialized. The topology hash covers
 structure only. The rules each kind follows live in ``pystreams.topology.kernels``, which
 both runtimes wrap.
 
-How a runtime executes each node kind (``key``/``value`` are deserialized objects; a record
+How a runtime executes each node kind (named here in capitals: ``BRANCH_OUTPUT`` is
+``BranchOutputNode``; ``key``/``value`` are deserialized objects; a record
 also carries a timestamp, inherited by every record derived from it):
 
 =====================  ===========================================================================
@@ -78,6 +80,7 @@ aggregation window stores keep one value per (key, window).
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
@@ -87,45 +90,6 @@ from pystreams.serdes import Serde
 
 from .suppress import Suppression
 from .windows import AggregationWindow, JoinWindow, Window
-
-
-class NodeKind(enum.StrEnum):
-    SOURCE = "source"
-    TABLE_SOURCE = "table-source"
-    SINK = "sink"
-    MAP = "map"
-    MAP_VALUES = "map-values"
-    FLAT_MAP = "flat-map"
-    FLAT_MAP_VALUES = "flat-map-values"
-    FILTER = "filter"
-    PEEK = "peek"
-    SELECT_KEY = "select-key"
-    BRANCH = "branch"
-    BRANCH_OUTPUT = "branch-output"
-    MERGE = "merge"
-    TO_STREAM = "to-stream"
-    #: Only in declarations: the builder replaces it with a repartition sink + source pair.
-    REPARTITION = "repartition"
-    COUNT = "count"
-    AGGREGATE = "aggregate"
-    REDUCE = "reduce"
-    #: One input of a cogroup: aggregates its records into the cogroup's store.
-    COGROUP_AGGREGATE = "cogroup-aggregate"
-    #: The table of a cogroup: owns the store the inputs aggregate into.
-    COGROUP = "cogroup"
-    STREAM_TABLE_JOIN = "stream-table-join"
-    STREAM_STREAM_JOIN = "stream-stream-join"
-    PROCESSOR = "processor"
-    SUPPRESS = "suppress"
-
-
-#: Kinds whose input must be partitioned by the current key; a changed key upstream gets a
-#: repartition topic in front of them.
-KEYED_INPUT_KINDS = frozenset(
-    {NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE, NodeKind.COGROUP_AGGREGATE, NodeKind.STREAM_TABLE_JOIN, NodeKind.STREAM_STREAM_JOIN}
-)
-#: Kinds whose output is a table (an update stream of a keyed state).
-TABLE_KINDS = frozenset({NodeKind.TABLE_SOURCE, NodeKind.COUNT, NodeKind.AGGREGATE, NodeKind.REDUCE, NodeKind.COGROUP})
 
 
 class EmitStrategy(enum.StrEnum):
@@ -244,10 +208,13 @@ class Punctuation:
 class NodeBase:
     """What every node has; each kind below adds only the fields it uses. Serdes describe the
     records a node *emits* (for a sink: the records it writes; for a source: the records it
-    reads). Generic code reads the optional parts through the properties, whose defaults say
-    "this kind has none"."""
+    reads). Code that needs a kind's fields matches on the node's type (``match node: case
+    AggregationNode(): ...``), which narrows it; a field several kinds share has a function
+    over the union below (``stores_of``, ``window_of``, ...)."""
 
-    kind: ClassVar[NodeKind]
+    #: The kind's name for people and for the topology hash, derived from the type
+    #: (``MapValuesNode`` -> ``"map-values"``); code dispatches on the type, not on this.
+    kind: ClassVar[str]
     name: str
     key_serde: Serde
     value_serde: Serde
@@ -256,67 +223,10 @@ class NodeBase:
     #: The sub-topology id; -1 in declarations, before the builder assigns it.
     subtopology: int = -1
 
-    @property
-    def is_source(self) -> bool:
-        return self.kind in (NodeKind.SOURCE, NodeKind.TABLE_SOURCE)
-
-    @property
-    def fn(self) -> Callable[..., Any] | None:
-        """The user's callable; see the module docstring for its signature per kind."""
-        return None
-
-    @property
-    def key_changing(self) -> bool:
-        """True if the node may emit keys other than the ones it received."""
-        return False
-
-    @property
-    def topics(self) -> tuple[str, ...]:
-        """Sources: the topics read; a sink: ``(topic,)``."""
-        return ()
-
-    @property
-    def pattern(self) -> str | None:
-        return None
-
-    @property
-    def timestamp_extractor(self) -> Callable[[Any, Any, int], int] | None:
-        return None
-
-    @property
-    def internal(self) -> bool:
-        """A source or sink of a repartition topic."""
-        return False
-
-    @property
-    def partitions(self) -> int | None:
-        """The explicit partition count of a repartition topic."""
-        return None
-
-    @property
-    def stores(self) -> tuple[str, ...]:
-        """Stores this node reads or writes. The owner is ``Store.owner``."""
-        return ()
-
-    @property
-    def window(self) -> Window | None:
-        return None
-
-    @property
-    def initial(self) -> Any:
-        return None
-
-    @property
-    def merger(self) -> Callable[[Any, Any, Any], Any] | None:
-        return None
-
-    @property
-    def branches(self) -> tuple[str, ...]:
-        return ()
-
-    @property
-    def punctuations(self) -> tuple[Punctuation, ...]:
-        return ()
+    def __init_subclass__(cls) -> None:
+        # No super() call: the slots dataclass is a copy of the class, which zero-argument
+        # super() does not know; object's hook does nothing anyway.
+        cls.kind = re.sub(r"(?<!^)(?=[A-Z])", "-", cls.__name__.removesuffix("Node")).lower()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -324,7 +234,6 @@ class SourceNode(NodeBase):
     """Reads ``topics``, or every topic matching the RE2 ``pattern`` (then ``topics`` is empty);
     ``internal`` sources read repartition topics."""
 
-    kind: ClassVar[NodeKind] = NodeKind.SOURCE
     topics: tuple[str, ...] = ()
     pattern: str | None = None
     timestamp_extractor: Callable[[Any, Any, int], int] | None = None
@@ -334,7 +243,6 @@ class SourceNode(NodeBase):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TableSourceNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.TABLE_SOURCE
     topic: str
     store: str
     timestamp_extractor: Callable[[Any, Any, int], int] | None = None
@@ -350,67 +258,51 @@ class TableSourceNode(NodeBase):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SinkNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.SINK
     topic: str
+    #: A repartition topic's sink.
     internal: bool = False
     partitions: int | None = None
-
-    @property
-    def topics(self) -> tuple[str, ...]:
-        return (self.topic,)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MapNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.MAP
     fn: Callable[..., Any]
     key_changing: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MapValuesNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.MAP_VALUES
     fn: Callable[..., Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FlatMapNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.FLAT_MAP
     fn: Callable[..., Any]
     key_changing: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FlatMapValuesNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.FLAT_MAP_VALUES
     fn: Callable[..., Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FilterNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.FILTER
     fn: Callable[..., Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeekNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.PEEK
     fn: Callable[..., Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SelectKeyNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.SELECT_KEY
     fn: Callable[..., Any]
-
-    @property
-    def key_changing(self) -> bool:
-        return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BranchNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.BRANCH
     fn: Callable[..., Any]
     #: The labels ``fn`` may return, one BRANCH_OUTPUT child each.
     branches: tuple[str, ...]
@@ -418,34 +310,24 @@ class BranchNode(NodeBase):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BranchOutputNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.BRANCH_OUTPUT
     label: str
-
-    @property
-    def branches(self) -> tuple[str, ...]:
-        return (self.label,)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MergeNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.MERGE
+    """Forwards records from every parent unchanged."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToStreamNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.TO_STREAM
+    """Forwards a table's updates as a stream."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RepartitionNode(NodeBase):
     """Only in declarations: the builder replaces it with a repartition sink + source pair."""
 
-    kind: ClassVar[NodeKind] = NodeKind.REPARTITION
     partitions: int | None = None
-
-    @property
-    def internal(self) -> bool:
-        return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -477,17 +359,17 @@ class AggregationNode(NodeBase):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CountNode(AggregationNode):
-    kind: ClassVar[NodeKind] = NodeKind.COUNT
+    """Records per key: an aggregation with ``initial=0`` and ``fn=acc+1``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AggregateNode(AggregationNode):
-    kind: ClassVar[NodeKind] = NodeKind.AGGREGATE
+    """``acc = fn(acc, key, value)`` from ``initial``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReduceNode(AggregationNode):
-    kind: ClassVar[NodeKind] = NodeKind.REDUCE
+    """Like an aggregate, but a key's first value is the accumulator itself."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -496,7 +378,6 @@ class CogroupAggregateNode(AggregationNode):
     with its own ``fn`` into ``store``, which the COGROUP node ``cogroup`` owns and all the
     cogroup's inputs share. It forwards nothing; the cogroup's table emits the updates."""
 
-    kind: ClassVar[NodeKind] = NodeKind.COGROUP_AGGREGATE
     cogroup: str
 
 
@@ -506,7 +387,6 @@ class CogroupNode(NodeBase):
     value per key, or per key and window with ``window``) is theirs to write and its own to
     emit, as an aggregation's store is."""
 
-    kind: ClassVar[NodeKind] = NodeKind.COGROUP
     store: str
     window: AggregationWindow | None = None
     initial: Any = None
@@ -521,7 +401,6 @@ class CogroupNode(NodeBase):
 class StreamTableJoinNode(NodeBase):
     """Looks each record's key up in ``table_store``, the store of the table node ``table``."""
 
-    kind: ClassVar[NodeKind] = NodeKind.STREAM_TABLE_JOIN
     fn: Callable[..., Any]
     how: JoinHow
     table: str
@@ -537,7 +416,6 @@ class StreamStreamJoinNode(NodeBase):
     """One side of a windowed stream–stream join: ``side``, the other side's node ``other``,
     the store this side writes and the store it probes."""
 
-    kind: ClassVar[NodeKind] = NodeKind.STREAM_STREAM_JOIN
     fn: Callable[..., Any]
     how: JoinHow
     side: JoinSide
@@ -553,7 +431,6 @@ class StreamStreamJoinNode(NodeBase):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProcessorNode(NodeBase):
-    kind: ClassVar[NodeKind] = NodeKind.PROCESSOR
     #: A ``Processor`` subclass.
     fn: Callable[..., Any]
     key_changing: bool = True
@@ -567,7 +444,6 @@ class SuppressNode(NodeBase):
     ``suppression`` says (``pystreams.topology.suppress``); ``window`` is the windowed table's
     window, which ``until_window_closes`` needs to know when a window closes."""
 
-    kind: ClassVar[NodeKind] = NodeKind.SUPPRESS
     suppression: Suppression
     store: str
     window: AggregationWindow | None = None
@@ -577,7 +453,7 @@ class SuppressNode(NodeBase):
         return (self.store,)
 
 
-#: One step of the graph: a tagged union, the tag being each type's ``kind``.
+#: One step of the graph: match on the type to reach a kind's fields.
 Node: TypeAlias = (
     SourceNode
     | TableSourceNode
@@ -604,6 +480,54 @@ Node: TypeAlias = (
     | ProcessorNode
     | SuppressNode
 )
+
+
+def is_source(node: Node) -> bool:
+    return isinstance(node, SourceNode | TableSourceNode)
+
+
+def is_table(node: Node) -> bool:
+    """Whether the node's output is a table (an update stream of a keyed state)."""
+    return isinstance(node, TableSourceNode | CountNode | AggregateNode | ReduceNode | CogroupNode)
+
+
+def changes_key(node: Node) -> bool:
+    """True if the node may emit keys other than the ones it received."""
+    match node:
+        case MapNode() | FlatMapNode() | ProcessorNode():
+            return node.key_changing
+        case SelectKeyNode():
+            return True
+        case _:
+            return False
+
+
+def topics_of(node: Node) -> tuple[str, ...]:
+    """Sources: the topics read by name (none for a pattern); a sink: ``(topic,)``."""
+    match node:
+        case SourceNode() | TableSourceNode():
+            return node.topics
+        case SinkNode():
+            return (node.topic,)
+        case _:
+            return ()
+
+
+def stores_of(node: Node) -> tuple[str, ...]:
+    """Stores the node reads or writes. The owner is ``Store.owner``."""
+    match node:
+        case TableSourceNode() | AggregationNode() | CogroupNode() | StreamTableJoinNode() | StreamStreamJoinNode() | ProcessorNode() | SuppressNode():
+            return node.stores
+        case _:
+            return ()
+
+
+def window_of(node: Node) -> Window | None:
+    match node:
+        case AggregationNode() | CogroupNode() | StreamStreamJoinNode() | SuppressNode():
+            return node.window
+        case _:
+            return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -713,6 +637,14 @@ class Topology:
 
     def node(self, name: str) -> Node:
         return self.nodes[name]
+
+    def source(self, name: str) -> SourceNode | TableSourceNode:
+        """The source node ``name`` (as ``SubTopology.source_nodes`` names them)."""
+        match self.nodes[name]:
+            case SourceNode() | TableSourceNode() as node:
+                return node
+            case node:
+                raise KeyError(f"{name!r} is a {node.kind} node, not a source")
 
     def subtopology_of(self, node: str) -> SubTopology:
         return self.subtopologies[self.nodes[node].subtopology]

@@ -6,7 +6,7 @@ Two layers:
   record falls in and which of them have closed, how a record merges sessions, which records
   a windowed join pairs and what a left or outer join emits for a miss, when a punctuation is
   due next, what a processor's context shows;
-* **kernels**: ``NODE_KERNELS[type(node)](wiring)`` returns the node's ``emit(key, value,
+* **kernels**: ``node_emit(node, wiring)`` returns the node's ``emit(key, value,
   timestamp)``, a push function that applies the rules to one record and calls the node's
   children (``wiring.forward``), over byte stores behind small protocols.
 
@@ -38,14 +38,10 @@ from kafka.partitioner.default import murmur2
 from pystreams import serdes
 
 from .ir import (
-    TABLE_KINDS,
-    AggregateNode,
     AggregationNode,
     BranchNode,
     BranchOutputNode,
-    CogroupAggregateNode,
     CogroupNode,
-    CountNode,
     ErrorPolicies,
     ErrorPolicy,
     FilterNode,
@@ -56,12 +52,15 @@ from .ir import (
     MapNode,
     MapValuesNode,
     MergeNode,
+    Node,
     NodeBase,
     PeekNode,
     ProcessorNode,
     Punctuation,
     ReduceNode,
+    RepartitionNode,
     SelectKeyNode,
+    SinkNode,
     SourceNode,
     Store,
     StreamStreamJoinNode,
@@ -70,6 +69,7 @@ from .ir import (
     TableSourceNode,
     TaskId,
     ToStreamNode,
+    is_table,
 )
 from .sliding import SlidingWindowValue, aggregate_bytes, is_late, lookup_bounds, pack, sliding_window_updates, unpack
 from .suppress import (
@@ -280,11 +280,11 @@ def open_windows(window: TumblingWindow | HoppingWindow, timestamp: int, closed_
     return still_open, closed
 
 
-def forwards_store_updates(node: NodeBase) -> bool:
+def forwards_store_updates(node: Node) -> bool:
     """Whether a table node's updates go downstream when its store's cache flushes (emit on
     update, folded per commit). An emit-final aggregation forwards each window once itself,
     when it closes; a suppression forwards from its buffer."""
-    return node.kind in TABLE_KINDS and not (isinstance(node, AggregationNode) and node.emits_final)
+    return is_table(node) and not (isinstance(node, AggregationNode) and node.emits_final)
 
 
 #: The one key of an emit-final aggregation's ``emitted_store``: the node's stream time.
@@ -614,32 +614,53 @@ class NodeWiring:
         return self.position
 
 
-Kernel = Callable[[NodeWiring], Emit]
-
-
-def _pass_through(wiring: NodeWiring) -> Emit:
-    return wiring.forward
-
-
-def _stateless(kernel: Callable[[Any, Emit], Emit]) -> Kernel:
-    def build(wiring: NodeWiring) -> Emit:
-        return kernel(wiring.node.fn, wiring.forward)
-
-    return build
-
-
-def _branch(wiring: NodeWiring) -> Emit:
-    node = wiring.node
-    assert isinstance(node, BranchNode)
-    return branch_kernel(node.fn, wiring.routes)
+def node_emit(node: Node, wiring: NodeWiring) -> Emit:
+    """The kernel of every node kind both runtimes run alike, applied to ``node``. Sinks and
+    repartitions are the runtimes' own (they write to Kafka, or to Spark's next step)."""
+    forward = wiring.forward
+    match node:
+        case SourceNode() | MergeNode() | ToStreamNode() | BranchOutputNode():
+            return forward
+        case MapNode():
+            return map_kernel(node.fn, forward)
+        case MapValuesNode():
+            return map_values_kernel(node.fn, forward)
+        case FlatMapNode():
+            return flat_map_kernel(node.fn, forward)
+        case FlatMapValuesNode():
+            return flat_map_values_kernel(node.fn, forward)
+        case FilterNode():
+            return filter_kernel(node.fn, forward)
+        case PeekNode():
+            return peek_kernel(node.fn, forward)
+        case SelectKeyNode():
+            return select_key_kernel(node.fn, forward)
+        case BranchNode():
+            return branch_kernel(node.fn, wiring.routes)
+        case TableSourceNode():
+            return _table_source(node, wiring)
+        case AggregationNode():
+            return _aggregation(node, wiring)
+        case CogroupNode():
+            # Its inputs write the store; its updates reach its children when the store's cache
+            # flushes, as an aggregation's do, so records reaching it carry nothing more.
+            return drop
+        case StreamTableJoinNode():
+            return _stream_table_join(node, wiring)
+        case StreamStreamJoinNode():
+            return _stream_stream_join(node, wiring)
+        case ProcessorNode():
+            return _processor(node, wiring)
+        case SuppressNode():
+            return _suppress(node, wiring)
+        case SinkNode() | RepartitionNode():
+            raise ValueError(f"node {node.name!r} ({node.kind}) is the runtime's own to build")
 
 
 # ============================================================================ table kernels
 
 
-def _table_source(wiring: NodeWiring) -> Emit:
-    node = wiring.node
-    assert isinstance(node, TableSourceNode)
+def _table_source(node: TableSourceNode, wiring: NodeWiring) -> Emit:
     spec = wiring.specs[node.store]
     key_bytes = spec.key_serde.serialize
     value_bytes = spec.value_serde.serialize
@@ -653,18 +674,9 @@ def _table_source(wiring: NodeWiring) -> Emit:
     return table_source
 
 
-def _store_table(wiring: NodeWiring) -> Emit:
-    """A table whose store other nodes write (a cogroup's): its updates reach its children
-    when the store's cache flushes, as an aggregation's do; records reaching it carry nothing
-    more."""
-    return drop
-
-
-def _aggregation(wiring: NodeWiring) -> Emit:
+def _aggregation(node: AggregationNode, wiring: NodeWiring) -> Emit:
     """Aggregations write their store; its cache forwards the folded updates downstream when
     it flushes (the runtime wires that), so the emit itself forwards nothing."""
-    node = wiring.node
-    assert isinstance(node, AggregationNode)
     store = wiring.stores[node.store]
     key_serde = wiring.specs[node.store].key_serde
     if node.window is None:
@@ -914,12 +926,10 @@ def _session_aggregation(
 # ============================================================================ suppression
 
 
-def _suppress(wiring: NodeWiring) -> Emit:
+def _suppress(node: SuppressNode, wiring: NodeWiring) -> Emit:
     """Buffers each table update (non-resetting: a key keeps its first due time), then emits
     what is due by the node's stream time, oldest first; over a limit, emits the oldest early
     or stops the task (``pystreams.topology.suppress``)."""
-    node = wiring.node
-    assert isinstance(node, SuppressNode)
     task = wiring.task()
     buffer = SuppressionBuffer(node.suppression.buffer, wiring.stores[node.store])
     # Keys are never None here (a table has no row for a null key), so their bytes are not either.
@@ -972,11 +982,9 @@ def _buffer_full(node: SuppressNode, task: TaskPosition, over: str) -> RecordFai
 # ============================================================================ join kernels
 
 
-def _stream_table_join(wiring: NodeWiring) -> Emit:
+def _stream_table_join(node: StreamTableJoinNode, wiring: NodeWiring) -> Emit:
     """Looks each record up in the table's store; an inner join drops misses, a left join
     calls ``fn`` with None. Table updates trigger nothing."""
-    node = wiring.node
-    assert isinstance(node, StreamTableJoinNode)
     fn = node.fn
     spec = wiring.specs[node.table_store]
     key_bytes = spec.key_serde.serialize
@@ -1004,12 +1012,10 @@ encode_join_values = msgspec.msgpack.Encoder().encode
 decode_join_values = msgspec.msgpack.Decoder(list[bytes]).decode
 
 
-def _stream_stream_join(wiring: NodeWiring) -> Emit:
+def _stream_stream_join(node: StreamStreamJoinNode, wiring: NodeWiring) -> Emit:
     """Stores the record in this side's store, then pairs it with the other side's records
     within the join window, oldest first; a record older than its store's retention is too
     late to join and is dropped."""
-    node = wiring.node
-    assert isinstance(node, StreamStreamJoinNode)
     fn = node.fn
     this_store: WindowBytes = wiring.stores[node.this_store]
     other_store: WindowBytes = wiring.stores[node.other_store]
@@ -1046,11 +1052,9 @@ def _stream_stream_join(wiring: NodeWiring) -> Emit:
 # ============================================================================ processors
 
 
-def _processor(wiring: NodeWiring) -> Emit:
+def _processor(node: ProcessorNode, wiring: NodeWiring) -> Emit:
     """One instance of the node's Processor class per task; ``process`` sees the record's
     timestamp in its context."""
-    node = wiring.node
-    assert isinstance(node, ProcessorNode)
     instance = node.fn()
     context = NodeProcessorContext(wiring.task(), wiring.typed_stores, node.stores)
     context.emit = wiring.forward
@@ -1063,34 +1067,6 @@ def _processor(wiring: NodeWiring) -> Emit:
         process(key, value)
 
     return run_processor
-
-
-#: The kernel of every node kind both runtimes run alike. Sinks and repartitions are the
-#: runtimes' own (they write to Kafka, or to Spark's next step).
-NODE_KERNELS: Mapping[type[NodeBase], Kernel] = {
-    SourceNode: _pass_through,
-    MergeNode: _pass_through,
-    ToStreamNode: _pass_through,
-    BranchOutputNode: _pass_through,
-    MapNode: _stateless(map_kernel),
-    MapValuesNode: _stateless(map_values_kernel),
-    FlatMapNode: _stateless(flat_map_kernel),
-    FlatMapValuesNode: _stateless(flat_map_values_kernel),
-    FilterNode: _stateless(filter_kernel),
-    PeekNode: _stateless(peek_kernel),
-    SelectKeyNode: _stateless(select_key_kernel),
-    BranchNode: _branch,
-    TableSourceNode: _table_source,
-    CountNode: _aggregation,
-    AggregateNode: _aggregation,
-    ReduceNode: _aggregation,
-    CogroupAggregateNode: _aggregation,
-    CogroupNode: _store_table,
-    StreamTableJoinNode: _stream_table_join,
-    StreamStreamJoinNode: _stream_stream_join,
-    ProcessorNode: _processor,
-    SuppressNode: _suppress,
-}
 
 
 # ============================================================================ partitioners

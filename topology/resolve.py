@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .builder import subtopology_order
 from .errors import CopartitionError, InvalidPatternError, MissingSourceError, TopologyError
-from .ir import InternalTopic, TaskId, TopicRole, Topology
+from .ir import InternalTopic, SourceNode, TableSourceNode, TaskId, TopicRole, Topology
 from .patterns import matching_topics
 
 
@@ -142,12 +142,12 @@ def _source_topics(topology: Topology, partitions_by_topic: Mapping[str, int]) -
     result: dict[str, tuple[str, ...]] = {}
     claimed: dict[str, str] = {}
     for node in topology.nodes.values():
-        if not node.is_source:
+        if not isinstance(node, SourceNode | TableSourceNode):
             continue
-        if node.internal:
+        if isinstance(node, SourceNode) and node.internal:
             result[node.name] = node.topics
             continue
-        if node.pattern is not None:
+        if isinstance(node, SourceNode) and node.pattern is not None:
             topics = matching_topics(node.pattern, node.name, candidates)
             if not topics:
                 raise MissingSourceError(f"source {node.name!r}: pattern {node.pattern!r} matches no topic", nodes=[node.name])

@@ -10,7 +10,7 @@ from typing import Any
 
 from pystreams.serdes import Serde
 
-from .ir import Store, StoreKind, SuppressNode, Topology
+from .ir import Store, StoreKind, SuppressNode, Topology, stores_of
 from .sliding import aggregate_bytes
 from .windows import SlidingWindow
 
@@ -131,6 +131,7 @@ def not_queryable_reason(topology: Topology, store: str) -> str | None:
         return "a stream-stream join's store"
     if isinstance(owner, SuppressNode):
         return f"the suppression buffer of {owner.name!r}; query the table it suppresses"
-    if owner.stores and owner.stores[0] != store:
-        return f"bookkeeping of node {owner.name!r} (query its store {owner.stores[0]!r})"
+    owned = stores_of(owner)
+    if owned and owned[0] != store:
+        return f"bookkeeping of node {owner.name!r} (query its store {owned[0]!r})"
     return None

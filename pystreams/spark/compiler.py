@@ -67,7 +67,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pystreams.topology.errors import TopologyError
 from pystreams.topology.ir import (
@@ -90,6 +90,7 @@ from pystreams.topology.ir import (
     PeekNode,
     ProcessorNode,
     ReduceNode,
+    RepartitionNode,
     SelectKeyNode,
     SinkNode,
     SourceNode,
@@ -159,7 +160,7 @@ class Flow:
     base: SourcePlan | UnionPlan | KeyedPlan | TaskPlan
     base_key: ShippedSerde
     base_value: ShippedSerde
-    steps: tuple[NodeBase, ...]
+    steps: tuple[Node, ...]
     key_serde: ShippedSerde
     value_serde: ShippedSerde
     #: Sources with a timestamp extractor: applied before the steps.
@@ -248,7 +249,10 @@ def _shipped(node: NodeBase, serde: Any) -> ShippedSerde:
     return ShippedSerde(serde)
 
 
-def _shipped_node(node: Node) -> Node:
+ShippedNode = TypeVar("ShippedNode", bound=NodeBase)
+
+
+def _shipped_node(node: ShippedNode) -> ShippedNode:
     """The node with serdes that survive pickling, for the kernels on Spark's workers."""
     key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
     return dataclasses.replace(node, key_serde=key, value_serde=value)
@@ -261,7 +265,7 @@ def _shipped_store(node: NodeBase, store: Store) -> Store:
 
 class _Compilation:
     """Walks the topology parents first, building each node's flow or plan; one method per
-    node kind, chosen through ``_PLANNERS``."""
+    node kind, chosen by ``plan``."""
 
     def __init__(self, topology: Topology, topics_matching: Callable[[str], list[str]] | None) -> None:
         self.topology = topology
@@ -283,7 +287,7 @@ class _Compilation:
             raise _unsupported(node, f"it reads {parent!r} ({kind}), which only feeds its join")
         return self.flows[parent]
 
-    def then(self, node: Node, flow: Flow, steps: tuple[NodeBase, ...] = ()) -> Flow:
+    def then(self, node: Node, flow: Flow, steps: tuple[Node, ...] = ()) -> Flow:
         """``flow`` continued by ``steps``, serialized with ``node``'s serdes. After a merge the
         steps run on each of the merge's inputs (they are per record: the same outcome), so
         every ``mapInArrow`` starts at a source and numbers its rows in order."""
@@ -294,9 +298,8 @@ class _Compilation:
 
     # -- one method per kind ----------------------------------------------------------------
 
-    def source(self, node: Node) -> None:
-        assert isinstance(node, SourceNode | TableSourceNode)
-        if node.internal:
+    def source(self, node: SourceNode | TableSourceNode) -> None:
+        if isinstance(node, SourceNode) and node.internal:
             topic = node.topics[0]
             if topic not in self.repartition_flows:
                 raise _unsupported(node, f"no repartition sink writes {node.topics}")
@@ -305,7 +308,7 @@ class _Compilation:
             self.set_flow(node, dataclasses.replace(flow, repartition_topic=topic))
             return
         topics = list(node.topics)
-        if node.pattern is not None:
+        if isinstance(node, SourceNode) and node.pattern is not None:
             if self.topics_matching is None:
                 raise _unsupported(node, f"pattern source {node.pattern!r} needs the cluster's topic list")
             topics = self.topics_matching(node.pattern)
@@ -323,13 +326,12 @@ class _Compilation:
     def pass_through(self, node: Node) -> None:
         self.set_flow(node, self.then(node, self.parent_flow(node)))
 
-    def branch_output(self, node: Node) -> None:
-        assert isinstance(node, BranchOutputNode)
+    def branch_output(self, node: BranchOutputNode) -> None:
         (branch_name,) = node.parents
         branch = self.topology.nodes[branch_name]
         self.set_flow(node, self.then(node, self.flows[branch_name], (_shipped_node(branch), _shipped_node(node))))
 
-    def merge(self, node: Node) -> None:
+    def merge(self, node: MergeNode) -> None:
         if any(isinstance(self.topology.nodes[p], StreamStreamJoinNode) for p in node.parents):
             self.stream_stream_join(node)
             return
@@ -337,12 +339,10 @@ class _Compilation:
         inputs = tuple(_with_serdes(self.flows[p], key, value) for p in node.parents)
         self.set_flow(node, Flow(UnionPlan(node.name, inputs), key, value, (), key, value))
 
-    def aggregation(self, node: Node) -> None:
-        assert isinstance(node, AggregationNode)
+    def aggregation(self, node: CountNode | AggregateNode | ReduceNode) -> None:
         flow = self.parent_flow(node)
         store = _shipped_store(node, self.topology.stores[node.store])
         shipped = _shipped_node(node)
-        assert isinstance(shipped, AggregationNode)
         out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
         inputs = {0: (shipped, flow.key_serde, flow.value_serde)}
         if node.window is None:
@@ -359,16 +359,15 @@ class _Compilation:
         self.stateful.append(node.name)
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
 
-    def cogroup_input(self, node: Node) -> None:
+    def cogroup_input(self, node: CogroupAggregateNode) -> None:
         # Compiled at the COGROUP node, which needs every input's flow.
         for child in node.children:
             if not isinstance(self.topology.nodes[child], CogroupNode):
                 raise _unsupported(node, f"one input of a cogroup feeds {child!r}, not the cogroup's table")
 
-    def cogroup(self, node: Node) -> None:
+    def cogroup(self, node: CogroupNode) -> None:
         """Every input's rows, each side through its own aggregator's kernel, into the one
         store: per key without a window (as a plain aggregation), per task with one."""
-        assert isinstance(node, CogroupNode)
         topology = self.topology
         store = _shipped_store(node, topology.stores[node.store])
         out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
@@ -380,7 +379,6 @@ class _Compilation:
             flows.append((side, flow))
             inputs[side] = (_shipped_node(step), flow.key_serde, flow.value_serde)
         table = _shipped_node(node)
-        assert isinstance(table, CogroupNode)
         plan: KeyedPlan | TaskPlan
         if node.window is None:
             plan = KeyedPlan(node.name, tuple(flows), KeyedStep(topology.app_id, node.subtopology, store, inputs, table, out_key, out_value))
@@ -391,8 +389,7 @@ class _Compilation:
         self.stateful.append(node.name)
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
 
-    def stream_table_join(self, node: Node) -> None:
-        assert isinstance(node, StreamTableJoinNode)
+    def stream_table_join(self, node: StreamTableJoinNode) -> None:
         table_node = self.topology.nodes[node.table]
         if not isinstance(table_node, TableSourceNode):
             raise _unsupported(
@@ -406,7 +403,7 @@ class _Compilation:
         stream = _with_serdes(stream_flow, key, stream_flow.value_serde)
         table = _with_serdes(self.flows[node.table], key, table_value)
         out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
-        inputs = {
+        inputs: dict[int, tuple[Node, ShippedSerde, ShippedSerde]] = {
             TABLE_SIDE: (_shipped_node(table_node), key, table_value),
             STREAM_SIDE: (_shipped_node(node), key, stream.value_serde),
         }
@@ -415,13 +412,13 @@ class _Compilation:
         self.stateful.append(node.name)
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
 
-    def stream_stream_side(self, node: Node) -> None:
+    def stream_stream_side(self, node: StreamStreamJoinNode) -> None:
         # Compiled at the MERGE node that carries the join's name (both sides are needed).
         for child in node.children:
             if not isinstance(self.topology.nodes[child], MergeNode):
                 raise _unsupported(node, f"one side of a stream-stream join feeds {child!r}, not the join's merge")
 
-    def stream_stream_join(self, merge: Node) -> None:
+    def stream_stream_join(self, merge: MergeNode) -> None:
         topology = self.topology
         sides = {side_node.side: side_node for p in merge.parents if isinstance(side_node := topology.nodes[p], StreamStreamJoinNode)}
         if len(merge.parents) != 2 or set(sides) != {JoinSide.LEFT, JoinSide.RIGHT}:
@@ -441,8 +438,7 @@ class _Compilation:
         self.stateful.append(merge.name)
         self.set_flow(merge, Flow(plan, out_key, out_value, (), out_key, out_value))
 
-    def processor(self, node: Node) -> None:
-        assert isinstance(node, ProcessorNode)
+    def processor(self, node: ProcessorNode) -> None:
         flow = self.parent_flow(node)
         if not isinstance(flow.base, SourcePlan) or flow.repartition_topic is not None:
             raise _unsupported(
@@ -470,7 +466,7 @@ class _Compilation:
         self.stateful.append(node.name)
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
 
-    def suppress(self, node: Node) -> None:
+    def suppress(self, node: SuppressNode) -> None:
         (parent,) = node.parents
         raise _unsupported(
             node,
@@ -478,8 +474,7 @@ class _Compilation:
             "step per query; for one result per window use emit='final' on the windowed aggregation, which Spark runs",
         )
 
-    def sink(self, node: Node) -> None:
-        assert isinstance(node, SinkNode)
+    def sink(self, node: SinkNode) -> None:
         flow = self.then(node, self.parent_flow(node))
         if node.internal:
             self.repartition_flows[node.topic] = flow
@@ -495,14 +490,42 @@ class _Compilation:
                 "runtime and dropped on the other)"
             )
 
+    def plan(self, node: Node) -> None:
+        match node:
+            case SourceNode() | TableSourceNode():
+                self.source(node)
+            case MapNode() | MapValuesNode() | FlatMapNode() | FlatMapValuesNode() | FilterNode() | PeekNode() | SelectKeyNode():
+                self.stateless(node)
+            case BranchNode() | ToStreamNode():
+                self.pass_through(node)  # a branch: each output adds the branch's routing
+            case BranchOutputNode():
+                self.branch_output(node)
+            case MergeNode():
+                self.merge(node)
+            case CogroupAggregateNode():
+                self.cogroup_input(node)
+            case CountNode() | AggregateNode() | ReduceNode():
+                self.aggregation(node)
+            case CogroupNode():
+                self.cogroup(node)
+            case StreamTableJoinNode():
+                self.stream_table_join(node)
+            case StreamStreamJoinNode():
+                self.stream_stream_side(node)
+            case ProcessorNode():
+                self.processor(node)
+            case SuppressNode():
+                self.suppress(node)
+            case SinkNode():
+                self.sink(node)
+            case RepartitionNode():
+                raise _unsupported(node, "a declared repartition is the builder's to expand")
+
     # -- the whole topology ------------------------------------------------------------------
 
     def run(self) -> SparkPlan:
         for node in _in_dependency_order(self.topology):
-            planner = _PLANNERS.get(type(node))
-            if planner is None:
-                raise _unsupported(node, "this node kind is unknown to the Spark compiler")
-            planner(self, node)
+            self.plan(node)
         for sink in self.sinks:
             stateful_steps = _stateful_steps_feeding(sink.input)
             if len(stateful_steps) > 1:
@@ -522,40 +545,13 @@ class _Compilation:
         return SparkPlan(self.topology, topics, sinks, tuple(self.stateful), tuple(dict.fromkeys(self.warnings)), tuple(self.source_nodes[t] for t in topics))
 
 
-_PLANNERS: Mapping[type[NodeBase], Callable[[_Compilation, Node], None]] = {
-    SourceNode: _Compilation.source,
-    TableSourceNode: _Compilation.source,
-    MapNode: _Compilation.stateless,
-    MapValuesNode: _Compilation.stateless,
-    FlatMapNode: _Compilation.stateless,
-    FlatMapValuesNode: _Compilation.stateless,
-    FilterNode: _Compilation.stateless,
-    PeekNode: _Compilation.stateless,
-    SelectKeyNode: _Compilation.stateless,
-    BranchNode: _Compilation.pass_through,  # each output adds the branch's routing
-    BranchOutputNode: _Compilation.branch_output,
-    ToStreamNode: _Compilation.pass_through,
-    MergeNode: _Compilation.merge,
-    CountNode: _Compilation.aggregation,
-    AggregateNode: _Compilation.aggregation,
-    ReduceNode: _Compilation.aggregation,
-    CogroupAggregateNode: _Compilation.cogroup_input,
-    CogroupNode: _Compilation.cogroup,
-    StreamTableJoinNode: _Compilation.stream_table_join,
-    StreamStreamJoinNode: _Compilation.stream_stream_side,
-    ProcessorNode: _Compilation.processor,
-    SuppressNode: _Compilation.suppress,
-    SinkNode: _Compilation.sink,
-}
-
-
 def compile_topology(topology: Topology, *, topics_matching: Callable[[str], list[str]] | None = None) -> SparkPlan:
     """Check every node and build the plan. ``topics_matching(pattern)`` expands pattern
     sources (the cluster's topics that fully match); without it, pattern sources fail."""
     return _Compilation(topology, topics_matching).run()
 
 
-def _with_serdes(flow: Flow, key: ShippedSerde, value: ShippedSerde, steps: tuple[NodeBase, ...] = ()) -> Flow:
+def _with_serdes(flow: Flow, key: ShippedSerde, value: ShippedSerde, steps: tuple[Node, ...] = ()) -> Flow:
     """``flow`` continued by ``steps`` and serialized with ``key``/``value``; over a union,
     each of its inputs is."""
     if isinstance(flow.base, UnionPlan):
@@ -603,7 +599,7 @@ def _stateful_steps_feeding(flow: Flow) -> list[str]:
 
 def _in_dependency_order(topology: Topology) -> list[Node]:
     """Parents first; a repartition source after the sink writing its topic."""
-    writers = {n.topics[0]: n.name for n in topology.nodes.values() if isinstance(n, SinkNode) and n.internal}
+    writers = {n.topic: n.name for n in topology.nodes.values() if isinstance(n, SinkNode) and n.internal}
     ordered: list[Node] = []
     seen: set[str] = set()
 
@@ -616,7 +612,7 @@ def _in_dependency_order(topology: Topology) -> list[Node]:
             visit(parent)
         if isinstance(node, StreamTableJoinNode):
             visit(node.table)  # a stream-table join reads the table's flow
-        if node.is_source and node.internal:
+        if isinstance(node, SourceNode) and node.internal:
             for topic in node.topics:
                 if topic in writers:
                     visit(writers[topic])
@@ -628,6 +624,23 @@ def _in_dependency_order(topology: Topology) -> list[Node]:
 
 
 # -- build: plan -> Spark DataFrames ----------------------------------------------------------------
+
+
+def _user_objects(node: Node) -> tuple[Any, ...]:
+    """The user's functions and values a node holds."""
+    match node:
+        case SourceNode() | TableSourceNode():
+            return (node.timestamp_extractor,)
+        case AggregationNode():
+            return (node.fn, node.merger, node.initial)
+        case CogroupNode():
+            return (node.merger, node.initial)
+        case MapNode() | MapValuesNode() | FlatMapNode() | FlatMapValuesNode() | FilterNode() | PeekNode() | SelectKeyNode() | BranchNode():
+            return (node.fn,)
+        case StreamTableJoinNode() | StreamStreamJoinNode() | ProcessorNode():
+            return (node.fn,)
+        case _:
+            return ()
 
 
 def _ship_app_modules(spark: Any, topology: Topology) -> None:
@@ -646,7 +659,7 @@ def _ship_app_modules(spark: Any, topology: Topology) -> None:
     modules = {
         module_name
         for node in topology.nodes.values()
-        for thing in (node.fn, node.timestamp_extractor, node.merger, node.initial)
+        for thing in _user_objects(node)
         if (module_name := getattr(thing, "__module__", None)) and module_name.startswith("pystreams_app_")
     }
     for module_name in sorted(modules):

@@ -30,14 +30,14 @@ from pystreams.topology.ir import (
     BranchNode,
     BranchOutputNode,
     CogroupNode,
-    NodeBase,
+    Node,
+    ProcessorNode,
     PunctuationType,
     Store,
     StoreKind,
     TaskId,
 )
 from pystreams.topology.kernels import (
-    NODE_KERNELS,
     Emit,
     ErrorKind,
     NodeClock,
@@ -50,6 +50,7 @@ from pystreams.topology.kernels import (
     drop,
     fixed_window_key,
     guard,
+    node_emit,
     partition_for_key,
     source_timestamp,
     table_value_reader,
@@ -103,7 +104,7 @@ def origin_parts(origin: int) -> tuple[int, int, int]:
     return origin >> _SIDE_SHIFT, (origin >> _SOURCE_SHIFT) & _SOURCE_MASK, origin & _PARTITION_MASK
 
 
-def chain(steps: Iterable[NodeBase], forward: Emit) -> Emit:
+def chain(steps: Iterable[Node], forward: Emit) -> Emit:
     """The stateless kernels of ``steps`` (in order), ending in ``forward``; an exception in
     one of them is a ``NodeFailure`` naming it."""
     emit = forward
@@ -117,7 +118,7 @@ def chain(steps: Iterable[NodeBase], forward: Emit) -> Emit:
             following = steps[index + 1] if index + 1 < len(steps) else None
             assert isinstance(following, BranchOutputNode), f"branch {node.name!r} must be followed by one output"
             routes = {label: (emit if label == following.label else drop) for label in node.branches}
-        emit = guard(node.name, NODE_KERNELS[type(node)](NodeWiring(node=node, forward=emit, routes=routes)))
+        emit = guard(node.name, node_emit(node, NodeWiring(node=node, forward=emit, routes=routes)))
     return emit
 
 
@@ -131,7 +132,7 @@ class FlowRun:
     base_key: ShippedSerde
     base_value: ShippedSerde
     timestamp_extractor: Callable[[Any, Any, int], int] | None
-    steps: tuple[NodeBase, ...]
+    steps: tuple[Node, ...]
     key_serde: ShippedSerde
     value_serde: ShippedSerde
     #: Source rows (key, value, ts, topic, partition, offset) in; ``ORDERED_ROWS`` out. Else
@@ -370,7 +371,7 @@ class KeyedStep:
     app_id: str
     subtopology: int
     store: Store
-    inputs: Mapping[int, tuple[NodeBase, ShippedSerde, ShippedSerde]]
+    inputs: Mapping[int, tuple[Node, ShippedSerde, ShippedSerde]]
     #: Aggregations and cogroups: the table node whose store is the output (else the
     #: forwards are).
     table: AggregationNode | CogroupNode | None
@@ -393,7 +394,7 @@ def keyed_batch(step: KeyedStep, key_bytes: bytes, frame: Any, stored: bytes | N
     emits = {}
     for side, (node, key_serde, value_serde) in step.inputs.items():
         wiring = NodeWiring(node=node, forward=collect, stores={step.store.name: store}, specs={step.store.name: step.store}, position=position)
-        emits[side] = (guard(node.name, NODE_KERNELS[type(node)](wiring)), key_serde.deserialize, value_serde.deserialize)
+        emits[side] = (guard(node.name, node_emit(node, wiring)), key_serde.deserialize, value_serde.deserialize)
     errors = step.errors
     last_ts = -1
     for value_bytes, timestamp, origin, offset in zip(frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True):
@@ -479,7 +480,7 @@ class ProcessorRun:
     base_key: ShippedSerde
     base_value: ShippedSerde
     timestamp_extractor: Callable[[Any, Any, int], int] | None
-    steps: tuple[NodeBase, ...]
+    steps: tuple[Node, ...]
     #: The ``source`` column's topics, by index.
     topics: tuple[str, ...]
     #: The source node (whose deserialization policy applies).
@@ -493,7 +494,7 @@ class TaskStep:
     app_id: str
     subtopology: int
     #: side -> (node its rows feed, key serde, value serde of the rows).
-    inputs: Mapping[int, tuple[NodeBase, ShippedSerde, ShippedSerde]]
+    inputs: Mapping[int, tuple[Node, ShippedSerde, ShippedSerde]]
     stores: tuple[Store, ...]
     out_key: ShippedSerde
     out_value: ShippedSerde
@@ -507,8 +508,11 @@ class TaskStep:
 
     @property
     def wall_clock_punctuations(self) -> tuple[tuple[str, int], ...]:
-        node = self.inputs[0][0]
-        return tuple((p.method, p.interval_ms) for p in node.punctuations if p.type is PunctuationType.WALL_CLOCK_TIME)
+        match self.inputs[0][0]:
+            case ProcessorNode(punctuations=punctuations):
+                return tuple((p.method, p.interval_ms) for p in punctuations if p.type is PunctuationType.WALL_CLOCK_TIME)
+            case _:
+                return ()
 
 
 class _OpenTask:
@@ -551,7 +555,7 @@ class _OpenTask:
                 processors=self.processors,
                 clocks=self.clocks,
             )
-            self.emits[side] = (guard(node.name, NODE_KERNELS[type(node)](wiring)), key_serde.deserialize, value_serde.deserialize)
+            self.emits[side] = (guard(node.name, node_emit(node, wiring)), key_serde.deserialize, value_serde.deserialize)
         self.punctuations: list[ScheduledPunctuation] = [p for proc in self.processors for p in proc.punctuations]
         for scheduled in self.punctuations:
             scheduled.next_due = state.due.get(scheduled.punctuation.method)

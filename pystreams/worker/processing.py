@@ -27,16 +27,18 @@ from typing import TYPE_CHECKING, Any
 from pystreams.state import CacheLimits, KeyValueChange, SessionChange, TaskState, WindowChange
 from pystreams.topology.ir import (
     BranchNode,
+    BranchOutputNode,
+    MergeNode,
     Node,
-    NodeBase,
     SinkNode,
+    SourceNode,
     StoreKind,
     TaskId,
+    stores_of,
+    window_of,
 )
 from pystreams.topology.kernels import (
-    NODE_KERNELS,
     Emit,
-    Kernel,
     NodeFailure,
     NodeWiring,
     ProcessorInstance,
@@ -46,6 +48,7 @@ from pystreams.topology.kernels import (
     fixed_window_key,
     forwards_store_updates,
     guard,
+    node_emit,
     sink_partitioner,
     table_value_reader,
 )
@@ -60,7 +63,7 @@ log = logging.getLogger(__name__)
 
 _WINDOW_BOUNDS = struct.Struct(">qq").pack
 #: Kinds whose emit only moves records on: no work to guard.
-_PASS_THROUGH = frozenset({"source", "merge", "branch-output"})
+_PASS_THROUGH = (SourceNode, MergeNode, BranchOutputNode)
 
 
 class TaskContext(TaskPosition):
@@ -163,7 +166,7 @@ def build_task_graph(
 
     def forwarder_for(store_name: str) -> _Forwarder | None:
         owner = nodes[topology.stores[store_name].owner]
-        if forwards_store_updates(owner) and owner.stores[0] == store_name and children_of(owner):
+        if forwards_store_updates(owner) and stores_of(owner)[0] == store_name and children_of(owner):
             forwarders[store_name] = _Forwarder()
             return forwarders[store_name]
         return None
@@ -190,9 +193,7 @@ def build_task_graph(
     else:
         forward_send = send
 
-    def build_sink(wiring: NodeWiring) -> Emit:
-        node = wiring.node
-        assert isinstance(node, SinkNode)
+    def build_sink(node: SinkNode) -> Emit:
         if node.topic in repartition_topics:
             return _repartition_sink(node, sender.repartition_sink(node.topic))
         partitioner = sink_partitioner(node)
@@ -200,32 +201,32 @@ def build_task_graph(
             return _partitioned_sink(node, sender.send_partitioned, partitioner)
         return _sink(node, send)
 
-    kernels: Mapping[type[NodeBase], Kernel] = {**NODE_KERNELS, SinkNode: build_sink}
     emits: dict[str, Emit] = {}
     processors: list[ProcessorInstance] = []
     for name in reversed(sub.nodes):
         node = nodes[name]
         child_names = children_of(node)
         children = fan_out([emits[c] for c in child_names])
-        kernel = kernels.get(type(node))
-        if kernel is None:
-            raise NotImplementedError(f"node kind {node.kind} ({name!r}) is not supported by the worker")
-        wiring = NodeWiring(
-            node=node,
-            forward=children,
-            routes={nodes[c].branches[0]: emits[c] for c in child_names} if isinstance(node, BranchNode) else {},
-            stores=raw_stores,
-            specs=topology.stores,
-            typed_stores=typed_stores,
-            position=ctx,
-            processors=processors,
-        )
-        emit = kernel(wiring)
-        if node.stores and node.stores[0] in forwarders and topology.stores[node.stores[0]].owner == name:
+        if isinstance(node, SinkNode):
+            emit = build_sink(node)
+        else:
+            wiring = NodeWiring(
+                node=node,
+                forward=children,
+                routes=_branch_routes(node, [nodes[c] for c in child_names], emits),
+                stores=raw_stores,
+                specs=topology.stores,
+                typed_stores=typed_stores,
+                position=ctx,
+                processors=processors,
+            )
+            emit = node_emit(node, wiring)
+        stores = stores_of(node)
+        if stores and stores[0] in forwarders and topology.stores[stores[0]].owner == name:
             # The store's owner forwards its flushed changes (a cogroup's inputs write the
             # store its table node owns).
-            spec = topology.stores[node.stores[0]]
-            forwarders[node.stores[0]].target = _table_forwarder(
+            spec = topology.stores[stores[0]]
+            forwarders[stores[0]].target = _table_forwarder(
                 node,
                 spec.key_serde,
                 [nodes[c] for c in child_names],
@@ -234,23 +235,30 @@ def build_task_graph(
                 ctx,
                 sender.send_partitioned,
             )
-        emits[name] = emit if node.kind in _PASS_THROUGH else guard(name, emit)
+        emits[name] = emit if isinstance(node, _PASS_THROUGH) else guard(name, emit)
     # Built children first; init and punctuate in processing order, as Kafka Streams does.
     graph.processors = processors[::-1]
     graph.punctuations = [scheduled for processor in graph.processors for scheduled in processor.punctuations]
 
     for name in sub.source_nodes:
-        node = nodes[name]
+        source = topology.source(name)
         for topic in resolved.source_topics[name]:
             graph.sources[topic] = SourceEntry(
                 node=name,
-                deserialize_key=node.key_serde.deserialize,
-                deserialize_value=node.value_serde.deserialize,
-                timestamp_extractor=node.timestamp_extractor,
+                deserialize_key=source.key_serde.deserialize,
+                deserialize_value=source.value_serde.deserialize,
+                timestamp_extractor=source.timestamp_extractor,
                 emit=emits[name],
                 packed=topic in repartition_topics,
             )
     return graph
+
+
+def _branch_routes(node: Node, child_nodes: list[Node], emits: Mapping[str, Emit]) -> dict[str, Emit]:
+    """A branch's children by the label each takes."""
+    if not isinstance(node, BranchNode):
+        return {}
+    return {child.label: emits[child.name] for child in child_nodes if isinstance(child, BranchOutputNode)}
 
 
 # --------------------------------------------------------------------------- sinks
@@ -301,9 +309,9 @@ def _table_forwarder(
     send_partitioned: Callable[..., None],
 ) -> Callable[[list[Any]], None]:
     """Turns a store's flushed changes into records for the table node's children."""
-    window = node.window
+    window = window_of(node)
     raw_sinks = [
-        (child.topics[0], sink_partitioner(child))
+        (child.topic, sink_partitioner(child))
         for child in child_nodes
         if isinstance(child, SinkNode) and child.key_serde == node.key_serde and child.value_serde == node.value_serde
     ]
