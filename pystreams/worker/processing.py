@@ -70,7 +70,6 @@ class TaskContext(TaskPosition):
     def __init__(self, app_id: str, task_id: TaskId, sender: Sender) -> None:
         super().__init__(app_id, task_id)
         self.sender = sender
-        self.timestamp: int = 0
         #: Set by the task: called for an exception while forwarding a flushed store change.
         self.on_forward_error: Callable[[NodeFailure], None] = _reraise
 
