@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pystreams.commands import options
+from pystreams.commands.logs import configure_logging
 from pystreams.commands.options import EnvOption
 
 HELP = "run the KIP-848 group coordinator server (Kafka protocol, record log, metrics)"
@@ -598,11 +599,6 @@ async def serve(settings: CoordinatorSettings, *, stop: asyncio.Event | None = N
     return 0
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
-
-
 async def repair_log(settings: CoordinatorSettings, skip_unreadable: bool) -> int:
     """``--repair``: 0 when the log is clean (or was just repaired), 1 when unreadable records remain."""
     from pystreams.coordinator import repair
@@ -634,7 +630,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, argparse.ArgumentTypeError) as error:
         print(f"pystreams coordinator: {error}", file=sys.stderr)
         return 2
-    _configure_logging(args.log_level)
+    configure_logging(args.log_level)
     if getattr(args, "repair", False):
         return asyncio.run(repair_log(settings, args.skip_unreadable))
     if getattr(args, "skip_unreadable", False):

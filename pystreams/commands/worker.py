@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
-import logging
 import os
 import signal
 import sys
 
 from pystreams.commands import options
+from pystreams.commands.logs import configure_logging
 from pystreams.commands.options import EnvOption
 from pystreams.guarantee import ProcessingGuarantee
 from pystreams.worker.process import DEFAULT_COMMIT_INTERVAL_MS, GROUP_PROTOCOLS
@@ -229,8 +229,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.state_dir:
         check_writable_directory(args.state_dir, "--state-dir")
-    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    configure_logging(args.log_level)
     # `kill -USR1 PID` prints every thread's stack: how to see where a stuck worker waits.
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
