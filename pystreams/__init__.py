@@ -1,9 +1,5 @@
 """pystreams: Kafka Streams-style stream processing on the KIP-848 rebalance protocol."""
 
-from pystreams.protocol import linear_decoding as _linear_decoding
-
-_linear_decoding.install()  # before any kafka-python decoder is compiled
-
 from pystreams import serdes
 from pystreams.app import (
     App,

@@ -528,6 +528,10 @@ def test_sigterm_stops_the_coordinator_cleanly(
     process.process.send_signal(signal.SIGTERM)
     assert process.process.wait(GUARD_S) == 0
     assert not responds_to_kafka(host, port, timeout=0.5)
+    # Operators grep for ERROR: a clean start and stop logs none (kafka-python's clients, closed
+    # with a metadata refresh in flight, logged "ERROR kafka.cluster: Metadata refresh: failed").
+    log = process.log_tail(lines=100_000)
+    assert [line for line in log.splitlines() if " ERROR " in line] == [], log
 
 
 def test_dev_runs_a_broker_and_a_coordinator_and_stops_both_on_ctrl_c(processes: Callable[..., CoordinatorProcess]) -> None:

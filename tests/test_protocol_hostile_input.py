@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import subprocess
+import sys
 import tracemalloc
 
 import kafka.errors as Errors
@@ -18,7 +20,7 @@ from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.schemas.fields.codecs import UnsignedVarInt32
 
-from pystreams.protocol import codec
+from pystreams.protocol import codec, framing
 from pystreams.protocol import messages as m
 from pystreams.protocol.server import ServerLimits, _ByteBudget
 from pystreams.protocol.validation import MAX_STRING_BYTES
@@ -105,6 +107,46 @@ def test_a_varint_longer_than_five_bytes_is_malformed():
     frame = bytes(header.encode(flexible=True)) + b"\x80" * 6 + b"\x01"
     with pytest.raises(codec.MalformedRequestError, match="longer than 5 bytes"):
         codec.decode_request(frame)
+
+
+_KAFKA_DECODING_UNTOUCHED = """
+from kafka.protocol.schemas.fields.codecs import types
+from kafka.protocol.schemas.fields.struct import StructField
+before = (types.UnsignedVarInt32.__dict__["emit_decode_from"], StructField.__dict__["_emit_tagged_decode"])
+
+import pystreams
+from pystreams.protocol import codec, framing
+from pystreams.protocol import messages as m
+
+frame = bytes.fromhex(FRAME)
+assert len(codec.decode_request(frame).request.members) == 3
+after = (types.UnsignedVarInt32.__dict__["emit_decode_from"], StructField.__dict__["_emit_tagged_decode"])
+assert all(a is b for a, b in zip(before, after)), "pystreams changed kafka-python's decoder generators"
+decoders = [key for key in m.ConsumerGroupInstallAssignmentRequest._struct._compiled_encoders if key[0] == "decode"]
+assert decoders == [], f"pystreams' decoders landed in kafka-python's own cache: {decoders}"
+print("untouched")
+"""
+
+
+def test_importing_pystreams_leaves_kafka_pythons_decoders_as_they_are():
+    """pystreams guards its own decoding only: the user's kafka-python clients in the same
+    process keep kafka-python's generators, cache and behaviour. A fresh interpreter, as the
+    test session has imported pystreams already."""
+    script = _KAFKA_DECODING_UNTOUCHED.replace("FRAME", repr(install_with_tagged_members(3).hex()))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "untouched"
+
+
+def test_a_response_with_a_varint_longer_than_five_bytes_is_refused_by_the_client_framing():
+    """The guard covers what pystreams' own client side decodes too (responses it frames)."""
+    framer = framing.ClientFraming("probe")
+    correlation_id, _ = framer.request_bytes(m.ConsumerGroupHeartbeatRequest(group_id="g", member_epoch=0), 0)
+    # Response header v1 (correlation id, no tags); body: throttle, error code, then the error
+    # message's length as a 7-byte varint.
+    frame = struct.pack(">ib", correlation_id, 0) + struct.pack(">ih", 0, 0) + b"\x80" * 6 + b"\x01"
+    with pytest.raises(framing.FramingError, match="longer than 5 bytes"):
+        framer.receive(struct.pack(">i", len(frame)) + frame)
 
 
 def install_with_tagged_members(count: int) -> bytes:

@@ -478,10 +478,10 @@ class SessionBytes(Protocol):
 
 
 class TaskPosition:
-    """What a task is processing: the record's topic, partition and offset (None inside a
-    punctuation), the task's stream time, and the records it dropped (late, or with an invalid
-    timestamp). The
-    runtime updates it per record; kernels and processor contexts read it."""
+    """What a task is processing: the record's topic, partition, offset (None inside a
+    punctuation) and timestamp, the task's stream time, and the records it dropped (late, or
+    with an invalid timestamp). The runtime updates it per record; kernels and processor
+    contexts read it."""
 
     __slots__ = (
         "app_id",
@@ -490,6 +490,7 @@ class TaskPosition:
         "partition",
         "offset",
         "stream_time",
+        "timestamp",
         "late_records_dropped",
         "invalid_timestamps_dropped",
         "on_forward_error",
@@ -503,6 +504,8 @@ class TaskPosition:
         self.offset: int | None = None
         #: Highest record timestamp this task has processed (Kafka Streams' stream time).
         self.stream_time: int | None = None
+        #: The timestamp of the record being processed (stamps the store writes it causes).
+        self.timestamp = 0
         self.late_records_dropped = 0
         #: Records skipped because their timestamp was negative (``source_timestamp``).
         self.invalid_timestamps_dropped = 0

@@ -17,14 +17,15 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pystreams.commands import options
+from pystreams.commands.logs import configure_logging
+from pystreams.commands.options import EnvOption
 
 HELP = "run the KIP-848 group coordinator server (Kafka protocol, record log, metrics)"
 
@@ -42,35 +43,26 @@ _SESSION_DEFAULTS = (45_000, 45_000, 60_000)  # default, min, max
 _HEARTBEAT_DEFAULTS = (5_000, 5_000, 15_000)
 
 
-@dataclass(frozen=True)
-class _Option:
-    flags: str
-    env: str
-    default: str | None
-    help: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
 _CLUSTER_OPTIONS = [
-    _Option(
+    EnvOption(
         "--bootstrap-servers",
         "PYSTREAMS_BOOTSTRAP_SERVERS",
         None,
         "the Kafka cluster holding the record log and the topics (HOST:PORT[,HOST:PORT...]); required with --log kafka",
         {"metavar": "SERVERS"},
     ),
-    _Option(
+    EnvOption(
         "--log",
         "PYSTREAMS_LOG",
         "kafka",
         "where group records live: kafka (the compacted log topic) or memory (lost on exit)",
         {"choices": ["kafka", "memory"]},
     ),
-    _Option("--log-topic", "PYSTREAMS_LOG_TOPIC", DEFAULT_LOG_TOPIC, "the compacted topic of the record log; one partition per shard", {"metavar": "TOPIC"}),
+    EnvOption("--log-topic", "PYSTREAMS_LOG_TOPIC", DEFAULT_LOG_TOPIC, "the compacted topic of the record log; one partition per shard", {"metavar": "TOPIC"}),
 ]
 
 _SERVER_OPTIONS = [
-    _Option(
+    EnvOption(
         "--listen",
         "PYSTREAMS_LISTEN",
         DEFAULT_LISTEN,
@@ -78,71 +70,71 @@ _SERVER_OPTIONS = [
         "SASL_PLAINTEXT or SASL_SSL); port 0 picks a free port",
         {"metavar": "[PROTOCOL://]HOST:PORT"},
     ),
-    _Option(
+    EnvOption(
         "--advertised-listener",
         "PYSTREAMS_ADVERTISED_LISTENER",
         None,
         "address clients are told to connect to (needed when --listen binds 0.0.0.0)",
         {"type": options.host_port, "metavar": "HOST:PORT"},
     ),
-    _Option(
+    EnvOption(
         "--shards",
         "PYSTREAMS_SHARDS",
         str(DEFAULT_SHARDS),
         "number of shards = partitions of the log topic; cannot change once the topic exists",
         {"type": options.positive_int, "metavar": "N"},
     ),
-    _Option(
+    EnvOption(
         "--metrics-port",
         "PYSTREAMS_METRICS_PORT",
         None,
         "serve Prometheus metrics (GET /metrics, GET /ready) on this port; 0 picks one; off by default",
         {"type": options.port, "metavar": "PORT"},
     ),
-    _Option("--metrics-host", "PYSTREAMS_METRICS_HOST", None, "address for the metrics endpoint (default: the --listen host)", {"metavar": "HOST"}),
-    _Option(
+    EnvOption("--metrics-host", "PYSTREAMS_METRICS_HOST", None, "address for the metrics endpoint (default: the --listen host)", {"metavar": "HOST"}),
+    EnvOption(
         "--session-timeout-ms",
         "PYSTREAMS_SESSION_TIMEOUT_MS",
         str(_SESSION_DEFAULTS[0]),
         "group.consumer.session.timeout.ms",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--min-session-timeout-ms",
         "PYSTREAMS_MIN_SESSION_TIMEOUT_MS",
         None,
         "group.consumer.min.session.timeout.ms (default: 45000, or the session timeout if lower)",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--max-session-timeout-ms",
         "PYSTREAMS_MAX_SESSION_TIMEOUT_MS",
         None,
         "group.consumer.max.session.timeout.ms (default: 60000, or the session timeout if higher)",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--heartbeat-interval-ms",
         "PYSTREAMS_HEARTBEAT_INTERVAL_MS",
         str(_HEARTBEAT_DEFAULTS[0]),
         "group.consumer.heartbeat.interval.ms",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--min-heartbeat-interval-ms",
         "PYSTREAMS_MIN_HEARTBEAT_INTERVAL_MS",
         None,
         "group.consumer.min.heartbeat.interval.ms (default: 5000, or the interval if lower)",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--max-heartbeat-interval-ms",
         "PYSTREAMS_MAX_HEARTBEAT_INTERVAL_MS",
         None,
         "group.consumer.max.heartbeat.interval.ms (default: 15000, or the interval if higher)",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--rebalance-heartbeat-interval-ms",
         "PYSTREAMS_REBALANCE_HEARTBEAT_INTERVAL_MS",
         "100",
@@ -150,17 +142,17 @@ _SERVER_OPTIONS = [
         "(a target being computed, partitions to revoke or receive); the group's interval once it is stable",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--metadata-refresh-ms",
         "PYSTREAMS_METADATA_REFRESH_MS",
         "5000",
         "how often topic metadata is read from the cluster",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--event-queue-size", "PYSTREAMS_EVENT_QUEUE_SIZE", "1024", "events a shard queues before callers wait", {"type": options.positive_int, "metavar": "N"}
     ),
-    _Option(
+    EnvOption(
         "--log-level",
         "PYSTREAMS_LOG_LEVEL",
         "INFO",
@@ -171,7 +163,7 @@ _SERVER_OPTIONS = [
 
 
 _CLASSIC_OPTIONS = [
-    _Option(
+    EnvOption(
         "--migration-policy",
         "PYSTREAMS_MIGRATION_POLICY",
         "bidirectional",
@@ -179,28 +171,28 @@ _CLASSIC_OPTIONS = [
         "(a group may override it through `pystreams configs`)",
         {"choices": ["bidirectional", "upgrade", "downgrade", "disabled"], "type": str.lower},
     ),
-    _Option(
+    EnvOption(
         "--group-min-session-timeout-ms",
         "PYSTREAMS_GROUP_MIN_SESSION_TIMEOUT_MS",
         "6000",
         "group.min.session.timeout.ms: the shortest session timeout a classic member may ask for",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--group-max-session-timeout-ms",
         "PYSTREAMS_GROUP_MAX_SESSION_TIMEOUT_MS",
         "1800000",
         "group.max.session.timeout.ms: the longest session timeout a classic member may ask for",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--group-max-size",
         "PYSTREAMS_GROUP_MAX_SIZE",
         str(2**31 - 1),
         "group.max.size: members of one classic group",
         {"type": options.positive_int, "metavar": "N"},
     ),
-    _Option(
+    EnvOption(
         "--group-initial-rebalance-delay-ms",
         "PYSTREAMS_GROUP_INITIAL_REBALANCE_DELAY_MS",
         "3000",
@@ -210,38 +202,38 @@ _CLASSIC_OPTIONS = [
 ]
 
 _SECURITY_OPTIONS = [
-    _Option(
+    EnvOption(
         "--ssl-certfile",
         "PYSTREAMS_SSL_CERTFILE",
         None,
         "the listener's certificate chain (PEM; may hold the key too) for SSL and SASL_SSL",
         {"metavar": "FILE"},
     ),
-    _Option("--ssl-keyfile", "PYSTREAMS_SSL_KEYFILE", None, "the certificate's private key (PEM)", {"metavar": "FILE"}),
-    _Option("--ssl-cafile", "PYSTREAMS_SSL_CAFILE", None, "CAs that client certificates must chain to (with --ssl-client-auth)", {"metavar": "FILE"}),
-    _Option(
+    EnvOption("--ssl-keyfile", "PYSTREAMS_SSL_KEYFILE", None, "the certificate's private key (PEM)", {"metavar": "FILE"}),
+    EnvOption("--ssl-cafile", "PYSTREAMS_SSL_CAFILE", None, "CAs that client certificates must chain to (with --ssl-client-auth)", {"metavar": "FILE"}),
+    EnvOption(
         "--ssl-client-auth",
         "PYSTREAMS_SSL_CLIENT_AUTH",
         "none",
         "ssl.client.auth: none, requested or required (mTLS: the certificate's DN is the principal)",
         {"choices": ["none", "requested", "required"]},
     ),
-    _Option(
+    EnvOption(
         "--sasl-enabled-mechanisms",
         "PYSTREAMS_SASL_ENABLED_MECHANISMS",
         "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
         "sasl.enabled.mechanisms, comma-separated",
         {"metavar": "MECHANISMS"},
     ),
-    _Option(
+    EnvOption(
         "--sasl-credentials-file",
         "PYSTREAMS_SASL_CREDENTIALS_FILE",
         None,
         "SCRAM credentials written by `pystreams credentials` (or put the JSON itself in PYSTREAMS_SASL_CREDENTIALS)",
         {"metavar": "FILE"},
     ),
-    _Option("--acl-file", "PYSTREAMS_ACL_FILE", None, "ACLs (JSON, re-read when it changes); without it every client may do everything", {"metavar": "FILE"}),
-    _Option(
+    EnvOption("--acl-file", "PYSTREAMS_ACL_FILE", None, "ACLs (JSON, re-read when it changes); without it every client may do everything", {"metavar": "FILE"}),
+    EnvOption(
         "--super-users",
         "PYSTREAMS_SUPER_USERS",
         "",
@@ -251,74 +243,74 @@ _SECURITY_OPTIONS = [
 ]
 
 _LIMIT_OPTIONS = [
-    _Option(
+    EnvOption(
         "--socket-request-max-bytes",
         "PYSTREAMS_SOCKET_REQUEST_MAX_BYTES",
         str(100 * 1024 * 1024),
         "socket.request.max.bytes: the largest request accepted",
         {"type": options.positive_int, "metavar": "BYTES"},
     ),
-    _Option(
+    EnvOption(
         "--queued-max-request-bytes",
         "PYSTREAMS_QUEUED_MAX_REQUEST_BYTES",
         str(256 * 1024 * 1024),
         "queued.max.request.bytes: bytes of large requests read or served at once",
         {"type": options.positive_int, "metavar": "BYTES"},
     ),
-    _Option(
+    EnvOption(
         "--connections-max-idle-ms",
         "PYSTREAMS_CONNECTIONS_MAX_IDLE_MS",
         str(10 * 60 * 1000),
         "connections.max.idle.ms: close connections idle this long",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--request-read-timeout-ms",
         "PYSTREAMS_REQUEST_READ_TIMEOUT_MS",
         "30000",
         "a request that has started must arrive whole within this time",
         {"type": options.positive_int, "metavar": "MS"},
     ),
-    _Option(
+    EnvOption(
         "--max-connections", "PYSTREAMS_MAX_CONNECTIONS", "4096", "max.connections: client connections at once", {"type": options.positive_int, "metavar": "N"}
     ),
-    _Option("--max-connections-per-ip", "PYSTREAMS_MAX_CONNECTIONS_PER_IP", "1024", "max.connections.per.ip", {"type": options.positive_int, "metavar": "N"}),
-    _Option(
+    EnvOption("--max-connections-per-ip", "PYSTREAMS_MAX_CONNECTIONS_PER_IP", "1024", "max.connections.per.ip", {"type": options.positive_int, "metavar": "N"}),
+    EnvOption(
         "--group-consumer-max-size",
         "PYSTREAMS_GROUP_CONSUMER_MAX_SIZE",
         str(2**31 - 1),
         "group.consumer.max.size: members of one consumer group",
         {"type": options.positive_int, "metavar": "N"},
     ),
-    _Option(
+    EnvOption(
         "--max-groups",
         "PYSTREAMS_MAX_GROUPS",
         "100000",
         "groups this coordinator holds at most (spread over the shards)",
         {"type": options.positive_int, "metavar": "N"},
     ),
-    _Option(
+    EnvOption(
         "--offset-metadata-max-bytes",
         "PYSTREAMS_OFFSET_METADATA_MAX_BYTES",
         "4096",
         "offset.metadata.max.bytes: commit metadata per partition",
         {"type": options.positive_int, "metavar": "BYTES"},
     ),
-    _Option(
+    EnvOption(
         "--assignor-metadata-max-bytes",
         "PYSTREAMS_ASSIGNOR_METADATA_MAX_BYTES",
         str(256 * 1024),
         "a client assignor's metadata per member (heartbeat and install)",
         {"type": options.positive_int, "metavar": "BYTES"},
     ),
-    _Option(
+    EnvOption(
         "--regex-max-bytes",
         "PYSTREAMS_REGEX_MAX_BYTES",
         "4096",
         "the longest SubscribedTopicRegex accepted",
         {"type": options.positive_int, "metavar": "BYTES"},
     ),
-    _Option(
+    EnvOption(
         "--regex-cache-bytes",
         "PYSTREAMS_REGEX_CACHE_BYTES",
         str(32 * 1024 * 1024),
@@ -328,26 +320,12 @@ _LIMIT_OPTIONS = [
 ]
 
 
-def _add(parser: argparse.ArgumentParser, options: list[_Option]) -> None:
-    for option in options:
-        default = os.environ.get(option.env, option.default)
-        shown = f"default: {option.default}, " if option.default is not None else ""
-        parser.add_argument(option.flags, default=default, help=f"{option.help} ({shown}env {option.env})", **option.kwargs)
-
-
-def _epilog(options: list[_Option]) -> str:
-    lines = ["environment variables (a command-line option wins over its variable):"]
-    lines += [f"  {option.env:<38} {option.flags}" for option in options]
-    lines.append("\nStops cleanly on SIGTERM or Ctrl-C (SIGINT).")
-    return "\n".join(lines) + "\n"
-
-
 def add_coordinator_options(parser: argparse.ArgumentParser, *, cluster: bool = True) -> None:
     """The server options (and, with ``cluster``, where the log and topics live)."""
     listed = (_CLUSTER_OPTIONS if cluster else []) + _SERVER_OPTIONS + _CLASSIC_OPTIONS + _SECURITY_OPTIONS + _LIMIT_OPTIONS
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = (parser.epilog or "") + _epilog(listed)
-    _add(parser, listed)
+    parser.epilog = (parser.epilog or "") + options.env_epilog(listed) + "\nStops cleanly on SIGTERM or Ctrl-C (SIGINT).\n"
+    options.add_env_options(parser, listed)
     if cluster:
         options.add_client_security_options(parser, prefix="broker-", what="the Kafka cluster (record log and topic metadata)")
 
@@ -621,11 +599,6 @@ async def serve(settings: CoordinatorSettings, *, stop: asyncio.Event | None = N
     return 0
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level, logging.INFO), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
-
-
 async def repair_log(settings: CoordinatorSettings, skip_unreadable: bool) -> int:
     """``--repair``: 0 when the log is clean (or was just repaired), 1 when unreadable records remain."""
     from pystreams.coordinator import repair
@@ -657,7 +630,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, argparse.ArgumentTypeError) as error:
         print(f"pystreams coordinator: {error}", file=sys.stderr)
         return 2
-    _configure_logging(args.log_level)
+    configure_logging(args.log_level)
     if getattr(args, "repair", False):
         return asyncio.run(repair_log(settings, args.skip_unreadable))
     if getattr(args, "skip_unreadable", False):

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from pystreams.commands import coordinator as coordinator_command
 from pystreams.commands import options
+from pystreams.commands.logs import configure_logging
 
 HELP = "start the embedded Kafka broker and a coordinator together for local development"
 
@@ -80,7 +81,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pystreams.broker import BrokerStartError, EmbeddedBroker
 
-    coordinator_command._configure_logging(args.log_level)
+    configure_logging(args.log_level)
     if args.app is not None:
         _speed_up_defaults_for_apps(args)
     try:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 #: A decimal integer as Kafka's config parser reads one (Python's int() also takes "5_000", "٣").
@@ -79,6 +82,46 @@ def error_policy(text: str) -> str:
     if text not in ERROR_POLICIES:
         raise argparse.ArgumentTypeError(f"not an error policy: {text!r} (choose from {', '.join(ERROR_POLICIES)})")
     return text
+
+
+@dataclass(frozen=True)
+class EnvOption:
+    """One command-line option and the ``PYSTREAMS_*`` variable that sets it when the flag is
+    not given, declared once: ``add_env_options`` makes the argparse option, its default and
+    its help (which names the variable and the default) from it."""
+
+    flags: str
+    env: str
+    #: As the command line would give it (argparse applies ``type`` to it); None: unset.
+    default: str | None
+    help: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: Turns the variable's (or the default's) text into the option's value, for options whose
+    #: argparse ``type`` does not apply to a default (flags).
+    from_env: Callable[[str], Any] | None = None
+    #: False: the command reads the variable itself (it merges with repeated flags).
+    env_sets_default: bool = True
+
+
+def env_default(option: EnvOption) -> Any:
+    """The option's value when its flag is not given: its variable's, else its default. An
+    empty variable counts as unset (Kubernetes gives ``$(NAME)`` of a missing field as "")."""
+    text = (os.environ.get(option.env) if option.env_sets_default else None) or option.default
+    return option.from_env(text) if option.from_env is not None and text is not None else text
+
+
+def add_env_options(parser: argparse.ArgumentParser | Any, listed: Iterable[EnvOption]) -> None:
+    """Add each option with its environment default and a help that names both."""
+    for option in listed:
+        shown = f"default: {option.default}, " if option.default is not None else ""
+        parser.add_argument(option.flags, default=env_default(option), help=f"{option.help} ({shown}env {option.env})", **option.kwargs)
+
+
+def env_epilog(listed: Iterable[EnvOption]) -> str:
+    """The ``--help`` table of variables and the options they set."""
+    lines = ["environment variables (a command-line option wins over its variable):"]
+    lines += [f"  {option.env:<38} {option.flags}" for option in listed]
+    return "\n".join(lines) + "\n"
 
 
 def add_error_policy_options(parser: argparse.ArgumentParser) -> None:

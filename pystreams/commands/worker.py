@@ -10,153 +10,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
-import logging
 import os
 import signal
 import sys
 
 from pystreams.commands import options
+from pystreams.commands.logs import configure_logging
+from pystreams.commands.options import EnvOption
 from pystreams.guarantee import ProcessingGuarantee
 from pystreams.worker.process import DEFAULT_COMMIT_INTERVAL_MS, GROUP_PROTOCOLS
 
 HELP = "run an app's stream tasks as a member of its group (KIP-848 or classic, client-side task assignment)"
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    env = os.environ.get
-    parser.add_argument("app", nargs="?", default=env("PYSTREAMS_APP"), help="path/to/app.py or module[:attribute] (env PYSTREAMS_APP)")
-    parser.add_argument(
-        "--bootstrap-servers", default=env("PYSTREAMS_BOOTSTRAP_SERVERS"), help="the Kafka cluster holding the data (env PYSTREAMS_BOOTSTRAP_SERVERS)"
-    )
-    parser.add_argument("--coordinator", default=env("PYSTREAMS_COORDINATOR"), help="HOST:PORT of the group coordinator (env PYSTREAMS_COORDINATOR)")
-    parser.add_argument(
-        "--coordinator-connect-timeout-ms",
-        type=options.non_negative_int,
-        default=env("PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS", "60000"),
-        help="exit when the coordinator was never reached within this long (nothing listens there, "
-        "or it is a Kafka broker); 0 retries forever; a worker that once reached it always "
-        "retries (env PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS; default 60000)",
-    )
-    parser.add_argument(
-        "--instance-id",
-        default=env("PYSTREAMS_INSTANCE_ID") or None,
-        help="static membership: leave with -2 and get the same tasks back on restart (env PYSTREAMS_INSTANCE_ID)",
-    )
-    parser.add_argument(
-        "--state-dir", default=env("PYSTREAMS_STATE_DIR") or None, help="where task state lives (env PYSTREAMS_STATE_DIR; default: a temp directory)"
-    )
-    parser.add_argument(
-        "--group-protocol",
-        type=str.lower,
-        choices=GROUP_PROTOCOLS,
-        default=(env("PYSTREAMS_GROUP_PROTOCOL") or "consumer").lower(),
-        help="group.protocol: consumer (KIP-848) or classic (JoinGroup/SyncGroup, cooperative); a fleet "
-        "migrates online by restarting workers one at a time with the other value "
-        "(env PYSTREAMS_GROUP_PROTOCOL; default consumer)",
-    )
-    parser.add_argument(
-        "--session-timeout-ms",
-        type=options.positive_int,
-        default=env("PYSTREAMS_SESSION_TIMEOUT_MS", "45000"),
-        help="session.timeout.ms of a classic member (a KIP-848 group's is the coordinator's) (env PYSTREAMS_SESSION_TIMEOUT_MS; default 45000)",
-    )
-    parser.add_argument(
-        "--heartbeat-interval-ms",
-        type=options.positive_int,
-        default=env("PYSTREAMS_HEARTBEAT_INTERVAL_MS", "3000"),
-        help="heartbeat.interval.ms of a classic member (env PYSTREAMS_HEARTBEAT_INTERVAL_MS; default 3000)",
-    )
-    parser.add_argument(
-        "--threads",
-        type=options.positive_int,
-        default=env("PYSTREAMS_THREADS", "1"),
-        help="stream threads, one group member each (env PYSTREAMS_THREADS; default 1)",
-    )
-    parser.add_argument(
-        "--commit-interval-ms",
-        type=options.positive_int,
-        default=env("PYSTREAMS_COMMIT_INTERVAL_MS") or None,
-        help=f"commit.interval.ms (env PYSTREAMS_COMMIT_INTERVAL_MS; default {DEFAULT_COMMIT_INTERVAL_MS}, "
-        f"{ProcessingGuarantee.EXACTLY_ONCE_V2.default_commit_interval_ms} under exactly_once_v2)",
-    )
-    parser.add_argument(
-        "--processing-guarantee",
-        type=_guarantee,
-        default=env("PYSTREAMS_PROCESSING_GUARANTEE") or None,
-        metavar="{at_least_once,exactly_once_v2}",
-        help="processing.guarantee: exactly_once_v2 commits outputs, state changes and input positions "
-        "in one Kafka transaction (env PYSTREAMS_PROCESSING_GUARANTEE; default: the app's "
-        "processing_guarantee, at_least_once unless it says otherwise)",
-    )
-    parser.add_argument(
-        "--user-endpoint", default=env("PYSTREAMS_USER_ENDPOINT", ""), help="HOST:PORT advertised for interactive queries (env PYSTREAMS_USER_ENDPOINT)"
-    )
-    parser.add_argument(
-        "--num-standby-replicas",
-        type=options.non_negative_int,
-        default=env("PYSTREAMS_NUM_STANDBY_REPLICAS", "0"),
-        help="num.standby.replicas per stateful task (env PYSTREAMS_NUM_STANDBY_REPLICAS; default 0)",
-    )
-    parser.add_argument(
-        "--max-warmup-replicas",
-        type=options.non_negative_int,
-        default=env("PYSTREAMS_MAX_WARMUP_REPLICAS", "2"),
-        help="max.warmup.replicas in the whole group (env PYSTREAMS_MAX_WARMUP_REPLICAS; default 2)",
-    )
-    parser.add_argument(
-        "--acceptable-recovery-lag",
-        type=options.non_negative_int,
-        default=env("PYSTREAMS_ACCEPTABLE_RECOVERY_LAG", "10000"),
-        help="acceptable.recovery.lag: records a process may be behind and still take a task's active (env PYSTREAMS_ACCEPTABLE_RECOVERY_LAG; default 10000)",
-    )
-    parser.add_argument(
-        "--client-tag",
-        action="append",
-        type=options.key_value,
-        metavar="KEY=VALUE",
-        default=[],
-        help="a client tag, e.g. zone=eu-1a; repeatable (env PYSTREAMS_CLIENT_TAGS, comma-separated)",
-    )
-    parser.add_argument(
-        "--rack-aware-assignment-tags",
-        default=env("PYSTREAMS_RACK_AWARE_ASSIGNMENT_TAGS", ""),
-        metavar="KEY[,KEY...]",
-        help="client tags whose values standbys should differ in (env PYSTREAMS_RACK_AWARE_ASSIGNMENT_TAGS)",
-    )
-    parser.add_argument(
-        "--shutdown-application-on-error",
-        action="store_true",
-        default=env("PYSTREAMS_SHUTDOWN_APPLICATION_ON_ERROR", "") in ("1", "true"),
-        help="a fatal error here asks every worker of the app to shut down (env PYSTREAMS_SHUTDOWN_APPLICATION_ON_ERROR)",
-    )
-    options.add_error_policy_options(parser)
-    options.add_client_security_options(parser)
-    options.add_client_security_options(parser, prefix="broker-", what="the Kafka brokers (unset: as toward the coordinator)")
-    parser.add_argument(
-        "--http-port",
-        type=options.port,
-        default=env("PYSTREAMS_HTTP_PORT") or None,
-        help="serve GET /healthz (stream threads alive), /readyz (active tasks restored and running) "
-        "and /metrics (Prometheus) on this port; 0 picks one (env PYSTREAMS_HTTP_PORT; default: off)",
-    )
-    parser.add_argument(
-        "--http-host",
-        default=env("PYSTREAMS_HTTP_HOST") or None,
-        metavar="ADDRESS",
-        help="address the HTTP endpoints bind, queries included (env PYSTREAMS_HTTP_HOST; default: every "
-        "interface, or loopback for queries on a loopback user endpoint)",
-    )
-    parser.add_argument(
-        "--pod-annotations",
-        default=env("PYSTREAMS_POD_ANNOTATIONS") or None,
-        metavar="FILE",
-        help="a Kubernetes downward-API annotations file read at shutdown: with "
-        'pystreams.io/leave-group="true" a static member leaves for good (-1), so its tasks move '
-        "at once (env PYSTREAMS_POD_ANNOTATIONS)",
-    )
-    parser.add_argument(
-        "--log-level", default=env("PYSTREAMS_LOG_LEVEL", "INFO"), choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(env PYSTREAMS_LOG_LEVEL)"
-    )
 
 
 def _guarantee(text: str) -> ProcessingGuarantee:
@@ -164,6 +28,132 @@ def _guarantee(text: str) -> ProcessingGuarantee:
         return ProcessingGuarantee.parse(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _true(text: str) -> bool:
+    return text in ("1", "true")
+
+
+_OPTIONS = [
+    EnvOption("app", "PYSTREAMS_APP", None, "path/to/app.py or module[:attribute]", {"nargs": "?"}),
+    EnvOption("--bootstrap-servers", "PYSTREAMS_BOOTSTRAP_SERVERS", None, "the Kafka cluster holding the data"),
+    EnvOption("--coordinator", "PYSTREAMS_COORDINATOR", None, "HOST:PORT of the group coordinator"),
+    EnvOption(
+        "--coordinator-connect-timeout-ms",
+        "PYSTREAMS_COORDINATOR_CONNECT_TIMEOUT_MS",
+        "60000",
+        "exit when the coordinator was never reached within this long (nothing listens there, "
+        "or it is a Kafka broker); 0 retries forever; a worker that once reached it always retries",
+        {"type": options.non_negative_int},
+    ),
+    EnvOption("--instance-id", "PYSTREAMS_INSTANCE_ID", None, "static membership: leave with -2 and get the same tasks back on restart"),
+    EnvOption("--state-dir", "PYSTREAMS_STATE_DIR", None, "where task state lives (unset: a temp directory)"),
+    EnvOption(
+        "--group-protocol",
+        "PYSTREAMS_GROUP_PROTOCOL",
+        "consumer",
+        "group.protocol: consumer (KIP-848) or classic (JoinGroup/SyncGroup, cooperative); a fleet "
+        "migrates online by restarting workers one at a time with the other value",
+        {"type": str.lower, "choices": GROUP_PROTOCOLS},
+    ),
+    EnvOption(
+        "--session-timeout-ms",
+        "PYSTREAMS_SESSION_TIMEOUT_MS",
+        "45000",
+        "session.timeout.ms of a classic member (a KIP-848 group's is the coordinator's)",
+        {"type": options.positive_int},
+    ),
+    EnvOption(
+        "--heartbeat-interval-ms", "PYSTREAMS_HEARTBEAT_INTERVAL_MS", "3000", "heartbeat.interval.ms of a classic member", {"type": options.positive_int}
+    ),
+    EnvOption("--threads", "PYSTREAMS_THREADS", "1", "stream threads, one group member each", {"type": options.positive_int}),
+    EnvOption(
+        "--commit-interval-ms",
+        "PYSTREAMS_COMMIT_INTERVAL_MS",
+        None,
+        f"commit.interval.ms (unset: {DEFAULT_COMMIT_INTERVAL_MS}, {ProcessingGuarantee.EXACTLY_ONCE_V2.default_commit_interval_ms} under exactly_once_v2)",
+        {"type": options.positive_int},
+    ),
+    EnvOption(
+        "--processing-guarantee",
+        "PYSTREAMS_PROCESSING_GUARANTEE",
+        None,
+        "processing.guarantee: exactly_once_v2 commits outputs, state changes and input positions "
+        "in one Kafka transaction (unset: the app's processing_guarantee, at_least_once unless it says otherwise)",
+        {"type": _guarantee, "metavar": "{at_least_once,exactly_once_v2}"},
+    ),
+    EnvOption("--user-endpoint", "PYSTREAMS_USER_ENDPOINT", "", "HOST:PORT advertised for interactive queries"),
+    EnvOption("--num-standby-replicas", "PYSTREAMS_NUM_STANDBY_REPLICAS", "0", "num.standby.replicas per stateful task", {"type": options.non_negative_int}),
+    EnvOption("--max-warmup-replicas", "PYSTREAMS_MAX_WARMUP_REPLICAS", "2", "max.warmup.replicas in the whole group", {"type": options.non_negative_int}),
+    EnvOption(
+        "--acceptable-recovery-lag",
+        "PYSTREAMS_ACCEPTABLE_RECOVERY_LAG",
+        "10000",
+        "acceptable.recovery.lag: records a process may be behind and still take a task's active",
+        {"type": options.non_negative_int},
+    ),
+    EnvOption(
+        "--client-tag",
+        "PYSTREAMS_CLIENT_TAGS",
+        None,
+        "a client tag, e.g. zone=eu-1a; repeatable (the variable: comma-separated)",
+        {"action": "append", "type": options.key_value, "metavar": "KEY=VALUE"},
+        env_sets_default=False,  # ``run`` merges the variable's tags with the flags'
+    ),
+    EnvOption(
+        "--rack-aware-assignment-tags",
+        "PYSTREAMS_RACK_AWARE_ASSIGNMENT_TAGS",
+        "",
+        "client tags whose values standbys should differ in",
+        {"metavar": "KEY[,KEY...]"},
+    ),
+    EnvOption(
+        "--shutdown-application-on-error",
+        "PYSTREAMS_SHUTDOWN_APPLICATION_ON_ERROR",
+        "false",
+        "a fatal error here asks every worker of the app to shut down (the variable: 1 or true)",
+        {"action": "store_true"},
+        from_env=_true,
+    ),
+]
+
+#: After the error policy and security options in ``--help``.
+_ENDPOINT_OPTIONS = [
+    EnvOption(
+        "--http-port",
+        "PYSTREAMS_HTTP_PORT",
+        None,
+        "serve GET /healthz (stream threads alive), /readyz (active tasks restored and running) "
+        "and /metrics (Prometheus) on this port; 0 picks one; unset: off",
+        {"type": options.port},
+    ),
+    EnvOption(
+        "--http-host",
+        "PYSTREAMS_HTTP_HOST",
+        None,
+        "address the HTTP endpoints bind, queries included (unset: every interface, or loopback for queries on a loopback user endpoint)",
+        {"metavar": "ADDRESS"},
+    ),
+    EnvOption(
+        "--pod-annotations",
+        "PYSTREAMS_POD_ANNOTATIONS",
+        None,
+        "a Kubernetes downward-API annotations file read at shutdown: with "
+        'pystreams.io/leave-group="true" a static member leaves for good (-1), so its tasks move at once',
+        {"metavar": "FILE"},
+    ),
+    EnvOption("--log-level", "PYSTREAMS_LOG_LEVEL", "INFO", "logging level (stderr)", {"choices": ["DEBUG", "INFO", "WARNING", "ERROR"]}),
+]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (parser.epilog or "") + options.env_epilog(_OPTIONS + _ENDPOINT_OPTIONS)
+    options.add_env_options(parser, _OPTIONS)
+    options.add_error_policy_options(parser)
+    options.add_client_security_options(parser)
+    options.add_client_security_options(parser, prefix="broker-", what="the Kafka brokers (unset: as toward the coordinator)")
+    options.add_env_options(parser, _ENDPOINT_OPTIONS)
 
 
 def _client_tags_from_env(text: str) -> dict[str, str]:
@@ -201,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         client_tags = _client_tags_from_env(os.environ.get("PYSTREAMS_CLIENT_TAGS", ""))
-        client_tags.update(args.client_tag)  # the command line wins over the environment
+        client_tags.update(args.client_tag or ())  # the command line wins over the environment
         coordinator_security = options.client_security_from_args(args)
         settings = WorkerSettings(
             app=args.app,
@@ -239,8 +229,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.state_dir:
         check_writable_directory(args.state_dir, "--state-dir")
-    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    configure_logging(args.log_level)
     # `kill -USR1 PID` prints every thread's stack: how to see where a stuck worker waits.
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 

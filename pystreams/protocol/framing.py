@@ -17,6 +17,7 @@ import struct
 from kafka.protocol.api_header import RequestHeader, ResponseHeader
 from kafka.protocol.api_message import ApiMessage
 
+from pystreams.protocol.linear_decoding import decode_body
 from pystreams.protocol.registry import API_VERSIONS_KEY, ApiSpec, api_spec
 
 _FRAME_SIZE = struct.Struct(">i")
@@ -98,6 +99,6 @@ class ClientFraming:
         if spec.api_key == API_VERSIONS_KEY and len(body) >= 2 and struct.unpack_from(">h", body)[0] != 0:
             version = 0  # ApiVersions errors are written at v0, the one form every client reads
         try:
-            return correlation_id, spec.response_class.decode(body, version=version)
+            return correlation_id, decode_body(spec.response_class, memoryview(body), version)[0]
         except Exception as error:  # the generated decoder raises struct.error, ValueError, ...
             raise FramingError(f"cannot parse the {spec.name} v{version} response: {error!r}") from error

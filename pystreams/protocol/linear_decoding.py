@@ -1,4 +1,5 @@
-"""kafka-python's generated request decoders, made linear and bounded for untrusted input.
+"""Linear, bounded decoders for the Kafka messages pystreams reads, compiled by kafka-python's
+code generator without changing it.
 
 kafka-python 3 compiles one flat decode function per message version. Two of the code
 fragments it emits are unsafe on bytes a stranger chose:
@@ -11,21 +12,25 @@ fragments it emits are unsafe on bytes a stranger chose:
   continuation bytes builds an ever larger integer. Kafka's ``ByteUtils.readUnsignedVarint``
   refuses a varint longer than 5 bytes; so does the decoder here.
 
-``install()`` swaps these two emitters in before any decoder is compiled (``pystreams``
-imports this module first). kafka-python is pinned below 4 in pyproject.toml;
-``tests/test_protocol_decoding.py`` pins the behaviour, so an upgrade that moves these
-internals fails loudly there rather than silently re-opening the hole.
+``decode_body`` compiles pystreams' own decoders into its own cache, through a code generation
+context (``_GuardedCodegen``) that rewrites those two fragments as kafka-python emits them.
+kafka-python's classes and its cache of decoders are left as they are: the user's own
+kafka-python clients in the same process decode exactly as kafka-python does. kafka-python is
+pinned below 4 in pyproject.toml; a generator whose fragments no longer match is refused when a
+decoder is compiled (``DecoderGuardError``) and ``tests/test_protocol_hostile_input.py`` pins
+the behaviour, so an upgrade fails loudly rather than silently re-opening the hole.
 """
 
 from __future__ import annotations
 
-from kafka.protocol.schemas.fields.codecs import types as _types
-from kafka.protocol.schemas.fields.struct import StructField
+import re
+from collections.abc import Callable
+from typing import Any
+
+from kafka.protocol.schemas.fields.codegen import CodegenContext
 
 #: Kafka's limit: an unsigned varint32 takes at most 5 bytes.
 MAX_VARINT32_BYTES = 5
-
-_installed = False
 
 
 class VarintTooLong(ValueError):
@@ -52,37 +57,64 @@ class FrameView:
         return self._pos - self._start
 
 
-def _emit_bounded_uvarint_decode(cls, ctx, var_name: str, indent: str) -> None:
-    byte, shift = ctx.next_var("b"), ctx.next_var("sh")
-    ctx.globs["_VarintTooLong"] = VarintTooLong
-    ctx.emit(indent, f"{var_name} = 0")
-    ctx.emit(indent, f"{shift} = 0")
-    ctx.emit(indent, "while True:")
-    ctx.emit(indent, f"    {byte} = data[pos]")
-    ctx.emit(indent, "    pos += 1")
-    ctx.emit(indent, f"    {var_name} |= ({byte} & 0x7f) << {shift}")
-    ctx.emit(indent, f"    if not ({byte} & 0x80): break")
-    ctx.emit(indent, f"    {shift} += 7")
-    ctx.emit(indent, f"    if {shift} >= {7 * MAX_VARINT32_BYTES}: raise _VarintTooLong('a varint longer than {MAX_VARINT32_BYTES} bytes')")
+class DecoderGuardError(RuntimeError):
+    """kafka-python's generator emitted a decoder this module cannot guard (it changed)."""
 
 
-def _emit_zero_copy_tagged_decode(self, ctx, var_name: str, indent: str, version: int) -> None:
-    tagged = ctx.next_var("tf")
-    reader = ctx.next_var("view")
-    ctx.globs[tagged] = self.tagged_fields(version)
-    ctx.globs["_FrameView"] = FrameView
-    ctx.emit(indent, f"{reader} = _FrameView(data, pos)")
-    ctx.emit(indent, f"_tfd = {tagged}.decode({reader}, version={version})")
-    ctx.emit(indent, f"pos += {reader}.tell()")
-    ctx.emit(indent, "if _tfd:")
-    ctx.emit(indent, "    for _tk, _tv in _tfd.items():")
-    ctx.emit(indent, '        if _tk.startswith("_"):')
-    ctx.emit(indent, f"            if {var_name}.unknown_tags is None: {var_name}.unknown_tags = {{}}")
-    ctx.emit(indent, f"            {var_name}.unknown_tags[_tk] = _tv")
-    ctx.emit(indent, "        else:")
-    ctx.emit(indent, f"            if {var_name}.tags is None: {var_name}.tags = set()")
-    ctx.emit(indent, f"            {var_name}.tags.add(_tk)")
-    ctx.emit(indent, f"            setattr({var_name}, _tk, _tv)")
+#: The fragments of kafka-python's generated decoders rewritten here (see the module docstring).
+_TOP_OBJECT = re.compile(r"obj = object\.__new__\((_dc\d+)\)")
+_FRAME_COPY = re.compile(r"(_bio\d+) = _BytesIO\(bytes\(data\[pos:\]\)\)")
+_VARINT_SHIFT = re.compile(r"(\s*)(_sh\d+) \+= 7")
+
+
+class _GuardedCodegen(CodegenContext):
+    """kafka-python's code generation context, rewriting the unsafe fragments as they are
+    emitted: a tagged-field copy of the rest of the frame becomes a ``FrameView``, and every
+    varint loop gets a bound."""
+
+    def __init__(self, message_class: Any) -> None:
+        super().__init__()
+        self.globs["_FrameView"] = FrameView
+        self.globs["_VarintTooLong"] = VarintTooLong
+        self._message_class = message_class
+        self.varint_loops = 0
+        self.bounded_varints = 0
+
+    def emit(self, indent: str, line: str) -> None:
+        if (top := _TOP_OBJECT.fullmatch(line)) is not None:
+            # The message class itself (the generator's own is a weak proxy; kafka-python's
+            # ``compiled_decode_from`` swaps it the same way).
+            self.globs[top[1]] = self._message_class
+        if (copy := _FRAME_COPY.fullmatch(line)) is not None:
+            line = f"{copy[1]} = _FrameView(data, pos)"
+        super().emit(indent, line)
+        if (shift := _VARINT_SHIFT.fullmatch(line)) is not None:
+            self.bounded_varints += 1
+            bound = 7 * MAX_VARINT32_BYTES
+            super().emit(indent, f"{shift[1]}if {shift[2]} >= {bound}: raise _VarintTooLong('a varint longer than {MAX_VARINT32_BYTES} bytes')")
+        elif line.strip() == "while True:":
+            self.varint_loops += 1
+
+    def checked_source(self) -> str:
+        source: str = self.source()
+        if "_BytesIO(" in source or self.varint_loops != self.bounded_varints:
+            raise DecoderGuardError("kafka-python's decoder generator changed; pystreams.protocol.linear_decoding needs updating")
+        return source
+
+
+_DECODERS: dict[tuple[Any, int], Callable[[memoryview | bytes, int], tuple[Any, int]]] = {}
+
+
+def _compile_decoder(message_class: Any, version: int) -> Callable[[memoryview | bytes, int], tuple[Any, int]]:
+    """What ``StructField.compiled_decode_from`` compiles, guarded, and cached here only."""
+    flexible = bool(message_class.flexible_version_q(version))
+    ctx = _GuardedCodegen(message_class[None])
+    ctx.lines.append("def _decode(data, pos):")
+    message_class._struct.emit_decode_from(ctx, "obj", "    ", version=version, compact=flexible, tagged=flexible)
+    ctx.emit("    ", "return obj, pos")
+    exec(compile(ctx.checked_source(), f"<pystreams_decode:{message_class.__name__}_v{version}>", "exec"), ctx.globs)
+    decode: Callable[[memoryview | bytes, int], tuple[Any, int]] = ctx.globs["_decode"]
+    return decode
 
 
 def decode_body(message_class, data: memoryview, version: int):
@@ -91,19 +123,7 @@ def decode_body(message_class, data: memoryview, version: int):
     ``ApiMessage.decode`` drops the end offset, and a string or bytes field that runs past the
     end of the frame is silently cut short by slicing, so the caller must check ``end``.
     """
-    flexible = bool(message_class.flexible_version_q(version))
-    decode = message_class._struct.compiled_decode_from(version, compact=flexible, tagged=flexible, data_class=message_class[None])
+    decode = _DECODERS.get((message_class, version))
+    if decode is None:
+        decode = _DECODERS[(message_class, version)] = _compile_decoder(message_class, version)
     return decode(data, 0)
-
-
-def install() -> None:
-    """Patch kafka-python's decoder generators (idempotent)."""
-    global _installed
-    if _installed:
-        return
-    for owner, name in ((_types.UnsignedVarInt32, "emit_decode_from"), (StructField, "_emit_tagged_decode")):
-        if not hasattr(owner, name):  # kafka-python moved its internals: refuse to run unprotected
-            raise ImportError(f"kafka-python's {owner.__name__}.{name} is gone; pystreams.protocol.linear_decoding needs updating")
-    _types.UnsignedVarInt32.emit_decode_from = classmethod(_emit_bounded_uvarint_decode)
-    StructField._emit_tagged_decode = _emit_zero_copy_tagged_decode
-    _installed = True

@@ -46,7 +46,6 @@ from pystreams.topology.kernels import (
     ProcessorInstance,
     ScheduledPunctuation,
     TaskPosition,
-    advance_stream_time,
     drop,
     fixed_window_key,
     guard,
@@ -55,6 +54,7 @@ from pystreams.topology.kernels import (
     source_timestamp,
     table_value_reader,
 )
+from pystreams.topology.source_step import source_step
 from pystreams.topology.stores import typed
 from pystreams.topology.windows import HoppingWindow, SessionWindow, SlidingWindow, TumblingWindow, Windowed
 
@@ -585,50 +585,29 @@ class _OpenTask:
         run = self.step.processor
         assert run is not None
         position = self.position
-        emit = chain(run.steps, self.emits[0][0])
-        base_key, base_value, extractor = run.base_key.deserialize, run.base_value.deserialize, run.timestamp_extractor
-        stream_punctuations = [p for p in self.punctuations if p.punctuation.type is PunctuationType.STREAM_TIME]
         topics, errors, task = run.topics, self.step.errors, str(position.task_id)
+
+        def failed(kind: ErrorKind, node: str | None, error: BaseException, _record: None, key_bytes: Any, value_bytes: Any, _timestamp: int) -> None:
+            # The step runs with the position of the row it failed on (punctuations restore it).
+            errors.failed(
+                kind, error, task=task, node=node, topic=position.topic, partition=position.partition, offset=position.offset, key=key_bytes, value=value_bytes
+            )
+
+        step = source_step(
+            run.source_node,
+            run.base_key.deserialize,
+            run.base_value.deserialize,
+            run.timestamp_extractor,
+            chain(run.steps, self.emits[0][0]),
+            position,
+            failed=failed,
+            stream_punctuations=[p for p in self.punctuations if p.punctuation.type is PunctuationType.STREAM_TIME],
+            fire=self._fire,
+        )
         for key_bytes, value_bytes, raw_ts, origin, offset in zip(frame["key"], frame["value"], frame["ts"], frame["origin"], frame["offset"], strict=True):
             _, source, partition = origin_parts(int(origin))
             position.topic, position.partition, position.offset = topics[source], partition, int(offset)
-            try:
-                key, value = base_key(key_bytes), base_value(value_bytes)
-                timestamp = source_timestamp(extractor, key, value, int(raw_ts), node=run.source_node, position=position)
-            except Exception as error:
-                errors.failed(
-                    ErrorKind.DESERIALIZATION,
-                    error,
-                    task=task,
-                    node=run.source_node,
-                    topic=topics[source],
-                    partition=partition,
-                    offset=int(offset),
-                    key=key_bytes,
-                    value=value_bytes,
-                )
-                continue
-            if timestamp is None:
-                continue
-            position.stream_time = advance_stream_time(position.stream_time, timestamp)
-            try:
-                emit(key, value, timestamp)
-            except NodeFailure as failure:
-                errors.failed(
-                    ErrorKind.PROCESSING,
-                    failure.error,
-                    task=task,
-                    node=failure.node,
-                    topic=topics[source],
-                    partition=partition,
-                    offset=int(offset),
-                    key=key_bytes,
-                    value=value_bytes,
-                )
-            now = position.stream_time
-            for scheduled in stream_punctuations:
-                if scheduled.due(now):
-                    self._fire(scheduled, now)
+            step(key_bytes, value_bytes, int(raw_ts), None)
 
     def _fire(self, scheduled: ScheduledPunctuation, now: int) -> None:
         try:

@@ -6,7 +6,21 @@ its kernel in ``pystreams.topology.kernels`` (the rules both runtimes share); th
 wires kernels to the task's RocksDB stores, sinks to the producer, and wraps every node so
 that an exception escaping user code names the node it came from (``NodeFailure``). The
 graph is built once per task, so the per-record path is a chain of closures with no dispatch
-on node kinds.
+on node kinds. One record, from poll to sink (a map, then a count written to a topic)::
+
+    TaskEngine.poll                       a consumer batch, in each task's order (engine.py)
+      -> StreamTask.process(records)      sets ctx.topic, partition, offset (tasks.py)
+        -> source step                    deserialize, timestamp, stream time
+                                          (topology/source_step.py)
+          -> guarded(map emit)            a raise in user code becomes NodeFailure(node)
+            -> guarded(count emit)        updates the count in the store's cache
+      ... at commit (or when the cache evicts):
+      cache flush -> _Forwarder -> _table_forwarder
+        -> sink                           serializes, RecordSender.send to the producer
+    A NodeFailure unwinds to the source step: the error policy runs, then punctuations.
+
+A stateless sink is called directly by its parent's emit; a repartition sink appends to the
+task's repartition buffer (``packing``), sent packed by ``RecordSender.send_repartition_buffers``.
 
 Tables (aggregations, table sources) write to their store's cache; the cache folds updates
 per key and, when it flushes (commit, or eviction), the store hands the folded changes to a
@@ -73,7 +87,6 @@ class TaskContext(TaskPosition):
     def __init__(self, app_id: str, task_id: TaskId, sender: Sender) -> None:
         super().__init__(app_id, task_id)
         self.sender = sender
-        self.timestamp: int = 0
         #: Set by the task: called for an exception while forwarding a flushed store change.
         self.on_forward_error: Callable[[NodeFailure], None] = _reraise
 

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from pystreams.state import CacheLimits, RestoreProgress, TaskState, TopicPartition
 from pystreams.topology.ir import PunctuationType, TaskId
-from pystreams.topology.kernels import ScheduledPunctuation, advance_stream_time, source_timestamp
+from pystreams.topology.kernels import ScheduledPunctuation
 from pystreams.topology.resolve import ResolvedTopology
+from pystreams.topology.source_step import SourceFailed, SourceStep, source_step
 
 from .errors import ErrorKind, ErrorPolicy, RecordFailure, RecordProcessingError, dead_letter_headers, failure_policy
 from .kafka_io import ChangelogRestorer, ProducerChangelogSink, Sender
 from .packing import UnpackedRecord, packed_version, unpack
-from .processing import Emit, NodeFailure, SourceEntry, TaskContext, TaskGraph, build_task_graph
+from .processing import NodeFailure, SourceEntry, TaskContext, TaskGraph, build_task_graph
 
 if TYPE_CHECKING:
     from .engine import ErrorHandling
@@ -73,6 +74,9 @@ class StreamTask:
         punctuations = self.graph.punctuations
         self._stream_punctuations = [p for p in punctuations if p.punctuation.type is PunctuationType.STREAM_TIME]
         self._wall_punctuations = [p for p in punctuations if p.punctuation.type is PunctuationType.WALL_CLOCK_TIME]
+        sources = self.graph.sources
+        self._steps = {topic: self._source_step(entry, self._source_record_failed) for topic, entry in sources.items()}
+        self._packed_steps = {topic: self._source_step(entry, self._packed_entry_failed) for topic, entry in sources.items() if entry.packed}
         self._initialized = False
 
     # -- start-up -------------------------------------------------------------------------
@@ -106,14 +110,11 @@ class StreamTask:
         self.dirty = True
         ctx = self.ctx
         sources = self.graph.sources
-        punctuate_stream_time = self._punctuate_stream_time if self._stream_punctuations else None
+        steps = self._steps
         current_topic = None
         # Set from the first record's source entry (current_topic starts as None).
         entry: SourceEntry
-        deserialize_key: Callable[[Any], Any]
-        deserialize_value: Callable[[Any], Any]
-        extractor: Callable[[Any, Any, int], int] | None
-        emit: Emit
+        step: SourceStep
         packed = False
         record: Any = None
         try:
@@ -122,41 +123,22 @@ class StreamTask:
                 if topic != current_topic:
                     current_topic = topic
                     entry = sources[topic]
-                    deserialize_key = entry.deserialize_key
-                    deserialize_value = entry.deserialize_value
-                    extractor = entry.timestamp_extractor
-                    emit = entry.emit
+                    step = steps[topic]
                     packed = entry.packed
                     ctx.topic = topic
                 ctx.partition = record.partition
                 ctx.offset = record.offset
                 if packed and packed_version(record.headers) is not None:
-                    self._process_packed(record, entry, punctuate_stream_time)
+                    self._process_packed(record, entry)
                     continue
-                try:
-                    key = deserialize_key(record.key)
-                    value = deserialize_value(record.value)
-                    timestamp = source_timestamp(extractor, key, value, record.timestamp, node=entry.node, position=ctx)
-                except Exception as error:
-                    self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
-                    continue
-                if timestamp is None:
-                    continue
-                ctx.stream_time = advance_stream_time(ctx.stream_time, timestamp)
-                ctx.timestamp = timestamp
-                try:
-                    emit(key, value, timestamp)
-                except NodeFailure as failure:
-                    self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, record)
-                if punctuate_stream_time is not None:
-                    punctuate_stream_time()
+                step(record.key, record.value, record.timestamp, record)
         except RecordProcessingError:
             # The records before the failing one were processed: the exit line counts them.
             self.records_processed += next(index for index, r in enumerate(records) if r is record)
             raise
         self.records_processed += len(records)
 
-    def _process_packed(self, record: Any, entry: SourceEntry, punctuate_stream_time: Callable[[], None] | None) -> None:
+    def _process_packed(self, record: Any, entry: SourceEntry) -> None:
         """Every entry of a packed repartition record, in order, under the record's offset
         (``process`` set the context's topic, partition and offset)."""
         try:
@@ -164,43 +146,14 @@ class StreamTask:
         except Exception as error:
             self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
             return
-        ctx = self.ctx
-        deserialize_key = entry.deserialize_key
-        deserialize_value = entry.deserialize_value
-        extractor = entry.timestamp_extractor
-        emit = entry.emit
+        step = self._packed_steps[record.topic]
         for raw_key, raw_value, raw_timestamp in entries:
-            try:
-                key = deserialize_key(raw_key)
-                value = deserialize_value(raw_value)
-                timestamp = source_timestamp(extractor, key, value, raw_timestamp, node=entry.node, position=ctx)
-            except Exception as error:
-                failed = _entry_record(record, raw_key, raw_value, raw_timestamp)
-                self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, failed)
-                continue
-            if timestamp is None:
-                continue
-            ctx.stream_time = advance_stream_time(ctx.stream_time, timestamp)
-            ctx.timestamp = timestamp
-            try:
-                emit(key, value, timestamp)
-            except NodeFailure as failure:
-                failed = _entry_record(record, raw_key, raw_value, raw_timestamp)
-                self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, failed)
-            if punctuate_stream_time is not None:
-                punctuate_stream_time()
+            step(raw_key, raw_value, raw_timestamp, record)
         # ``process`` counts the packed record itself as one.
         self.records_processed += len(entries) - 1
 
     def mark_consumed(self, partition: TopicPartition, next_offset: int) -> None:
         self.next_offsets[partition] = next_offset
-
-    def _punctuate_stream_time(self) -> None:
-        now = self.ctx.stream_time
-        assert now is not None
-        for scheduled in self._stream_punctuations:
-            if scheduled.due(now):
-                self._fire(scheduled, now)
 
     def punctuate_wall_clock(self, now_ms: int) -> None:
         for scheduled in self._wall_punctuations:
@@ -215,6 +168,26 @@ class StreamTask:
             self._record_failed(ErrorKind.PROCESSING, scheduled.node, error, None)
 
     # -- errors ---------------------------------------------------------------------------
+
+    def _source_step(self, entry: SourceEntry, failed: SourceFailed) -> SourceStep:
+        return source_step(
+            entry.node,
+            entry.deserialize_key,
+            entry.deserialize_value,
+            entry.timestamp_extractor,
+            entry.emit,
+            self.ctx,
+            failed=failed,
+            stream_punctuations=self._stream_punctuations,
+            fire=self._fire,
+        )
+
+    def _source_record_failed(self, kind: ErrorKind, node: str | None, error: BaseException, record: Any, *_raw: Any) -> None:
+        self._record_failed(kind, node, error, record)
+
+    def _packed_entry_failed(self, kind: ErrorKind, node: str | None, error: BaseException, packed: Any, key: Any, value: Any, timestamp: int) -> None:
+        """A failed entry of a packed record is reported (and dead-lettered) as a record of its own."""
+        self._record_failed(kind, node, error, UnpackedRecord(packed.topic, packed.partition, packed.offset, timestamp, key, value))
 
     def _forward_failed(self, failure: NodeFailure) -> None:
         self._record_failed(ErrorKind.PROCESSING, failure.node, failure.error, None)
@@ -275,8 +248,3 @@ class StreamTask:
         self.close_processors()
         self.changelog_sink.discard()
         self.state.close(wipe=True)
-
-
-def _entry_record(packed: Any, key: bytes | None, value: bytes | None, timestamp: int) -> UnpackedRecord:
-    """One entry of a packed record as a record of its own (to report or dead-letter it)."""
-    return UnpackedRecord(packed.topic, packed.partition, packed.offset, timestamp, key, value)
