@@ -55,8 +55,10 @@ def heartbeats_received(metrics_port: int) -> float:
 
 
 class Fleet:
-    def __init__(self, bootstrap: str, coordinator: str, workdir: Path) -> None:
+    def __init__(self, bootstrap: str, coordinator: str, workdir: Path, launcher: list[str] | None = None) -> None:
         self.bootstrap, self.coordinator, self.workdir = bootstrap, coordinator, workdir
+        #: How a worker starts: ``pystreams worker`` unless told (e.g. ``worker_phases.py``).
+        self.launcher = launcher or [sys.executable, "-m", "pystreams", "worker"]
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.logs: dict[int, Path] = {}
         self.starts = 0
@@ -70,10 +72,7 @@ class Fleet:
         with log.open("wb") as out:
             self.processes[index] = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "pystreams",
-                    "worker",
+                    *self.launcher,
                     str(APP),
                     "--bootstrap-servers",
                     self.bootstrap,
