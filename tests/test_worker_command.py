@@ -34,3 +34,19 @@ def test_bad_client_tags_in_the_environment_name_the_variable(monkeypatch: pytes
 def test_duplicate_rack_aware_tags_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert worker.main([APP, *REQUIRED, "--rack-aware-assignment-tags", "zone,zone"]) == 2
     assert "rack.aware.assignment.tags has duplicates" in capsys.readouterr().err
+
+
+def test_a_worker_loads_no_module_it_does_not_run() -> None:
+    """Every module a worker imports delays its start (and a rolling restart's pause): what
+    it needs only with an option (HTTP, SCRAM on the server side) or never (Spark, the
+    coordinator's server) stays unloaded until then."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pystreams.commands.worker, pystreams.worker.process, pystreams.worker.engine; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'scramp', 'asn1crypto', 'aiohttp', 'prometheus_client', 'pyspark'}) "
+        "+ sorted(m for m in sys.modules if m.startswith(('pystreams.coordinator', 'pystreams.spark', 'pystreams.sim'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
