@@ -100,6 +100,16 @@ class Fleet:
             process.wait()
 
 
+def tear_down(stop: threading.Event, fleet: Fleet, coordinator: subprocess.Popen[bytes] | None, broker: EmbeddedBroker) -> None:
+    """Stop the feeding and reading threads, every process, then the broker."""
+    stop.set()
+    fleet.kill_all()
+    if coordinator is not None:
+        coordinator.kill()
+        coordinator.wait()
+    broker.stop()
+
+
 def main() -> None:
     broker = EmbeddedBroker(port=None)
     broker.start()
@@ -167,12 +177,7 @@ def main() -> None:
                 )
             )
         finally:
-            stop.set()
-            fleet.kill_all()
-            if coordinator is not None:
-                coordinator.kill()
-                coordinator.wait()
-            broker.stop()
+            tear_down(stop, fleet, coordinator, broker)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from coordinator_process import start_coordinator
 from kafka import KafkaConsumer, KafkaProducer
-from rebalance_speed import Fleet, wait_for
+from rebalance_speed import Fleet, tear_down, wait_for
 from worker_phases import parse_phases
 
 from pystreams.broker import EmbeddedBroker, free_port
@@ -184,12 +184,7 @@ def main() -> None:
                 )
             )
         finally:
-            stop.set()
-            fleet.kill_all()
-            if coordinator is not None:
-                coordinator.kill()
-                coordinator.wait()
-            broker.stop()
+            tear_down(stop, fleet, coordinator, broker)
 
 
 if __name__ == "__main__":

@@ -33,13 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from coordinator_process import start_coordinator
+from coordinator_process import start_coordinator, wordcount_worker
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from pystreams.broker import EmbeddedBroker, free_port
 from pystreams.cluster import ClusterMetadata, TopicSpec
 
-ROOT = Path(__file__).resolve().parent.parent
 PARTITIONS = 4
 VOCABULARY = [f"word{n}" for n in range(1000)]
 WORDS_PER_LINE = 8
@@ -89,19 +88,7 @@ def quix_app(bootstrap: str, state_dir: str) -> None:
 
 def launch(system: str, bootstrap: str, coordinator: str, workdir: Path) -> subprocess.Popen[bytes]:
     if system == "pystreams":
-        command = [
-            sys.executable,
-            "-m",
-            "pystreams",
-            "worker",
-            str(ROOT / "examples" / "wordcount.py"),
-            "--bootstrap-servers",
-            bootstrap,
-            "--coordinator",
-            coordinator,
-            "--state-dir",
-            str(workdir / "state"),
-        ]
+        command = wordcount_worker(bootstrap, coordinator, workdir / "state")
     else:
         command = [sys.executable, __file__, "--quix", bootstrap, str(workdir / "state")]
     with (workdir / f"{system}.log").open("wb") as log:
