@@ -1,5 +1,6 @@
 """A coordinator process for the benchmarks that run real processes (``first_output``,
-``rebalance_speed``): started on the Kafka log of a broker, on loopback, waited for."""
+``rebalance_speed``): started on the Kafka log of a broker, on loopback, waited for; and the
+command line of a standalone word-count worker."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+WORDCOUNT = Path(__file__).resolve().parent.parent / "examples" / "wordcount.py"
 
 
 def wait_listening(port: int, timeout_s: float = 20) -> None:
@@ -33,3 +37,20 @@ def start_coordinator(bootstrap: str, port: int, *options: str) -> subprocess.Po
         process.wait()
         raise
     return process
+
+
+def wordcount_worker(bootstrap: str, coordinator: str, state_dir: Path) -> list[str]:
+    """The command line of a standalone ``pystreams worker examples/wordcount.py``."""
+    return [
+        sys.executable,
+        "-m",
+        "pystreams",
+        "worker",
+        str(WORDCOUNT),
+        "--bootstrap-servers",
+        bootstrap,
+        "--coordinator",
+        coordinator,
+        "--state-dir",
+        str(state_dir),
+    ]

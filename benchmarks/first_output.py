@@ -15,18 +15,16 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from coordinator_process import start_coordinator
+from coordinator_process import start_coordinator, wordcount_worker
 from kafka import KafkaConsumer, KafkaProducer
 
 from pystreams.broker import EmbeddedBroker, free_port
 from pystreams.cluster import ClusterMetadata, TopicSpec
 
-ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {
     "defaults": [],
     "local": ["--heartbeat-interval-ms", "500", "--min-heartbeat-interval-ms", "500", "--metadata-refresh-ms", "500"],
@@ -45,19 +43,7 @@ def one_run(coordinator_args: list[str], workdir: Path) -> float:
         consumer = KafkaConsumer("word-counts", bootstrap_servers=broker.bootstrap_servers, group_id=None, auto_offset_reset="earliest")
         started = time.monotonic()
         worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "pystreams",
-                "worker",
-                str(ROOT / "examples" / "wordcount.py"),
-                "--bootstrap-servers",
-                broker.bootstrap_servers,
-                "--coordinator",
-                f"127.0.0.1:{port}",
-                "--state-dir",
-                str(workdir / f"state-{port}"),
-            ],
+            wordcount_worker(broker.bootstrap_servers, f"127.0.0.1:{port}", workdir / f"state-{port}"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -55,8 +55,10 @@ def heartbeats_received(metrics_port: int) -> float:
 
 
 class Fleet:
-    def __init__(self, bootstrap: str, coordinator: str, workdir: Path) -> None:
+    def __init__(self, bootstrap: str, coordinator: str, workdir: Path, launcher: list[str] | None = None) -> None:
         self.bootstrap, self.coordinator, self.workdir = bootstrap, coordinator, workdir
+        #: How a worker starts: ``pystreams worker`` unless told (e.g. ``worker_phases.py``).
+        self.launcher = launcher or [sys.executable, "-m", "pystreams", "worker"]
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self.logs: dict[int, Path] = {}
         self.starts = 0
@@ -70,10 +72,7 @@ class Fleet:
         with log.open("wb") as out:
             self.processes[index] = subprocess.Popen(
                 [
-                    sys.executable,
-                    "-m",
-                    "pystreams",
-                    "worker",
+                    *self.launcher,
                     str(APP),
                     "--bootstrap-servers",
                     self.bootstrap,
@@ -99,6 +98,16 @@ class Fleet:
         for process in self.processes.values():
             process.kill()
             process.wait()
+
+
+def tear_down(stop: threading.Event, fleet: Fleet, coordinator: subprocess.Popen[bytes] | None, broker: EmbeddedBroker) -> None:
+    """Stop the feeding and reading threads, every process, then the broker."""
+    stop.set()
+    fleet.kill_all()
+    if coordinator is not None:
+        coordinator.kill()
+        coordinator.wait()
+    broker.stop()
 
 
 def main() -> None:
@@ -168,12 +177,7 @@ def main() -> None:
                 )
             )
         finally:
-            stop.set()
-            fleet.kill_all()
-            if coordinator is not None:
-                coordinator.kill()
-                coordinator.wait()
-            broker.stop()
+            tear_down(stop, fleet, coordinator, broker)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -180,6 +181,11 @@ def run(args: argparse.Namespace) -> int:
     from pystreams.topology.errors import MissingSourceError
     from pystreams.worker.errors import MissingDeadLetterTopic
     from pystreams.worker.process import WorkerSettings, run_worker
+
+    # What is loaded by now (every module the worker runs) lives as long as the process: out of
+    # the collector's sight it costs neither the full collections while the worker runs nor the
+    # one at exit, a quarter of a second of every stop that a rolling restart waits for.
+    gc.freeze()
 
     if not args.app:
         print("pystreams worker: an app is required (APP argument or PYSTREAMS_APP)", file=sys.stderr)

@@ -26,7 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import kafka.errors as Errors
-from scramp import ScramException, ScramMechanism
+
+# scramp (and the asn1crypto it pulls in) loads only where SCRAM runs — the coordinator's
+# server and ``pystreams credentials`` — not in every worker that imports this module's
+# names through the client's security settings (a tenth of a second of each worker start).
 
 PLAIN = "PLAIN"
 SCRAM_SHA_256 = "SCRAM-SHA-256"
@@ -116,6 +119,8 @@ class CredentialStore:
             raise CredentialError("the user name must be non-empty")
         if iterations < MIN_ITERATIONS:
             raise CredentialError(f"iterations must be at least {MIN_ITERATIONS}")
+        from scramp import ScramMechanism
+
         made = {}
         for mechanism in mechanisms:
             salt, stored_key, server_key, count = ScramMechanism(mechanism).make_auth_info(password, iteration_count=iterations)
@@ -182,10 +187,14 @@ class SaslServer:
         self._mechanism = mechanism
         self._stage = _Stage.AUTHENTICATE
         if mechanism in SCRAM_MECHANISMS:
+            from scramp import ScramMechanism
+
             self._scram = ScramMechanism(mechanism).make_server(self._scram_auth_info)
         return 0
 
     def authenticate(self, token: bytes) -> AuthStep:
+        from scramp import ScramException
+
         if self._stage is not _Stage.AUTHENTICATE:
             self._stage = _Stage.FAILED
             return AuthStep(Errors.IllegalSaslStateError.errno, "SaslAuthenticate outside an exchange")
@@ -224,6 +233,8 @@ class SaslServer:
         self._scram_user = user  # scramp names the user only to this callback
         credential = self._credentials.scram(user, self._mechanism or "")
         if credential is None:
+            from scramp import ScramException
+
             raise ScramException("unknown user")
         return credential.salt, credential.stored_key, credential.server_key, credential.iterations
 
