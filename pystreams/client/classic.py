@@ -137,15 +137,20 @@ JOIN_GROUP_TIMEOUT_LAPSE_MS = 5_000
 #: JoinGroup's Reason field is cut to this length, as Kafka's ``maybeTruncateReason`` does.
 _REASON_MAX_CHARS = 255
 
-_NONE = Errors.NoError.errno
-_UNKNOWN_MEMBER_ID = Errors.UnknownMemberIdError.errno
-_ILLEGAL_GENERATION = Errors.IllegalGenerationError.errno
-_REBALANCE_IN_PROGRESS = Errors.RebalanceInProgressError.errno
-_MEMBER_ID_REQUIRED = Errors.MemberIdRequiredError.errno
-_FENCED_INSTANCE_ID = Errors.FencedInstanceIdError.errno
-_INCONSISTENT_GROUP_PROTOCOL = Errors.InconsistentGroupProtocolError.errno
-_LOAD_IN_PROGRESS = Errors.CoordinatorLoadInProgressError.errno
-_REQUEST_TIMED_OUT = Errors.RequestTimedOutError.errno
+
+class _Error:
+    """Error codes the responses are matched on (a ``match`` value pattern needs a dotted name)."""
+
+    NONE = Errors.NoError.errno
+    UNKNOWN_MEMBER_ID = Errors.UnknownMemberIdError.errno
+    ILLEGAL_GENERATION = Errors.IllegalGenerationError.errno
+    REBALANCE_IN_PROGRESS = Errors.RebalanceInProgressError.errno
+    MEMBER_ID_REQUIRED = Errors.MemberIdRequiredError.errno
+    FENCED_INSTANCE_ID = Errors.FencedInstanceIdError.errno
+    INCONSISTENT_GROUP_PROTOCOL = Errors.InconsistentGroupProtocolError.errno
+    LOAD_IN_PROGRESS = Errors.CoordinatorLoadInProgressError.errno
+    REQUEST_TIMED_OUT = Errors.RequestTimedOutError.errno
+
 
 #: Built-in assignors by classic protocol name, run by the leader, with the rebalance protocols
 #: each supports (Kafka's: ``range`` is eager only; ``cooperative-sticky`` both). ``uniform`` is
@@ -318,7 +323,7 @@ class ClassicGroupMember(MemberBase):
         #: Assigned by the last SyncGroup but held back until this member's revocations are done;
         #: goes with the owned partitions (lost with them).
         self._pending_assigned: PartitionSet = NO_PARTITIONS
-        self._lost_error = _UNKNOWN_MEMBER_ID  # what a reset's lost partitions are reported with
+        self._lost_error = _Error.UNKNOWN_MEMBER_ID  # what a reset's lost partitions are reported with
         # Requests on the wire. A reset does not drop them: each answer is checked against the
         # generation it was sent in (``_generation_unchanged``).
         self._sync_request: SyncGroupRequest | None = None  # built from the JoinGroup answer
@@ -652,61 +657,62 @@ class ClassicGroupMember(MemberBase):
     def _on_join_response(self, in_flight: _InFlight, response: JoinGroupResponse, now_ms: int) -> None:
         code = response.error_code
         self._session.rebalance_heard_ms = None  # the coordinator has the join: rejoined in time
-        if code == _NONE:
-            if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
-                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"JoinGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
-                return
-            self._state = ClassicState.COMPLETING_REBALANCE
-            self._session.generation = response.generation_id
-            self._session.member_id = response.member_id
-            self._session.protocol_name = response.protocol_name
-            self._session.leader_id = response.leader or ""
-            self._session.last_answered_send_ms = in_flight.sent_at_ms
-            self._session.sync_awaited_since_ms = in_flight.sent_at_ms
-            self._session.heartbeat_due_ms = now_ms + self.config.heartbeat_interval_ms
-            assignments: dict[str, bytes] = {}
-            if self.is_leader and response.skip_assignment:
-                self._watch_as_returning_leader(response)
-            elif self.is_leader:
-                try:
-                    assignments = self._lead(response)
-                except _SelectedProtocolUnknown as error:
-                    self._fail(_INCONSISTENT_GROUP_PROTOCOL, str(error))
+        match code:
+            case _Error.NONE:
+                if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
+                    self._fail(_Error.INCONSISTENT_GROUP_PROTOCOL, f"JoinGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
                     return
-            self._sync_request = SyncGroupRequest(
-                group_id=self.config.group_id,
-                generation_id=self._session.generation,
-                member_id=self._session.member_id,
-                group_instance_id=self.config.instance_id,
-                protocol_type=PROTOCOL_TYPE,
-                protocol_name=self._session.protocol_name,
-                assignments=[
-                    SyncGroupRequest.SyncGroupRequestAssignment(member_id=member_id, assignment=data) for member_id, data in sorted(assignments.items())
-                ],
-            )
-        elif code == _MEMBER_ID_REQUIRED:
-            # KIP-394: join again, at once, with the id the coordinator has reserved for us.
-            self._session.member_id = response.member_id
-            self._session.generation, self._session.protocol_name = NO_GENERATION, None
-            self._session.join_due_ms = None
-        elif code == _UNKNOWN_MEMBER_ID:
-            if self._generation_unchanged(in_flight):
-                self._reset(code, reset_member_id=True)
-            self._session.join_due_ms = None
-        elif code == _ILLEGAL_GENERATION:
-            # Kafka's coordinator never says this to a JoinGroup; treated as the SyncGroup answer.
-            if self._generation_unchanged(in_flight):
-                self._reset(code, reset_member_id=False)
-            self._session.join_due_ms = None
-        elif code == _REBALANCE_IN_PROGRESS:
-            self._session.join_due_ms = None  # e.g. the group was converted meanwhile: retry at once
-        elif code in COORDINATOR_MOVED:
-            self._events.append(CoordinatorUnavailable(code))
-            self._session.join_due_ms = now_ms + self.config.retry_backoff_ms
-        elif code == _LOAD_IN_PROGRESS:
-            self._session.join_due_ms = now_ms + self.config.retry_backoff_ms
-        else:
-            self._fail(code, response_message(response), api="JoinGroup")
+                self._state = ClassicState.COMPLETING_REBALANCE
+                self._session.generation = response.generation_id
+                self._session.member_id = response.member_id
+                self._session.protocol_name = response.protocol_name
+                self._session.leader_id = response.leader or ""
+                self._session.last_answered_send_ms = in_flight.sent_at_ms
+                self._session.sync_awaited_since_ms = in_flight.sent_at_ms
+                self._session.heartbeat_due_ms = now_ms + self.config.heartbeat_interval_ms
+                assignments: dict[str, bytes] = {}
+                if self.is_leader and response.skip_assignment:
+                    self._watch_as_returning_leader(response)
+                elif self.is_leader:
+                    try:
+                        assignments = self._lead(response)
+                    except _SelectedProtocolUnknown as error:
+                        self._fail(_Error.INCONSISTENT_GROUP_PROTOCOL, str(error))
+                        return
+                self._sync_request = SyncGroupRequest(
+                    group_id=self.config.group_id,
+                    generation_id=self._session.generation,
+                    member_id=self._session.member_id,
+                    group_instance_id=self.config.instance_id,
+                    protocol_type=PROTOCOL_TYPE,
+                    protocol_name=self._session.protocol_name,
+                    assignments=[
+                        SyncGroupRequest.SyncGroupRequestAssignment(member_id=member_id, assignment=data) for member_id, data in sorted(assignments.items())
+                    ],
+                )
+            case _Error.MEMBER_ID_REQUIRED:
+                # KIP-394: join again, at once, with the id the coordinator has reserved for us.
+                self._session.member_id = response.member_id
+                self._session.generation, self._session.protocol_name = NO_GENERATION, None
+                self._session.join_due_ms = None
+            case _Error.UNKNOWN_MEMBER_ID:
+                if self._generation_unchanged(in_flight):
+                    self._reset(code, reset_member_id=True)
+                self._session.join_due_ms = None
+            case _Error.ILLEGAL_GENERATION:
+                # Kafka's coordinator never says this to a JoinGroup; treated as the SyncGroup answer.
+                if self._generation_unchanged(in_flight):
+                    self._reset(code, reset_member_id=False)
+                self._session.join_due_ms = None
+            case _Error.REBALANCE_IN_PROGRESS:
+                self._session.join_due_ms = None  # e.g. the group was converted meanwhile: retry at once
+            case _ if code in COORDINATOR_MOVED:
+                self._events.append(CoordinatorUnavailable(code))
+                self._session.join_due_ms = now_ms + self.config.retry_backoff_ms
+            case _Error.LOAD_IN_PROGRESS:
+                self._session.join_due_ms = now_ms + self.config.retry_backoff_ms
+            case _:
+                self._fail(code, response_message(response), api="JoinGroup")
 
     def _lead(self, response: JoinGroupResponse) -> dict[str, bytes]:
         protocol = next((p for p in self._protocols if p.name == response.protocol_name), None)
@@ -743,44 +749,47 @@ class ClassicGroupMember(MemberBase):
 
     def _on_sync_response(self, in_flight: _InFlight, response: SyncGroupResponse, now_ms: int) -> None:
         code = response.error_code
-        if code == _NONE:
-            if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
-                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
-                return
-            if not self._generation_unchanged(in_flight) or self._state is not ClassicState.COMPLETING_REBALANCE:
-                # A heartbeat reset the generation meanwhile: this rebalance failed, rejoin.
-                self._rejoin_after(None, "the generation was reset during the rebalance")
-                return
-            if response.protocol_name is not None and response.protocol_name != self._session.protocol_name:
-                self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol {response.protocol_name!r}, not {self._session.protocol_name!r}")
-                return
-            self._state = ClassicState.STABLE
-            self._session.rejoin_needed = False
-            self._session.rejoin_reason = ""
-            self._session.needs_join_prepare = True
-            self._session.last_answered_send_ms = in_flight.sent_at_ms
-            self._session.sync_awaited_since_ms = None
-            self._on_join_complete(bytes(response.assignment or b""))
-            if self._state is ClassicState.STABLE and self._current_topics() != self._joined_topics:
-                self._request_rejoin("the subscription changed during the rebalance")
-        elif code == _REBALANCE_IN_PROGRESS:
-            self._rejoin_after(None, "the group began another rebalance")
-        elif code in (_UNKNOWN_MEMBER_ID, _ILLEGAL_GENERATION):
-            if self._generation_unchanged(in_flight):
-                self._reset(code, reset_member_id=code == _UNKNOWN_MEMBER_ID)
-            self._rejoin_after(None, f"SyncGroup said {error_name(code)}")
-        elif code in COORDINATOR_MOVED:
-            self._events.append(CoordinatorUnavailable(code))
-            self._rejoin_after(now_ms + self.config.retry_backoff_ms, "the coordinator moved")
-        else:
-            self._fail(code, response_message(response), api="SyncGroup")
+        match code:
+            case _Error.NONE:
+                if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
+                    self._fail(_Error.INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
+                    return
+                if not self._generation_unchanged(in_flight) or self._state is not ClassicState.COMPLETING_REBALANCE:
+                    # A heartbeat reset the generation meanwhile: this rebalance failed, rejoin.
+                    self._rejoin_after(None, "the generation was reset during the rebalance")
+                    return
+                if response.protocol_name is not None and response.protocol_name != self._session.protocol_name:
+                    self._fail(
+                        _Error.INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol {response.protocol_name!r}, not {self._session.protocol_name!r}"
+                    )
+                    return
+                self._state = ClassicState.STABLE
+                self._session.rejoin_needed = False
+                self._session.rejoin_reason = ""
+                self._session.needs_join_prepare = True
+                self._session.last_answered_send_ms = in_flight.sent_at_ms
+                self._session.sync_awaited_since_ms = None
+                self._on_join_complete(bytes(response.assignment or b""))
+                if self._state is ClassicState.STABLE and self._current_topics() != self._joined_topics:
+                    self._request_rejoin("the subscription changed during the rebalance")
+            case _Error.REBALANCE_IN_PROGRESS:
+                self._rejoin_after(None, "the group began another rebalance")
+            case _Error.UNKNOWN_MEMBER_ID | _Error.ILLEGAL_GENERATION:
+                if self._generation_unchanged(in_flight):
+                    self._reset(code, reset_member_id=code == _Error.UNKNOWN_MEMBER_ID)
+                self._rejoin_after(None, f"SyncGroup said {error_name(code)}")
+            case _ if code in COORDINATOR_MOVED:
+                self._events.append(CoordinatorUnavailable(code))
+                self._rejoin_after(now_ms + self.config.retry_backoff_ms, "the coordinator moved")
+            case _:
+                self._fail(code, response_message(response), api="SyncGroup")
 
     def _on_join_complete(self, data: bytes) -> None:
         """Kafka's ``onJoinComplete``: apply the assignment SyncGroup handed out."""
         try:
             assignment = decode_assignment(data)
         except ConsumerProtocolError as error:
-            self._fail(_INCONSISTENT_GROUP_PROTOCOL, f"the assignment from SyncGroup cannot be read: {error}")
+            self._fail(_Error.INCONSISTENT_GROUP_PROTOCOL, f"the assignment from SyncGroup cannot be read: {error}")
             return
         subscribed = set(self._current_topics())
         if not assignment.topics() <= subscribed:
@@ -813,7 +822,7 @@ class ClassicGroupMember(MemberBase):
         if protocol is None or protocol.client is None:
             return
         protocol.client.on_assignment(
-            _NONE,
+            _Error.NONE,
             MemberAssignment(partitions=assigned.by_topic, metadata_version=CLASSIC_METADATA_VERSION, metadata=user_data or b""),
             self._session.generation,
         )
@@ -866,40 +875,41 @@ class ClassicGroupMember(MemberBase):
     def _on_heartbeat_response(self, in_flight: _InFlight, response: HeartbeatResponse, now_ms: int) -> None:
         code = response.error_code
         self._session.heartbeat_due_ms = in_flight.sent_at_ms + self.config.heartbeat_interval_ms
-        if code == _NONE:
-            if self._generation_unchanged(in_flight):
-                self._session.last_answered_send_ms = in_flight.sent_at_ms
-        elif code == _REBALANCE_IN_PROGRESS:
-            settled_send_ms = self._session.last_answered_send_ms
-            if self._generation_unchanged(in_flight):
-                # Still a member: the coordinator keeps it while it rejoins within the rebalance timeout.
-                self._session.last_answered_send_ms = in_flight.sent_at_ms
-            guarded = self._state is ClassicState.STABLE or (self._state is ClassicState.LEAVING and self._revocations)
-            if guarded and self._session.rebalance_heard_ms is None:
-                # The rebalance (and the coordinator's timer) began after it answered this
-                # member's previous request without one: count from that request's send.
-                self._session.rebalance_heard_ms = min(in_flight.sent_at_ms, settled_send_ms if settled_send_ms is not None else in_flight.sent_at_ms)
-            if self._state is ClassicState.STABLE:
-                self._request_rejoin("the group is rebalancing")
-            # Otherwise already rebalancing (or leaving): no rejoin, as Kafka does.
-        elif code in (_ILLEGAL_GENERATION, _UNKNOWN_MEMBER_ID, _FENCED_INSTANCE_ID):
-            if not self._generation_unchanged(in_flight):
-                return  # answers a generation this member has already left behind
-            if code == _FENCED_INSTANCE_ID:
-                self._fail(code, response_message(response), api="Heartbeat")
-                return
-            if self._state is ClassicState.LEAVING:
-                self._lose_revoking(code)
-                return
-            self._reset(code, reset_member_id=code == _UNKNOWN_MEMBER_ID)
-            self._rejoin_after(None, f"Heartbeat said {error_name(code)}")
-        elif code in COORDINATOR_MOVED:
-            self._events.append(CoordinatorUnavailable(code))
-            self._session.heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
-        else:
-            # Kafka's heartbeat thread retries anything else after the back-off.
-            log.info("group %s: heartbeat failed with %s; retrying", self.config.group_id, error_name(code))
-            self._session.heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
+        match code:
+            case _Error.NONE:
+                if self._generation_unchanged(in_flight):
+                    self._session.last_answered_send_ms = in_flight.sent_at_ms
+            case _Error.REBALANCE_IN_PROGRESS:
+                settled_send_ms = self._session.last_answered_send_ms
+                if self._generation_unchanged(in_flight):
+                    # Still a member: the coordinator keeps it while it rejoins within the rebalance timeout.
+                    self._session.last_answered_send_ms = in_flight.sent_at_ms
+                guarded = self._state is ClassicState.STABLE or (self._state is ClassicState.LEAVING and self._revocations)
+                if guarded and self._session.rebalance_heard_ms is None:
+                    # The rebalance (and the coordinator's timer) began after it answered this
+                    # member's previous request without one: count from that request's send.
+                    self._session.rebalance_heard_ms = min(in_flight.sent_at_ms, settled_send_ms if settled_send_ms is not None else in_flight.sent_at_ms)
+                if self._state is ClassicState.STABLE:
+                    self._request_rejoin("the group is rebalancing")
+                # Otherwise already rebalancing (or leaving): no rejoin, as Kafka does.
+            case _Error.ILLEGAL_GENERATION | _Error.UNKNOWN_MEMBER_ID | _Error.FENCED_INSTANCE_ID:
+                if not self._generation_unchanged(in_flight):
+                    return  # answers a generation this member has already left behind
+                if code == _Error.FENCED_INSTANCE_ID:
+                    self._fail(code, response_message(response), api="Heartbeat")
+                    return
+                if self._state is ClassicState.LEAVING:
+                    self._lose_revoking(code)
+                    return
+                self._reset(code, reset_member_id=code == _Error.UNKNOWN_MEMBER_ID)
+                self._rejoin_after(None, f"Heartbeat said {error_name(code)}")
+            case _ if code in COORDINATOR_MOVED:
+                self._events.append(CoordinatorUnavailable(code))
+                self._session.heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
+            case _:
+                # Kafka's heartbeat thread retries anything else after the back-off.
+                log.info("group %s: heartbeat failed with %s; retrying", self.config.group_id, error_name(code))
+                self._session.heartbeat_due_ms = now_ms + self.config.retry_backoff_ms
 
     # ------------------------------------------------------------------ losing and resetting
 
@@ -988,28 +998,28 @@ class ClassicGroupMember(MemberBase):
             log.warning("group %s: not rejoined and synced within the rebalance timeout; giving up every partition", self.config.group_id)
             if self._state is ClassicState.LEAVING:
                 # Revoking before a leave: no answer can bring it back; LeaveGroup, best effort.
-                self._lose_revoking(_REQUEST_TIMED_OUT)
+                self._lose_revoking(_Error.REQUEST_TIMED_OUT)
                 return
-            self._lose_owned(_REQUEST_TIMED_OUT)  # the answer may still come: then carry on
+            self._lose_owned(_Error.REQUEST_TIMED_OUT)  # the answer may still come: then carry on
         rebalance = self._rebalance_deadline()
         if rebalance is not None and now_ms >= rebalance:
             # Not rejoined within the rebalance timeout (revocations too slow, Kafka's max poll
             # interval): the coordinator has gone on without this member.
             log.warning("group %s: did not rejoin within the rebalance timeout; giving up every partition", self.config.group_id)
             if self._state is ClassicState.LEAVING:
-                self._lose_revoking(_REQUEST_TIMED_OUT)  # then LeaveGroup, best effort
+                self._lose_revoking(_Error.REQUEST_TIMED_OUT)  # then LeaveGroup, best effort
             else:
-                self._reset(_REQUEST_TIMED_OUT, reset_member_id=True)
+                self._reset(_Error.REQUEST_TIMED_OUT, reset_member_id=True)
             return
         session = self._session_deadline()
         if session is not None and now_ms >= session:
-            self._events.append(CoordinatorUnavailable(_REQUEST_TIMED_OUT))
+            self._events.append(CoordinatorUnavailable(_Error.REQUEST_TIMED_OUT))
             if not self.config.lose_partitions_on_session_timeout:
                 self._session.last_answered_send_ms = now_ms  # look the coordinator up again, keep going
             elif self._state is ClassicState.LEAVING:
-                self._lose_revoking(_REQUEST_TIMED_OUT)
+                self._lose_revoking(_Error.REQUEST_TIMED_OUT)
             else:
-                self._reset(_REQUEST_TIMED_OUT, reset_member_id=True)
+                self._reset(_Error.REQUEST_TIMED_OUT, reset_member_id=True)
 
     # ------------------------------------------------------------------ leaving
 
@@ -1049,7 +1059,7 @@ class ClassicGroupMember(MemberBase):
             message = f"group {self.config.group_id!r}: {server_message}"
         else:
             message = f"group {self.config.group_id!r}: {api} failed with {error_name(error_code)} ({error_code}), which is fatal"
-            if error_code == _FENCED_INSTANCE_ID:
+            if error_code == _Error.FENCED_INSTANCE_ID:
                 message += f": another member uses instance id {self.config.instance_id!r}"
             elif error_code == Errors.GroupMaxSizeReachedError.errno:
                 message += ": the group already has its maximum number of members"
@@ -1090,7 +1100,7 @@ def topic_names_in(response: object) -> set[str]:
     driver refreshes the resolver first when one of them is unknown. Unreadable bytes name none
     (the member reports them itself)."""
     names: set[str] = set()
-    if isinstance(response, JoinGroupResponse) and response.error_code == _NONE:
+    if isinstance(response, JoinGroupResponse) and response.error_code == _Error.NONE:
         for member in response.members or ():
             try:
                 subscription = decode_subscription(bytes(member.metadata))
@@ -1098,7 +1108,7 @@ def topic_names_in(response: object) -> set[str]:
                 continue
             names.update(subscription.topics)
             names.update(subscription.owned_partitions)
-    elif isinstance(response, SyncGroupResponse) and response.error_code == _NONE:
+    elif isinstance(response, SyncGroupResponse) and response.error_code == _Error.NONE:
         try:
             names.update(decode_assignment(bytes(response.assignment or b"")).topics())
         except ConsumerProtocolError:

@@ -101,11 +101,17 @@ Response = ConsumerGroupHeartbeatResponse | ConsumerGroupPrepareAssignmentRespon
 #: (any non-zero value makes the coordinator keep the current target assignment).
 ASSIGNOR_FAILED = 1
 
-_NONE = Errors.NoError.errno
-_FENCED_MEMBER_EPOCH = Errors.FencedMemberEpochError.errno
-_UNKNOWN_MEMBER_ID = Errors.UnknownMemberIdError.errno
-_STALE_MEMBER_EPOCH = Errors.StaleMemberEpochError.errno
-_UNRELEASED_INSTANCE_ID = Errors.UnreleasedInstanceIdError.errno
+
+class _Error:
+    """Error codes the responses are matched on (a ``match`` value pattern needs a dotted name)."""
+
+    NONE = Errors.NoError.errno
+    FENCED_MEMBER_EPOCH = Errors.FencedMemberEpochError.errno
+    UNKNOWN_MEMBER_ID = Errors.UnknownMemberIdError.errno
+    STALE_MEMBER_EPOCH = Errors.StaleMemberEpochError.errno
+    UNRELEASED_INSTANCE_ID = Errors.UnreleasedInstanceIdError.errno
+
+
 #: The longest wait between two joins of a static member whose instance id is not released yet.
 _UNRELEASED_RETRY_MAX_MS = 2_000
 #: The coordinator moved or is down: the caller must look it up again; the member retries.
@@ -114,7 +120,7 @@ _COORDINATOR_ERRORS = COORDINATOR_MOVED
 #: error occurs"). Everything else that is not fencing is fatal, as in Kafka's consumer.
 #: STALE_MEMBER_EPOCH is not listed for the heartbeat by the KIP; if it comes, the epoch we
 #: sent is behind and the next (full) heartbeat sorts it out.
-_RETRIABLE_HEARTBEAT_ERRORS = RETRIABLE | frozenset({_STALE_MEMBER_EPOCH})
+_RETRIABLE_HEARTBEAT_ERRORS = RETRIABLE | frozenset({_Error.STALE_MEMBER_EPOCH})
 
 
 @dataclass(frozen=True)
@@ -534,27 +540,27 @@ class ConsumerGroupMember(MemberBase):
         if in_flight.is_leave:
             self._finish_leave(self._leave_epoch)  # whatever the answer, the member is gone
             return
-        code = response.error_code
-        if code == _NONE:
-            self._on_heartbeat_success(in_flight, response, now_ms)
-        elif code in (_FENCED_MEMBER_EPOCH, _UNKNOWN_MEMBER_ID):
-            self._lose_everything(code)
-        elif code == _UNRELEASED_INSTANCE_ID and self.config.instance_id is not None and in_flight.request.member_epoch == JOIN_EPOCH:
-            # A crash-restart is what static membership is for: the old incarnation's session
-            # will expire (or a -2 leave arrive); until then, keep asking, backing off.
-            self._unreleased_attempts += 1
-            delay = min(self.config.retry_backoff_ms * 2 ** min(self._unreleased_attempts, 16), _UNRELEASED_RETRY_MAX_MS)
-            self._events.append(InstanceIdUnreleased(self.config.instance_id, self._unreleased_attempts, delay))
-            self._after_heartbeat_error(in_flight, now_ms)
-            self._session.heartbeat_due_ms = now_ms + delay
-        elif code in _RETRIABLE_HEARTBEAT_ERRORS:
-            if code in _COORDINATOR_ERRORS:
-                self._events.append(CoordinatorUnavailable(code))
-            self._after_heartbeat_error(in_flight, now_ms)
-            if self._state is MemberState.PREPARE_LEAVING:
-                self._maybe_leave()
-        else:
-            self._fail(code, response.error_message)
+        match response.error_code:
+            case _Error.NONE:
+                self._on_heartbeat_success(in_flight, response, now_ms)
+            case _Error.FENCED_MEMBER_EPOCH | _Error.UNKNOWN_MEMBER_ID as code:
+                self._lose_everything(code)
+            case _Error.UNRELEASED_INSTANCE_ID if self.config.instance_id is not None and in_flight.request.member_epoch == JOIN_EPOCH:
+                # A crash-restart is what static membership is for: the old incarnation's session
+                # will expire (or a -2 leave arrive); until then, keep asking, backing off.
+                self._unreleased_attempts += 1
+                delay = min(self.config.retry_backoff_ms * 2 ** min(self._unreleased_attempts, 16), _UNRELEASED_RETRY_MAX_MS)
+                self._events.append(InstanceIdUnreleased(self.config.instance_id, self._unreleased_attempts, delay))
+                self._after_heartbeat_error(in_flight, now_ms)
+                self._session.heartbeat_due_ms = now_ms + delay
+            case code if code in _RETRIABLE_HEARTBEAT_ERRORS:
+                if code in _COORDINATOR_ERRORS:
+                    self._events.append(CoordinatorUnavailable(code))
+                self._after_heartbeat_error(in_flight, now_ms)
+                if self._state is MemberState.PREPARE_LEAVING:
+                    self._maybe_leave()
+            case code:
+                self._fail(code, response.error_message)
 
     def _after_heartbeat_error(self, in_flight: _InFlightHeartbeat, now_ms: int) -> None:
         self._session.sent = None  # KIP: after an error or a timeout, send every field again
@@ -715,7 +721,7 @@ class ConsumerGroupMember(MemberBase):
     # ------------------------------------------------------------------ failure
 
     def _fail(self, error_code: int, server_message: str | None) -> None:
-        if error_code == _UNRELEASED_INSTANCE_ID:
+        if error_code == _Error.UNRELEASED_INSTANCE_ID:
             message = (
                 f"group {self.config.group_id!r}: instance id {self.config.instance_id!r} is "
                 "still used by another member (UNRELEASED_INSTANCE_ID); that member must leave, "
@@ -798,11 +804,11 @@ class ConsumerGroupMember(MemberBase):
 
     def _on_prepare_response(self, response: ConsumerGroupPrepareAssignmentResponse) -> None:
         code = response.error_code
-        if code == _STALE_MEMBER_EPOCH:
+        if code == _Error.STALE_MEMBER_EPOCH:
             self._session.computation.phase = _AssignPhase.PREPARE_AWAITS_EPOCH
             self._session.heartbeat_asap = True  # fetch the epoch now rather than at the next interval
             return
-        if code != _NONE:
+        if code != _Error.NONE:
             # UNKNOWN_MEMBER_ID (not, or no longer, the chosen member) and anything else.
             self._abandon_computation(AssignmentAbandoned("prepare", code, response.error_message or error_name(code)))
             return
@@ -825,14 +831,14 @@ class ConsumerGroupMember(MemberBase):
 
     def _on_install_response(self, response: ConsumerGroupInstallAssignmentResponse) -> None:
         code = response.error_code
-        if code == _NONE:
+        if code == _Error.NONE:
             group_epoch = self._session.computation.group_epoch
             self._abandon_computation(None)
             self._events.append(AssignmentInstalled(group_epoch))
             # The installed target holds this member's new assignment: fetch it now rather
             # than at the next interval.
             self.request_heartbeat()
-        elif code == _STALE_MEMBER_EPOCH:
+        elif code == _Error.STALE_MEMBER_EPOCH:
             self._session.computation.phase = _AssignPhase.INSTALL_AWAITS_EPOCH
             self._session.heartbeat_asap = True
         else:
