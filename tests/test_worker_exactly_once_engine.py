@@ -31,6 +31,7 @@ from pystreams.worker.commits import TaskMigratedError
 from pystreams.worker.committed_consumer import CommittedConsumer
 from pystreams.worker.position_reader import REFENCE_AFTER_S, PositionReader
 from pystreams.worker.positions import PositionKind, Resume, encode_position, positions_partition
+from pystreams.worker.transaction import CommitOutcome, TransactionState
 from pystreams.worker.transactional_producer import fence_transactional_id
 
 pytestmark = pytest.mark.integration
@@ -339,3 +340,43 @@ def test_a_takeover_that_waits_too_long_on_a_fenced_writer_fences_it_again(any_k
     finally:
         reader.close()
         dying.close(timeout=2)
+
+
+def test_a_fenced_producer_refused_by_the_coordinator_ends_its_transaction_and_is_replaced(any_kafka: KafkaUnderTest, unique_topic: Any) -> None:
+    """A zombie resumed after a takeover fenced it: its records were acknowledged before the
+    fence, then the group coordinator refuses its offsets, so it aborts. The broker must not
+    hold that abort: Apache Kafka answers PRODUCER_FENCED, the embedded broker drops the
+    connection (kafka-python alone would retry for ever). Either way the thread hears that
+    its tasks migrated and gets a new producer."""
+    import threading
+
+    from pystreams.worker.kafka_io import make_producer
+    from pystreams.worker.transaction import MembershipLost
+    from pystreams.worker.transactional_producer import TransactionalProducer
+
+    bootstrap = any_kafka.bootstrap_servers
+    topic = _positions_topic(bootstrap, unique_topic)
+    transactional_id = f"zombie-{uuid.uuid4().hex[:8]}"
+    overrides = {"transactional_id": transactional_id, "enable_idempotence": True}
+    replaced: list[Any] = []
+    zombie = TransactionalProducer(
+        transactional_id, lambda: make_producer(bootstrap, "zombie", overrides, [topic]), end_timeout_ms=2_000, on_new_producer=replaced.append
+    )
+    zombie.ensure_open()
+    zombie.producer.send(topic, key=b"k", value=b"v", partition=0)
+    zombie.producer.flush()
+    _fence(bootstrap, transactional_id)
+
+    def refuse() -> None:
+        raise MembershipLost("FENCED_MEMBER_EPOCH")
+
+    outcomes: list[Any] = []
+    ending = threading.Thread(target=lambda: outcomes.append(zombie.commit(flush=lambda: None, confirm=refuse)), daemon=True)
+    ending.start()
+    ending.join(60)
+    try:
+        assert not ending.is_alive(), "the abort of a fenced producer never ended"
+        assert outcomes == [CommitOutcome.MIGRATED]
+        assert len(replaced) == 1 and zombie.transaction.state is TransactionState.UNINITIALIZED
+    finally:
+        zombie.close()

@@ -168,10 +168,10 @@ class ScriptedProducer:
     def begin_transaction(self) -> None:
         self._call("begin")
 
-    def commit_transaction(self) -> None:
+    def commit_transaction(self, timeout_ms: int | None = None) -> None:
         self._call("commit")
 
-    def abort_transaction(self) -> None:
+    def abort_transaction(self, timeout_ms: int | None = None) -> None:
         self._call("abort")
 
     def close(self, timeout: Any = None) -> None:
@@ -182,7 +182,7 @@ def scripted(failures: dict[str, BaseException] | None = None) -> tuple[Transact
     log: list[str] = []
     failures = failures if failures is not None else {}
     replaced: list[Any] = []
-    producer = TransactionalProducer("app-1-0", lambda: ScriptedProducer(log, failures), on_new_producer=replaced.append)
+    producer = TransactionalProducer("app-1-0", lambda: ScriptedProducer(log, failures), end_timeout_ms=1000, on_new_producer=replaced.append)
     return producer, log, replaced
 
 

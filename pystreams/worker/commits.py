@@ -183,6 +183,8 @@ class ExactlyOnceCommits:
         self._transactional = TransactionalProducer(
             self.transactional_id,
             lambda: make_producer(overrides),
+            # Past the transaction timeout a broker would have aborted the transaction itself.
+            end_timeout_ms=self._transaction_timeout_ms,
             on_new_producer=on_new_producer,
         )
         from .position_reader import PositionReader

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
+from kafka.errors import KafkaTimeoutError
 
 from pystreams.log_ends import true_end_offsets
 from pystreams.state import ChangelogRecord, TopicPartition
@@ -40,6 +41,31 @@ DEFAULT_CONSUMER_CONFIG: dict[str, Any] = {
 }
 
 
+class BoundedTransactionsProducer(KafkaProducer):
+    """kafka-python's producer whose transaction ends can be given a bound.
+
+    kafka-python waits for EndTxn without one, where Kafka's producer gives up after
+    ``max.block.ms``. A broker that drops the connection instead of answering (the embedded
+    broker does so to a fenced producer's EndTxn; Apache Kafka answers PRODUCER_FENCED) would
+    otherwise hold the stream thread for good, and with it the member's tasks."""
+
+    def commit_transaction(self, timeout_ms: int | None = None) -> None:
+        self._end_transaction(commit=True, timeout_ms=timeout_ms)
+
+    def abort_transaction(self, timeout_ms: int | None = None) -> None:
+        self._end_transaction(commit=False, timeout_ms=timeout_ms)
+
+    def _end_transaction(self, *, commit: bool, timeout_ms: int | None) -> None:
+        if timeout_ms is None or self._transaction_manager is None:
+            super().commit_transaction() if commit else super().abort_transaction()
+            return
+        manager = self._transaction_manager
+        result = manager.begin_commit() if commit else manager.begin_abort()
+        self._sender.wakeup()
+        if not result.wait(timeout_ms=timeout_ms):  # raises the request's error if it failed
+            raise KafkaTimeoutError(f"{'committing' if commit else 'aborting'} the transaction got no answer in {timeout_ms} ms")
+
+
 def make_producer(bootstrap_servers: str, client_id: str, overrides: Mapping[str, Any], topics: Iterable[str] = ()) -> KafkaProducer:
     """A producer that keeps metadata for ``topics`` (every topic the caller will write).
 
@@ -47,7 +73,7 @@ def make_producer(bootstrap_servers: str, client_id: str, overrides: Mapping[str
     embedded broker answers the bootstrap request (no topics) with every topic, so a topic
     can be written without being tracked; the next targeted refresh then drops it and sends
     to it wait for a leader forever. Tracking them all up front closes that race."""
-    producer = KafkaProducer(
+    producer = BoundedTransactionsProducer(
         bootstrap_servers=bootstrap_servers,
         client_id=f"{client_id}-producer",
         **{**DEFAULT_PRODUCER_CONFIG, **overrides},

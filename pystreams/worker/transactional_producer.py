@@ -25,8 +25,21 @@ _CLOSE_TIMEOUT_S = 2.0
 
 
 class TransactionalProducer:
-    def __init__(self, transactional_id: str, make_producer: Callable[[], Any], *, on_new_producer: Callable[[Any], None] = lambda p: None) -> None:
+    def __init__(
+        self,
+        transactional_id: str,
+        make_producer: Callable[[], Any],
+        *,
+        end_timeout_ms: int,
+        on_new_producer: Callable[[Any], None] = lambda p: None,
+    ) -> None:
+        """``make_producer``: a transactional producer whose ``commit_transaction`` and
+        ``abort_transaction`` take a ``timeout_ms`` (:class:`~pystreams.worker.kafka_io.BoundedTransactionsProducer`).
+        ``end_timeout_ms``: how long a commit or abort may wait for the broker before the
+        producer counts as broken (and is replaced; its transaction is aborted by the next
+        producer's initialization)."""
         self.transactional_id = transactional_id
+        self._end_timeout_ms = end_timeout_ms
         self.transaction = Transaction()
         self._make_producer = make_producer
         self._on_new_producer = on_new_producer
@@ -73,7 +86,7 @@ class TransactionalProducer:
             log.warning("transaction of %s cannot commit (%r); aborting it", self.transactional_id, error)
             return self._run(transaction.failed(error))
         try:
-            self.producer.commit_transaction()
+            self.producer.commit_transaction(timeout_ms=self._end_timeout_ms)
         except Exception as error:
             log.warning("committing the transaction of %s failed (%r)", self.transactional_id, error)
             return self._run(transaction.failed(error))
@@ -97,7 +110,7 @@ class TransactionalProducer:
         outcome = plan.outcome
         if plan.recovery is Recovery.ABORT:
             try:
-                self.producer.abort_transaction()
+                self.producer.abort_transaction(timeout_ms=self._end_timeout_ms)
                 outcome = self.transaction.aborted()
                 self._begin_next()
                 return outcome
@@ -131,7 +144,7 @@ class TransactionalProducer:
         """Abort what is open (nothing was committed for it) and close."""
         if self.transaction.open:
             with contextlib.suppress(Exception):
-                self.producer.abort_transaction()
+                self.producer.abort_transaction(timeout_ms=self._end_timeout_ms)
         with contextlib.suppress(Exception):
             self.producer.close(timeout=_CLOSE_TIMEOUT_S)
 
