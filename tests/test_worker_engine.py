@@ -645,3 +645,46 @@ def test_wall_clock_punctuation_fires_without_records(kafka_bootstrap: str, tmp_
     ticks = [msgspec.json.decode(r.value) for r in read_all(kafka_bootstrap, sink)]
     assert 3 <= len(ticks) <= 11  # every 100 ms for about a second, no records needed
     assert all(t >= started for t in ticks) and ticks == sorted(ticks)
+
+
+def test_a_started_task_commits_its_first_records_at_once_then_at_the_interval(
+    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
+) -> None:
+    """A task that just started (it moved here, or its worker restarted) commits as soon as it
+    has processed records, so its cached table output shows without waiting a whole commit
+    interval; after that, commits come at the interval again."""
+    from pystreams.app import App
+
+    source, sink = unique_topic("words"), unique_topic("counts")
+    create_topics(kafka_bootstrap, TopicSpec(source, 1), TopicSpec(sink, 1))
+    app = App("first_commit_test")
+    app.topic(source, key=serdes.Text(), value=serdes.Text()).count(store="counts").to(sink)
+    resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
+    offsets = OffsetStore()
+    engine = TaskEngine(
+        resolved,
+        EngineConfig(kafka_bootstrap, tmp_path / "state", commit_interval_ms=3_600_000, poll_timeout_ms=50),
+        committed_offsets=offsets.fetch,
+        commit_offsets=offsets.commit,
+    )
+    engine.start()
+
+    def poll_until(done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not done():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            engine.poll()
+            engine.maybe_commit()
+
+    try:
+        engine.add_tasks(resolved.tasks)
+        produce(kafka_bootstrap, source, [(b"fox", b"x", None), (b"dog", b"x", None), (b"fox", b"x", None)])
+        poll_until(lambda: engine.records_processed >= 3, "the first records")
+        engine.maybe_commit()
+        assert offsets.commits == 1 and sum(offsets.offsets.values()) == 3
+        assert latest_by_key(read_all(kafka_bootstrap, sink), serdes.Text(), serdes.Int()) == {"fox": 2, "dog": 1}
+        produce(kafka_bootstrap, source, [(b"cat", b"x", None)])
+        poll_until(lambda: engine.records_processed >= 4, "the next record")
+        assert engine.maybe_commit() is None and offsets.commits == 1  # the interval again
+    finally:
+        engine.close()

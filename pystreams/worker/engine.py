@@ -237,6 +237,10 @@ class TaskEngine:
         self._to_revive: set[TaskId] = set()
         self._revive_after = 0.0
         self._last_commit = time.monotonic()
+        #: Tasks started since the last commit: their first processed records are committed at
+        #: once, so a task that moved (or a restarted worker) shows output without waiting a
+        #: commit interval behind the cache.
+        self._started_since_commit: set[TaskId] = set()
         self._batch_size = AdaptiveBatchSize(
             maximum=int({**DEFAULT_CONSUMER_CONFIG, **config.consumer_config}["max_poll_records"]),
             target_ms=config.poll_batch_target_ms,
@@ -384,6 +388,7 @@ class TaskEngine:
             self._tasks[task.id] = task
             for partition in task.input_partitions:
                 self._task_of_partition[partition] = task
+        self._started_since_commit.update(t.id for t in new_tasks)
         self._assign_inputs()
         log.info(
             "input resumes at %s",
@@ -709,6 +714,7 @@ class TaskEngine:
             raise
         self._last_commit = time.monotonic()
         if outcome is CommitOutcome.COMMITTED:
+            self._started_since_commit.difference_update(t.id for t in tasks)
             if len(tasks) == len(self._tasks):
                 for standby in self.standby_tasks.values():
                     standby.checkpoint()
@@ -721,9 +727,17 @@ class TaskEngine:
         return outcome
 
     def maybe_commit(self) -> CommitOutcome | None:
-        if (time.monotonic() - self._last_commit) * 1000 >= self.config.commit_interval_ms:
+        """Commit when the commit interval has passed, or when a task started since the last
+        commit has processed records (its first output is not held back a whole interval)."""
+        if (time.monotonic() - self._last_commit) * 1000 >= self.config.commit_interval_ms or self._a_started_task_processed():
             return self._commit_all(background=True)
         return None
+
+    def _a_started_task_processed(self) -> bool:
+        if not self._started_since_commit:
+            return False
+        self._started_since_commit.intersection_update(self._tasks)
+        return any(self._tasks[t].dirty for t in self._started_since_commit)
 
     def run(self, *, until: Callable[[], bool] | None = None, timeout_s: float | None = None) -> int:
         """Poll, process and commit every ``commit_interval_ms`` until ``until()`` is true or
