@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import uuid
 
+import msgspec
 from pystreams.assignors.api import GroupAssignment, MemberAssignment, TopicMetadata
 
 from pystreams.coordinator import records as r
@@ -149,8 +150,6 @@ def response_parts(response, field: str = "assigned_topic_partitions") -> str:
 
 
 def _fields(config: CoordinatorConfig) -> dict:
-    import msgspec
-
     return msgspec.structs.asdict(config)
 
 
@@ -180,6 +179,56 @@ def assert_records(actual: list[r.Record], expected: list[r.Record]) -> None:
     )
 
 
+def target_member(member_id: str, spec: str, group_id: str = GROUP, **value_fields) -> r.TargetAssignmentMember:
+    """One member's TargetAssignmentMember record, its partitions in case-study notation."""
+    return r.TargetAssignmentMember(group_id, member_id, r.TargetAssignmentMemberValue(parts(spec).to_wire(r.TopicPartitions), **value_fields))
+
+
 def assignment_records(group_id: str, **members: str) -> list[r.TargetAssignmentMember]:
     """The TargetAssignmentMember records of a target given in case-study notation."""
-    return [r.TargetAssignmentMember(group_id, mid, r.TargetAssignmentMemberValue(parts(spec).to_wire(r.TopicPartitions))) for mid, spec in members.items()]
+    return [target_member(mid, spec, group_id) for mid, spec in members.items()]
+
+
+# --- the records a consumer-group step writes, as tests pin them (see assert_records) -------------
+
+
+def current(member_id: str, epoch: int, previous: int, assigned: str = "", revoking: str = "", **value_fields) -> r.CurrentAssignment:
+    return r.CurrentAssignment(
+        GROUP,
+        member_id,
+        r.CurrentAssignmentValue(
+            member_epoch=epoch,
+            previous_member_epoch=previous,
+            assigned=parts(assigned).to_wire(r.TopicPartitions),
+            revoking=parts(revoking).to_wire(r.TopicPartitions),
+            **value_fields,
+        ),
+    )
+
+
+def member_metadata(member_id: str, group_epoch: int, topics=("foo",), **value_fields) -> r.MemberMetadata:
+    return r.MemberMetadata(
+        GROUP,
+        member_id,
+        r.MemberMetadataValue(
+            group_epoch=group_epoch,
+            client_id="",
+            client_host="",
+            rebalance_timeout_ms=5_000,
+            subscribed_topic_names=list(topics),
+            **value_fields,
+        ),
+    )
+
+
+def group_epoch(epoch: int) -> r.GroupMetadata:
+    return r.GroupMetadata(GROUP, r.GroupMetadataValue(epoch))
+
+
+def target_epoch(epoch: int) -> r.TargetAssignmentMetadata:
+    return r.TargetAssignmentMetadata(GROUP, r.TargetAssignmentMetadataValue(epoch))
+
+
+def partition_metadata(**counts: int) -> r.PartitionMetadata:
+    """The group's PartitionMetadata record for the topics given as name=partition count."""
+    return r.PartitionMetadata(GROUP, r.PartitionMetadataValue([r.TopicMetadataValue(TOPIC_IDS[name], name, n) for name, n in counts.items()]))

@@ -1,7 +1,20 @@
 """Client-side assignment: selection, ShouldComputeAssignment, Prepare/Install, validation."""
 
 import kafka.errors as Errors
-from coordinator_support import GROUP, HB, TOPIC_IDS, Harness, response_parts
+from coordinator_support import (
+    GROUP,
+    HB,
+    TOPIC_IDS,
+    Harness,
+    assert_records,
+    current,
+    group_epoch,
+    member_metadata,
+    partition_metadata,
+    response_parts,
+    target_epoch,
+    target_member,
+)
 
 from pystreams.coordinator.consumer_group import GroupState
 from pystreams.protocol import messages as m
@@ -189,18 +202,30 @@ def test_a_reason_falling_back_to_zero_does_not_rebalance_again():
 
 
 def test_members_heartbeat_at_the_short_interval_while_the_target_is_computed_client_side():
+    from pystreams.coordinator import records as r
     from pystreams.coordinator.config import CoordinatorConfig
 
     h = Harness(CoordinatorConfig(heartbeat_interval_ms=5_000, rebalance_heartbeat_interval_ms=100))
     h.topics(foo=2)
+    streams = [r.AssignorValue(name="streams", minimum_version=1, maximum_version=2, reason=0, version=2, metadata=b"meta")]
     first = h.join("A", client_assignors=[assignor()])
     assert first.should_compute_assignment and first.heartbeat_interval_ms == 100  # it must compute
+    # No target yet, so no current assignment either: the short interval itself writes nothing.
+    assert_records(h.last_records, [group_epoch(0), member_metadata("A", 0, assignors=streams), partition_metadata(foo=2), group_epoch(1)])
     second = h.join("B", client_assignors=[assignor()])
     assert second.heartbeat_interval_ms == 100  # the group's target is being computed
+    assert_records(h.last_records, [member_metadata("B", 1, assignors=streams), group_epoch(2)])
     chosen = h.shard.computations[GROUP].member_id
     assert h.send(Prepare(group_id=GROUP, member_id=chosen, member_epoch=0)).error_code == 0
+    assert_records(h.last_records, [])
     assert install(h, chosen, 0, h.group.group_epoch, {"A": "foo-0", "B": "foo-1"}).error_code == 0
+    installed = [target_member(mid, spec, metadata_version=2, metadata=mid.encode()) for mid, spec in {"A": "foo-0", "B": "foo-1"}.items()]
+    assert_records(h.last_records, [*installed, target_epoch(2)])
     # Installed: each member fetches its assignment and, having reached it, is told the group's.
     assert h.heartbeat("A", 0).heartbeat_interval_ms == 5_000
+    assert_records(h.last_records, [current("A", 2, 0, "foo-0", metadata_version=2, metadata=b"A")])
     assert h.heartbeat("B", 0).heartbeat_interval_ms == 5_000
+    assert_records(h.last_records, [current("B", 2, 0, "foo-1", metadata_version=2, metadata=b"B")])
     assert h.group.state is GroupState.STABLE
+    assert h.heartbeat("B", 2).heartbeat_interval_ms == 5_000  # stable: the group's, nothing written
+    assert_records(h.last_records, [])

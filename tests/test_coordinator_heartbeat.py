@@ -2,7 +2,21 @@
 
 import kafka.errors as Errors
 import pytest
-from coordinator_support import FAST, GROUP, HB, Harness, response_parts
+from coordinator_support import (
+    FAST,
+    GROUP,
+    HB,
+    Harness,
+    assert_records,
+    assignment_records,
+    current,
+    group_epoch,
+    member_metadata,
+    partition_metadata,
+    response_parts,
+    target_epoch,
+    target_member,
+)
 
 from pystreams.coordinator.consumer_group import GroupState
 
@@ -249,11 +263,36 @@ def test_recreated_topic_gets_a_new_id_and_rebalances():
     assert h.scripted.specs[-1].topics.keys() == {new_id}
 
 
+def joined_alone(member_id: str, spec: str) -> list:
+    """What a first member writes when it joins and is given ``spec`` at once."""
+    return [
+        group_epoch(0),
+        member_metadata(member_id, 0),
+        partition_metadata(foo=2),
+        group_epoch(1),
+        target_member(member_id, spec),
+        target_epoch(1),
+        current(member_id, 1, 0, spec),
+    ]
+
+
+def joined_second(member_id: str, **target: str) -> list:
+    """What a second member writes when its joining moves ``target`` into place (epoch 2)."""
+    return [member_metadata(member_id, 1), group_epoch(2), *assignment_records(GROUP, **target), target_epoch(2), current(member_id, 2, 0)]
+
+
+# The interval answered is not state: answering the short one or the group's writes nothing of
+# its own, so each step below writes exactly what its membership change does, no more.
+
+
 def test_heartbeat_interval_comes_from_group_config():
     h = Harness()
-    h.topics(foo=1)
-    h.scripted.next = {"A": "foo-0"}
+    h.topics(foo=2)
+    h.scripted.next = {"A": "foo-0, foo-1"}
     assert h.join("A").heartbeat_interval_ms == FAST.heartbeat_interval_ms
+    assert_records(h.last_records, joined_alone("A", "foo-0, foo-1"))
+    assert h.heartbeat("A", 1, "foo-0, foo-1").heartbeat_interval_ms == FAST.heartbeat_interval_ms
+    assert_records(h.last_records, [])
 
 
 def test_a_member_with_work_in_a_rebalance_is_told_the_short_interval_and_a_stable_one_the_groups():
@@ -271,22 +310,31 @@ def test_a_member_with_work_in_a_rebalance_is_told_the_short_interval_and_a_stab
     h.scripted.next = {"A": "foo-0, foo-1"}
     joined = h.join("A")
     assert response_parts(joined) == "foo-0, foo-1" and joined.heartbeat_interval_ms == 5_000  # reached its target at once
+    assert_records(h.last_records, joined_alone("A", "foo-0, foo-1"))
     assert h.heartbeat("A", joined.member_epoch, "foo-0, foo-1").heartbeat_interval_ms == 5_000
+    assert_records(h.last_records, [])
     # B joins: foo-1 moves from A to B. A has a partition to revoke, B one to receive.
     h.scripted.next = {"A": "foo-0", "B": "foo-1"}
     b = h.join("B")
     assert b.heartbeat_interval_ms == 100
+    assert_records(h.last_records, joined_second("B", A="foo-0", B="foo-1"))
     revoke = h.heartbeat("A", joined.member_epoch)
     assert response_parts(revoke) == "foo-0" and revoke.heartbeat_interval_ms == 100
+    assert_records(h.last_records, [current("A", 1, 0, "foo-0", revoking="foo-1")])
     assert h.heartbeat("B", b.member_epoch).heartbeat_interval_ms == 100  # still waits for foo-1
+    assert_records(h.last_records, [])  # the short interval again, and nothing changed: nothing written
     released = h.heartbeat("A", joined.member_epoch, "foo-0")
     assert released.heartbeat_interval_ms == 5_000  # A reached its target: back to the group's
+    assert_records(h.last_records, [current("A", 2, 1, "foo-0")])
     received = h.heartbeat("B", b.member_epoch)
     assert response_parts(received) == "foo-1" and received.heartbeat_interval_ms == 5_000
+    assert_records(h.last_records, [current("B", 2, 0, "foo-1")])
     assert h.group.state is GroupState.STABLE
-    # Steady state: the group's interval, whatever the member reports.
+    # Steady state: the group's interval, whatever the member reports, and nothing written.
     assert h.heartbeat("A", released.member_epoch).heartbeat_interval_ms == 5_000
+    assert_records(h.last_records, [])
     assert h.heartbeat("B", received.member_epoch, "foo-1").heartbeat_interval_ms == 5_000
+    assert_records(h.last_records, [])
 
 
 def test_the_short_interval_is_never_longer_than_the_groups_own():
@@ -297,6 +345,9 @@ def test_the_short_interval_is_never_longer_than_the_groups_own():
     h.topics(foo=2)
     h.scripted.next = {"A": "foo-0, foo-1"}
     joined = h.join("A")
+    assert_records(h.last_records, joined_alone("A", "foo-0, foo-1"))
     h.scripted.next = {"A": "foo-0", "B": "foo-1"}
     assert h.join("B").heartbeat_interval_ms == 50
+    assert_records(h.last_records, joined_second("B", A="foo-0", B="foo-1"))
     assert h.heartbeat("A", joined.member_epoch).heartbeat_interval_ms == 50
+    assert_records(h.last_records, [current("A", 1, 0, "foo-0", revoking="foo-1")])

@@ -17,44 +17,19 @@ from pystreams.coordinator import records as r
 from pystreams.coordinator.context import ShardContext
 from pystreams.coordinator.shard import HandlerFailed
 from pystreams.protocol import messages as m
-from tests.coordinator_support import FAST, GROUP, TOPIC_IDS, Harness, assert_records, assignment_records, parts
-
-FOO = TOPIC_IDS["foo"]
-
-
-def current(member_id: str, epoch: int, previous: int, assigned: str = "", revoking: str = "") -> r.CurrentAssignment:
-    return r.CurrentAssignment(
-        GROUP,
-        member_id,
-        r.CurrentAssignmentValue(
-            member_epoch=epoch,
-            previous_member_epoch=previous,
-            assigned=parts(assigned).to_wire(r.TopicPartitions),
-            revoking=parts(revoking).to_wire(r.TopicPartitions),
-        ),
-    )
-
-
-def member_metadata(member_id: str, group_epoch: int, topics=("foo",)) -> r.MemberMetadata:
-    return r.MemberMetadata(
-        GROUP,
-        member_id,
-        r.MemberMetadataValue(
-            group_epoch=group_epoch,
-            client_id="",
-            client_host="",
-            rebalance_timeout_ms=5_000,
-            subscribed_topic_names=list(topics),
-        ),
-    )
-
-
-def group_epoch(epoch: int) -> r.GroupMetadata:
-    return r.GroupMetadata(GROUP, r.GroupMetadataValue(epoch))
-
-
-def target_epoch(epoch: int) -> r.TargetAssignmentMetadata:
-    return r.TargetAssignmentMetadata(GROUP, r.TargetAssignmentMetadataValue(epoch))
+from tests.coordinator_support import (
+    FAST,
+    GROUP,
+    TOPIC_IDS,
+    Harness,
+    assert_records,
+    assignment_records,
+    current,
+    group_epoch,
+    member_metadata,
+    partition_metadata,
+    target_epoch,
+)
 
 
 def stable_member_a() -> Harness:
@@ -79,7 +54,7 @@ def test_the_first_heartbeat_creates_the_group_subscribes_and_assigns_in_one_bat
         [
             group_epoch(0),
             member_metadata("A", 0),
-            r.PartitionMetadata(GROUP, r.PartitionMetadataValue([r.TopicMetadataValue(FOO, "foo", 2)])),
+            partition_metadata(foo=2),
             group_epoch(1),
             *assignment_records(GROUP, A="foo-0, foo-1"),
             target_epoch(1),
