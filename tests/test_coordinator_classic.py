@@ -353,9 +353,14 @@ def test_partitions_added_to_a_subscribed_topic_rebalance_a_stable_group_unrelat
     form_group(h, [a, b], {0: {"foo": [0, 1]}, 1: {"foo": [2, 3]}})
     h.topics(foo=4, bar=3)  # nobody reads bar
     assert h.group.state is Stable
+    assert h.last_records == []
     h.topics(foo=6, bar=3)
     assert h.group.state is Preparing
+    # Preparing a rebalance is memory only, as in Kafka: the group's record changes when the
+    # next generation's leader syncs, so the topic change itself writes nothing.
+    assert h.last_records == []
     assert a.heartbeat() == Errors.RebalanceInProgressError.errno
+    assert h.last_records == []
     h.assert_replay_equals_live()
 
 
