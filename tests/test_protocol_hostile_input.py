@@ -16,6 +16,8 @@ import tracemalloc
 
 import kafka.errors as Errors
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.schemas.fields.codecs import UnsignedVarInt32
@@ -298,3 +300,121 @@ async def test_the_byte_budget_makes_large_frames_wait_in_order_and_never_overco
 def test_limits_refuse_a_budget_smaller_than_the_largest_frame():
     with pytest.raises(ValueError, match="largest frame"):
         ServerLimits(max_request_bytes=10_000, queued_max_request_bytes=100)
+
+
+# --- OffsetCommit and pystreams' GroupEpoch tag -----------------------------------------------------
+# GroupEpoch (tag 9100) rides on the OffsetCommit *answer*, which pystreams' client decodes; the
+# request is Kafka's own, which the server decodes. A peer can cut either short or fill the tagged
+# section with garbage: the reader refuses it with its decode error (FramingError on the client,
+# MalformedRequestError on the server), never another exception and never a quietly short field.
+
+GROUP_EPOCH_TAG = UnsignedVarInt32.encode(9100)
+
+
+def offset_commit_request() -> m.OffsetCommitRequest:
+    topic = m.OffsetCommitRequest.OffsetCommitRequestTopic
+    partition = topic.OffsetCommitRequestPartition
+    return m.OffsetCommitRequest(
+        group_id="g", generation_id_or_member_epoch=3, member_id="A", topics=[topic(name="foo", partitions=[partition(partition_index=0, committed_offset=5)])]
+    )
+
+
+def offset_commit_with_tags(tagged: bytes) -> bytes:
+    """An OffsetCommit v9 request frame whose top-level tagged section is ``tagged``."""
+    frame = request_bytes(offset_commit_request(), 9)
+    assert frame.endswith(b"\x00")  # no tags of its own
+    return frame[:-1] + tagged
+
+
+#: A client echoing the answer's GroupEpoch tag on its request: a tag the request does not know.
+REQUEST_WITH_GROUP_EPOCH_TAG = offset_commit_with_tags(b"\x01" + GROUP_EPOCH_TAG + b"\x04" + struct.pack(">i", 7))
+
+
+def test_an_unknown_tag_on_an_offset_commit_is_kept_aside_and_every_truncation_of_it_is_malformed():
+    decoded = codec.decode_request(REQUEST_WITH_GROUP_EPOCH_TAG).request
+    assert decoded.generation_id_or_member_epoch == 3 and decoded.unknown_tags == {"_9100": struct.pack(">i", 7)}
+    for cut in range(len(REQUEST_WITH_GROUP_EPOCH_TAG)):
+        with pytest.raises(codec.MalformedRequestError):
+            codec.decode_request(REQUEST_WITH_GROUP_EPOCH_TAG[:cut])
+
+
+@pytest.mark.parametrize(
+    "tagged",
+    [
+        b"\x01" + GROUP_EPOCH_TAG + UnsignedVarInt32.encode(2**31 - 1) + struct.pack(">i", 7),  # a size far past the frame
+        b"\x01" + GROUP_EPOCH_TAG + b"\x08" + struct.pack(">i", 7),  # 8 bytes said, 4 sent
+        b"\x02" + GROUP_EPOCH_TAG + b"\x04" + struct.pack(">i", 7),  # two tags said, one sent
+        UnsignedVarInt32.encode(2**31 - 1) + GROUP_EPOCH_TAG + b"\x04" + struct.pack(">i", 7),  # a count far past the frame
+        b"\x01" + b"\x80" * 6 + b"\x01" + b"\x04" + struct.pack(">i", 7),  # a tag number longer than a varint32
+    ],
+    ids=["size-past-frame", "size-short", "count-short", "count-past-frame", "tag-varint-too-long"],
+)
+def test_an_offset_commit_whose_tagged_section_overruns_the_frame_is_malformed(tagged):
+    with pytest.raises(codec.MalformedRequestError):
+        codec.decode_request(offset_commit_with_tags(tagged))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=24))
+def test_garbage_in_an_offset_commits_tagged_section_decodes_or_is_malformed(tagged):
+    try:
+        decoded = codec.decode_request(offset_commit_with_tags(tagged)).request
+    except codec.MalformedRequestError:
+        return
+    # Whatever the tags held, the fields before them are the ones sent.
+    assert (decoded.group_id, decoded.member_id, decoded.generation_id_or_member_epoch) == ("g", "A", 3)
+
+
+def offset_commit_answer_frame(correlation_id: int, body: bytes) -> bytes:
+    """An OffsetCommit v9 answer as the server frames it: response header v1 (no tags), body."""
+    payload = struct.pack(">ib", correlation_id, 0) + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def receive_offset_commit_answer(body: bytes):
+    framer = framing.ClientFraming("probe")
+    correlation_id, _ = framer.request_bytes(offset_commit_request(), 9)
+    return framer.receive(offset_commit_answer_frame(correlation_id, body))
+
+
+ANSWER_WITH_GROUP_EPOCH = bytes(m.OffsetCommitResponse(version=9, throttle_time_ms=0, topics=[], group_epoch=7).encode(version=9))
+
+
+def test_every_truncation_of_an_offset_commit_answer_carrying_the_group_epoch_is_a_framing_error():
+    [(_, answer)] = receive_offset_commit_answer(ANSWER_WITH_GROUP_EPOCH)
+    assert answer.group_epoch == 7
+    assert ANSWER_WITH_GROUP_EPOCH.endswith(GROUP_EPOCH_TAG + b"\x04" + struct.pack(">i", 7))  # the tag is what gets cut
+    for cut in range(len(ANSWER_WITH_GROUP_EPOCH)):
+        with pytest.raises(framing.FramingError, match="OffsetCommit"):
+            receive_offset_commit_answer(ANSWER_WITH_GROUP_EPOCH[:cut])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=24))
+def test_garbage_in_an_offset_commit_answers_tagged_section_decodes_or_is_a_framing_error(tagged):
+    untagged = bytes(m.OffsetCommitResponse(version=9, throttle_time_ms=0, topics=[]).encode(version=9))
+    try:
+        [(_, answer)] = receive_offset_commit_answer(untagged[:-1] + tagged)
+    except framing.FramingError:
+        return
+    assert isinstance(answer.group_epoch, int) and -(2**31) <= answer.group_epoch < 2**31
+
+
+@async_test
+async def test_a_truncated_offset_commit_closes_only_its_connection():
+    seen: list[object] = []
+
+    async def handler(header, request):
+        seen.append(request)
+        return m.OffsetCommitResponse(topics=[]) if isinstance(request, m.OffsetCommitRequest) else m.HeartbeatResponse(error_code=0)
+
+    cut = REQUEST_WITH_GROUP_EPOCH_TAG[:-2]  # the tag says 4 bytes, 2 arrive
+    async with serving(handler) as server:
+        bystander = await Client.connect(server)
+        client = await Client.connect(server)
+        await client.send_raw(struct.pack(">i", len(cut)) + cut)
+        assert await client.closed_by_server()
+        assert server.refusals["malformed_request"] == 1
+        assert seen == []  # no handler saw it
+        assert (await bystander.call(heartbeat())).error_code == 0
+        await bystander.close()

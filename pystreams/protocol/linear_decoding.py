@@ -37,8 +37,16 @@ class VarintTooLong(ValueError):
     pass
 
 
+class TruncatedField(ValueError):
+    pass
+
+
 class FrameView:
-    """A read-only ``BytesIO`` stand-in over a memoryview, from ``start``: no copy is made."""
+    """A read-only ``BytesIO`` stand-in over a memoryview, from ``start``: no copy is made.
+
+    Unlike ``BytesIO`` a sized read past the end of the frame raises: kafka-python reads an
+    unknown tagged field with ``read(size)``, and a short read would otherwise keep whatever
+    bytes a truncated frame still held as the field (Kafka's reader refuses it too)."""
 
     __slots__ = ("_data", "_start", "_pos")
 
@@ -48,7 +56,9 @@ class FrameView:
         self._pos = start
 
     def read(self, size: int = -1) -> bytes:
-        end = len(self._data) if size is None or size < 0 else min(len(self._data), self._pos + size)
+        if size is not None and size > len(self._data) - self._pos:
+            raise TruncatedField(f"truncated: {size} bytes wanted, {len(self._data) - self._pos} left")
+        end = len(self._data) if size is None or size < 0 else self._pos + size
         chunk = bytes(self._data[self._pos : end])
         self._pos = end
         return chunk
