@@ -12,7 +12,7 @@ from kafka import errors as kafka_errors
 from pystreams.state import TopicPartition
 from pystreams.topology.ir import TaskId
 
-from pystreams.worker.errors import ProduceError
+from pystreams.worker.errors import ProduceError, RecordProcessingError
 from pystreams.worker.positions import (
     Fence,
     Lost,
@@ -320,3 +320,71 @@ def test_a_task_without_position_records_resumes_from_the_coordinator() -> None:
 def test_a_revival_never_fences_a_newer_owner() -> None:
     assert plan_takeover(record(PositionKind.CLAIM, "newer"), set(), me="me", fenced=set(), reviving=True) == Lost("newer")
     assert plan_takeover(record(PositionKind.COMMIT, "me"), set(), me="me", fenced=set(), reviving=True) == Resume({IN: 10})
+
+
+class _FlushFails:
+    """A task whose cache flush forwards into a sink whose send raises ``error``."""
+
+    id = T
+    next_offsets: dict[TopicPartition, int] = {IN: 11}
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def flush(self) -> None:
+        raise self.error
+
+
+class _Sender:
+    def __init__(self) -> None:
+        self.discarded = 0
+
+    def discard(self) -> None:
+        self.discarded += 1
+
+
+def _exactly_once_commits(producer: TransactionalProducer) -> Any:
+    from pystreams.worker.commits import ExactlyOnceCommits
+
+    commits = ExactlyOnceCommits(
+        transactional_id="app-1-0",
+        positions_topic="app-input-positions",
+        make_positions_consumer=lambda: None,
+        make_fencing_producer=lambda transactional_id: None,
+        committed_offsets=None,
+        commit_offsets=None,
+        transaction_timeout_ms=1000,
+    )
+    commits._transactional = producer
+    return commits
+
+
+def test_a_flush_refused_by_a_fenced_producer_migrates_the_tasks_instead_of_failing_the_app() -> None:
+    from pystreams.topology.kernels import RecordFailure
+
+    from pystreams.worker.errors import ErrorKind
+
+    producer, log, replaced = scripted()
+    producer.ensure_open()
+    refused = kafka_errors.KafkaError("Cannot perform send because at least one previous transactional request has failed.", kafka_errors.ProducerFencedError())
+    failure = RecordFailure(kind=ErrorKind.PROCESSING, task_id="1_3", topic=None, partition=None, offset=None, node="to-sink", reason="KafkaError")
+    error = RecordProcessingError(failure)
+    error.__cause__ = refused
+    sender = _Sender()
+    assert _exactly_once_commits(producer).commit(sender, [_FlushFails(error)]) is CommitOutcome.MIGRATED
+    assert len(replaced) == 1 and sender.discarded == 1 and "commit" not in log
+
+
+def test_a_flush_that_fails_in_the_apps_node_aborts_and_is_the_apps_error() -> None:
+    from pystreams.topology.kernels import RecordFailure
+
+    from pystreams.worker.errors import ErrorKind
+
+    producer, log, replaced = scripted()
+    producer.ensure_open()
+    failure = RecordFailure(kind=ErrorKind.PROCESSING, task_id="1_3", topic=None, partition=None, offset=None, node="mapper", reason="ValueError")
+    error = RecordProcessingError(failure)
+    error.__cause__ = ValueError("the app's bug")
+    with pytest.raises(RecordProcessingError):
+        _exactly_once_commits(producer).commit(_Sender(), [_FlushFails(error)])
+    assert log[-2:] == ["abort", "begin"] and not replaced

@@ -29,7 +29,7 @@ from .committed_consumer import CommittedConsumer
 from .errors import RecordProcessingError
 from .position_reader import PositionReader
 from .positions import Lost, PositionKind, Resume, encode_position, positions_partition
-from .transaction import CommitOutcome, MembershipLost
+from .transaction import CommitOutcome, MembershipLost, TransactionErrorKind, classify
 from .transactional_producer import TransactionalProducer
 
 if TYPE_CHECKING:
@@ -278,7 +278,13 @@ class ExactlyOnceCommits:
                 key, value = encode_position(task.id, kind, self.transactional_id, current)
                 sender.send_to_partition(self.positions_topic, positions_partition(task.id), key, value)
                 written[task.id] = current
-        except RecordProcessingError:
+        except RecordProcessingError as error:
+            if classify(error) is TransactionErrorKind.FENCED:
+                # A flush forwarded to a sink whose send the fenced producer refused: the tasks
+                # moved, which is not the app's error (as the processing path treats it too).
+                outcome = self._transactional.fail(error)
+                sender.discard()
+                return outcome
             # A store flush forwarded into a failing node: the app's error, the caller's to report.
             # Part of the commit's writes are in the transaction: none of them may become visible.
             self.abort(sender)
