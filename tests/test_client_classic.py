@@ -838,6 +838,28 @@ def test_a_cooperative_member_whose_join_goes_unanswered_gives_up_its_partitions
         assert member.poll(REBALANCE + 5) == [] and member.take_events() == []
 
 
+def test_a_guarded_member_rejoining_on_its_own_counts_from_its_last_answer_not_its_join() -> None:
+    """A member that rejoins by itself (here its subscription changed) stops heartbeating. A
+    rebalance it never heard of may have begun right after the coordinator's last answer; if
+    its JoinGroup is lost the join phase ends without it a rebalance timeout later, and the
+    coordinator hands its partitions on. The guard counts from that last answer's send, not
+    from the JoinGroup's (the simulator's migration seeds 1016713, 1012499 and seven more: a
+    classic member rejoining after a topic change beside the new owner)."""
+    member = make(assignors=("cooperative-sticky",), lose_partitions_on_session_timeout=True)
+    to_stable(member, {"foo": [0, 1]}, protocol="cooperative-sticky")
+    member.take_events()
+    heartbeat = only(member.poll(INTERVAL), m.HeartbeatRequest)
+    member.on_response(heartbeat, m.HeartbeatResponse(error_code=NONE), INTERVAL + 10)
+    member.subscribe(["foo"])
+    only(member.poll(3 * INTERVAL), m.JoinGroupRequest)  # lost on its way
+    assert member.owned_partitions == parts(FOO, 0, 1)  # kept while rejoining (KIP-429)
+    assert member.next_deadline() == INTERVAL + REBALANCE
+    assert member.poll(INTERVAL + REBALANCE - 1) == [] and member.take_events() == []
+    assert member.poll(INTERVAL + REBALANCE) == []  # the JoinGroup stays outstanding
+    assert member.take_events() == [PartitionsLost(parts(FOO, 0, 1), TIMED_OUT)]
+    assert member.owned_partitions == PartitionSet()
+
+
 def test_a_guarded_member_without_answers_for_a_rebalance_timeout_shorter_than_its_session_gives_up() -> None:
     """A rebalance may begin right after the coordinator's last answer; with every later answer
     lost the member never hears of it, and the join phase ends without it a rebalance timeout

@@ -988,8 +988,15 @@ class ClassicGroupMember(MemberBase):
         starts = [self._session.sync_awaited_since_ms] if self._session.sync_awaited_since_ms is not None else []
         if self._join is not None:
             starts.append(self._join.sent_at_ms)
-            if self._session.rebalance_heard_ms is not None:
-                starts.append(self._session.rebalance_heard_ms)
+        if self._join is not None or self._state is ClassicState.PREPARING_REBALANCE:
+            # Rejoining, it no longer heartbeats: a rebalance it never heard of may have begun
+            # right after its last answered request (the JoinGroup that would have saved it may
+            # be lost), and ends without it a rebalance timeout later.
+            heard = self._session.rebalance_heard_ms
+            if heard is None:
+                heard = self._session.last_answered_send_ms
+            if heard is not None:
+                starts.append(heard)
         return min(starts) + self.config.rebalance_timeout_ms if starts else None
 
     def _check_timeouts(self, now_ms: int) -> None:
