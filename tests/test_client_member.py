@@ -486,6 +486,28 @@ def test_fenced_or_unknown_loses_everything_and_rejoins_with_epoch_zero(code):
     assert m.take_events() == [PartitionsAssigned(parts(FOO, 2), 6)]
 
 
+def test_a_member_whose_group_went_back_to_classic_rejoins_and_a_join_refused_so_is_fatal():
+    """Cut off past its session, the last KIP-848 member is removed and the coordinator converts
+    the group back to classic for the classic members left (KIP-848's downgrade); its next
+    heartbeat is told GROUP_ID_NOT_FOUND. Its membership is gone, as when fenced: it loses its
+    partitions and rejoins at epoch 0, which upgrades the group again. Kafka's consumer dies
+    here (the simulator's migration seed 1002341). A join refused the same way stays fatal."""
+    not_found = Errors.GroupIdNotFoundError.errno
+    m = member()
+    join(m, 0, epoch=3, assigned=parts(FOO, 0, 1))
+    m.take_events()
+    request = only_heartbeat(m, INTERVAL)
+    m.on_response(request, error_response(not_found, "Group g is not a consumer group"), INTERVAL + 1)
+    assert m.take_events() == [PartitionsLost(parts(FOO, 0, 1), not_found)]
+    assert m.state is MemberState.FENCED and m.owned_partitions == frozenset()
+    rejoin = only_heartbeat(m, INTERVAL + 1)
+    assert rejoin.member_epoch == 0 and rejoin.member_id == "m-1"
+    m.on_response(rejoin, error_response(not_found, "Group g is not a consumer group"), INTERVAL + 2)
+    assert m.state is MemberState.FATAL
+    (failed,) = m.take_events()
+    assert isinstance(failed, MemberFailed) and "GROUP_ID_NOT_FOUND" in failed.message
+
+
 def test_a_static_join_refused_with_unreleased_instance_id_is_retried_with_backoff_until_it_succeeds():
     """A crash-restart: the previous incarnation holds the instance id until its session ends."""
     m = member(instance_id="pod-7", retry_backoff_ms=100)

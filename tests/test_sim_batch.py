@@ -79,6 +79,20 @@ REGRESSION_SEEDS = [
     # A guarded classic member leaving while its SyncGroup was lost: leave() turned what it owned
     # into revocations, which the sync-timer guard did not count, and kept them past its removal.
     ("migration", 103095),
+    # Fresh seeds (1000000..1019999): a classic member rejoining on its own (a topic change)
+    # counted its guard from its lost JoinGroup, not from its last answer, and kept partitions
+    # handed on by a rebalance it never heard of; a KIP-848 member removed while cut off, its
+    # group converted back to classic, died on GROUP_ID_NOT_FOUND instead of rejoining.
+    ("migration", 1016713),
+    ("migration", 1001270),
+    ("migration", 1002588),
+    ("migration", 1011071),
+    ("migration", 1011981),
+    ("migration", 1012499),
+    ("migration", 1016729),
+    ("migration", 1017190),
+    ("migration", 1017236),
+    ("migration", 1002341),
 ]
 
 

@@ -110,6 +110,7 @@ class _Error:
     UNKNOWN_MEMBER_ID = Errors.UnknownMemberIdError.errno
     STALE_MEMBER_EPOCH = Errors.StaleMemberEpochError.errno
     UNRELEASED_INSTANCE_ID = Errors.UnreleasedInstanceIdError.errno
+    GROUP_ID_NOT_FOUND = Errors.GroupIdNotFoundError.errno
 
 
 #: The longest wait between two joins of a static member whose instance id is not released yet.
@@ -545,6 +546,12 @@ class ConsumerGroupMember(MemberBase):
                 self._on_heartbeat_success(in_flight, response, now_ms)
             case _Error.FENCED_MEMBER_EPOCH | _Error.UNKNOWN_MEMBER_ID as code:
                 self._lose_everything(code)
+            case _Error.GROUP_ID_NOT_FOUND if in_flight.request.member_epoch > 0:
+                # Its group is gone or runs the classic protocol now: the coordinator removed
+                # this member (session expired while it was cut off) and converted the group back
+                # for the classic members left (KIP-848's downgrade). Kafka's consumer dies here;
+                # rejoining at epoch 0 upgrades the group again, or fails then, as a join would.
+                self._lose_everything(_Error.GROUP_ID_NOT_FOUND)
             case _Error.UNRELEASED_INSTANCE_ID if self.config.instance_id is not None and in_flight.request.member_epoch == JOIN_EPOCH:
                 # A crash-restart is what static membership is for: the old incarnation's session
                 # will expire (or a -2 leave arrive); until then, keep asking, backing off.
