@@ -83,7 +83,7 @@ from pystreams.client.classic_leader import (
     to_ids,
     to_names,
 )
-from pystreams.client.common import MemberBase, parse_subscription
+from pystreams.client.common import ErrorCode, MemberBase, parse_subscription
 from pystreams.client.common import Subscription as _Subscription
 from pystreams.client.events import (
     CoordinatorUnavailable,
@@ -136,20 +136,6 @@ Response: TypeAlias = JoinGroupResponse | SyncGroupResponse | HeartbeatResponse 
 JOIN_GROUP_TIMEOUT_LAPSE_MS = 5_000
 #: JoinGroup's Reason field is cut to this length, as Kafka's ``maybeTruncateReason`` does.
 _REASON_MAX_CHARS = 255
-
-
-class _Error:
-    """Error codes the responses are matched on (a ``match`` value pattern needs a dotted name)."""
-
-    NONE = Errors.NoError.errno
-    UNKNOWN_MEMBER_ID = Errors.UnknownMemberIdError.errno
-    ILLEGAL_GENERATION = Errors.IllegalGenerationError.errno
-    REBALANCE_IN_PROGRESS = Errors.RebalanceInProgressError.errno
-    MEMBER_ID_REQUIRED = Errors.MemberIdRequiredError.errno
-    FENCED_INSTANCE_ID = Errors.FencedInstanceIdError.errno
-    INCONSISTENT_GROUP_PROTOCOL = Errors.InconsistentGroupProtocolError.errno
-    LOAD_IN_PROGRESS = Errors.CoordinatorLoadInProgressError.errno
-    REQUEST_TIMED_OUT = Errors.RequestTimedOutError.errno
 
 
 #: Built-in assignors by classic protocol name, run by the leader, with the rebalance protocols
@@ -323,7 +309,7 @@ class ClassicGroupMember(MemberBase):
         #: Assigned by the last SyncGroup but held back until this member's revocations are done;
         #: goes with the owned partitions (lost with them).
         self._pending_assigned: PartitionSet = NO_PARTITIONS
-        self._lost_error = _Error.UNKNOWN_MEMBER_ID  # what a reset's lost partitions are reported with
+        self._lost_error = ErrorCode.UNKNOWN_MEMBER_ID  # what a reset's lost partitions are reported with
         # Requests on the wire. A reset does not drop them: each answer is checked against the
         # generation it was sent in (``_generation_unchanged``).
         self._sync_request: SyncGroupRequest | None = None  # built from the JoinGroup answer
@@ -658,9 +644,9 @@ class ClassicGroupMember(MemberBase):
         code = response.error_code
         self._session.rebalance_heard_ms = None  # the coordinator has the join: rejoined in time
         match code:
-            case _Error.NONE:
+            case ErrorCode.NONE:
                 if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
-                    self._fail(_Error.INCONSISTENT_GROUP_PROTOCOL, f"JoinGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
+                    self._fail(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, f"JoinGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
                     return
                 self._state = ClassicState.COMPLETING_REBALANCE
                 self._session.generation = response.generation_id
@@ -677,7 +663,7 @@ class ClassicGroupMember(MemberBase):
                     try:
                         assignments = self._lead(response)
                     except _SelectedProtocolUnknown as error:
-                        self._fail(_Error.INCONSISTENT_GROUP_PROTOCOL, str(error))
+                        self._fail(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, str(error))
                         return
                 self._sync_request = SyncGroupRequest(
                     group_id=self.config.group_id,
@@ -690,26 +676,26 @@ class ClassicGroupMember(MemberBase):
                         SyncGroupRequest.SyncGroupRequestAssignment(member_id=member_id, assignment=data) for member_id, data in sorted(assignments.items())
                     ],
                 )
-            case _Error.MEMBER_ID_REQUIRED:
+            case ErrorCode.MEMBER_ID_REQUIRED:
                 # KIP-394: join again, at once, with the id the coordinator has reserved for us.
                 self._session.member_id = response.member_id
                 self._session.generation, self._session.protocol_name = NO_GENERATION, None
                 self._session.join_due_ms = None
-            case _Error.UNKNOWN_MEMBER_ID:
+            case ErrorCode.UNKNOWN_MEMBER_ID:
                 if self._generation_unchanged(in_flight):
                     self._reset(code, reset_member_id=True)
                 self._session.join_due_ms = None
-            case _Error.ILLEGAL_GENERATION:
+            case ErrorCode.ILLEGAL_GENERATION:
                 # Kafka's coordinator never says this to a JoinGroup; treated as the SyncGroup answer.
                 if self._generation_unchanged(in_flight):
                     self._reset(code, reset_member_id=False)
                 self._session.join_due_ms = None
-            case _Error.REBALANCE_IN_PROGRESS:
+            case ErrorCode.REBALANCE_IN_PROGRESS:
                 self._session.join_due_ms = None  # e.g. the group was converted meanwhile: retry at once
             case _ if code in COORDINATOR_MOVED:
                 self._events.append(CoordinatorUnavailable(code))
                 self._session.join_due_ms = now_ms + self.config.retry_backoff_ms
-            case _Error.LOAD_IN_PROGRESS:
+            case ErrorCode.LOAD_IN_PROGRESS:
                 self._session.join_due_ms = now_ms + self.config.retry_backoff_ms
             case _:
                 self._fail(code, response_message(response), api="JoinGroup")
@@ -750,9 +736,9 @@ class ClassicGroupMember(MemberBase):
     def _on_sync_response(self, in_flight: _InFlight, response: SyncGroupResponse, now_ms: int) -> None:
         code = response.error_code
         match code:
-            case _Error.NONE:
+            case ErrorCode.NONE:
                 if response.protocol_type is not None and response.protocol_type != PROTOCOL_TYPE:
-                    self._fail(_Error.INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
+                    self._fail(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol type {response.protocol_type!r}, not {PROTOCOL_TYPE!r}")
                     return
                 if not self._generation_unchanged(in_flight) or self._state is not ClassicState.COMPLETING_REBALANCE:
                     # A heartbeat reset the generation meanwhile: this rebalance failed, rejoin.
@@ -760,7 +746,7 @@ class ClassicGroupMember(MemberBase):
                     return
                 if response.protocol_name is not None and response.protocol_name != self._session.protocol_name:
                     self._fail(
-                        _Error.INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol {response.protocol_name!r}, not {self._session.protocol_name!r}"
+                        ErrorCode.INCONSISTENT_GROUP_PROTOCOL, f"SyncGroup answered protocol {response.protocol_name!r}, not {self._session.protocol_name!r}"
                     )
                     return
                 self._state = ClassicState.STABLE
@@ -772,11 +758,11 @@ class ClassicGroupMember(MemberBase):
                 self._on_join_complete(bytes(response.assignment or b""))
                 if self._state is ClassicState.STABLE and self._current_topics() != self._joined_topics:
                     self._request_rejoin("the subscription changed during the rebalance")
-            case _Error.REBALANCE_IN_PROGRESS:
+            case ErrorCode.REBALANCE_IN_PROGRESS:
                 self._rejoin_after(None, "the group began another rebalance")
-            case _Error.UNKNOWN_MEMBER_ID | _Error.ILLEGAL_GENERATION:
+            case ErrorCode.UNKNOWN_MEMBER_ID | ErrorCode.ILLEGAL_GENERATION:
                 if self._generation_unchanged(in_flight):
-                    self._reset(code, reset_member_id=code == _Error.UNKNOWN_MEMBER_ID)
+                    self._reset(code, reset_member_id=code == ErrorCode.UNKNOWN_MEMBER_ID)
                 self._rejoin_after(None, f"SyncGroup said {error_name(code)}")
             case _ if code in COORDINATOR_MOVED:
                 self._events.append(CoordinatorUnavailable(code))
@@ -789,7 +775,7 @@ class ClassicGroupMember(MemberBase):
         try:
             assignment = decode_assignment(data)
         except ConsumerProtocolError as error:
-            self._fail(_Error.INCONSISTENT_GROUP_PROTOCOL, f"the assignment from SyncGroup cannot be read: {error}")
+            self._fail(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, f"the assignment from SyncGroup cannot be read: {error}")
             return
         subscribed = set(self._current_topics())
         if not assignment.topics() <= subscribed:
@@ -822,7 +808,7 @@ class ClassicGroupMember(MemberBase):
         if protocol is None or protocol.client is None:
             return
         protocol.client.on_assignment(
-            _Error.NONE,
+            ErrorCode.NONE,
             MemberAssignment(partitions=assigned.by_topic, metadata_version=CLASSIC_METADATA_VERSION, metadata=user_data or b""),
             self._session.generation,
         )
@@ -876,10 +862,10 @@ class ClassicGroupMember(MemberBase):
         code = response.error_code
         self._session.heartbeat_due_ms = in_flight.sent_at_ms + self.config.heartbeat_interval_ms
         match code:
-            case _Error.NONE:
+            case ErrorCode.NONE:
                 if self._generation_unchanged(in_flight):
                     self._session.last_answered_send_ms = in_flight.sent_at_ms
-            case _Error.REBALANCE_IN_PROGRESS:
+            case ErrorCode.REBALANCE_IN_PROGRESS:
                 settled_send_ms = self._session.last_answered_send_ms
                 if self._generation_unchanged(in_flight):
                     # Still a member: the coordinator keeps it while it rejoins within the rebalance timeout.
@@ -892,16 +878,16 @@ class ClassicGroupMember(MemberBase):
                 if self._state is ClassicState.STABLE:
                     self._request_rejoin("the group is rebalancing")
                 # Otherwise already rebalancing (or leaving): no rejoin, as Kafka does.
-            case _Error.ILLEGAL_GENERATION | _Error.UNKNOWN_MEMBER_ID | _Error.FENCED_INSTANCE_ID:
+            case ErrorCode.ILLEGAL_GENERATION | ErrorCode.UNKNOWN_MEMBER_ID | ErrorCode.FENCED_INSTANCE_ID:
                 if not self._generation_unchanged(in_flight):
                     return  # answers a generation this member has already left behind
-                if code == _Error.FENCED_INSTANCE_ID:
+                if code == ErrorCode.FENCED_INSTANCE_ID:
                     self._fail(code, response_message(response), api="Heartbeat")
                     return
                 if self._state is ClassicState.LEAVING:
                     self._lose_revoking(code)
                     return
-                self._reset(code, reset_member_id=code == _Error.UNKNOWN_MEMBER_ID)
+                self._reset(code, reset_member_id=code == ErrorCode.UNKNOWN_MEMBER_ID)
                 self._rejoin_after(None, f"Heartbeat said {error_name(code)}")
             case _ if code in COORDINATOR_MOVED:
                 self._events.append(CoordinatorUnavailable(code))
@@ -1005,28 +991,28 @@ class ClassicGroupMember(MemberBase):
             log.warning("group %s: not rejoined and synced within the rebalance timeout; giving up every partition", self.config.group_id)
             if self._state is ClassicState.LEAVING:
                 # Revoking before a leave: no answer can bring it back; LeaveGroup, best effort.
-                self._lose_revoking(_Error.REQUEST_TIMED_OUT)
+                self._lose_revoking(ErrorCode.REQUEST_TIMED_OUT)
                 return
-            self._lose_owned(_Error.REQUEST_TIMED_OUT)  # the answer may still come: then carry on
+            self._lose_owned(ErrorCode.REQUEST_TIMED_OUT)  # the answer may still come: then carry on
         rebalance = self._rebalance_deadline()
         if rebalance is not None and now_ms >= rebalance:
             # Not rejoined within the rebalance timeout (revocations too slow, Kafka's max poll
             # interval): the coordinator has gone on without this member.
             log.warning("group %s: did not rejoin within the rebalance timeout; giving up every partition", self.config.group_id)
             if self._state is ClassicState.LEAVING:
-                self._lose_revoking(_Error.REQUEST_TIMED_OUT)  # then LeaveGroup, best effort
+                self._lose_revoking(ErrorCode.REQUEST_TIMED_OUT)  # then LeaveGroup, best effort
             else:
-                self._reset(_Error.REQUEST_TIMED_OUT, reset_member_id=True)
+                self._reset(ErrorCode.REQUEST_TIMED_OUT, reset_member_id=True)
             return
         session = self._session_deadline()
         if session is not None and now_ms >= session:
-            self._events.append(CoordinatorUnavailable(_Error.REQUEST_TIMED_OUT))
+            self._events.append(CoordinatorUnavailable(ErrorCode.REQUEST_TIMED_OUT))
             if not self.config.lose_partitions_on_session_timeout:
                 self._session.last_answered_send_ms = now_ms  # look the coordinator up again, keep going
             elif self._state is ClassicState.LEAVING:
-                self._lose_revoking(_Error.REQUEST_TIMED_OUT)
+                self._lose_revoking(ErrorCode.REQUEST_TIMED_OUT)
             else:
-                self._reset(_Error.REQUEST_TIMED_OUT, reset_member_id=True)
+                self._reset(ErrorCode.REQUEST_TIMED_OUT, reset_member_id=True)
 
     # ------------------------------------------------------------------ leaving
 
@@ -1066,7 +1052,7 @@ class ClassicGroupMember(MemberBase):
             message = f"group {self.config.group_id!r}: {server_message}"
         else:
             message = f"group {self.config.group_id!r}: {api} failed with {error_name(error_code)} ({error_code}), which is fatal"
-            if error_code == _Error.FENCED_INSTANCE_ID:
+            if error_code == ErrorCode.FENCED_INSTANCE_ID:
                 message += f": another member uses instance id {self.config.instance_id!r}"
             elif error_code == Errors.GroupMaxSizeReachedError.errno:
                 message += ": the group already has its maximum number of members"
@@ -1107,7 +1093,7 @@ def topic_names_in(response: object) -> set[str]:
     driver refreshes the resolver first when one of them is unknown. Unreadable bytes name none
     (the member reports them itself)."""
     names: set[str] = set()
-    if isinstance(response, JoinGroupResponse) and response.error_code == _Error.NONE:
+    if isinstance(response, JoinGroupResponse) and response.error_code == ErrorCode.NONE:
         for member in response.members or ():
             try:
                 subscription = decode_subscription(bytes(member.metadata))
@@ -1115,7 +1101,7 @@ def topic_names_in(response: object) -> set[str]:
                 continue
             names.update(subscription.topics)
             names.update(subscription.owned_partitions)
-    elif isinstance(response, SyncGroupResponse) and response.error_code == _Error.NONE:
+    elif isinstance(response, SyncGroupResponse) and response.error_code == ErrorCode.NONE:
         try:
             names.update(decode_assignment(bytes(response.assignment or b"")).topics())
         except ConsumerProtocolError:

@@ -10,10 +10,29 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import kafka.errors as Errors
 from kafka.protocol.api_message import ApiMessage
 
 from pystreams.client.events import MemberEvent, MemberFatalError, MemberState, PartitionsLost, RevokePartitions
 from pystreams.partitions import NO_PARTITIONS, PartitionSet
+
+
+class ErrorCode:
+    """Error codes the members match responses on (a ``match`` value pattern needs a dotted name)."""
+
+    NONE = Errors.NoError.errno
+    UNKNOWN_MEMBER_ID = Errors.UnknownMemberIdError.errno
+    ILLEGAL_GENERATION = Errors.IllegalGenerationError.errno
+    REBALANCE_IN_PROGRESS = Errors.RebalanceInProgressError.errno
+    MEMBER_ID_REQUIRED = Errors.MemberIdRequiredError.errno
+    FENCED_INSTANCE_ID = Errors.FencedInstanceIdError.errno
+    INCONSISTENT_GROUP_PROTOCOL = Errors.InconsistentGroupProtocolError.errno
+    LOAD_IN_PROGRESS = Errors.CoordinatorLoadInProgressError.errno
+    REQUEST_TIMED_OUT = Errors.RequestTimedOutError.errno
+    FENCED_MEMBER_EPOCH = Errors.FencedMemberEpochError.errno
+    STALE_MEMBER_EPOCH = Errors.StaleMemberEpochError.errno
+    UNRELEASED_INSTANCE_ID = Errors.UnreleasedInstanceIdError.errno
+    GROUP_ID_NOT_FOUND = Errors.GroupIdNotFoundError.errno
 
 
 class GroupMember(Protocol):

@@ -63,7 +63,7 @@ from pystreams.assignors.api import (
     PartitionAssignorError,
     TopicMetadata,
 )
-from pystreams.client.common import MemberBase, Subscription, parse_subscription
+from pystreams.client.common import ErrorCode, MemberBase, Subscription, parse_subscription
 from pystreams.client.events import (
     IN_GROUP as _IN_GROUP,
 )
@@ -102,17 +102,6 @@ Response = ConsumerGroupHeartbeatResponse | ConsumerGroupPrepareAssignmentRespon
 ASSIGNOR_FAILED = 1
 
 
-class _Error:
-    """Error codes the responses are matched on (a ``match`` value pattern needs a dotted name)."""
-
-    NONE = Errors.NoError.errno
-    FENCED_MEMBER_EPOCH = Errors.FencedMemberEpochError.errno
-    UNKNOWN_MEMBER_ID = Errors.UnknownMemberIdError.errno
-    STALE_MEMBER_EPOCH = Errors.StaleMemberEpochError.errno
-    UNRELEASED_INSTANCE_ID = Errors.UnreleasedInstanceIdError.errno
-    GROUP_ID_NOT_FOUND = Errors.GroupIdNotFoundError.errno
-
-
 #: The longest wait between two joins of a static member whose instance id is not released yet.
 _UNRELEASED_RETRY_MAX_MS = 2_000
 #: The coordinator moved or is down: the caller must look it up again; the member retries.
@@ -121,7 +110,7 @@ _COORDINATOR_ERRORS = COORDINATOR_MOVED
 #: error occurs"). Everything else that is not fencing is fatal, as in Kafka's consumer.
 #: STALE_MEMBER_EPOCH is not listed for the heartbeat by the KIP; if it comes, the epoch we
 #: sent is behind and the next (full) heartbeat sorts it out.
-_RETRIABLE_HEARTBEAT_ERRORS = RETRIABLE | frozenset({_Error.STALE_MEMBER_EPOCH})
+_RETRIABLE_HEARTBEAT_ERRORS = RETRIABLE | frozenset({ErrorCode.STALE_MEMBER_EPOCH})
 
 
 @dataclass(frozen=True)
@@ -542,17 +531,17 @@ class ConsumerGroupMember(MemberBase):
             self._finish_leave(self._leave_epoch)  # whatever the answer, the member is gone
             return
         match response.error_code:
-            case _Error.NONE:
+            case ErrorCode.NONE:
                 self._on_heartbeat_success(in_flight, response, now_ms)
-            case _Error.FENCED_MEMBER_EPOCH | _Error.UNKNOWN_MEMBER_ID as code:
+            case ErrorCode.FENCED_MEMBER_EPOCH | ErrorCode.UNKNOWN_MEMBER_ID as code:
                 self._lose_everything(code)
-            case _Error.GROUP_ID_NOT_FOUND if in_flight.request.member_epoch > 0:
+            case ErrorCode.GROUP_ID_NOT_FOUND if in_flight.request.member_epoch > 0:
                 # Its group is gone or runs the classic protocol now: the coordinator removed
                 # this member (session expired while it was cut off) and converted the group back
                 # for the classic members left (KIP-848's downgrade). Kafka's consumer dies here;
                 # rejoining at epoch 0 upgrades the group again, or fails then, as a join would.
-                self._lose_everything(_Error.GROUP_ID_NOT_FOUND)
-            case _Error.UNRELEASED_INSTANCE_ID if self.config.instance_id is not None and in_flight.request.member_epoch == JOIN_EPOCH:
+                self._lose_everything(ErrorCode.GROUP_ID_NOT_FOUND)
+            case ErrorCode.UNRELEASED_INSTANCE_ID if self.config.instance_id is not None and in_flight.request.member_epoch == JOIN_EPOCH:
                 # A crash-restart is what static membership is for: the old incarnation's session
                 # will expire (or a -2 leave arrive); until then, keep asking, backing off.
                 self._unreleased_attempts += 1
@@ -728,7 +717,7 @@ class ConsumerGroupMember(MemberBase):
     # ------------------------------------------------------------------ failure
 
     def _fail(self, error_code: int, server_message: str | None) -> None:
-        if error_code == _Error.UNRELEASED_INSTANCE_ID:
+        if error_code == ErrorCode.UNRELEASED_INSTANCE_ID:
             message = (
                 f"group {self.config.group_id!r}: instance id {self.config.instance_id!r} is "
                 "still used by another member (UNRELEASED_INSTANCE_ID); that member must leave, "
@@ -811,11 +800,11 @@ class ConsumerGroupMember(MemberBase):
 
     def _on_prepare_response(self, response: ConsumerGroupPrepareAssignmentResponse) -> None:
         code = response.error_code
-        if code == _Error.STALE_MEMBER_EPOCH:
+        if code == ErrorCode.STALE_MEMBER_EPOCH:
             self._session.computation.phase = _AssignPhase.PREPARE_AWAITS_EPOCH
             self._session.heartbeat_asap = True  # fetch the epoch now rather than at the next interval
             return
-        if code != _Error.NONE:
+        if code != ErrorCode.NONE:
             # UNKNOWN_MEMBER_ID (not, or no longer, the chosen member) and anything else.
             self._abandon_computation(AssignmentAbandoned("prepare", code, response.error_message or error_name(code)))
             return
@@ -838,14 +827,14 @@ class ConsumerGroupMember(MemberBase):
 
     def _on_install_response(self, response: ConsumerGroupInstallAssignmentResponse) -> None:
         code = response.error_code
-        if code == _Error.NONE:
+        if code == ErrorCode.NONE:
             group_epoch = self._session.computation.group_epoch
             self._abandon_computation(None)
             self._events.append(AssignmentInstalled(group_epoch))
             # The installed target holds this member's new assignment: fetch it now rather
             # than at the next interval.
             self.request_heartbeat()
-        elif code == _Error.STALE_MEMBER_EPOCH:
+        elif code == ErrorCode.STALE_MEMBER_EPOCH:
             self._session.computation.phase = _AssignPhase.INSTALL_AWAITS_EPOCH
             self._session.heartbeat_asap = True
         else:
