@@ -84,8 +84,12 @@ from pystreams.topology.ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SuppressNode,
+    TableFilterNode,
+    TableMapValuesNode,
     TableSourceNode,
+    TableViewNode,
     ToStreamNode,
+    is_materialized,
     is_table,
     stores_of,
     window_of,
@@ -372,8 +376,17 @@ class App(AppQueries):
             inherit_key=_keeps_keys(key, key_changing),
         )
 
-    def map_values(self, stream: Stream, *, value: Serde | None = None, name: str | None = None) -> Callable[[Callable], Stream]:
-        """``fn(key, value) -> value``; keys stay, so no repartition follows."""
+    @overload
+    def map_values(self, stream: Stream, *, value: Serde | None = None, name: str | None = None) -> Callable[[Callable], Stream]: ...
+    @overload
+    def map_values(self, stream: Table, *, value: Serde | None = None, name: str | None = None, store: str | None = None) -> Callable[[Callable], Table]: ...
+    def map_values(self, stream: Stream | Table, *, value: Serde | None = None, name: str | None = None, store: str | None = None) -> Callable[[Callable], Any]:
+        """``fn(key, value) -> value``; keys stay, so no repartition follows. On a table
+        (Kafka Streams' ``KTable.mapValues``): a table of ``fn``'s values, tombstones passing
+        as tombstones; kept in ``store`` (queryable) when given, else computed on read."""
+        if isinstance(stream, Table):
+            return self._derived_table(stream, name, store, value, "map_values", lambda fn: {"fn": fn})
+        self._no_store_on_streams(store, "map_values")
         return self._stateless(MapValuesNode, stream, name, value=value, inherit_key=True)
 
     def flat_map(
@@ -400,9 +413,34 @@ class App(AppQueries):
         """``fn(key, value) -> iterable of value``; keys stay."""
         return self._stateless(FlatMapValuesNode, stream, name, value=value, inherit_key=True)
 
-    def filter(self, stream: Stream, *, name: str | None = None) -> Callable[[Callable], Stream]:
-        """``fn(key, value) -> bool``: keep records for which it is true."""
+    @overload
+    def filter(self, stream: Stream, *, name: str | None = None) -> Callable[[Callable], Stream]: ...
+    @overload
+    def filter(self, stream: Table, *, name: str | None = None, store: str | None = None) -> Callable[[Callable], Table]: ...
+    def filter(self, stream: Stream | Table, *, name: str | None = None, store: str | None = None) -> Callable[[Callable], Any]:
+        """``fn(key, value) -> bool``: keep records for which it is true. On a table (Kafka
+        Streams' ``KTable.filter``): the rows for which it is true, a row it drops becoming a
+        tombstone; kept in ``store`` (queryable) when given, else computed on read."""
+        if isinstance(stream, Table):
+            return self._derived_table(stream, name, store, None, "filter", lambda fn: {"fn": fn, "keep": True})
+        self._no_store_on_streams(store, "filter")
         return self._stateless(FilterNode, stream, name, inherit_key=True, inherit_value=True)
+
+    @overload
+    def filter_not(self, stream: Stream, *, name: str | None = None) -> Callable[[Callable], Stream]: ...
+    @overload
+    def filter_not(self, stream: Table, *, name: str | None = None, store: str | None = None) -> Callable[[Callable], Table]: ...
+    def filter_not(self, stream: Stream | Table, *, name: str | None = None, store: str | None = None) -> Callable[[Callable], Any]:
+        """Kafka Streams' ``filterNot``: ``filter`` keeping what ``fn`` is false for."""
+        if isinstance(stream, Table):
+            return self._derived_table(stream, name, store, None, "filter_not", lambda fn: {"fn": fn, "keep": False})
+        self._no_store_on_streams(store, "filter_not")
+        declare = self._stateless(FilterNode, stream, name, inherit_key=True, inherit_value=True)
+
+        def declare_not(fn: Callable) -> Stream:
+            return declare(_Negated(_callable(fn)))
+
+        return declare_not
 
     def peek(self, stream: Stream, *, name: str | None = None) -> Callable[[Callable], Stream]:
         """``fn(key, value)`` for its side effect; records pass unchanged."""
@@ -834,6 +872,50 @@ class App(AppQueries):
             raise TopologyError(f"{operation} needs a table, but {node.name!r} is a stream", nodes=[node.name])
         return node
 
+    @staticmethod
+    def _no_store_on_streams(store: str | None, operation: str) -> None:
+        if store is not None:
+            raise TypeError(f"{operation}: store= materializes a table; a stream's {operation} keeps nothing")
+
+    def _derived_table(
+        self,
+        table: Table,
+        name: str | None,
+        store: str | None,
+        value: Serde | None,
+        operation: str,
+        fields: Callable[[Callable], dict[str, Any]],
+    ) -> Callable[[Callable], Table]:
+        """A table step (filter, filter_not, map_values) over ``table``: materialized in
+        ``store`` when given, else computed on read from the nearest materialized ancestor."""
+
+        def declare(fn: Callable) -> Table:
+            parent = self._table(table, operation)
+            if not is_table(parent):
+                raise TopologyError(f"{operation}: {parent.name!r} ({parent.kind}) is not a table a step can read row by row", nodes=[parent.name])
+            node_name = self._function_name(fn, name, parent, operation.replace("_", "-"))
+            node_type = TableMapValuesNode if operation == "map_values" else TableFilterNode
+            store_name = None if store is None else check_name("store", store)
+            if store_name is not None and _table_window(self, parent) is not None:
+                raise TopologyError(
+                    f"{operation} {node_name!r}: store= on the windowed table {parent.name!r} is not supported; leave it computed on read",
+                    nodes=[node_name, parent.name],
+                )
+            node = node_type(
+                name=node_name,
+                parents=(parent.name,),
+                key_serde=parent.key_serde,
+                value_serde=(value or self.default_value_serde) if node_type is TableMapValuesNode else parent.value_serde,
+                store=store_name,
+                **fields(_callable(fn)),
+            )
+            self._add(node)
+            if store_name is not None:
+                self._add_store(Store(name=store_name, kind=StoreKind.KEY_VALUE, owner=node_name, key_serde=node.key_serde, value_serde=node.value_serde))
+            return Table(self, node_name)
+
+        return declare
+
     def _stateless(
         self,
         node_type: type[StatelessNode],
@@ -1033,12 +1115,13 @@ class App(AppQueries):
             raise TopologyError(f"join {node_name!r}: a stream-table join is inner or left, not outer", nodes=[node_name])
         if not is_table(table):
             raise TopologyError(f"join {node_name!r}: {table.name!r} is not a table", nodes=[node_name, table.name])
-        if window_of(table) is not None:
+        if _table_window(self, table) is not None:
             raise TopologyError(
                 f"join {node_name!r}: cannot join a stream with the windowed table {table.name!r}",
                 nodes=[node_name, table.name],
             )
-        table_store = stores_of(table)[0]
+        stored, view = _materialized_ancestor(self, table)
+        table_store = stores_of(stored)[0]
         self._add(
             StreamTableJoinNode(
                 name=node_name,
@@ -1049,6 +1132,7 @@ class App(AppQueries):
                 how=how,
                 table=table.name,
                 table_store=table_store,
+                table_view=view,
             )
         )
         return Stream(self, node_name)
@@ -1228,6 +1312,7 @@ class Stream(_Handle):
     flat_map = _decorating(App.flat_map)
     flat_map_values = _decorating(App.flat_map_values)
     filter = _decorating(App.filter)
+    filter_not = _decorating(App.filter_not)
     peek = _decorating(App.peek)
     group_by = _decorating(App.group_by)
     merge = _applied(App.merge)
@@ -1254,20 +1339,34 @@ class Stream(_Handle):
 
 
 class Table(_Handle):
-    """A table: the latest value per key, kept in a store (``store``)."""
+    """A table: the latest value per key, kept in a store (``store``), or computed on read
+    from its parent table's (``store`` is None: a filter or map_values without ``store=``)."""
 
     __slots__ = ()
 
     @property
-    def store(self) -> str:
-        return stores_of(self.node)[0]
+    def store(self) -> str | None:
+        node = self.node
+        return stores_of(node)[0] if is_materialized(node) or isinstance(node, SuppressNode) else None
 
     @property
     def windowed(self) -> bool:
-        return window_of(self.node) is not None
+        return _table_window(self.app, self.node) is not None
 
     to_stream = _applied(App.to_stream)
     suppress = _applied(App.suppress)
+
+    def filter(self, fn: Callable, *, name: str | None = None, store: str | None = None) -> Table:
+        """``app.filter(table, ...)(fn)``: the rows ``fn(key, value)`` is true for."""
+        return self.app.filter(self, name=name, store=store)(fn)
+
+    def filter_not(self, fn: Callable, *, name: str | None = None, store: str | None = None) -> Table:
+        """``app.filter_not(table, ...)(fn)``: the rows ``fn(key, value)`` is false for."""
+        return self.app.filter_not(self, name=name, store=store)(fn)
+
+    def map_values(self, fn: Callable, *, value: Serde | None = None, name: str | None = None, store: str | None = None) -> Table:
+        """``app.map_values(table, ...)(fn)``: a table of ``fn(key, value)``."""
+        return self.app.map_values(self, value=value, name=name, store=store)(fn)
 
 
 class CogroupedStreams:
@@ -1349,6 +1448,39 @@ class Branches(Mapping[str, Stream]):
 
     def __len__(self) -> int:
         return len(self._streams)
+
+
+class _Negated:
+    """``filter_not``'s predicate: the user's, negated, keeping its name for the node."""
+
+    __slots__ = ("__name__", "fn")
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "filter_not")
+
+    def __call__(self, key: Any, value: Any) -> bool:
+        return not self.fn(key, value)
+
+
+def _materialized_ancestor(app: App, table: Node) -> tuple[Node, tuple[TableViewNode, ...]]:
+    """The nearest table at or above ``table`` that keeps a store, and the steps computed on
+    read from it down to ``table`` (Kafka Streams' value getter chain), in order."""
+    view: list[TableViewNode] = []
+    node = table
+    while isinstance(node, TableFilterNode | TableMapValuesNode) and node.store is None:
+        view.append(node)
+        node = app._nodes[node.parents[0]]
+    return node, tuple(reversed(view))
+
+
+def _table_window(app: App, table: Node) -> Any:
+    """The window of a table's keys: its own, or its nearest windowed ancestor's through the
+    row-by-row table steps, which keep keys."""
+    node = table
+    while isinstance(node, TableFilterNode | TableMapValuesNode):
+        node = app._nodes[node.parents[0]]
+    return window_of(node)
 
 
 def _callable(fn: Any, what: str = "function") -> Callable:

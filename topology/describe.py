@@ -22,6 +22,8 @@ from .ir import (
     StreamTableJoinNode,
     SubTopology,
     SuppressNode,
+    TableFilterNode,
+    TableMapValuesNode,
     TableSourceNode,
     TopicRole,
     Topology,
@@ -59,7 +61,10 @@ def _node_line(node: Node) -> str:
         case SuppressNode():
             details.append(describe_suppression(node.suppression))
         case StreamTableJoinNode():
-            details.append(f"{node.how} {JoinKind.STREAM_TABLE} join")
+            through = f" with table {node.table!r} computed on read" if node.table_view else ""
+            details.append(f"{node.how} {JoinKind.STREAM_TABLE} join{through}")
+        case TableFilterNode() | TableMapValuesNode():
+            details.append("materialized" if node.store is not None else "computed on read")
         case StreamStreamJoinNode():
             details.append(f"{node.how} {JoinKind.STREAM_STREAM} join, {node.side} side")
         case ProcessorNode(punctuations=punctuations) if punctuations:

@@ -45,6 +45,13 @@ BRANCH                 ``fn(key, value) -> label or None``; forwards to the chil
 BRANCH_OUTPUT          forwards unchanged (it only exists so each branch is a named stream)
 MERGE                  forwards records from every parent unchanged
 TO_STREAM              forwards a table's updates as a stream
+TABLE_FILTER           a table of the parent table's rows for which ``fn(key, value)`` is true
+                       (false with ``keep=False``: ``filter_not``); a row filtered out is a
+                       tombstone. With ``store`` (materialized) it keeps its rows there and sends a
+                       tombstone only for a key it held; without, it forwards one per filtered-out
+                       update, and lookups compute it on read from the parent's store
+TABLE_MAP_VALUES       a table of ``fn(key, value)`` per row of the parent table (tombstones pass
+                       as tombstones, ``fn`` is not called); ``store`` as for TABLE_FILTER
 COUNT                  like AGGREGATE with ``initial=0`` and ``fn=acc+1``; both are filled in so a
                        runtime may treat COUNT as AGGREGATE
 AGGREGATE              ``acc = fn(acc, key, value)`` with ``acc`` starting at ``initial`` (or
@@ -58,7 +65,9 @@ COGROUP_AGGREGATE      one input of a cogroup: like AGGREGATE with its own ``fn`
                        of its COGROUP node (shared by every input); forwards nothing
 COGROUP                the cogroup's table: owns the store its COGROUP_AGGREGATE parents write and
                        forwards its updates as an aggregation's table does
-STREAM_TABLE_JOIN      looks the record's key up in the table's store (``table_store``);
+STREAM_TABLE_JOIN      looks the record's key up in the table's store (``table_store``), through
+                       ``table_view`` when the table is computed on read (an unmaterialized
+                       TABLE_FILTER / TABLE_MAP_VALUES chain over that store);
                        forwards ``(key, fn(key, value, table_value))``; an inner join drops misses,
                        a left join calls ``fn`` with ``None``. Table updates trigger nothing.
 STREAM_STREAM_JOIN     one node per side (``side``): stores the record in ``this_store``,
@@ -324,6 +333,36 @@ class ToStreamNode(NodeBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TableFilterNode(NodeBase):
+    """Kafka Streams' ``KTable.filter`` (``keep``) and ``filterNot`` (not ``keep``); kept in
+    ``store`` when materialized, else computed from the parent table on read."""
+
+    fn: Callable[..., Any]
+    keep: bool = True
+    store: str | None = None
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return () if self.store is None else (self.store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TableMapValuesNode(NodeBase):
+    """Kafka Streams' ``KTable.mapValues``; ``store`` as for TABLE_FILTER."""
+
+    fn: Callable[..., Any]
+    store: str | None = None
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return () if self.store is None else (self.store,)
+
+
+#: A table computed on read from its parent's (a value getter's step, in Kafka Streams' terms).
+TableViewNode: TypeAlias = TableFilterNode | TableMapValuesNode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RepartitionNode(NodeBase):
     """Only in declarations: the builder replaces it with a repartition sink + source pair."""
 
@@ -405,6 +444,9 @@ class StreamTableJoinNode(NodeBase):
     how: JoinHow
     table: str
     table_store: str
+    #: The unmaterialized table steps between ``table_store``'s owner and ``table``, applied
+    #: in order to the stored value on every lookup.
+    table_view: tuple[TableViewNode, ...] = ()
 
     @property
     def stores(self) -> tuple[str, ...]:
@@ -469,6 +511,8 @@ Node: TypeAlias = (
     | BranchOutputNode
     | MergeNode
     | ToStreamNode
+    | TableFilterNode
+    | TableMapValuesNode
     | RepartitionNode
     | CountNode
     | AggregateNode
@@ -488,7 +532,12 @@ def is_source(node: Node) -> bool:
 
 def is_table(node: Node) -> bool:
     """Whether the node's output is a table (an update stream of a keyed state)."""
-    return isinstance(node, TableSourceNode | CountNode | AggregateNode | ReduceNode | CogroupNode)
+    return isinstance(node, TableSourceNode | CountNode | AggregateNode | ReduceNode | CogroupNode | TableFilterNode | TableMapValuesNode)
+
+
+def is_materialized(node: Node) -> bool:
+    """Whether a table node keeps its rows in a store of its own (else it is computed on read)."""
+    return is_table(node) and not (isinstance(node, TableFilterNode | TableMapValuesNode) and node.store is None)
 
 
 def changes_key(node: Node) -> bool:
@@ -516,7 +565,17 @@ def topics_of(node: Node) -> tuple[str, ...]:
 def stores_of(node: Node) -> tuple[str, ...]:
     """Stores the node reads or writes. The owner is ``Store.owner``."""
     match node:
-        case TableSourceNode() | AggregationNode() | CogroupNode() | StreamTableJoinNode() | StreamStreamJoinNode() | ProcessorNode() | SuppressNode():
+        case (
+            TableSourceNode()
+            | AggregationNode()
+            | CogroupNode()
+            | StreamTableJoinNode()
+            | StreamStreamJoinNode()
+            | ProcessorNode()
+            | SuppressNode()
+            | TableFilterNode()
+            | TableMapValuesNode()
+        ):
             return node.stores
         case _:
             return ()

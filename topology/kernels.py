@@ -66,10 +66,13 @@ from .ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SuppressNode,
+    TableFilterNode,
+    TableMapValuesNode,
     TableSourceNode,
+    TableViewNode,
     TaskId,
     ToStreamNode,
-    is_table,
+    is_materialized,
 )
 from .sliding import SlidingWindowValue, aggregate_bytes, is_late, lookup_bounds, pack, sliding_window_updates, unpack
 from .suppress import (
@@ -283,8 +286,31 @@ def open_windows(window: TumblingWindow | HoppingWindow, timestamp: int, closed_
 def forwards_store_updates(node: Node) -> bool:
     """Whether a table node's updates go downstream when its store's cache flushes (emit on
     update, folded per commit). An emit-final aggregation forwards each window once itself,
-    when it closes; a suppression forwards from its buffer."""
-    return is_table(node) and not (isinstance(node, AggregationNode) and node.emits_final)
+    when it closes; a suppression forwards from its buffer; a table computed on read forwards
+    each update as it comes."""
+    return is_materialized(node) and not (isinstance(node, AggregationNode) and node.emits_final)
+
+
+def table_view_value(node: TableViewNode, key: Any, value: Any) -> Any:
+    """A derived table's row for ``key`` given its parent's row ``value`` (None: no row).
+    Kafka Streams' KTableFilter / KTableMapValues: a row the filter drops, or a parent's
+    tombstone, is a tombstone; the functions never see a None value."""
+    if value is None:
+        return None
+    if isinstance(node, TableFilterNode):
+        return value if bool(node.fn(key, value)) is node.keep else None
+    return node.fn(key, value)
+
+
+def table_view_reader(view: tuple[TableViewNode, ...]) -> Callable[[Any, Any], Any]:
+    """A lookup's value getter: the stored row through every step of ``view``, in order."""
+
+    def read(key: Any, value: Any) -> Any:
+        for step in view:
+            value = table_view_value(step, key, value)
+        return value
+
+    return read
 
 
 #: The one key of an emit-final aggregation's ``emitted_store``: the node's stream time.
@@ -642,6 +668,8 @@ def node_emit(node: Node, wiring: NodeWiring) -> Emit:
             return branch_kernel(node.fn, wiring.routes)
         case TableSourceNode():
             return _table_source(node, wiring)
+        case TableFilterNode() | TableMapValuesNode():
+            return _derived_table(node, wiring)
         case AggregationNode():
             return _aggregation(node, wiring)
         case CogroupNode():
@@ -675,6 +703,36 @@ def _table_source(node: TableSourceNode, wiring: NodeWiring) -> Emit:
         put(key_bytes(key), value_bytes(value))  # None deletes
 
     return table_source
+
+
+def _derived_table(node: TableViewNode, wiring: NodeWiring) -> Emit:
+    """A filtered or mapped table. Computed on read, it forwards every update, a filtered-out
+    one as a tombstone (Kafka Streams without old values). Materialized, it keeps its rows in
+    its store, whose flushes forward them, and writes nothing for a key it never held (Kafka
+    Streams' materialized filter: no tombstone without an old value)."""
+    if node.store is None:
+        forward = wiring.forward
+
+        def computed_on_read(key: Any, value: Any, timestamp: int) -> None:
+            forward(key, table_view_value(node, key, value), timestamp)
+
+        return computed_on_read
+    spec = wiring.specs[node.store]
+    key_bytes = spec.key_serde.serialize
+    value_bytes = spec.value_serde.serialize
+    store = wiring.stores[node.store]
+    get, put = store.get, store.put
+
+    def materialized(key: Any, value: Any, timestamp: int) -> None:
+        if key is None:
+            return  # a table has no row for a null key
+        row = table_view_value(node, key, value)
+        stored_key = key_bytes(key)
+        if row is None and get(stored_key) is None:
+            return
+        put(stored_key, value_bytes(row))  # None deletes
+
+    return materialized
 
 
 def _aggregation(node: AggregationNode, wiring: NodeWiring) -> Emit:
@@ -995,16 +1053,20 @@ def _stream_table_join(node: StreamTableJoinNode, wiring: NodeWiring) -> Emit:
     get = wiring.stores[node.table_store].get
     left_join = node.how is JoinHow.LEFT
     forward = wiring.forward
+    view = table_view_reader(node.table_view) if node.table_view else None
 
     def stream_table_join(key: Any, value: Any, timestamp: int) -> None:
         if skips_record(key, value):
             return
         stored = get(key_bytes(key))
-        if stored is None:
+        row = None if stored is None else table_value_of(stored)
+        if view is not None:
+            row = view(key, row)
+        if row is None:
             if left_join:
                 forward(key, fn(key, value, None), timestamp)
             return
-        forward(key, fn(key, value, table_value_of(stored)), timestamp)
+        forward(key, fn(key, value, row), timestamp)
 
     return stream_table_join
 

@@ -99,6 +99,8 @@ from pystreams.topology.ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SuppressNode,
+    TableFilterNode,
+    TableMapValuesNode,
     TableSourceNode,
     Topology,
     ToStreamNode,
@@ -516,6 +518,12 @@ class _Compilation:
                 self.processor(node)
             case SuppressNode():
                 self.suppress(node)
+            case TableFilterNode() | TableMapValuesNode():
+                raise _unsupported(
+                    node,
+                    "a table's filter or map_values does not compile to Spark yet (a table on Spark is read from its topic "
+                    "by the stream-table join that uses it); run this app on workers",
+                )
             case SinkNode():
                 self.sink(node)
             case RepartitionNode():
