@@ -85,6 +85,8 @@ from pystreams.topology.ir import (
     StreamTableJoinNode,
     SuppressNode,
     TableFilterNode,
+    TableJoinNode,
+    TableJoinSideNode,
     TableMapValuesNode,
     TableSourceNode,
     TableViewNode,
@@ -670,6 +672,7 @@ class App(AppQueries):
         own aggregator (see ``CogroupedStreams``)."""
         return CogroupedStreams(self)
 
+    @overload
     def join(
         self,
         left: Stream,
@@ -679,13 +682,50 @@ class App(AppQueries):
         how: str = "inner",
         value: Serde | None = None,
         name: str | None = None,
-    ) -> Callable[[Callable], Stream]:
+    ) -> Callable[[Callable], Stream]: ...
+    @overload
+    def join(
+        self,
+        left: Table,
+        right: Table,
+        *,
+        how: str = "inner",
+        value: Serde | None = None,
+        name: str | None = None,
+        store: str | None = None,
+    ) -> Callable[[Callable], Table]: ...
+    def join(
+        self,
+        left: Stream | Table,
+        right: Stream | Table,
+        *,
+        window: JoinWindow | None = None,
+        how: str = "inner",
+        value: Serde | None = None,
+        name: str | None = None,
+        store: str | None = None,
+    ) -> Callable[[Callable], Any]:
         """``fn(key, left_value, right_value) -> value``.
 
-        With a ``Table``: a stream–table join (``how`` inner or left; no window). With a
-        ``Stream``: a windowed stream–stream join (``window=JoinWindow(...)``; inner, left or
+        A stream with a ``Table``: a stream–table join (``how`` inner or left; no window). With
+        a ``Stream``: a windowed stream–stream join (``window=JoinWindow(...)``; inner, left or
         outer). Both sides must be co-partitioned; re-keyed sides are repartitioned first.
+
+        A table with a table: a table–table join on the key (``how`` inner, left or outer), a
+        table of the joined rows; kept in ``store`` (queryable) when given, else computed as
+        its sides update.
         """
+        if isinstance(left, Table):
+
+            def declare_table(fn: Callable) -> Table:
+                left_node = self._table(left, "join")
+                node_name = self._function_name(fn, name, left_node, "join")
+                if window is not None:
+                    raise TopologyError(f"join {node_name!r}: a table-table join takes no window", nodes=[node_name])
+                return self._table_table_join(node_name, left_node, right, _join_how(how, node_name), _callable(fn), value or self.default_value_serde, store)
+
+            return declare_table
+        self._no_store_on_streams(store, "join")
 
         def declare(fn: Callable) -> Stream:
             left_node = self._stream(left, "join")
@@ -1120,8 +1160,7 @@ class App(AppQueries):
                 f"join {node_name!r}: cannot join a stream with the windowed table {table.name!r}",
                 nodes=[node_name, table.name],
             )
-        stored, view = _materialized_ancestor(self, table)
-        table_store = stores_of(stored)[0]
+        table_store, view = self._table_rows(table, node_name)
         self._add(
             StreamTableJoinNode(
                 name=node_name,
@@ -1136,6 +1175,59 @@ class App(AppQueries):
             )
         )
         return Stream(self, node_name)
+
+    def _table_rows(self, table: Node, join_name: str) -> tuple[str, tuple[TableViewNode, ...]]:
+        """Where a join reads ``table``'s rows: the store of its nearest materialized ancestor,
+        through the steps computed on read from it."""
+        stored, view = _materialized_ancestor(self, table)
+        if not is_materialized(stored):
+            raise TopologyError(
+                f"join {join_name!r}: table {table.name!r} is computed on read from the table-table join {stored.name!r}, "
+                f"which keeps no rows to look up; give {stored.name!r} store=",
+                nodes=[join_name, stored.name],
+            )
+        return stores_of(stored)[0], view
+
+    def _table_table_join(self, node_name: str, left: Node, right: Any, how: JoinHow, fn: Callable, value_serde: Serde, store: str | None) -> Table:
+        right_node = self._table(right, "join")
+        tables = {JoinSide.LEFT: left, JoinSide.RIGHT: right_node}
+        for table in tables.values():
+            if not is_table(table):
+                raise TopologyError(f"join {node_name!r}: {table.name!r} ({table.kind}) is not a table a join can look up", nodes=[node_name, table.name])
+            if _table_window(self, table) is not None:
+                raise TopologyError(f"join {node_name!r}: cannot join the windowed table {table.name!r}", nodes=[node_name, table.name])
+        store_name = None if store is None else check_name("store", store)
+        side_names = {side: f"{node_name}-{side}" for side in tables}
+        for side, this in tables.items():
+            other = tables[JoinSide.RIGHT if side is JoinSide.LEFT else JoinSide.LEFT]
+            other_store, other_view = self._table_rows(other, node_name)
+            self._add(
+                TableJoinSideNode(
+                    name=side_names[side],
+                    parents=(this.name,),
+                    key_serde=left.key_serde,
+                    value_serde=value_serde,
+                    fn=fn,
+                    how=how,
+                    side=side,
+                    this_table=this.name,
+                    other_table=other.name,
+                    other_store=other_store,
+                    other_view=other_view,
+                )
+            )
+        node = TableJoinNode(
+            name=node_name,
+            parents=(side_names[JoinSide.LEFT], side_names[JoinSide.RIGHT]),
+            key_serde=left.key_serde,
+            value_serde=value_serde,
+            how=how,
+            store=store_name,
+        )
+        self._add(node)
+        if store_name is not None:
+            self._add_store(Store(name=store_name, kind=StoreKind.KEY_VALUE, owner=node_name, key_serde=node.key_serde, value_serde=value_serde))
+        return Table(self, node_name)
 
     def _stream_stream_join(
         self,
@@ -1367,6 +1459,11 @@ class Table(_Handle):
     def map_values(self, fn: Callable, *, value: Serde | None = None, name: str | None = None, store: str | None = None) -> Table:
         """``app.map_values(table, ...)(fn)``: a table of ``fn(key, value)``."""
         return self.app.map_values(self, value=value, name=name, store=store)(fn)
+
+    def join(self, other: Table, fn: Callable, *, how: str = "inner", value: Serde | None = None, name: str | None = None, store: str | None = None) -> Table:
+        """``app.join(table, other, ...)(fn)``: a table–table join on the key, ``fn(key,
+        left_value, right_value)`` per joined row."""
+        return self.app.join(self, other, how=how, value=value, name=name, store=store)(fn)
 
 
 class CogroupedStreams:

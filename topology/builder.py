@@ -55,6 +55,7 @@ from .ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SubTopology,
+    TableJoinNode,
     TableSourceNode,
     TopicRole,
     Topology,
@@ -414,8 +415,9 @@ def _copartition_groups(nodes: dict[str, Node]) -> list[CopartitionGroup]:
             join_name = node.children[0] if node.children else node.name
             sources = _upstream_sources(nodes, node.name) | _upstream_sources(nodes, node.other)
             requirements.append((join_name, sources))
-        elif isinstance(node, CogroupNode):
-            # One store for every input: a key's records must all reach one task.
+        elif isinstance(node, CogroupNode | TableJoinNode):
+            # One store for every input (a cogroup), or each side looks the other's up (a
+            # table-table join): a key's records must all reach one task.
             sources = set().union(*(_upstream_sources(nodes, parent) for parent in node.parents))
             requirements.append((node.name, sources))
     # Merge requirements that share a source: they constrain the same topics.

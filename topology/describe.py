@@ -23,6 +23,8 @@ from .ir import (
     SubTopology,
     SuppressNode,
     TableFilterNode,
+    TableJoinNode,
+    TableJoinSideNode,
     TableMapValuesNode,
     TableSourceNode,
     TopicRole,
@@ -63,8 +65,10 @@ def _node_line(node: Node) -> str:
         case StreamTableJoinNode():
             through = f" with table {node.table!r} computed on read" if node.table_view else ""
             details.append(f"{node.how} {JoinKind.STREAM_TABLE} join{through}")
-        case TableFilterNode() | TableMapValuesNode():
+        case TableFilterNode() | TableMapValuesNode() | TableJoinNode():
             details.append("materialized" if node.store is not None else "computed on read")
+        case TableJoinSideNode():
+            details.append(f"{node.how} table-table join, {node.side} side, looks up {node.other_table!r}")
         case StreamStreamJoinNode():
             details.append(f"{node.how} {JoinKind.STREAM_STREAM} join, {node.side} side")
         case ProcessorNode(punctuations=punctuations) if punctuations:

@@ -74,6 +74,12 @@ STREAM_STREAM_JOIN     one node per side (``side``): stores the record in ``this
                        looks up ``other_store`` within ``window`` and forwards
                        ``(key, fn(key, left_value, right_value))``. The two sides feed a MERGE
                        node that carries the join's name.
+TABLE_JOIN_SIDE        one side of a table–table join: on an update of its table (``this_table``),
+                       reads the other table's row (``other_store`` through ``other_view``) and
+                       forwards the join's row for the key (``table_join_row``), or nothing
+                       when the join had no row to change; feeds the join's TABLE_JOIN
+TABLE_JOIN             the table a table–table join makes of its two sides' rows; ``store`` as
+                       for TABLE_FILTER (a join computed on read cannot be looked up downstream)
 SUPPRESS               a table's updates held in a changelogged buffer (``stores[0]``) and
                        emitted when the ``suppression`` says (until the window closes, or
                        until a time limit / a full buffer)
@@ -363,6 +369,39 @@ TableViewNode: TypeAlias = TableFilterNode | TableMapValuesNode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TableJoinSideNode(NodeBase):
+    """One side (``side``) of a table–table join on the same key: its parent is its table
+    (``this_table``); it reads the other table's rows from ``other_store`` through
+    ``other_view`` and feeds the join's TABLE_JOIN node."""
+
+    fn: Callable[..., Any]
+    how: JoinHow
+    side: JoinSide
+    this_table: str
+    other_table: str
+    other_store: str
+    other_view: tuple[TableViewNode, ...] = ()
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.other_store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TableJoinNode(NodeBase):
+    """The table a table–table join makes (Kafka Streams' ``KTable.join`` / ``leftJoin`` /
+    ``outerJoin``): its parents are the two TABLE_JOIN_SIDE nodes; kept in ``store`` when
+    materialized."""
+
+    how: JoinHow
+    store: str | None = None
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return () if self.store is None else (self.store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RepartitionNode(NodeBase):
     """Only in declarations: the builder replaces it with a repartition sink + source pair."""
 
@@ -513,6 +552,8 @@ Node: TypeAlias = (
     | ToStreamNode
     | TableFilterNode
     | TableMapValuesNode
+    | TableJoinSideNode
+    | TableJoinNode
     | RepartitionNode
     | CountNode
     | AggregateNode
@@ -532,12 +573,12 @@ def is_source(node: Node) -> bool:
 
 def is_table(node: Node) -> bool:
     """Whether the node's output is a table (an update stream of a keyed state)."""
-    return isinstance(node, TableSourceNode | CountNode | AggregateNode | ReduceNode | CogroupNode | TableFilterNode | TableMapValuesNode)
+    return isinstance(node, TableSourceNode | CountNode | AggregateNode | ReduceNode | CogroupNode | TableFilterNode | TableMapValuesNode | TableJoinNode)
 
 
 def is_materialized(node: Node) -> bool:
     """Whether a table node keeps its rows in a store of its own (else it is computed on read)."""
-    return is_table(node) and not (isinstance(node, TableFilterNode | TableMapValuesNode) and node.store is None)
+    return is_table(node) and not (isinstance(node, TableFilterNode | TableMapValuesNode | TableJoinNode) and node.store is None)
 
 
 def changes_key(node: Node) -> bool:
@@ -575,6 +616,8 @@ def stores_of(node: Node) -> tuple[str, ...]:
             | SuppressNode()
             | TableFilterNode()
             | TableMapValuesNode()
+            | TableJoinSideNode()
+            | TableJoinNode()
         ):
             return node.stores
         case _:

@@ -67,6 +67,8 @@ from .ir import (
     StreamTableJoinNode,
     SuppressNode,
     TableFilterNode,
+    TableJoinNode,
+    TableJoinSideNode,
     TableMapValuesNode,
     TableSourceNode,
     TableViewNode,
@@ -670,6 +672,10 @@ def node_emit(node: Node, wiring: NodeWiring) -> Emit:
             return _table_source(node, wiring)
         case TableFilterNode() | TableMapValuesNode():
             return _derived_table(node, wiring)
+        case TableJoinSideNode():
+            return _table_join_side(node, wiring)
+        case TableJoinNode():
+            return _table_join(node, wiring)
         case AggregationNode():
             return _aggregation(node, wiring)
         case CogroupNode():
@@ -692,15 +698,11 @@ def node_emit(node: Node, wiring: NodeWiring) -> Emit:
 
 
 def _table_source(node: TableSourceNode, wiring: NodeWiring) -> Emit:
-    spec = wiring.specs[node.store]
-    key_bytes = spec.key_serde.serialize
-    value_bytes = spec.value_serde.serialize
-    put = wiring.stores[node.store].put
+    keep = _row_keeper(node.store, wiring)
 
     def table_source(key: Any, value: Any, timestamp: int) -> None:
-        if key is None:
-            return  # a table has no row for a null key
-        put(key_bytes(key), value_bytes(value))  # None deletes
+        if key is not None:  # a table has no row for a null key
+            keep(key, value)
 
     return table_source
 
@@ -717,22 +719,101 @@ def _derived_table(node: TableViewNode, wiring: NodeWiring) -> Emit:
             forward(key, table_view_value(node, key, value), timestamp)
 
         return computed_on_read
-    spec = wiring.specs[node.store]
-    key_bytes = spec.key_serde.serialize
-    value_bytes = spec.value_serde.serialize
-    store = wiring.stores[node.store]
-    get, put = store.get, store.put
+    keep = _row_keeper(node.store, wiring)
 
     def materialized(key: Any, value: Any, timestamp: int) -> None:
-        if key is None:
-            return  # a table has no row for a null key
-        row = table_view_value(node, key, value)
+        if key is not None:  # a table has no row for a null key
+            keep(key, table_view_value(node, key, value))
+
+    return materialized
+
+
+def _row_keeper(store_name: str, wiring: NodeWiring) -> Callable[[Any, Any], None]:
+    """Writes a materialized table's row for a key (None deletes it); writes nothing for a
+    tombstone of a key the table never held, so its flush sends none (Kafka Streams' cached
+    table stores: no old value and no new value, nothing forwarded)."""
+    spec = wiring.specs[store_name]
+    key_bytes = spec.key_serde.serialize
+    value_bytes = spec.value_serde.serialize
+    store = wiring.stores[store_name]
+    get, put = store.get, store.put
+
+    def keep(key: Any, row: Any) -> None:
         stored_key = key_bytes(key)
         if row is None and get(stored_key) is None:
             return
-        put(stored_key, value_bytes(row))  # None deletes
+        put(stored_key, value_bytes(row))
 
-    return materialized
+    return keep
+
+
+#: What a table–table join side forwards when the join has no row to change for the key.
+NO_CHANGE = object()
+
+
+def table_join_row(how: JoinHow, side: JoinSide, this_row: Any, other_row: Any) -> tuple[Any, Any] | None:
+    """The ``(left, right)`` rows a table–table join joins after an update of ``side`` left it
+    with ``this_row`` and the other table holds ``other_row`` (None: no row); None when the
+    join has no row for the key. Inner: both rows; left: a left row; outer: either row."""
+    left, right = (this_row, other_row) if side is JoinSide.LEFT else (other_row, this_row)
+    if left is None and right is None:
+        return None
+    if how is JoinHow.INNER and (left is None or right is None):
+        return None
+    if how is JoinHow.LEFT and left is None:
+        return None
+    return left, right
+
+
+def table_join_update(how: JoinHow, side: JoinSide, this_row: Any, other_row: Any) -> tuple[Any, Any] | None | object:
+    """What an update of one side of a table–table join sends (Kafka Streams'
+    KTableKTable*Join processors, without old values): the rows to join; None, a tombstone
+    for the key; or ``NO_CHANGE`` when the other side's row means the join had no row to
+    change and gets none (an inner join whose other side is empty; a left join's right side
+    whose left is empty)."""
+    must_have_other = how is JoinHow.INNER or (how is JoinHow.LEFT and side is JoinSide.RIGHT)
+    if must_have_other and other_row is None:
+        return NO_CHANGE
+    return table_join_row(how, side, this_row, other_row)
+
+
+def _table_join_side(node: TableJoinSideNode, wiring: NodeWiring) -> Emit:
+    """On an update of its table, reads the other table's row and sends the join's row for
+    the key (joined with ``fn(key, left, right)``), a tombstone, or nothing."""
+    fn, how, side = node.fn, node.how, node.side
+    spec = wiring.specs[node.other_store]
+    key_bytes = spec.key_serde.serialize
+    other_value_of = spec.value_serde.deserialize
+    get = wiring.stores[node.other_store].get
+    view = table_view_reader(node.other_view) if node.other_view else None
+    forward = wiring.forward
+
+    def table_join_side(key: Any, value: Any, timestamp: int) -> None:
+        if key is None:
+            return  # a table has no row for a null key
+        stored = get(key_bytes(key))
+        other_row = None if stored is None else other_value_of(stored)
+        if view is not None:
+            other_row = view(key, other_row)
+        rows = table_join_update(how, side, value, other_row)
+        if rows is NO_CHANGE:
+            return
+        forward(key, None if rows is None else fn(key, *cast(tuple[Any, Any], rows)), timestamp)
+
+    return table_join_side
+
+
+def _table_join(node: TableJoinNode, wiring: NodeWiring) -> Emit:
+    """The join's table: computed on read it forwards its sides' rows as they come;
+    materialized it keeps them, and writes nothing for a key it never held."""
+    if node.store is None:
+        return wiring.forward
+    keep = _row_keeper(node.store, wiring)
+
+    def table_join(key: Any, value: Any, timestamp: int) -> None:
+        keep(key, value)
+
+    return table_join
 
 
 def _aggregation(node: AggregationNode, wiring: NodeWiring) -> Emit:

@@ -100,6 +100,8 @@ from pystreams.topology.ir import (
     StreamTableJoinNode,
     SuppressNode,
     TableFilterNode,
+    TableJoinNode,
+    TableJoinSideNode,
     TableMapValuesNode,
     TableSourceNode,
     Topology,
@@ -518,11 +520,11 @@ class _Compilation:
                 self.processor(node)
             case SuppressNode():
                 self.suppress(node)
-            case TableFilterNode() | TableMapValuesNode():
+            case TableFilterNode() | TableMapValuesNode() | TableJoinSideNode() | TableJoinNode():
                 raise _unsupported(
                     node,
-                    "a table's filter or map_values does not compile to Spark yet (a table on Spark is read from its topic "
-                    "by the stream-table join that uses it); run this app on workers",
+                    "a table's filter, map_values or table-table join does not compile to Spark yet (a table on Spark is "
+                    "read from its topic by the stream-table join that uses it); run this app on workers",
                 )
             case SinkNode():
                 self.sink(node)
