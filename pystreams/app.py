@@ -37,7 +37,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MethodType
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeAlias, TypeVar, cast, overload
 
 from pystreams import serdes
 from pystreams.app_loader import AppLoadError as AppLoadError
@@ -84,7 +84,9 @@ from pystreams.topology.ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SuppressNode,
+    TableAggregateNode,
     TableFilterNode,
+    TableGroupByNode,
     TableJoinNode,
     TableJoinSideNode,
     TableMapValuesNode,
@@ -197,6 +199,11 @@ def session_store(name: str, *, retention: Duration, key: Serde | None = None, v
 def count_step(count: int, key: Any, value: Any) -> int:
     """COUNT's aggregator."""
     return count + 1
+
+
+def uncount_step(count: int, key: Any, value: Any) -> int:
+    """A grouped table's count, its row gone (it stays 0, as Kafka Streams' does)."""
+    return count - 1
 
 
 def sum_merger(key: Any, older: int, newer: int) -> int:
@@ -448,9 +455,79 @@ class App(AppQueries):
         """``fn(key, value)`` for its side effect; records pass unchanged."""
         return self._stateless(PeekNode, stream, name, inherit_key=True, inherit_value=True)
 
-    def group_by(self, stream: Stream, *, key: Serde | None = None, name: str | None = None) -> Callable[[Callable], Stream]:
-        """``fn(key, value) -> new key``: re-key for a following aggregation (which repartitions)."""
+    @overload
+    def group_by(self, stream: Stream, *, key: Serde | None = None, name: str | None = None) -> Callable[[Callable], Stream]: ...
+    @overload
+    def group_by(
+        self, stream: Table, *, key: Serde | None = None, value: Serde | None = None, name: str | None = None
+    ) -> Callable[[Callable], GroupedTable]: ...
+    def group_by(self, stream: Stream | Table, *, key: Serde | None = None, value: Serde | None = None, name: str | None = None) -> Callable[[Callable], Any]:
+        """On a stream: ``fn(key, value) -> new key``, re-keyed for a following aggregation
+        (which repartitions). On a table (Kafka Streams' ``KTable.groupBy``): ``fn(key, value)
+        -> (new key, new value)``, a grouped table whose ``count`` / ``reduce`` / ``aggregate``
+        subtract a row's old pair from its old group when the row changes, and add the new."""
+        if isinstance(stream, Table):
+            return self._table_group_by(stream, key, value, name)
+        if value is not None:
+            raise TypeError("group_by: value= is for a table's group_by; a stream's keeps its values")
         return self._stateless(SelectKeyNode, stream, name, key=key, inherit_value=True, key_changing=True)
+
+    def _table_group_by(self, table: Table, key: Serde | None, value: Serde | None, name: str | None) -> Callable[[Callable], GroupedTable]:
+        def declare(fn: Callable) -> GroupedTable:
+            parent = self._table(table, "group_by")
+            if not is_table(parent) or _table_window(self, parent) is not None:
+                raise TopologyError(f"group_by: {parent.name!r} is not a table of plain keys a group_by can re-key row by row", nodes=[parent.name])
+            node_name = self._function_name(fn, name, parent, "group-by")
+            store_name = check_name("store", f"{node_name}-rows")
+            self._add(
+                TableGroupByNode(
+                    name=node_name,
+                    parents=(parent.name,),
+                    fn=_callable(fn),
+                    key_serde=key or self.default_key_serde,
+                    value_serde=serdes.Change(value or self.default_value_serde),
+                    store=store_name,
+                )
+            )
+            self._add_store(Store(name=store_name, kind=StoreKind.KEY_VALUE, owner=node_name, key_serde=parent.key_serde, value_serde=serdes.Bytes()))
+            return GroupedTable(self, node_name)
+
+        return declare
+
+    def _table_aggregation(
+        self,
+        grouped: GroupedTable,
+        operation: str,
+        name: str | None,
+        store: str | None,
+        *,
+        adder: Callable,
+        subtractor: Callable | None,
+        initial: Any,
+        value_serde: Serde | None,
+        reduce: bool = False,
+    ) -> Table:
+        parent = grouped.node
+        if subtractor is None:
+            raise TypeError(f"{operation} of the grouped table {parent.name!r} needs subtractor=: an update takes the row's old value out of its group")
+        node_name = self._fresh_name(name or store, f"{parent.name}-{operation}")
+        store_name = check_name("store", store or node_name)
+        value_serde = value_serde or cast(serdes.Change, parent.value_serde).inner
+        self._add(
+            TableAggregateNode(
+                name=node_name,
+                parents=(parent.name,),
+                key_serde=parent.key_serde,
+                value_serde=value_serde,
+                adder=_callable(adder, "adder"),
+                subtractor=_callable(subtractor, "subtractor"),
+                initial=initial,
+                reduce=reduce,
+                store=store_name,
+            )
+        )
+        self._add_store(Store(name=store_name, kind=StoreKind.KEY_VALUE, owner=node_name, key_serde=parent.key_serde, value_serde=value_serde))
+        return Table(self, node_name)
 
     def branch(self, stream: Stream, *, branches: Sequence[str], name: str | None = None) -> Callable[[Callable], Branches]:
         """``fn(key, value) -> label or None``: route each record to one named branch (None drops)."""
@@ -575,7 +652,7 @@ class App(AppQueries):
 
     def count(
         self,
-        stream: Stream,
+        stream: Stream | GroupedTable,
         *,
         store: str | None = None,
         window: AggregationWindow | None = None,
@@ -583,7 +660,12 @@ class App(AppQueries):
         name: str | None = None,
     ) -> Table:
         """Records per key (per window with ``window=``); values are ``Int()`` (8-byte big-endian).
-        ``emit="final"`` (windowed only): one count per window, when it closes (KIP-825)."""
+        ``emit="final"`` (windowed only): one count per window, when it closes (KIP-825). Of a
+        grouped table: rows per group, a changed row leaving its old group (0 stays a count)."""
+        if isinstance(stream, GroupedTable):
+            if window is not None or emit != "update":
+                raise TypeError("count of a grouped table takes no window= or emit=")
+            return self._table_aggregation(stream, "count", name, store, adder=count_step, subtractor=uncount_step, initial=0, value_serde=serdes.Int())
         parent = self._stream(stream, "count")
         node_name = self._fresh_name(name or store, f"{parent.name}-count")
         return self._aggregation(
@@ -601,12 +683,13 @@ class App(AppQueries):
 
     def aggregate(
         self,
-        stream: Stream,
+        stream: Stream | GroupedTable,
         *,
         initial: Any,
         store: str | None = None,
         window: AggregationWindow | None = None,
         merge: Callable[[Any, Any, Any], Any] | None = None,
+        subtractor: Callable[[Any, Any, Any], Any] | None = None,
         value: Serde | None = None,
         emit: str = "update",
         name: str | None = None,
@@ -614,7 +697,22 @@ class App(AppQueries):
         """``fn(acc, key, value) -> acc`` per key (per window), from ``initial`` (a value, or a
         zero-argument factory such as ``list``). Session windows need ``merge(key, older, newer)``.
         ``emit``: ``"update"`` (every change, folded per commit) or, windowed only, ``"final"``
-        (each window's value once, when it closes: stream time past its end + grace)."""
+        (each window's value once, when it closes: stream time past its end + grace). Of a
+        grouped table, ``fn`` adds a row's new value and ``subtractor(acc, key, value)`` takes
+        its old one out (Kafka Streams' ``KGroupedTable.aggregate``)."""
+        if isinstance(stream, GroupedTable):
+            if window is not None or merge is not None or emit != "update":
+                raise TypeError("aggregate of a grouped table takes no window=, merge= or emit=")
+            grouped = stream
+
+            def declare_grouped(fn: Callable) -> Table:
+                return self._table_aggregation(
+                    grouped, "aggregate", name, store, adder=fn, subtractor=subtractor, initial=initial, value_serde=value or serdes.for_value(initial)
+                )
+
+            return declare_grouped
+        if subtractor is not None:
+            raise TypeError("aggregate: subtractor= is for a grouped table; a stream's records are only added")
 
         def declare(fn: Callable) -> Table:
             parent = self._stream(stream, "aggregate")
@@ -638,15 +736,28 @@ class App(AppQueries):
 
     def reduce(
         self,
-        stream: Stream,
+        stream: Stream | GroupedTable,
         *,
         store: str | None = None,
         window: AggregationWindow | None = None,
+        subtractor: Callable[[Any, Any, Any], Any] | None = None,
         emit: str = "update",
         name: str | None = None,
     ) -> Callable[[Callable], Table]:
         """``fn(acc, key, value) -> acc``; a key's first value is its accumulator (``emit``: as
-        for ``aggregate``)."""
+        for ``aggregate``). Of a grouped table, ``subtractor(acc, key, value)`` takes a row's
+        old value out (Kafka Streams' ``KGroupedTable.reduce``)."""
+        if isinstance(stream, GroupedTable):
+            if window is not None or emit != "update":
+                raise TypeError("reduce of a grouped table takes no window= or emit=")
+            grouped = stream
+
+            def declare_grouped(fn: Callable) -> Table:
+                return self._table_aggregation(grouped, "reduce", name, store, adder=fn, subtractor=subtractor, initial=None, value_serde=None, reduce=True)
+
+            return declare_grouped
+        if subtractor is not None:
+            raise TypeError("reduce: subtractor= is for a grouped table; a stream's records are only added")
 
         def declare(fn: Callable) -> Table:
             parent = self._stream(stream, "reduce")
@@ -1305,7 +1416,7 @@ class App(AppQueries):
 # ``app.map(stream, ...)(fn)``. They are built from the App methods, so each one keeps its App
 # method's parameters, defaults and docstring for ``help()``, ``inspect.signature``, IDEs and mypy.
 
-HandleT = TypeVar("HandleT", bound="_Handle")
+HandleT = TypeVar("HandleT", bound="_Handle | GroupedTable")
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -1460,10 +1571,47 @@ class Table(_Handle):
         """``app.map_values(table, ...)(fn)``: a table of ``fn(key, value)``."""
         return self.app.map_values(self, value=value, name=name, store=store)(fn)
 
+    def group_by(self, fn: Callable, *, key: Serde | None = None, value: Serde | None = None, name: str | None = None) -> GroupedTable:
+        """``app.group_by(table, ...)(fn)``: rows re-keyed by ``fn(key, value) -> (key, value)``."""
+        return self.app.group_by(self, key=key, value=value, name=name)(fn)
+
     def join(self, other: Table, fn: Callable, *, how: str = "inner", value: Serde | None = None, name: str | None = None, store: str | None = None) -> Table:
         """``app.join(table, other, ...)(fn)``: a table–table join on the key, ``fn(key,
         left_value, right_value)`` per joined row."""
         return self.app.join(self, other, how=how, value=value, name=name, store=store)(fn)
+
+
+class GroupedTable:
+    """A table's rows re-keyed by ``group_by`` (Kafka Streams' ``KGroupedTable``), on their way
+    into ``count``, ``reduce`` or ``aggregate``; each takes a subtractor, since a changed row
+    leaves its old group."""
+
+    __slots__ = ("app", "name")
+
+    def __init__(self, app: App, name: str) -> None:
+        self.app = app
+        self.name = name
+
+    @property
+    def node(self) -> Node:
+        return self.app._nodes[self.name]
+
+    def count(self, *, store: str | None = None, name: str | None = None) -> Table:
+        return self.app.count(self, store=store, name=name)
+
+    def reduce(self, adder: Callable, subtractor: Callable, *, store: str | None = None, name: str | None = None) -> Table:
+        """``adder(acc, key, value)`` / ``subtractor(acc, key, value)``; a group's first value
+        is its accumulator."""
+        return self.app.reduce(self, subtractor=subtractor, store=store, name=name)(adder)
+
+    def aggregate(
+        self, initial: Any, adder: Callable, subtractor: Callable, *, value: Serde | None = None, store: str | None = None, name: str | None = None
+    ) -> Table:
+        """``adder(acc, key, value)`` / ``subtractor(acc, key, value)`` from ``initial``."""
+        return self.app.aggregate(self, initial=initial, subtractor=subtractor, value=value, store=store, name=name)(adder)
+
+    def __repr__(self) -> str:
+        return f"<GroupedTable {self.name!r} of app {self.app.app_id!r}>"
 
 
 class CogroupedStreams:

@@ -236,6 +236,36 @@ class WindowedKey(Serde):
         return Windowed(self.inner.deserialize(data[: -self._BOUNDS.size]), start, end)
 
 
+class Change(Serde):
+    """A table update on its way to a grouped table's aggregation: ``(new, old)``, each a
+    value of ``inner`` or None (Kafka Streams' ``Change`` and its ``ChangedSerializer``); the
+    repartition topic of ``table.group_by`` carries both, so the aggregation can subtract the
+    old one and add the new one."""
+
+    _PAIR = msgspec.msgpack.Decoder(tuple[bytes | None, bytes | None])
+    _ENCODE = msgspec.msgpack.Encoder().encode
+
+    def __init__(self, inner: Serde) -> None:
+        self.inner = inner
+
+    @property
+    def name(self) -> str:
+        return f"change({self.inner.name})"
+
+    def _to_bytes(self, value: Any) -> bytes:
+        if not (isinstance(value, tuple) and len(value) == 2):
+            raise SerdeError(f"{self.name} needs a (new, old) pair, got {type(value).__name__}")
+        new, old = value
+        return self._ENCODE((self.inner.serialize(new), self.inner.serialize(old)))
+
+    def _from_bytes(self, data: bytes) -> tuple[Any, Any]:
+        try:
+            new, old = self._PAIR.decode(data)
+        except msgspec.DecodeError as error:
+            raise SerdeError(f"{self.name}: not a (new, old) pair: {error}") from None
+        return self.inner.deserialize(new), self.inner.deserialize(old)
+
+
 def for_value(example: Any) -> Serde | None:
     """The natural serde for values like ``example`` (an aggregate's ``initial``), or None.
 

@@ -55,6 +55,7 @@ from .ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SubTopology,
+    TableAggregateNode,
     TableJoinNode,
     TableSourceNode,
     TopicRole,
@@ -176,7 +177,7 @@ def _check_references(declared: dict[str, Node], stores: dict[str, Store]) -> No
 
 def _needs_keyed_input(node: Node) -> bool:
     match node:
-        case AggregationNode() | StreamTableJoinNode() | StreamStreamJoinNode():
+        case AggregationNode() | StreamTableJoinNode() | StreamStreamJoinNode() | TableAggregateNode():
             return True
         case ProcessorNode():
             return bool(node.stores)

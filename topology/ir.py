@@ -80,6 +80,15 @@ TABLE_JOIN_SIDE        one side of a table–table join: on an update of its tab
                        when the join had no row to change; feeds the join's TABLE_JOIN
 TABLE_JOIN             the table a table–table join makes of its two sides' rows; ``store`` as
                        for TABLE_FILTER (a join computed on read cannot be looked up downstream)
+TABLE_GROUP_BY         ``fn(key, value) -> (new key, new value)`` per row of the parent table
+                       (Kafka Streams' ``KTable.groupBy``); keeps each row's pair in ``store``
+                       and forwards ``(new key, (new value, old value))`` — one record when
+                       the key stays, else ``(old key, (None, old))`` then ``(new key, (new,
+                       None))`` — for the repartition topic (serde ``Change``)
+TABLE_AGGREGATE        a grouped table's ``count`` / ``reduce`` / ``aggregate``: per ``(new,
+                       old)`` it subtracts ``old`` (``subtractor(acc, key, old)``), then adds
+                       ``new`` (``adder(acc, key, new)``, from ``initial`` — or ``new`` itself
+                       when ``reduce`` — when there is no accumulator); keeps it in ``store``
 SUPPRESS               a table's updates held in a changelogged buffer (``stores[0]``) and
                        emitted when the ``suppression`` says (until the window closes, or
                        until a time limit / a full buffer)
@@ -402,6 +411,35 @@ class TableJoinNode(NodeBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TableGroupByNode(NodeBase):
+    """Kafka Streams' ``KTable.groupBy``: re-keys a table's rows with ``fn(key, value) ->
+    (key, value)``; ``store`` keeps each row's last pair, which an update subtracts."""
+
+    fn: Callable[..., Any]
+    store: str
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TableAggregateNode(NodeBase):
+    """Kafka Streams' ``KGroupedTable.count`` / ``reduce`` / ``aggregate`` (``reduce``: a
+    key's first value is its accumulator, ``initial`` is unused), kept in ``store``."""
+
+    adder: Callable[..., Any]
+    subtractor: Callable[..., Any]
+    store: str
+    initial: Any = None
+    reduce: bool = False
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RepartitionNode(NodeBase):
     """Only in declarations: the builder replaces it with a repartition sink + source pair."""
 
@@ -554,6 +592,8 @@ Node: TypeAlias = (
     | TableMapValuesNode
     | TableJoinSideNode
     | TableJoinNode
+    | TableGroupByNode
+    | TableAggregateNode
     | RepartitionNode
     | CountNode
     | AggregateNode
@@ -573,7 +613,9 @@ def is_source(node: Node) -> bool:
 
 def is_table(node: Node) -> bool:
     """Whether the node's output is a table (an update stream of a keyed state)."""
-    return isinstance(node, TableSourceNode | CountNode | AggregateNode | ReduceNode | CogroupNode | TableFilterNode | TableMapValuesNode | TableJoinNode)
+    return isinstance(
+        node, TableSourceNode | CountNode | AggregateNode | ReduceNode | CogroupNode | TableFilterNode | TableMapValuesNode | TableJoinNode | TableAggregateNode
+    )
 
 
 def is_materialized(node: Node) -> bool:
@@ -586,7 +628,7 @@ def changes_key(node: Node) -> bool:
     match node:
         case MapNode() | FlatMapNode() | ProcessorNode():
             return node.key_changing
-        case SelectKeyNode():
+        case SelectKeyNode() | TableGroupByNode():
             return True
         case _:
             return False
@@ -618,6 +660,8 @@ def stores_of(node: Node) -> tuple[str, ...]:
             | TableMapValuesNode()
             | TableJoinSideNode()
             | TableJoinNode()
+            | TableGroupByNode()
+            | TableAggregateNode()
         ):
             return node.stores
         case _:

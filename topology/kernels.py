@@ -66,7 +66,9 @@ from .ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SuppressNode,
+    TableAggregateNode,
     TableFilterNode,
+    TableGroupByNode,
     TableJoinNode,
     TableJoinSideNode,
     TableMapValuesNode,
@@ -676,6 +678,10 @@ def node_emit(node: Node, wiring: NodeWiring) -> Emit:
             return _table_join_side(node, wiring)
         case TableJoinNode():
             return _table_join(node, wiring)
+        case TableGroupByNode():
+            return _table_group_by(node, wiring)
+        case TableAggregateNode():
+            return _table_aggregate(node, wiring)
         case AggregationNode():
             return _aggregation(node, wiring)
         case CogroupNode():
@@ -814,6 +820,98 @@ def _table_join(node: TableJoinNode, wiring: NodeWiring) -> Emit:
         keep(key, value)
 
     return table_join
+
+
+def grouped_pair(result: Any) -> tuple[Any, Any] | None:
+    """A table ``group_by`` selector's answer as the ``(key, value)`` it groups the row under;
+    None (the row joins no group) when it is None or either half is, as Kafka Streams drops
+    such a pair. Anything but a pair is a TypeError the node's error policy reports."""
+    if result is None:
+        return None
+    key, value = key_value_pair(result, "a table's group_by must return a (key, value) tuple")
+    return None if key is None or value is None else (key, value)
+
+
+def grouped_updates(new: tuple[bytes, bytes] | None, old: tuple[bytes, bytes] | None) -> list[tuple[bytes, bytes | None, bytes | None]]:
+    """What a table ``group_by`` sends for a row that moved from the ``old`` to the ``new``
+    (key bytes, value bytes) pair: ``(key, new value, old value)`` records. One when the key
+    stays; else the old group's subtraction first, then the new group's addition (Kafka
+    Streams' KTableRepartitionMap since 3.5)."""
+    if new is not None and old is not None and new[0] == old[0]:
+        return [(new[0], new[1], old[1])]
+    updates: list[tuple[bytes, bytes | None, bytes | None]] = []
+    if old is not None:
+        updates.append((old[0], None, old[1]))
+    if new is not None:
+        updates.append((new[0], new[1], None))
+    return updates
+
+
+_encode_pair = msgspec.msgpack.Encoder().encode
+_decode_pair = msgspec.msgpack.Decoder(tuple[bytes, bytes]).decode
+
+
+def _table_group_by(node: TableGroupByNode, wiring: NodeWiring) -> Emit:
+    """Re-keys each row and sends its group's change; the row's last pair, kept in the node's
+    store, is what the next update of the row subtracts."""
+    fn = node.fn
+    store = wiring.stores[node.store]
+    get, put = store.get, store.put
+    row_key_bytes = wiring.specs[node.store].key_serde.serialize
+    change = cast(serdes.Change, node.value_serde)
+    group_key_bytes, group_key_of = node.key_serde.serialize, node.key_serde.deserialize
+    value_bytes, value_of = change.inner.serialize, change.inner.deserialize
+    forward = wiring.forward
+
+    def table_group_by(key: Any, value: Any, timestamp: int) -> None:
+        if key is None:
+            return  # a table has no row for a null key
+        row_key = row_key_bytes(key)
+        stored = get(row_key)
+        old = None if stored is None else _decode_pair(stored)
+        pair = None if value is None else grouped_pair(fn(key, value))
+        new = None if pair is None else (cast(bytes, group_key_bytes(pair[0])), cast(bytes, value_bytes(pair[1])))
+        if new != old:
+            put(row_key, None if new is None else _encode_pair(new))
+        for group_key, new_value, old_value in grouped_updates(new, old):
+            forward(group_key_of(group_key), (value_of(new_value), value_of(old_value)), timestamp)
+
+    return table_group_by
+
+
+def table_aggregate_value(node: TableAggregateNode, key: Any, accumulator: Any, new: Any, old: Any) -> Any:
+    """A grouped table's accumulator after one change (Kafka Streams' KTableAggregate and
+    KTableReduce): subtract ``old`` from the accumulator there is, then add ``new`` — to a
+    fresh ``initial`` (``reduce``: ``new`` is the accumulator) when there is none, or the
+    subtraction left None. None deletes the key."""
+    if old is not None and accumulator is not None:
+        accumulator = node.subtractor(accumulator, key, old)
+    if new is None:
+        return accumulator
+    if accumulator is None:
+        return new if node.reduce else node.adder(initial_factory(node.initial)(), key, new)
+    return node.adder(accumulator, key, new)
+
+
+def _table_aggregate(node: TableAggregateNode, wiring: NodeWiring) -> Emit:
+    spec = wiring.specs[node.store]
+    key_bytes = spec.key_serde.serialize
+    value_bytes, value_of = spec.value_serde.serialize, spec.value_serde.deserialize
+    store = wiring.stores[node.store]
+    get, put = store.get, store.put
+
+    def table_aggregate(key: Any, change: Any, timestamp: int) -> None:
+        if key is None or change is None:
+            return
+        new, old = change
+        stored_key = key_bytes(key)
+        stored = get(stored_key)
+        accumulator = table_aggregate_value(node, key, None if stored is None else value_of(stored), new, old)
+        if accumulator is None and stored is None:
+            return
+        put(stored_key, value_bytes(accumulator))
+
+    return table_aggregate
 
 
 def _aggregation(node: AggregationNode, wiring: NodeWiring) -> Emit:

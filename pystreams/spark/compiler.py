@@ -99,7 +99,9 @@ from pystreams.topology.ir import (
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SuppressNode,
+    TableAggregateNode,
     TableFilterNode,
+    TableGroupByNode,
     TableJoinNode,
     TableJoinSideNode,
     TableMapValuesNode,
@@ -520,11 +522,11 @@ class _Compilation:
                 self.processor(node)
             case SuppressNode():
                 self.suppress(node)
-            case TableFilterNode() | TableMapValuesNode() | TableJoinSideNode() | TableJoinNode():
+            case TableFilterNode() | TableMapValuesNode() | TableJoinSideNode() | TableJoinNode() | TableGroupByNode() | TableAggregateNode():
                 raise _unsupported(
                     node,
-                    "a table's filter, map_values or table-table join does not compile to Spark yet (a table on Spark is "
-                    "read from its topic by the stream-table join that uses it); run this app on workers",
+                    "a table's filter, map_values, group_by or table-table join does not compile to Spark yet (a table on "
+                    "Spark is read from its topic by the stream-table join that uses it); run this app on workers",
                 )
             case SinkNode():
                 self.sink(node)
