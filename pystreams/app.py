@@ -1360,6 +1360,9 @@ class App(AppQueries):
         sides = {JoinSide.LEFT: left, JoinSide.RIGHT: right_node}
         side_names = {side: f"{node_name}-{side}" for side in sides}
         store_names = {side: f"{node_name}-{side}-store" for side in sides}
+        # Left and outer joins hold their unmatched records until the window closes (Kafka
+        # Streams >= 3.1), in one store both sides share.
+        outer_store = None if how is JoinHow.INNER else check_name("store", f"{node_name}-outer-store")
         for side, input_node in sides.items():
             other = JoinSide.RIGHT if side is JoinSide.LEFT else JoinSide.LEFT
             self._add(
@@ -1375,7 +1378,12 @@ class App(AppQueries):
                     window=window,
                     this_store=store_names[side],
                     other_store=store_names[other],
+                    outer_store=outer_store,
                 )
+            )
+        if outer_store is not None:
+            self._add_store(
+                Store(name=outer_store, kind=StoreKind.KEY_VALUE, owner=side_names[JoinSide.LEFT], key_serde=serdes.Bytes(), value_serde=serdes.Bytes())
             )
         for side, input_node in sides.items():
             self._add_store(

@@ -84,29 +84,40 @@ def test_an_inner_stream_stream_join_pairs_records_within_the_window_and_takes_t
     ) == [("L1+R1", 110 * M), ("L1+R2", 115 * M), ("L2+R1", 110 * M), ("L2+R2", 115 * M), ("L2+R3", 116 * M)]
 
 
-def test_a_left_join_emits_an_unmatched_left_record_at_once_and_the_match_later() -> None:
+def test_a_left_join_holds_an_unmatched_left_record_until_its_window_closes_and_a_match_cancels_it() -> None:
+    """Kafka Streams >= 3.1: no early ``L+None``; a record met by a partner in time is only
+    ever joined, one that is not is emitted once, when its window (plus grace) has closed."""
     window = JoinWindow(within=5 * M)
     assert joined(
         "left",
         window,
         [
             ("left", "L1", 10 * M),
-            ("right", "R1", 12 * M),
-            ("right", "R-alone", 30 * M),  # the right side of a left join only emits when matched
+            ("right", "R1", 12 * M),  # meets L1: only L1+R1, ever
+            ("left", "L2", 20 * M),
+            ("right", "R-alone", 30 * M),  # the right side of a left join never emits alone
+            ("left", "L3", 40 * M),  # stream time 40 > 20 + 5: L2's window has closed
         ],
-    ) == [("L1+None", 10 * M), ("L1+R1", 12 * M)]
+    ) == [("L1+R1", 12 * M), ("L2+None", 20 * M)]
 
 
-def test_an_outer_join_emits_unmatched_records_of_both_sides() -> None:
+def test_an_outer_join_emits_unmatched_records_of_both_sides_once_their_windows_close() -> None:
     window = JoinWindow(within=5 * M, grace=30 * M)  # grace: the stores still hold R1 when L2 comes
-    assert joined("outer", window, [("right", "R1", 10 * M), ("left", "L1", 30 * M), ("left", "L2", 12 * M)]) == [
-        ("None+R1", 10 * M),
-        ("L1+None", 30 * M),
-        ("L2+R1", 12 * M),
+    assert joined(
+        "outer",
+        window,
+        [("right", "R1", 10 * M), ("left", "L1", 30 * M), ("left", "L2", 12 * M), ("left", "L3", 70 * M), ("right", "R9", 200 * M)],
+    ) == [
+        ("L2+R1", 12 * M),  # R1 met L2 within the grace: never emitted alone
+        ("L1+None", 30 * M),  # closed at 70 > 30 + 5 + 30
+        ("L3+None", 70 * M),  # closed at 200
     ]
 
 
-def test_a_record_older_than_the_join_stores_retention_is_dropped() -> None:
+def test_a_record_too_old_for_its_store_still_joins_and_an_unmatched_one_is_emitted_at_once() -> None:
+    """Kafka Streams: the store does not keep a record older than its retention, but the join
+    still pairs it with what the other side holds; unmatched, its window has closed already,
+    so a left join emits it with None at once."""
     window = JoinWindow(within=5 * M, grace=0)  # stores keep before + after + grace = 10 minutes
     assert joined(
         "left",
@@ -114,6 +125,90 @@ def test_a_record_older_than_the_join_stores_retention_is_dropped() -> None:
         [
             ("left", "L1", 100 * M),
             ("right", "R1", 100 * M),
-            ("left", "old", 80 * M),  # 20 minutes behind this side's newest record: too late, dropped
+            ("left", "old", 80 * M),  # 20 minutes behind stream time: not kept, met by nothing
         ],
-    ) == [("L1+None", 100 * M), ("L1+R1", 100 * M)]
+    ) == [("L1+R1", 100 * M), ("old+None", 80 * M)]
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def _steps(how: str, window: JoinWindow, inputs: list[tuple[str, Any, str | None, int]]) -> list[list[tuple[Any, str, int]]]:
+    app = App(f"stream-stream-steps-{how}")
+    left = app.topic("left", key=serdes.Json(), value=serdes.Text())
+    right = app.topic("right", key=serdes.Json(), value=serdes.Text())
+    left.join(right, lambda key, lv, rv: f"{_shown(lv)}-{_shown(rv)}", window=window, how=how, value=serdes.Text(), name="joined").to("out")
+    outputs = []
+    with TopologyTestDriver(app) as driver:
+        topics = {"L": driver.input_topic("left"), "R": driver.input_topic("right")}
+        out = driver.output_topic("out")
+        for side, key, value, timestamp in inputs:
+            topics[side].pipe_input(key, value, timestamp=timestamp)
+            outputs.append([(r.key, r.value, r.timestamp) for r in out.read_records()])
+    return outputs
+
+
+#: StreamStreamJoinIntegrationTest's inputWithoutOutOfOrderData (key 0; the last two keyless).
+INTEGRATION_INPUT = [
+    ("L", 0, None, 1), ("R", 0, None, 2), ("L", 0, "A", 3), ("R", 0, "a", 4), ("L", 0, "B", 5), ("R", 0, "b", 6),
+    ("L", 0, None, 7), ("R", 0, None, 8), ("L", 0, "C", 9), ("R", 0, "c", 10), ("R", 0, None, 11), ("L", 0, None, 12),
+    ("R", 0, None, 13), ("R", 0, "d", 14), ("L", 0, "D", 15), ("L", None, "E", 16), ("R", None, "e", 17),
+]  # fmt: skip
+_INNER_STEPS = [
+    [], [], [], [(0, "A-a", 4)], [(0, "B-a", 5)], [(0, "A-b", 6), (0, "B-b", 6)], [], [],
+    [(0, "C-a", 9), (0, "C-b", 9)], [(0, "A-c", 10), (0, "B-c", 10), (0, "C-c", 10)], [], [], [],
+    [(0, "A-d", 14), (0, "B-d", 14), (0, "C-d", 14)], [(0, "D-a", 15), (0, "D-b", 15), (0, "D-c", 15), (0, "D-d", 15)],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("how", "keyless"),
+    [("inner", [[], []]), ("left", [[(None, "E-null", 16)], []]), ("outer", [[(None, "E-null", 16)], [(None, "null-e", 17)]])],
+)
+def test_every_step_of_kafkas_stream_stream_join_integration_test(how: str, keyless: list[list[Any]]) -> None:
+    """Window 10 s, grace 24 h: nothing closes, so left and outer joins emit only what inner
+    does, and a keyless record of an emitting side is joined with None at once."""
+    window = JoinWindow(within=10_000, grace=24 * 3_600_000)
+    assert _steps(how, window, INTEGRATION_INPUT) == [*_INNER_STEPS, *keyless]
+
+
+#: The DSL guide's "Semantics of stream-stream joins" (window 15 s, grace 5 s; times in s),
+#: then its rows 40 to 100, where unmatched records come out as their windows close.
+GUIDE_INPUT = [(side, 0, value, ts * 1000) for side, value, ts in [
+    ("L", None, 1), ("R", None, 2), ("L", "A", 3), ("R", "a", 4), ("L", "B", 5), ("R", "b", 6), ("L", None, 7),
+    ("R", None, 8), ("L", "C", 9), ("R", "c", 10), ("R", None, 11), ("L", None, 12), ("R", None, 13), ("R", "d", 14),
+    ("L", "D", 15), ("L", "E", 40), ("L", "F", 60), ("R", "f", 80), ("L", "G", 100),
+]]  # fmt: skip
+_GUIDE_INNER = [
+    [], [], [], ["A-a"], ["B-a"], ["A-b", "B-b"], [], [], ["C-a", "C-b"], ["A-c", "B-c", "C-c"], [], [], [],
+    ["A-d", "B-d", "C-d"], ["D-a", "D-b", "D-c", "D-d"], [], [], [], [],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["inner", "left", "outer"])
+def test_every_row_of_the_guides_stream_stream_join_table(how: str) -> None:
+    """The guide's table closes a window one tick before Kafka Streams' KStreamKStreamJoin
+    does (its rule keeps a left record at t open while stream time <= t + after + grace,
+    and so does ours): with 1 ms less grace, that rule gives exactly the guide's rows; with
+    the stated 5 s, each unmatched record comes out one row later."""
+    late = {"inner": {}, "left": {16: ["E-null"], 17: ["F-null"]}, "outer": {16: ["E-null"], 17: ["F-null"], 18: ["null-f"]}}[how]
+    guide = [[*row, *late.get(index, [])] for index, row in enumerate(_GUIDE_INNER)]
+    exact = [[value for _, value, _ in step] for step in _steps(how, JoinWindow(within=15_000, grace=4_999), GUIDE_INPUT)]
+    assert exact == guide
+    stated = [[value for _, value, _ in step] for step in _steps(how, JoinWindow(within=15_000, grace=5_000), GUIDE_INPUT)]
+    one_row_later = guide if how == "inner" else [*guide[:16], [], *guide[16:18]]
+    assert stated == one_row_later
+
+
+def test_expired_unmatched_records_come_out_in_time_order_before_the_record_that_closed_them() -> None:
+    """KStreamKStreamLeftJoinTest's left-processor case: window 100 ms, no grace."""
+    inputs = [("L", 0, "A0", 1), ("L", 1, "A1", 2), ("L", 0, "A0-0", 3), ("R", 1, "a1", 3), ("L", 2, "dummy", 401), ("R", 2, "dummy", 401)]
+    assert _steps("left", JoinWindow(within=100, grace=0), inputs) == [
+        [],
+        [],
+        [],
+        [(1, "A1-a1", 3)],
+        [(0, "A0-null", 1), (0, "A0-0-null", 3)],
+        [(2, "dummy-dummy", 401)],
+    ]

@@ -72,8 +72,10 @@ STREAM_TABLE_JOIN      looks the record's key up in the table's store (``table_s
                        a left join calls ``fn`` with ``None``. Table updates trigger nothing.
 STREAM_STREAM_JOIN     one node per side (``side``): stores the record in ``this_store``,
                        looks up ``other_store`` within ``window`` and forwards
-                       ``(key, fn(key, left_value, right_value))``. The two sides feed a MERGE
-                       node that carries the join's name.
+                       ``(key, fn(key, left_value, right_value))``. A left or outer join holds a
+                       record that met no partner in ``outer_store`` and emits it with None once
+                       its window closes, unless a partner comes first (Kafka Streams >= 3.1).
+                       The two sides feed a MERGE node that carries the join's name.
 TABLE_JOIN_SIDE        one side of a table–table join: on an update of its table (``this_table``),
                        reads the other table's row (``other_store`` through ``other_view``) and
                        forwards the join's row for the key (``table_join_row``), or nothing
@@ -542,10 +544,15 @@ class StreamStreamJoinNode(NodeBase):
     window: JoinWindow
     this_store: str
     other_store: str
+    #: Left and outer joins: the key-value store both sides keep their unmatched records in
+    #: until their window closes.
+    outer_store: str | None = None
 
     @property
     def stores(self) -> tuple[str, ...]:
-        return (self.this_store, self.other_store)
+        if self.outer_store is None:
+            return (self.this_store, self.other_store)
+        return (self.this_store, self.other_store, self.outer_store)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

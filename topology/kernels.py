@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import enum
 import logging
+import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -407,10 +408,34 @@ def join_lookup_bounds(window: JoinWindow, side: JoinSide, timestamp: int) -> tu
 
 
 def emits_unmatched(how: JoinHow, side: JoinSide) -> bool:
-    """Whether a record that meets no partner is emitted at once, with ``None`` for the other
-    side: an outer join's records, and a left join's left records (as Kafka Streams did
-    before 3.1); the result with a partner still follows when one arrives."""
+    """Whether a record that meets no partner is emitted with ``None`` for the other side: an
+    outer join's records, and a left join's left records."""
     return how is JoinHow.OUTER or (how is JoinHow.LEFT and side is JoinSide.LEFT)
+
+
+_OUTER_KEY = struct.Struct(">QB")
+_TIME_ORDER = 1 << 63  # added to a timestamp so that its unsigned big-endian bytes sort as it does
+
+
+def outer_join_key(timestamp: int, side: JoinSide, key: bytes) -> bytes:
+    """Where an unmatched record waits in a join's outer store: ordered by timestamp, then
+    side (left first), then key, as Kafka Streams' TimestampedKeyAndJoinSide."""
+    return _OUTER_KEY.pack(timestamp + _TIME_ORDER, side is JoinSide.RIGHT) + key
+
+
+def outer_join_entry(stored_key: bytes) -> tuple[int, JoinSide, bytes]:
+    """``outer_join_key``'s parts: (timestamp, side, key)."""
+    time, right = _OUTER_KEY.unpack_from(stored_key)
+    return time - _TIME_ORDER, JoinSide.RIGHT if right else JoinSide.LEFT, stored_key[_OUTER_KEY.size :]
+
+
+def unmatched_window_open(window: JoinWindow, side: JoinSide, timestamp: int, stream_time: int) -> bool:
+    """Whether an unmatched record may still meet a partner: a left record at t while stream
+    time has not passed t + after + grace (a right one, t + before + grace). Kafka Streams'
+    KStreamKStreamJoin keeps it open up to and including that time; its DSL guide's table
+    shows it closing one tick earlier."""
+    look_ahead = window.after_ms if side is JoinSide.LEFT else window.before_ms
+    return timestamp + look_ahead + window.grace_ms >= stream_time
 
 
 def joined_timestamp(timestamp: int, other_timestamp: int) -> int:
@@ -482,6 +507,10 @@ class KeyValueBytes(Protocol):
     def get(self, key: bytes) -> bytes | None: ...
 
     def put(self, key: bytes, value: bytes | None) -> None: ...
+
+    def all(self) -> Iterable[tuple[bytes, bytes]]:
+        """Every entry, in key-byte order."""
+        ...
 
 
 class WindowBytes(Protocol):
@@ -1257,38 +1286,85 @@ decode_join_values = msgspec.msgpack.Decoder(list[bytes]).decode
 
 
 def _stream_stream_join(node: StreamStreamJoinNode, wiring: NodeWiring) -> Emit:
-    """Stores the record in this side's store, then pairs it with the other side's records
-    within the join window, oldest first; a record older than its store's retention is too
-    late to join and is dropped."""
+    """Kafka Streams' KStreamKStreamJoin (>= 3.1), one side: stores the record in this side's
+    store (a record older than its retention is not kept, but still joins what the other side
+    holds), emits the outer store's records whose window has closed, then pairs the record
+    with the other side's records within the join window, oldest first. A left or outer join
+    holds a record that met no partner in the outer store until its window closes — a partner
+    arriving first takes it out — or emits it with None at once when its window has closed
+    already (out of order); a null-key record of such a side is emitted with None at once."""
     fn = node.fn
     this_store: WindowBytes = wiring.stores[node.this_store]
     other_store: WindowBytes = wiring.stores[node.other_store]
     this_spec = wiring.specs[node.this_store]
-    # Keys are never None here (skips_record), so their bytes are not either.
+    # Keys are never None past the first check, so their bytes are not either.
     key_bytes = cast(Callable[[Any], bytes], this_spec.key_serde.serialize)
     this_value_bytes = cast(Callable[[Any], bytes], this_spec.value_serde.serialize)
     other_value_of = wiring.specs[node.other_store].value_serde.deserialize
     side, window = node.side, node.window
+    other_side = JoinSide.RIGHT if side is JoinSide.LEFT else JoinSide.LEFT
     unmatched = emits_unmatched(node.how, side)
+    other_unmatched = emits_unmatched(node.how, other_side)
+    key_of = this_spec.key_serde.deserialize
+    value_of = {side: this_spec.value_serde.deserialize, other_side: other_value_of}
+    outer: KeyValueBytes | None = wiring.stores[node.outer_store] if node.outer_store is not None else None
     forward = wiring.forward
 
+    def stream_time() -> int:
+        times = [t for t in (this_store.observed_stream_time, other_store.observed_stream_time) if t is not None]
+        return max(times)
+
+    def emit_closed(now: int) -> None:
+        """The outer store's records whose window has closed, oldest first, then gone."""
+        assert outer is not None
+        open_sides: set[JoinSide] = set()
+        emitted: list[bytes] = []
+        for stored, packed in outer.all():
+            if len(open_sides) == 2:
+                break
+            time, held_side, held_key = outer_join_entry(stored)
+            if unmatched_window_open(window, held_side, time, now):
+                open_sides.add(held_side)
+                continue
+            key = key_of(held_key)
+            for held_bytes in decode_join_values(packed):
+                forward(key, fn(key, *join_pair(held_side, value_of[held_side](held_bytes), None)), time)
+            emitted.append(stored)
+        for stored in emitted:
+            outer.put(stored, None)
+
     def stream_stream_join(key: Any, value: Any, timestamp: int) -> None:
-        if skips_record(key, value):
+        if value is None:
+            return
+        if key is None:
+            if unmatched:
+                forward(None, fn(None, *join_pair(side, value, None)), timestamp)
             return
         stored_key = key_bytes(key)
         existing = this_store.get(stored_key, timestamp)
         values = decode_join_values(existing) if existing is not None else []
         values.append(this_value_bytes(value))
-        if not this_store.put(stored_key, timestamp, encode_join_values(values)):
-            return  # older than the join window's retention: too late to join
+        this_store.put(stored_key, timestamp, encode_join_values(values))  # False: too old to keep
+        now = stream_time()
+        if outer is not None and timestamp == now:
+            emit_closed(now)
+        low, high = join_lookup_bounds(window, side, timestamp)
         matched = False
-        for other_time, packed in other_store.fetch(stored_key, *join_lookup_bounds(window, side, timestamp)):
+        for other_time, packed in other_store.fetch(stored_key, low, high):
+            if outer is not None and other_unmatched:
+                outer.put(outer_join_key(other_time, other_side, stored_key), None)  # met a partner
             for other_bytes in decode_join_values(packed):
                 left, right = join_pair(side, value, other_value_of(other_bytes))
                 forward(key, fn(key, left, right), joined_timestamp(timestamp, other_time))
                 matched = True
-        if not matched and unmatched:
-            forward(key, fn(key, *join_pair(side, value, None)), timestamp)
+        if matched or not unmatched:
+            return
+        if outer is None or high < now:
+            forward(key, fn(key, *join_pair(side, value, None)), timestamp)  # its window has closed already
+            return
+        held_key = outer_join_key(timestamp, side, stored_key)
+        held = outer.get(held_key)
+        outer.put(held_key, encode_join_values([*(decode_join_values(held) if held is not None else []), this_value_bytes(value)]))
 
     return stream_stream_join
 

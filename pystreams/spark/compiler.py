@@ -433,7 +433,7 @@ class _Compilation:
         flows = {LEFT_SIDE: self.parent_flow(left), RIGHT_SIDE: self.parent_flow(right)}
         for flow in flows.values():
             self.warn_if_repartitioned(merge, flow)
-        stores = tuple(_shipped_store(left, topology.stores[name]) for name in (left.this_store, left.other_store))
+        stores = tuple(_shipped_store(left, topology.stores[name]) for name in left.stores)
         inputs = {
             LEFT_SIDE: (_shipped_node(left), flows[LEFT_SIDE].key_serde, flows[LEFT_SIDE].value_serde),
             RIGHT_SIDE: (_shipped_node(right), flows[RIGHT_SIDE].key_serde, flows[RIGHT_SIDE].value_serde),
