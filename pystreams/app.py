@@ -46,6 +46,7 @@ from pystreams.app_loader import load_app as load_app
 from pystreams.app_queries import AppQueries
 from pystreams.guarantee import ProcessingGuarantee
 from pystreams.serdes import Serde
+from pystreams.topology import foreign_key as fk
 from pystreams.topology.errors import (
     InvalidNameError,
     MissingSourceError,
@@ -63,6 +64,10 @@ from pystreams.topology.ir import (
     ErrorPolicies,
     ErrorPolicy,
     FilterNode,
+    FkForeignUpdateNode,
+    FkJoinNode,
+    FkSubscribeNode,
+    FkSubscriptionsNode,
     FlatMapNode,
     FlatMapValuesNode,
     JoinHow,
@@ -804,6 +809,7 @@ class App(AppQueries):
         value: Serde | None = None,
         name: str | None = None,
         store: str | None = None,
+        foreign_key: Callable[[Any, Any], Any] | None = None,
     ) -> Callable[[Callable], Table]: ...
     def join(
         self,
@@ -815,6 +821,7 @@ class App(AppQueries):
         value: Serde | None = None,
         name: str | None = None,
         store: str | None = None,
+        foreign_key: Callable[[Any, Any], Any] | None = None,
     ) -> Callable[[Callable], Any]:
         """``fn(key, left_value, right_value) -> value``.
 
@@ -824,7 +831,9 @@ class App(AppQueries):
 
         A table with a table: a table–table join on the key (``how`` inner, left or outer), a
         table of the joined rows; kept in ``store`` (queryable) when given, else computed as
-        its sides update.
+        its sides update. With ``foreign_key=fn(key, value)`` (Kafka Streams' foreign-key
+        join, KIP-213; inner or left): each left row joins the right row whose key ``fn``
+        gives, keyed by the left key; the sides need not be co-partitioned.
         """
         if isinstance(left, Table):
 
@@ -833,10 +842,23 @@ class App(AppQueries):
                 node_name = self._function_name(fn, name, left_node, "join")
                 if window is not None:
                     raise TopologyError(f"join {node_name!r}: a table-table join takes no window", nodes=[node_name])
+                if foreign_key is not None:
+                    return self._foreign_key_join(
+                        node_name,
+                        left_node,
+                        right,
+                        _join_how(how, node_name),
+                        _callable(fn),
+                        value or self.default_value_serde,
+                        store,
+                        _callable(foreign_key, "foreign key extractor"),
+                    )
                 return self._table_table_join(node_name, left_node, right, _join_how(how, node_name), _callable(fn), value or self.default_value_serde, store)
 
             return declare_table
         self._no_store_on_streams(store, "join")
+        if foreign_key is not None:
+            raise TypeError("join: foreign_key= joins two tables; a stream joins a table on its key (re-key it with group_by first)")
 
         def declare(fn: Callable) -> Stream:
             left_node = self._stream(left, "join")
@@ -1340,6 +1362,83 @@ class App(AppQueries):
             self._add_store(Store(name=store_name, kind=StoreKind.KEY_VALUE, owner=node_name, key_serde=node.key_serde, value_serde=value_serde))
         return Table(self, node_name)
 
+    def _foreign_key_join(
+        self, node_name: str, left: Node, right: Any, how: JoinHow, fn: Callable, value_serde: Serde, store: str | None, extractor: Callable
+    ) -> Table:
+        right_node = self._table(right, "join")
+        if how is JoinHow.OUTER:
+            raise TopologyError(f"join {node_name!r}: a foreign-key join is inner or left, not outer", nodes=[node_name])
+        for table in (left, right_node):
+            if not is_table(table) or _table_window(self, table) is not None:
+                raise TopologyError(
+                    f"join {node_name!r}: {table.name!r} is not a table of plain keys a foreign-key join can look up", nodes=[node_name, table.name]
+                )
+        left_join = how is JoinHow.LEFT
+        left_store, left_view = self._table_rows(left, node_name)
+        foreign_store, foreign_view = self._table_rows(right_node, node_name)
+        names = {part: check_name("node", f"{node_name}-{part}") for part in ("subscribe", "subscriptions", "foreign", "responses")}
+        keys_store = check_name("store", f"{node_name}-foreign-keys")
+        subscriptions_store = check_name("store", f"{node_name}-subscriptions-store")
+        subscription_serde = fk.SubscriptionSerde(left.key_serde)
+        response_serde = fk.ResponseSerde(right_node.value_serde)
+        self._add(
+            FkSubscribeNode(
+                name=names["subscribe"],
+                parents=(left.name,),
+                key_serde=right_node.key_serde,
+                value_serde=subscription_serde,
+                fn=extractor,
+                left_value_serde=left.value_serde,
+                store=keys_store,
+            )
+        )
+        self._add_store(Store(name=keys_store, kind=StoreKind.KEY_VALUE, owner=names["subscribe"], key_serde=left.key_serde, value_serde=serdes.Bytes()))
+        self._add(
+            FkSubscriptionsNode(
+                name=names["subscriptions"],
+                parents=(names["subscribe"],),
+                key_serde=left.key_serde,
+                value_serde=response_serde,
+                store=subscriptions_store,
+                foreign_table=right_node.name,
+                foreign_store=foreign_store,
+                foreign_view=foreign_view,
+            )
+        )
+        self._add_store(
+            Store(name=subscriptions_store, kind=StoreKind.KEY_VALUE, owner=names["subscriptions"], key_serde=serdes.Bytes(), value_serde=subscription_serde)
+        )
+        self._add(
+            FkForeignUpdateNode(
+                name=names["foreign"],
+                parents=(right_node.name,),
+                key_serde=left.key_serde,
+                value_serde=response_serde,
+                subscriptions_store=subscriptions_store,
+                foreign_key_serde=right_node.key_serde,
+            )
+        )
+        self._add(MergeNode(name=names["responses"], parents=(names["subscriptions"], names["foreign"]), key_serde=left.key_serde, value_serde=response_serde))
+        store_name = None if store is None else check_name("store", store)
+        self._add(
+            FkJoinNode(
+                name=node_name,
+                parents=(names["responses"],),
+                key_serde=left.key_serde,
+                value_serde=value_serde,
+                fn=fn,
+                left_join=left_join,
+                left_table=left.name,
+                left_store=left_store,
+                left_view=left_view,
+                left_value_serde=left.value_serde,
+                store=store_name,
+            )
+        )
+        if store_name is not None:
+            self._add_store(Store(name=store_name, kind=StoreKind.KEY_VALUE, owner=node_name, key_serde=left.key_serde, value_serde=value_serde))
+        return Table(self, node_name)
+
     def _stream_stream_join(
         self,
         node_name: str,
@@ -1583,10 +1682,21 @@ class Table(_Handle):
         """``app.group_by(table, ...)(fn)``: rows re-keyed by ``fn(key, value) -> (key, value)``."""
         return self.app.group_by(self, key=key, value=value, name=name)(fn)
 
-    def join(self, other: Table, fn: Callable, *, how: str = "inner", value: Serde | None = None, name: str | None = None, store: str | None = None) -> Table:
-        """``app.join(table, other, ...)(fn)``: a table–table join on the key, ``fn(key,
+    def join(
+        self,
+        other: Table,
+        fn: Callable,
+        *,
+        how: str = "inner",
+        value: Serde | None = None,
+        name: str | None = None,
+        store: str | None = None,
+        foreign_key: Callable[[Any, Any], Any] | None = None,
+    ) -> Table:
+        """``app.join(table, other, ...)(fn)``: a table–table join on the key — or, with
+        ``foreign_key=fn(key, value)``, on the right key each left row names — ``fn(key,
         left_value, right_value)`` per joined row."""
-        return self.app.join(self, other, how=how, value=value, name=name, store=store)(fn)
+        return self.app.join(self, other, how=how, value=value, name=name, store=store, foreign_key=foreign_key)(fn)
 
 
 class GroupedTable:

@@ -104,3 +104,62 @@ def test_table_join_and_grouped_reduce_end_exact_and_rebuild_from_their_changelo
         assert engine.store_contents("by-parity") == parity
     finally:
         engine.close()
+
+
+def fk_app(orders_topic: str, customers_topic: str) -> App:
+    app = App("fk-on-workers")
+    orders = app.table(orders_topic, value=serdes.Json(), name="orders")
+    customers = app.table(customers_topic, value=serdes.Int(), name="customers")
+    orders.join(
+        customers,
+        lambda key, order, zone: f"{order['n']}:{zone}",
+        foreign_key=lambda key, order: order["c"],
+        how="left",
+        value=serdes.Text(),
+        store="enriched",
+        name="enriched",
+    )
+    return app
+
+
+def test_a_foreign_key_join_across_differently_partitioned_tables_ends_exact_and_rebuilds(kafka_bootstrap: str, tmp_path: Path, unique_topic) -> None:
+    """Orders on 2 partitions name customers on 3: no co-partitioning, answers routed back by
+    order key; a wiped state directory restores the subscriptions and each order's foreign
+    key, and later moves between customers come out right."""
+    orders_topic, customers_topic = unique_topic("orders"), unique_topic("customers")
+    create_topics(kafka_bootstrap, TopicSpec(orders_topic, 2), TopicSpec(customers_topic, 3))
+    app = fk_app(orders_topic, customers_topic)
+    rng = random.Random(11)
+    orders: dict[str, dict[str, Any]] = {}
+    customers: dict[str, int] = {}
+
+    def order_updates(count: int) -> list[tuple[bytes, bytes | None, None]]:
+        records = []
+        for n in range(count):
+            key = f"o{rng.randrange(12)}"
+            if rng.random() < 0.2:
+                orders.pop(key, None)
+                records.append((key.encode(), None, None))
+            else:
+                orders[key] = {"n": n, "c": f"k{rng.randrange(10)}"}
+                records.append((key.encode(), serdes.Json().serialize(orders[key]), None))
+        return records
+
+    def joined() -> dict[str, str]:
+        return {key: f"{order['n']}:{customers.get(order['c'])}" for key, order in orders.items()}
+
+    produce(kafka_bootstrap, orders_topic, order_updates(50))
+    produce(kafka_bootstrap, customers_topic, updates(rng, customers, 40))
+    offsets = OffsetStore()
+    engine = run(app, kafka_bootstrap, tmp_path / "state", offsets, lambda engine: engine.store_contents("enriched") == joined())
+    try:
+        assert engine.store_contents("enriched") == joined()
+    finally:
+        engine.close()
+    produce(kafka_bootstrap, orders_topic, order_updates(30))
+    produce(kafka_bootstrap, customers_topic, updates(rng, customers, 20))
+    engine = run(app, kafka_bootstrap, tmp_path / "wiped", offsets, lambda engine: engine.store_contents("enriched") == joined())
+    try:
+        assert engine.store_contents("enriched") == joined()
+    finally:
+        engine.close()

@@ -43,6 +43,8 @@ from .ir import (
     CogroupNode,
     CopartitionGroup,
     ErrorPolicies,
+    FkJoinNode,
+    FkSubscriptionsNode,
     InternalTopic,
     JoinSide,
     Node,
@@ -95,7 +97,7 @@ def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store], errors: E
     internal_topics = _internal_topics(app_id, ordered, built_stores)
     groups = _copartition_groups(ordered)
     _check_sources_and_sinks(ordered, internal_topics)
-    _check_acyclic(subtopologies, internal_topics)
+    _check_acyclic(subtopologies, internal_topics, groups)
 
     node_list = list(ordered.values())
     canonical = canonical_form(app_id, node_list, list(built_stores.values()), subtopologies, list(internal_topics.values()), groups)
@@ -157,10 +159,11 @@ def _check_references(declared: dict[str, Node], stores: dict[str, Store]) -> No
                     f"{node.kind} node {node.name!r} reads from {parent!r}, declared after it",
                     nodes=[node.name, parent],
                 )
-        if isinstance(node, StreamTableJoinNode) and node.table not in declared:
+        looked_up = _looked_up_table(node)
+        if looked_up is not None and looked_up not in declared:
             raise MissingSourceError(
-                f"join {node.name!r} reads table {node.table!r}, which is not declared",
-                nodes=[node.name, node.table],
+                f"join {node.name!r} reads table {looked_up!r}, which is not declared",
+                nodes=[node.name, looked_up],
             )
         for store_name in stores_of(node):
             if store_name not in stores:
@@ -177,7 +180,7 @@ def _check_references(declared: dict[str, Node], stores: dict[str, Store]) -> No
 
 def _needs_keyed_input(node: Node) -> bool:
     match node:
-        case AggregationNode() | StreamTableJoinNode() | StreamStreamJoinNode() | TableAggregateNode():
+        case AggregationNode() | StreamTableJoinNode() | StreamStreamJoinNode() | TableAggregateNode() | FkSubscriptionsNode() | FkJoinNode():
             return True
         case ProcessorNode():
             return bool(node.stores)
@@ -272,6 +275,20 @@ def _wire_children(nodes: dict[str, Node]) -> dict[str, Node]:
 # --------------------------------------------------------------------------- 3. split
 
 
+def _looked_up_table(node: Node) -> str | None:
+    """The table a node looks rows up in without reading its updates: it must share the
+    table's task (its sub-topology and partition)."""
+    match node:
+        case StreamTableJoinNode():
+            return node.table
+        case FkSubscriptionsNode():
+            return node.foreign_table
+        case FkJoinNode():
+            return node.left_table
+        case _:
+            return None
+
+
 def _split(nodes: dict[str, Node]) -> dict[str, int]:
     """Sub-topology id per node: connected components, numbered by first appearance."""
     root = {name: name for name in nodes}
@@ -288,8 +305,9 @@ def _split(nodes: dict[str, Node]) -> dict[str, int]:
     for node in nodes.values():
         for parent in node.parents:
             union(node.name, parent)
-        if isinstance(node, StreamTableJoinNode):
-            union(node.name, node.table)
+        looked_up = _looked_up_table(node)
+        if looked_up is not None:
+            union(node.name, looked_up)
     ids: dict[str, int] = {}
     assignment = {}
     for name in nodes:
@@ -409,8 +427,9 @@ def _copartition_groups(nodes: dict[str, Node]) -> list[CopartitionGroup]:
     """One group per set of joins sharing sources; each lists the sources feeding both sides."""
     requirements: list[tuple[str, set[str]]] = []
     for node in nodes.values():
-        if isinstance(node, StreamTableJoinNode):
-            sources = _upstream_sources(nodes, node.parents[0]) | _upstream_sources(nodes, node.table)
+        looked_up = _looked_up_table(node)
+        if looked_up is not None:
+            sources = _upstream_sources(nodes, node.parents[0]) | _upstream_sources(nodes, looked_up)
             requirements.append((node.name, sources))
         elif isinstance(node, StreamStreamJoinNode) and node.side is JoinSide.LEFT:
             join_name = node.children[0] if node.children else node.name
@@ -479,14 +498,21 @@ def _check_sources_and_sinks(nodes: dict[str, Node], internal_topics: dict[str, 
             raise InvalidNameError(f"source {source!r} reads {name!r}, an internal topic of this app", nodes=[source], topics=[name])
 
 
-def subtopology_order(subtopologies: Iterable[SubTopology], internal_topics: Mapping[str, InternalTopic]) -> list[int]:
-    """Sub-topology ids, each after the ones writing its repartition topics."""
+def subtopology_order(
+    subtopologies: Iterable[SubTopology], internal_topics: Mapping[str, InternalTopic], copartition_groups: Iterable[CopartitionGroup] = ()
+) -> list[int]:
+    """Sub-topology ids, each after the ones writing its repartition topics — except a topic
+    co-partitioned with a topic of other systems, whose count that topic fixes (a foreign-key
+    join's two topics run both ways between its sides)."""
+    sized_by_partners = {
+        topic for group in copartition_groups if any(t not in internal_topics for t in group.topics) for topic in group.topics if topic in internal_topics
+    }
     sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
     for sub in subtopologies:
         sorter.add(sub.id)
     for topic in internal_topics.values():
         reader = topic.reader_subtopology
-        if topic.role is TopicRole.REPARTITION and reader is not None and reader != topic.subtopology:
+        if topic.role is TopicRole.REPARTITION and reader is not None and reader != topic.subtopology and topic.name not in sized_by_partners:
             sorter.add(reader, topic.subtopology)
     try:
         return list(sorter.static_order())
@@ -498,5 +524,5 @@ def subtopology_order(subtopologies: Iterable[SubTopology], internal_topics: Map
         raise TopologyError(f"sub-topologies {cycle} feed each other through repartition topics {topics}", topics=topics) from None
 
 
-def _check_acyclic(subtopologies: list[SubTopology], internal_topics: dict[str, InternalTopic]) -> None:
-    subtopology_order(subtopologies, internal_topics)
+def _check_acyclic(subtopologies: list[SubTopology], internal_topics: dict[str, InternalTopic], groups: Iterable[CopartitionGroup]) -> None:
+    subtopology_order(subtopologies, internal_topics, groups)

@@ -91,6 +91,17 @@ TABLE_AGGREGATE        a grouped table's ``count`` / ``reduce`` / ``aggregate``:
                        old)`` it subtracts ``old`` (``subtractor(acc, key, old)``), then adds
                        ``new`` (``adder(acc, key, new)``, from ``initial`` — or ``new`` itself
                        when ``reduce`` — when there is no accumulator); keeps it in ``store``
+FK_SUBSCRIBE           a foreign-key join's left side: per left row, ``fn(value)`` is its foreign
+                       key; forwards ``(foreign key, Subscription)`` records (rules in
+                       ``pystreams.topology.foreign_key``) for the registration repartition
+                       topic; ``store`` keeps each left key's last foreign key
+FK_SUBSCRIPTIONS       the right side: keeps the subscriptions (``store``), looks the right row
+                       up (``foreign_store`` through ``foreign_view``) and forwards
+                       ``(left key, SubscriptionResponse)``
+FK_FOREIGN_UPDATE      the right side: on a right row's update, answers every subscriber of it
+FK_JOIN                the join's table: answers (through the response repartition topic) whose
+                       hash matches the current left row (``left_store`` through ``left_view``)
+                       become its rows; ``store`` as for TABLE_FILTER
 SUPPRESS               a table's updates held in a changelogged buffer (``stores[0]``) and
                        emitted when the ``suppression`` says (until the window closes, or
                        until a time limit / a full buffer)
@@ -442,6 +453,66 @@ class TableAggregateNode(NodeBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FkSubscribeNode(NodeBase):
+    """A foreign-key join's left side (Kafka Streams' SubscriptionSendProcessor)."""
+
+    fn: Callable[..., Any]
+    #: The left table's value serde: the hash covers its bytes.
+    left_value_serde: Any
+    store: str
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FkSubscriptionsNode(NodeBase):
+    """A foreign-key join's right side, on subscriptions (SubscriptionReceive + Join)."""
+
+    store: str
+    foreign_table: str
+    foreign_store: str
+    foreign_view: tuple[TableViewNode, ...] = ()
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.store, self.foreign_store)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FkForeignUpdateNode(NodeBase):
+    """A foreign-key join's right side, on right rows (ForeignTableJoin): reads the
+    subscriptions ``subscriptions_store``."""
+
+    subscriptions_store: str
+    #: The right table's key serde (the subscriptions are kept by its bytes).
+    foreign_key_serde: Any = None
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.subscriptions_store,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FkJoinNode(NodeBase):
+    """A foreign-key join's table (ResponseJoin): ``fn(key, left, right)`` per answer that is
+    not stale."""
+
+    fn: Callable[..., Any]
+    left_join: bool
+    left_table: str
+    left_store: str
+    left_view: tuple[TableViewNode, ...] = ()
+    left_value_serde: Any = None
+    store: str | None = None
+
+    @property
+    def stores(self) -> tuple[str, ...]:
+        return (self.left_store,) if self.store is None else (self.store, self.left_store)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RepartitionNode(NodeBase):
     """Only in declarations: the builder replaces it with a repartition sink + source pair."""
 
@@ -601,6 +672,10 @@ Node: TypeAlias = (
     | TableJoinNode
     | TableGroupByNode
     | TableAggregateNode
+    | FkSubscribeNode
+    | FkSubscriptionsNode
+    | FkForeignUpdateNode
+    | FkJoinNode
     | RepartitionNode
     | CountNode
     | AggregateNode
@@ -621,13 +696,23 @@ def is_source(node: Node) -> bool:
 def is_table(node: Node) -> bool:
     """Whether the node's output is a table (an update stream of a keyed state)."""
     return isinstance(
-        node, TableSourceNode | CountNode | AggregateNode | ReduceNode | CogroupNode | TableFilterNode | TableMapValuesNode | TableJoinNode | TableAggregateNode
+        node,
+        TableSourceNode
+        | CountNode
+        | AggregateNode
+        | ReduceNode
+        | CogroupNode
+        | TableFilterNode
+        | TableMapValuesNode
+        | TableJoinNode
+        | TableAggregateNode
+        | FkJoinNode,
     )
 
 
 def is_materialized(node: Node) -> bool:
     """Whether a table node keeps its rows in a store of its own (else it is computed on read)."""
-    return is_table(node) and not (isinstance(node, TableFilterNode | TableMapValuesNode | TableJoinNode) and node.store is None)
+    return is_table(node) and not (isinstance(node, TableFilterNode | TableMapValuesNode | TableJoinNode | FkJoinNode) and node.store is None)
 
 
 def changes_key(node: Node) -> bool:
@@ -635,7 +720,7 @@ def changes_key(node: Node) -> bool:
     match node:
         case MapNode() | FlatMapNode() | ProcessorNode():
             return node.key_changing
-        case SelectKeyNode() | TableGroupByNode():
+        case SelectKeyNode() | TableGroupByNode() | FkSubscribeNode() | FkSubscriptionsNode() | FkForeignUpdateNode():
             return True
         case _:
             return False
@@ -669,6 +754,10 @@ def stores_of(node: Node) -> tuple[str, ...]:
             | TableJoinNode()
             | TableGroupByNode()
             | TableAggregateNode()
+            | FkSubscribeNode()
+            | FkSubscriptionsNode()
+            | FkForeignUpdateNode()
+            | FkJoinNode()
         ):
             return node.stores
         case _:

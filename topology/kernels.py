@@ -38,6 +38,7 @@ from kafka.partitioner.default import murmur2
 
 from pystreams import serdes
 
+from . import foreign_key as fk
 from .ir import (
     AggregationNode,
     BranchNode,
@@ -46,6 +47,10 @@ from .ir import (
     ErrorPolicies,
     ErrorPolicy,
     FilterNode,
+    FkForeignUpdateNode,
+    FkJoinNode,
+    FkSubscribeNode,
+    FkSubscriptionsNode,
     FlatMapNode,
     FlatMapValuesNode,
     JoinHow,
@@ -711,6 +716,14 @@ def node_emit(node: Node, wiring: NodeWiring) -> Emit:
             return _table_group_by(node, wiring)
         case TableAggregateNode():
             return _table_aggregate(node, wiring)
+        case FkSubscribeNode():
+            return _fk_subscribe(node, wiring)
+        case FkSubscriptionsNode():
+            return _fk_subscriptions(node, wiring)
+        case FkForeignUpdateNode():
+            return _fk_foreign_update(node, wiring)
+        case FkJoinNode():
+            return _fk_join(node, wiring)
         case AggregationNode():
             return _aggregation(node, wiring)
         case CogroupNode():
@@ -812,25 +825,34 @@ def table_join_update(how: JoinHow, side: JoinSide, this_row: Any, other_row: An
     return table_join_row(how, side, this_row, other_row)
 
 
+def table_row_reader(store_name: str, view: tuple[TableViewNode, ...], wiring: NodeWiring) -> Callable[[Any], Any]:
+    """A table's row for a key, for a lookup: read from ``store_name``, then through the
+    steps computed on read (``view``); None when there is none (Kafka Streams' value getter)."""
+    spec = wiring.specs[store_name]
+    key_bytes = spec.key_serde.serialize
+    value_of = spec.value_serde.deserialize
+    get = wiring.stores[store_name].get
+    through = table_view_reader(view) if view else None
+
+    def row(key: Any) -> Any:
+        stored = get(key_bytes(key))
+        value = None if stored is None else value_of(stored)
+        return value if through is None else through(key, value)
+
+    return row
+
+
 def _table_join_side(node: TableJoinSideNode, wiring: NodeWiring) -> Emit:
     """On an update of its table, reads the other table's row and sends the join's row for
     the key (joined with ``fn(key, left, right)``), a tombstone, or nothing."""
     fn, how, side = node.fn, node.how, node.side
-    spec = wiring.specs[node.other_store]
-    key_bytes = spec.key_serde.serialize
-    other_value_of = spec.value_serde.deserialize
-    get = wiring.stores[node.other_store].get
-    view = table_view_reader(node.other_view) if node.other_view else None
+    other_row_of = table_row_reader(node.other_store, node.other_view, wiring)
     forward = wiring.forward
 
     def table_join_side(key: Any, value: Any, timestamp: int) -> None:
         if key is None:
             return  # a table has no row for a null key
-        stored = get(key_bytes(key))
-        other_row = None if stored is None else other_value_of(stored)
-        if view is not None:
-            other_row = view(key, other_row)
-        rows = table_join_update(how, side, value, other_row)
+        rows = table_join_update(how, side, value, other_row_of(key))
         if rows is NO_CHANGE:
             return
         forward(key, None if rows is None else fn(key, *cast(tuple[Any, Any], rows)), timestamp)
@@ -941,6 +963,111 @@ def _table_aggregate(node: TableAggregateNode, wiring: NodeWiring) -> Emit:
         put(stored_key, value_bytes(accumulator))
 
     return table_aggregate
+
+
+# ============================================================================ foreign-key join
+
+
+def _fk_subscribe(node: FkSubscribeNode, wiring: NodeWiring) -> Emit:
+    """A left row's subscriptions (``foreign_key.subscriptions``), keyed by foreign key, with
+    the hash of the row's value; the store keeps the row's last foreign key."""
+    fn = node.fn
+    store = wiring.stores[node.store]
+    get, put = store.get, store.put
+    row_key_bytes = wiring.specs[node.store].key_serde.serialize
+    foreign_key_bytes, foreign_key_of = node.key_serde.serialize, node.key_serde.deserialize
+    left_value_bytes = node.left_value_serde.serialize
+    forward = wiring.forward
+
+    def fk_subscribe(key: Any, value: Any, timestamp: int) -> None:
+        if key is None:
+            return  # a table has no row for a null key
+        row_key = row_key_bytes(key)
+        stored = get(row_key)
+        old = None if stored is None else fk.decode_row(stored)
+        new = None if value is None else (foreign_key_bytes(fn(key, value)),)
+        if new != old:
+            put(row_key, None if new is None else fk.encode_row(new))
+        hashed = fk.value_hash(left_value_bytes(value))
+        for foreign_key, instruction in fk.subscriptions(old, new):
+            forward(foreign_key_of(foreign_key), fk.Subscription(hashed, instruction, key), timestamp)
+
+    return fk_subscribe
+
+
+def _fk_subscriptions(node: FkSubscriptionsNode, wiring: NodeWiring) -> Emit:
+    """Keeps (or drops) a subscription and answers it with the right row, as its instruction
+    says; a None foreign key (a left join's) is answered at once, never kept."""
+    store = wiring.stores[node.store]
+    put = store.put
+    foreign_row_of = table_row_reader(node.foreign_store, node.foreign_view, wiring)
+    foreign_key_bytes = wiring.specs[node.foreign_store].key_serde.serialize
+    subscription_bytes = cast(fk.SubscriptionSerde, wiring.specs[node.store].value_serde)
+    primary_key_bytes = subscription_bytes.key.serialize
+    forward = wiring.forward
+    keep = {fk.Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE}
+
+    def fk_subscriptions(foreign_key: Any, subscription: Any, timestamp: int) -> None:
+        if subscription is None:
+            return
+        instruction = subscription.instruction
+        if foreign_key is None:
+            if instruction is not fk.Instruction.PROPAGATE_NULL_IF_NO_FK_VAL_AVAILABLE:
+                return
+            forward(subscription.primary_key, fk.SubscriptionResponse(subscription.hash, None), timestamp)
+            return
+        stored_key = fk.subscription_key(cast(bytes, foreign_key_bytes(foreign_key)), cast(bytes, primary_key_bytes(subscription.primary_key)))
+        put(stored_key, subscription_bytes.serialize(subscription) if instruction in keep else None)
+        answered, row = fk.answers(instruction, foreign_row_of(foreign_key))
+        if answered:
+            forward(subscription.primary_key, fk.SubscriptionResponse(subscription.hash, row), timestamp)
+
+    return fk_subscriptions
+
+
+def _fk_foreign_update(node: FkForeignUpdateNode, wiring: NodeWiring) -> Emit:
+    """A right row changed: every subscriber of it gets the new row (None: gone)."""
+    spec = wiring.specs[node.subscriptions_store]
+    store = wiring.stores[node.subscriptions_store]
+    subscription_of = spec.value_serde.deserialize
+    foreign_key_bytes = node.foreign_key_serde.serialize
+    forward = wiring.forward
+
+    def fk_foreign_update(foreign_key: Any, value: Any, timestamp: int) -> None:
+        if foreign_key is None:
+            return  # a table has no row for a null key
+        prefix = fk.subscription_prefix(cast(bytes, foreign_key_bytes(foreign_key)))
+        for stored_key, packed in store.range(prefix, None):
+            if not stored_key.startswith(prefix):
+                break
+            subscription = subscription_of(packed)
+            forward(subscription.primary_key, fk.SubscriptionResponse(subscription.hash, value), timestamp)
+
+    return fk_foreign_update
+
+
+def _fk_join(node: FkJoinNode, wiring: NodeWiring) -> Emit:
+    """An answer becomes the join's row for its left key unless it answers an earlier left
+    value (its hash is not the current row's): then it is stale and dropped."""
+    fn, left_join = node.fn, node.left_join
+    left_row_of = table_row_reader(node.left_store, node.left_view, wiring)
+    left_value_bytes = node.left_value_serde.serialize
+    keep = _row_keeper(node.store, wiring) if node.store is not None else None
+    forward = wiring.forward
+
+    def fk_join(key: Any, response: Any, timestamp: int) -> None:
+        if key is None or response is None:
+            return
+        current = left_row_of(key)
+        if fk.value_hash(left_value_bytes(current)) != response.hash:
+            return  # a stale answer
+        row = fk.joined_row(left_join, fn, key, current, response.foreign_value)
+        if keep is not None:
+            keep(key, row)
+        else:
+            forward(key, row, timestamp)
+
+    return fk_join
 
 
 def _aggregation(node: AggregationNode, wiring: NodeWiring) -> Emit:
@@ -1255,21 +1382,14 @@ def _stream_table_join(node: StreamTableJoinNode, wiring: NodeWiring) -> Emit:
     """Looks each record up in the table's store; an inner join drops misses, a left join
     calls ``fn`` with None. Table updates trigger nothing."""
     fn = node.fn
-    spec = wiring.specs[node.table_store]
-    key_bytes = spec.key_serde.serialize
-    table_value_of = spec.value_serde.deserialize
-    get = wiring.stores[node.table_store].get
+    row_of = table_row_reader(node.table_store, node.table_view, wiring)
     left_join = node.how is JoinHow.LEFT
     forward = wiring.forward
-    view = table_view_reader(node.table_view) if node.table_view else None
 
     def stream_table_join(key: Any, value: Any, timestamp: int) -> None:
         if skips_record(key, value):
             return
-        stored = get(key_bytes(key))
-        row = None if stored is None else table_value_of(stored)
-        if view is not None:
-            row = view(key, row)
+        row = row_of(key)
         if row is None:
             if left_join:
                 forward(key, fn(key, value, None), timestamp)

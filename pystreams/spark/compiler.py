@@ -79,6 +79,10 @@ from pystreams.topology.ir import (
     CogroupNode,
     CountNode,
     FilterNode,
+    FkForeignUpdateNode,
+    FkJoinNode,
+    FkSubscribeNode,
+    FkSubscriptionsNode,
     FlatMapNode,
     FlatMapValuesNode,
     JoinSide,
@@ -522,11 +526,22 @@ class _Compilation:
                 self.processor(node)
             case SuppressNode():
                 self.suppress(node)
-            case TableFilterNode() | TableMapValuesNode() | TableJoinSideNode() | TableJoinNode() | TableGroupByNode() | TableAggregateNode():
+            case (
+                TableFilterNode()
+                | TableMapValuesNode()
+                | TableJoinSideNode()
+                | TableJoinNode()
+                | TableGroupByNode()
+                | TableAggregateNode()
+                | FkSubscribeNode()
+                | FkSubscriptionsNode()
+                | FkForeignUpdateNode()
+                | FkJoinNode()
+            ):
                 raise _unsupported(
                     node,
-                    "a table's filter, map_values, group_by or table-table join does not compile to Spark yet (a table on "
-                    "Spark is read from its topic by the stream-table join that uses it); run this app on workers",
+                    "a table's filter, map_values, group_by, table-table or foreign-key join does not compile to Spark yet "
+                    "(a table on Spark is read from its topic by the stream-table join that uses it); run this app on workers",
                 )
             case SinkNode():
                 self.sink(node)
