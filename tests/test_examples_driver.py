@@ -118,3 +118,23 @@ def test_dedupe_forgets_ids_an_hour_old_and_reports_on_the_wall_clock(caplog: py
             assert "remembers" not in caplog.text
             driver.advance_wall_clock(1 * SECOND)  # 30 s after the start: the report is due
         assert "task 0_0 remembers 2 event ids" in caplog.text
+
+
+def test_shipping_labels_follow_customers_moves_and_orders_changes() -> None:
+    app = load_app(str(EXAMPLES / "shipping_labels.py"))
+    nodes = app.topology().nodes
+    Order = nodes["orders"].value_serde.struct_type
+    Address = nodes["customers"].value_serde.struct_type
+    with TopologyTestDriver(app) as driver:
+        orders, customers = driver.input_topic("orders"), driver.input_topic("customers")
+        labels = driver.output_topic("order-shipping")
+        customers.pipe_input("ann", Address("1 Main St", "Oslo"), timestamp=1)
+        orders.pipe_input("o1", Order("ann", "lamp"), timestamp=2)
+        orders.pipe_input("o2", Order("bob", "desk"), timestamp=3)  # bob is not known yet
+        assert {k: v.ship_to for k, v in labels.read_key_values()} == {"o1": "1 Main St, Oslo", "o2": "address pending"}
+        customers.pipe_input("bob", Address("2 Side Rd", "Rome"), timestamp=4)
+        customers.pipe_input("ann", Address("9 New Ave", "Bergen"), timestamp=5)  # ann moves
+        orders.pipe_input("o1", Order("bob", "lamp"), timestamp=6)  # o1 now ships to bob
+        orders.pipe_input("o2", None, timestamp=7)
+        assert {k: (v.item, v.ship_to) for k, v in driver.store_contents("shipping-labels").items()} == {"o1": ("lamp", "2 Side Rd, Rome")}
+        assert labels.read_key_values()[-1] == ("o2", None)

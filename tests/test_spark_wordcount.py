@@ -134,9 +134,18 @@ def test_stop_mid_stream_and_restart_from_the_checkpoint(spark: Any, broker: str
     assert read_table(broker) == expected_counts(first + second + third)
 
 
+#: Examples using what the Spark compiler refuses yet (a foreign-key join): it must refuse them
+#: before Spark starts, naming the first node it cannot run.
+NOT_ON_SPARK_YET = {"shipping_labels.py": "label-subscribe"}
+
+
 def test_every_example_compiles() -> None:
     for example in sorted(EXAMPLES.glob("*.py")):
         topology = load_app(str(example)).topology()
+        if example.name in NOT_ON_SPARK_YET:
+            with pytest.raises(SparkCompileError, match=repr(NOT_ON_SPARK_YET[example.name])):
+                compile_topology(topology)
+            continue
         plan = compile_topology(topology, topics_matching=lambda pattern: ["clicks.eu", "clicks.us"])
         assert {sink.topic for sink in plan.sinks} == set(topology.sink_topics), example.name
 
