@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MethodType
@@ -461,21 +462,38 @@ class App(AppQueries):
         return self._stateless(PeekNode, stream, name, inherit_key=True, inherit_value=True)
 
     @overload
-    def group_by(self, stream: Stream, *, key: Serde | None = None, name: str | None = None) -> Callable[[Callable], Stream]: ...
+    def group_by(self, stream: Stream, *, key: Serde | None = None, name: str | None = None) -> Callable[[Callable], GroupedStream]: ...
     @overload
     def group_by(
         self, stream: Table, *, key: Serde | None = None, value: Serde | None = None, name: str | None = None
     ) -> Callable[[Callable], GroupedTable]: ...
     def group_by(self, stream: Stream | Table, *, key: Serde | None = None, value: Serde | None = None, name: str | None = None) -> Callable[[Callable], Any]:
-        """On a stream: ``fn(key, value) -> new key``, re-keyed for a following aggregation
-        (which repartitions). On a table (Kafka Streams' ``KTable.groupBy``): ``fn(key, value)
-        -> (new key, new value)``, a grouped table whose ``count`` / ``reduce`` / ``aggregate``
-        subtract a row's old pair from its old group when the row changes, and add the new."""
+        """Group for an aggregation, as Kafka Streams' ``groupBy``. On a stream: ``fn(key,
+        value) -> new key``, a grouped stream for ``count`` / ``aggregate`` / ``reduce`` /
+        ``cogroup`` (which repartition). On a table (``KTable.groupBy``): ``fn(key, value) ->
+        (new key, new value)``, a grouped table whose ``count`` / ``reduce`` / ``aggregate``
+        subtract a row's old pair from its old group when the row changes, and add the new.
+        ``select_key`` re-keys a stream without grouping it."""
         if isinstance(stream, Table):
             return self._table_group_by(stream, key, value, name)
         if value is not None:
             raise TypeError("group_by: value= is for a table's group_by; a stream's keeps its values")
+        select = self._stateless(SelectKeyNode, stream, name, key=key, inherit_value=True, key_changing=True)
+
+        def declare(fn: Callable) -> GroupedStream:
+            return GroupedStream(self, select(fn).name)
+
+        return declare
+
+    def select_key(self, stream: Stream, *, key: Serde | None = None, name: str | None = None) -> Callable[[Callable], Stream]:
+        """Kafka Streams' ``selectKey``: ``fn(key, value) -> new key``, the same values under new
+        keys (a join or aggregation after it repartitions)."""
         return self._stateless(SelectKeyNode, stream, name, key=key, inherit_value=True, key_changing=True)
+
+    def group_by_key(self, stream: Stream) -> GroupedStream:
+        """Kafka Streams' ``groupByKey``: the stream grouped by the key it has, for an
+        aggregation (which repartitions it only if an upstream step changed keys)."""
+        return GroupedStream(self, self._stream(stream, "group_by_key").name)
 
     def _table_group_by(self, table: Table, key: Serde | None, value: Serde | None, name: str | None) -> Callable[[Callable], GroupedTable]:
         def declare(fn: Callable) -> GroupedTable:
@@ -1037,6 +1055,13 @@ class App(AppQueries):
         node = self._handle(handle, operation)
         if isinstance(handle, Table):
             raise TopologyError(f"{operation} needs a stream, but {node.name!r} is a table; use .to_stream() first", nodes=[node.name])
+        if isinstance(handle, GroupedStream) and operation not in _GROUPED_STREAM_OPERATIONS:
+            warnings.warn(
+                f"{operation} on the grouped stream {node.name!r}: group_by groups a stream for an aggregation, as Kafka "
+                "Streams' groupBy; use select_key(...) for a re-keyed stream (a grouped stream used as a stream is deprecated)",
+                DeprecationWarning,
+                stacklevel=4,
+            )
         return node
 
     def _table(self, handle: Any, operation: str) -> Node:
@@ -1631,6 +1656,8 @@ class Stream(_Handle):
     aggregate = _decorating(App.aggregate)
     reduce = _decorating(App.reduce)
     process = _decorating(App.processor, takes="processor_class")
+    select_key = _decorating(App.select_key)
+    group_by_key = _applied(App.group_by_key)
 
     # Written out where the fluent spelling is not the App method's with the stream in front.
 
@@ -1646,6 +1673,20 @@ class Stream(_Handle):
         """This stream as the first input of a cogroup, aggregated by ``fn(acc, key, value)``;
         add more with ``.cogroup(stream, fn)``, then ``.aggregate(initial=...)``."""
         return self.app.cogroup().cogroup(self, fn)
+
+
+#: What a grouped stream is for (Kafka Streams' KGroupedStream); anything else uses it as the
+#: re-keyed stream it is, deprecated.
+_GROUPED_STREAM_OPERATIONS = frozenset({"count", "aggregate", "reduce", "cogroup", "group_by_key"})
+
+
+class GroupedStream(Stream):
+    """A stream grouped for an aggregation (Kafka Streams' ``KGroupedStream``): by
+    ``group_by``'s new keys, or by its own (``group_by_key``). ``count``, ``aggregate``,
+    ``reduce`` and ``cogroup`` take it; anything else still treats it as the re-keyed stream
+    it is, with a DeprecationWarning pointing at ``select_key``."""
+
+    __slots__ = ()
 
 
 class Table(_Handle):

@@ -369,3 +369,27 @@ def test_async_functions_are_refused(app):
         source.process(AsyncProcessor)
     with pytest.raises(TypeError, match="timestamp extractor"):
         app.topic("other", timestamp=enrich)
+
+
+def test_group_by_groups_a_stream_for_an_aggregation_and_select_key_re_keys_it() -> None:
+    """Kafka Streams' selectKey / groupBy / groupByKey: a grouped stream feeds an aggregation;
+    used as a stream it still works, with a DeprecationWarning naming select_key."""
+    import warnings
+
+    from pystreams.app import GroupedStream, Stream
+
+    app = App("grouping")
+    events = app.topic("events", value=serdes.Text())
+    by_value = events.group_by(lambda key, value: value, name="by-value")
+    assert isinstance(by_value, GroupedStream)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        by_value.count(store="per-value")  # what it is for: no warning
+        events.group_by_key().count(store="per-key")
+        rekeyed = events.select_key(lambda key, value: value, name="rekeyed")
+        assert type(rekeyed) is Stream
+        rekeyed.filter(lambda key, value: True).to("kept")
+    with pytest.warns(DeprecationWarning, match="filter on the grouped stream 'by-value'.*select_key"):
+        by_value.filter(lambda key, value: True, name="old-style").to("old-style")
+    topology = app.topology()
+    assert topology.nodes["by-value"].kind == topology.nodes["rekeyed"].kind == "select-key"

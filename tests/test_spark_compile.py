@@ -47,7 +47,7 @@ def test_a_processor_behind_a_repartition_fails_naming_the_node() -> None:
     app = App("rekeyed-processor")
     events = app.topic("events", value=serdes.Text())
 
-    @app.group_by(events)
+    @app.select_key(events)
     def by_value(key: Any, value: str) -> str:
         return value
 

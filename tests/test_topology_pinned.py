@@ -49,7 +49,7 @@ def every_kind():
     seen = kept.peek(lambda k, v: None, name="seen")
     parts = seen.branch(lambda k, v: "a" if k else "b", branches=["a", "b"], name="split")
     merged = parts["a"].merge(parts["b"], name="merged")
-    regrouped = merged.group_by(lambda k, v: k, name="regrouped").repartition(name="shuffled", partitions=4)
+    regrouped = merged.select_key(lambda k, v: k, name="regrouped").repartition(name="shuffled", partitions=4)
     regrouped.count(name="counts", window=TumblingWindow(60_000), emit="final").to_stream(name="count-stream").to("counts-out")
     totals = regrouped.aggregate(lambda acc, k, v: acc + 1, initial=0, name="totals", window=SessionWindow(5_000), merge=lambda k, a, b: a + b)
     totals.to_stream(name="total-stream").to("totals-out")
