@@ -730,7 +730,7 @@ class App(AppQueries):
 
             def declare_grouped(fn: Callable) -> Table:
                 return self._table_aggregation(
-                    grouped, "aggregate", name, store, adder=fn, subtractor=subtractor, initial=initial, value_serde=value or serdes.for_value(initial)
+                    grouped, "aggregate", name, store, adder=fn, subtractor=subtractor, initial=initial, value_serde=value or serdes.inferred_from(initial)
                 )
 
             return declare_grouped
@@ -740,7 +740,7 @@ class App(AppQueries):
         def declare(fn: Callable) -> Table:
             parent = self._stream(stream, "aggregate")
             node_name = self._function_name(fn, name, parent, "aggregate")
-            value_serde = value or serdes.for_value(initial) or self.default_value_serde
+            value_serde = value or serdes.inferred_from(initial) or self.default_value_serde
             merger = None if merge is None else _callable(merge, "merger")
             return self._aggregation(
                 AggregateNode,
@@ -1252,7 +1252,7 @@ class App(AppQueries):
         else:
             merger = None
         store_name = check_name("store", store or node_name)
-        value_serde = value or serdes.for_value(initial) or self.default_value_serde
+        value_serde = value or serdes.inferred_from(initial) or self.default_value_serde
         table_key_serde = serdes.WindowedKey(key_serde) if window is not None else key_serde
         step_names = [self._fresh_name(None, f"{node_name}-cogroup-agg-{index}") for index in range(len(inputs))]
         for step_name, parent, (_, fn) in zip(step_names, parents, inputs, strict=True):

@@ -266,6 +266,43 @@ class Change(Serde):
         return self.inner.deserialize(new), self.inner.deserialize(old)
 
 
+class Inferred(Serde):
+    """The serde an aggregation picked from its ``initial`` (``for_value``): that serde's format
+    and name, with a write error that says where it came from and what to pass instead (an
+    ``initial=0`` whose accumulator becomes a float fails at its first such record)."""
+
+    def __init__(self, inner: Serde, initial: Any) -> None:
+        self.inner = inner
+        self._initial = initial
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_") or attribute == "inner":
+            raise AttributeError(attribute)  # not delegated: unpickling looks these up first
+        return getattr(self.inner, attribute)  # e.g. a Struct serde's struct_type
+
+    def _to_bytes(self, value: Any) -> bytes:
+        try:
+            return self.inner._to_bytes(value)
+        except SerdeError as error:
+            raise SerdeError(
+                f"{error}: the value serde {self.inner.name} was inferred from initial={self._initial!r}; pass value= a serde that "
+                "holds the accumulator (serdes.Json() for numbers that may be floats)"
+            ) from None
+
+    def _from_bytes(self, data: bytes) -> Any:
+        return self.inner._from_bytes(data)
+
+
+def inferred_from(initial: Any) -> Serde | None:
+    """``for_value(initial)`` as an ``Inferred`` serde, or None."""
+    picked = for_value(initial)
+    return None if picked is None else Inferred(picked, initial)
+
+
 def for_value(example: Any) -> Serde | None:
     """The natural serde for values like ``example`` (an aggregate's ``initial``), or None.
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from pystreams import serdes
 from pystreams.app import App
 from pystreams.testing import TopologyTestDriver
@@ -106,3 +108,23 @@ def test_an_aggregator_returning_none_deletes_the_key() -> None:
         for key, value in (("a", 1), ("a", -1), ("a", 5)):
             source.pipe_input(key, value, timestamp=1)
         assert driver.output_topic("out").read_key_values() == [("a", 1), ("a", None), ("a", 5)]
+
+
+def test_an_aggregate_whose_accumulator_outgrows_its_inferred_serde_says_so_and_what_to_pass() -> None:
+    """``initial=0`` picks Int(); a float accumulator cannot be stored in it. The error names
+    the node, where the serde came from and what to pass instead; ``value=`` fixes it."""
+    for value_serde in (None, serdes.Json()):
+        app = App("averages")
+        readings = app.topic("in", value=serdes.Json())
+
+        @app.aggregate(readings, initial=0, value=value_serde)
+        def total(acc: float, key: str, value: float) -> float:
+            return acc + value
+
+        with TopologyTestDriver(app) as driver:
+            if value_serde is None:
+                with pytest.raises(Exception, match=r"total.*inferred from initial=0; pass value="):
+                    driver.input_topic("in").pipe_input("a", 1.5, timestamp=1)
+            else:
+                driver.input_topic("in").pipe_input("a", 1.5, timestamp=1)
+                assert driver.store_contents("total") == {"a": 1.5}

@@ -16,6 +16,8 @@ from pystreams import serdes
 def serde_recipe(serde: serdes.Serde) -> tuple[Callable[..., serdes.Serde], tuple[Any, ...]] | None:
     """How to rebuild ``serde`` elsewhere, or None for serde classes we do not know."""
     match serde:
+        case serdes.Inferred():
+            return serde_recipe(serde.inner)  # its format; the hint of its write errors stays on workers
         case serdes.WindowedKey():
             inner = serde_recipe(serde.inner)
             return None if inner is None else (_windowed, inner)
