@@ -300,6 +300,11 @@ class TopologyTestDriver:
         return sum(task.ctx.invalid_timestamps_dropped for task in self._tasks.values())
 
     @property
+    def null_keys_dropped(self) -> int:
+        """Records tables, aggregations and joins skipped for their null key, over every task."""
+        return sum(task.ctx.null_keys_dropped for task in self._tasks.values())
+
+    @property
     def failures(self) -> list[Any]:
         """Records skipped under the log-and-continue or dead-letter policies, oldest first."""
         return list(self._errors.recent_failures)

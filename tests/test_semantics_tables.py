@@ -128,3 +128,20 @@ def test_an_aggregate_whose_accumulator_outgrows_its_inferred_serde_says_so_and_
             else:
                 driver.input_topic("in").pipe_input("a", 1.5, timestamp=1)
                 assert driver.store_contents("total") == {"a": 1.5}
+
+
+def test_tables_aggregations_and_joins_count_the_null_keys_they_skip() -> None:
+    """Kafka Streams skips a record with a null key in a table, an aggregation or a join, logs
+    it and counts it in its dropped-records metric."""
+    app = App("null-keys")
+    table = app.table("rows", value=serdes.Int())
+    events = app.topic("events", value=serdes.Int())
+    events.count(store="counts")
+    events.join(table, lambda key, value, row: value + row, value=serdes.Int()).to("joined")
+    table.group_by(lambda key, value: (key, value), value=serdes.Int()).count(store="groups")
+    with TopologyTestDriver(app) as driver:
+        driver.input_topic("rows").pipe_input(None, 1, timestamp=1)  # the table skips it
+        driver.input_topic("events").pipe_input(None, 2, timestamp=1)  # the count and the join skip it
+        driver.input_topic("events").pipe_input("a", None, timestamp=1)  # a null value is no null key
+        assert driver.null_keys_dropped == 3
+        assert driver.store_contents("counts") == {} and driver.store_contents("groups") == {}

@@ -116,7 +116,9 @@ def test_readyz_and_healthz_follow_the_stream_threads(tmp_path: Path) -> None:
 
 def test_metrics_expose_what_the_threads_hold(tmp_path: Path) -> None:
     thread = FakeThread("stream-thread-0")
-    thread.engine.counters = EngineCounters(polls=9, records_consumed=120, process_seconds=0.5, standby_records=33, task_migrations=2, tasks_revived=3)
+    thread.engine.counters = EngineCounters(
+        polls=9, records_consumed=120, process_seconds=0.5, standby_records=33, task_migrations=2, tasks_revived=3, dropped_records={"null-key": 6, "late": 2}
+    )
     thread.engine.records_produced = 77
     thread.engine.transactions_committed, thread.engine.transactions_aborted = 41, 4
     thread.engine.aborted_records_dropped = 17
@@ -167,6 +169,8 @@ def test_metrics_expose_what_the_threads_hold(tmp_path: Path) -> None:
     assert s[("pystreams_task_migrations_total", t)] == 2
     assert s[("pystreams_tasks_revived_total", t)] == 3
     assert s[("pystreams_aborted_records_dropped_total", t)] == 17
+    assert s[("pystreams_dropped_records_total", (("reason", "null-key"), *t))] == 6
+    assert s[("pystreams_dropped_records_total", (("reason", "late"), *t))] == 2
     assert ("process_cpu_seconds_total", ()) in s
 
 

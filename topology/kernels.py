@@ -119,9 +119,35 @@ def fan_out(emits: list[Emit]) -> Emit:
     return fanned_out
 
 
-def skips_record(key: Any, value: Any) -> bool:
-    """Aggregations and joins skip a record with a null key or value (Kafka Streams does)."""
-    return key is None or value is None
+def null_key_counter(wiring: NodeWiring) -> Callable[[], None]:
+    """What a node calls when it skips a record for its null key, as Kafka Streams does: counted
+    in its task's ``null_keys_dropped`` (Kafka's dropped-records metric), logged once per node."""
+    position, name = wiring.position, wiring.node.name
+    warned = False
+
+    def dropped() -> None:
+        nonlocal warned
+        if position is not None:
+            position.null_keys_dropped += 1
+        if not warned:
+            warned = True
+            log.warning("node %s skips records with a null key, as Kafka Streams does (counted in null_keys_dropped)", name)
+
+    return dropped
+
+
+def record_skipper(wiring: NodeWiring) -> Callable[[Any, Any], bool]:
+    """Whether an aggregation or join skips a record: a null key or value (Kafka Streams
+    does); a null key is counted (``null_key_counter``)."""
+    dropped = null_key_counter(wiring)
+
+    def skips(key: Any, value: Any) -> bool:
+        if key is None:
+            dropped()
+            return True
+        return value is None
+
+    return skips
 
 
 def source_timestamp(
@@ -557,6 +583,7 @@ class TaskPosition:
         "timestamp",
         "late_records_dropped",
         "invalid_timestamps_dropped",
+        "null_keys_dropped",
         "on_forward_error",
     )
 
@@ -573,6 +600,8 @@ class TaskPosition:
         self.late_records_dropped = 0
         #: Records skipped because their timestamp was negative (``source_timestamp``).
         self.invalid_timestamps_dropped = 0
+        #: Records a table, aggregation or join skipped for their null key (``null_key_counter``).
+        self.null_keys_dropped = 0
         #: Called for a child's failure on a record forwarded outside processing (a flushed
         #: table update, a final result, an evicted buffer entry); the runtime applies its
         #: error policy. By default it re-raises.
@@ -747,10 +776,13 @@ def node_emit(node: Node, wiring: NodeWiring) -> Emit:
 
 def _table_source(node: TableSourceNode, wiring: NodeWiring) -> Emit:
     keep = _row_keeper(node.store, wiring)
+    dropped = null_key_counter(wiring)
 
     def table_source(key: Any, value: Any, timestamp: int) -> None:
-        if key is not None:  # a table has no row for a null key
-            keep(key, value)
+        if key is None:
+            dropped()  # a table has no row for a null key
+            return
+        keep(key, value)
 
     return table_source
 
@@ -848,10 +880,12 @@ def _table_join_side(node: TableJoinSideNode, wiring: NodeWiring) -> Emit:
     fn, how, side = node.fn, node.how, node.side
     other_row_of = table_row_reader(node.other_store, node.other_view, wiring)
     forward = wiring.forward
+    dropped = null_key_counter(wiring)
 
     def table_join_side(key: Any, value: Any, timestamp: int) -> None:
         if key is None:
-            return  # a table has no row for a null key
+            dropped()  # a table has no row for a null key
+            return
         rows = table_join_update(how, side, value, other_row_of(key))
         if rows is NO_CHANGE:
             return
@@ -913,10 +947,12 @@ def _table_group_by(node: TableGroupByNode, wiring: NodeWiring) -> Emit:
     group_key_bytes, group_key_of = node.key_serde.serialize, node.key_serde.deserialize
     value_bytes, value_of = change.inner.serialize, change.inner.deserialize
     forward = wiring.forward
+    dropped = null_key_counter(wiring)
 
     def table_group_by(key: Any, value: Any, timestamp: int) -> None:
         if key is None:
-            return  # a table has no row for a null key
+            dropped()  # a table has no row for a null key
+            return
         row_key = row_key_bytes(key)
         stored = get(row_key)
         old = None if stored is None else _decode_pair(stored)
@@ -978,10 +1014,12 @@ def _fk_subscribe(node: FkSubscribeNode, wiring: NodeWiring) -> Emit:
     foreign_key_bytes, foreign_key_of = node.key_serde.serialize, node.key_serde.deserialize
     left_value_bytes = node.left_value_serde.serialize
     forward = wiring.forward
+    dropped = null_key_counter(wiring)
 
     def fk_subscribe(key: Any, value: Any, timestamp: int) -> None:
         if key is None:
-            return  # a table has no row for a null key
+            dropped()  # a table has no row for a null key
+            return
         row_key = row_key_bytes(key)
         stored = get(row_key)
         old = None if stored is None else fk.decode_row(stored)
@@ -1032,10 +1070,12 @@ def _fk_foreign_update(node: FkForeignUpdateNode, wiring: NodeWiring) -> Emit:
     subscription_of = spec.value_serde.deserialize
     foreign_key_bytes = node.foreign_key_serde.serialize
     forward = wiring.forward
+    dropped = null_key_counter(wiring)
 
     def fk_foreign_update(foreign_key: Any, value: Any, timestamp: int) -> None:
         if foreign_key is None:
-            return  # a table has no row for a null key
+            dropped()  # a table has no row for a null key
+            return
         prefix = fk.subscription_prefix(cast(bytes, foreign_key_bytes(foreign_key)))
         for stored_key, packed in store.range(prefix, None):
             if not stored_key.startswith(prefix):
@@ -1075,17 +1115,18 @@ def _aggregation(node: AggregationNode, wiring: NodeWiring) -> Emit:
     it flushes (the runtime wires that), so the emit itself forwards nothing."""
     store = wiring.stores[node.store]
     key_serde = wiring.specs[node.store].key_serde
+    skips = record_skipper(wiring)
     if node.window is None:
-        return _key_value_aggregation(node, store, key_serde)
+        return _key_value_aggregation(node, store, key_serde, null_key_counter(wiring))
     task, clock = wiring.task(), wiring.clock(store)
     window = node.window
     if isinstance(window, SessionWindow):
-        aggregate = _session_aggregation(node, window, store, key_serde, task, clock)
+        aggregate = _session_aggregation(node, window, store, key_serde, task, clock, skips)
     elif isinstance(window, SlidingWindow):
         # Emit-final over sliding windows is refused where the app declares it (app.py).
-        return _sliding_aggregation(node, window, store, key_serde, task, clock)
+        return _sliding_aggregation(node, window, store, key_serde, task, clock, skips)
     else:
-        aggregate = _windowed_aggregation(node, window, store, key_serde, task, clock)
+        aggregate = _windowed_aggregation(node, window, store, key_serde, task, clock, skips)
     if not node.emits_final:
         return aggregate
     assert node.emitted_store is not None, f"emit-final aggregation {node.name!r} has no emitted store"
@@ -1149,7 +1190,8 @@ def _emit_final(
     def aggregate_final(key: Any, value: Any, timestamp: int) -> None:
         nonlocal closed_up_to
         if key is None or value is None:
-            return  # skips_record: it moves no stream time
+            aggregate(key, value, timestamp)  # skips it (and counts a null key): it moves no stream time
+            return
         if not loaded:
             load()
         if clock.observed is None or timestamp > clock.observed:
@@ -1182,14 +1224,16 @@ def _aggregation_functions(
     return (node.fn, Aggregator.of(node).first, key_serde.serialize, node.value_serde.serialize, node.value_serde.deserialize)
 
 
-def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serde: Any) -> Emit:
+def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serde: Any, dropped: Callable[[], None]) -> Emit:
     fn, first, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
     get = store.get
     put = store.put
 
     def aggregate(key: Any, value: Any, timestamp: int) -> None:
-        if key is None or value is None:
-            return  # skips_record, inlined: this is the hottest stateful path
+        if key is None or value is None:  # record_skipper, inlined: this is the hottest stateful path
+            if key is None:
+                dropped()
+            return
         stored_key = key_bytes(key)
         previous = get(stored_key)
         put(stored_key, value_bytes(first(key, value) if previous is None else fn(value_of(previous), key, value)))
@@ -1204,12 +1248,13 @@ def _windowed_aggregation(
     key_serde: Any,
     task: TaskPosition,
     clock: NodeClock,
+    skips: Callable[[Any, Any], bool],
 ) -> Emit:
     fn, first, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
     grace = window.grace_ms
 
     def aggregate_windowed(key: Any, value: Any, timestamp: int) -> None:
-        if skips_record(key, value):
+        if skips(key, value):
             return
         observed = clock.observed = advance_stream_time(clock.observed, timestamp)
         still_open, closed = open_windows(window, timestamp, close_time(observed, grace))
@@ -1242,6 +1287,7 @@ def _sliding_aggregation(
     key_serde: Any,
     task: TaskPosition,
     clock: NodeClock,
+    skips: Callable[[Any, Any], bool],
 ) -> Emit:
     """Sliding windows: ``pystreams.topology.sliding`` decides which windows a record updates
     and creates; the store keeps each window's newest record timestamp with its aggregate."""
@@ -1249,7 +1295,7 @@ def _sliding_aggregation(
     difference, grace = window.difference_ms, window.grace_ms
 
     def aggregate_sliding(key: Any, value: Any, timestamp: int) -> None:
-        if skips_record(key, value):
+        if skips(key, value):
             return
         observed = clock.observed = advance_stream_time(clock.observed, timestamp)
         closes = close_time(observed, grace)
@@ -1284,6 +1330,7 @@ def _session_aggregation(
     key_serde: Any,
     task: TaskPosition,
     clock: NodeClock,
+    skips: Callable[[Any, Any], bool],
 ) -> Emit:
     fn, _, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
     merger = node.merger
@@ -1292,7 +1339,7 @@ def _session_aggregation(
     gap, grace = window.gap_ms, window.grace_ms
 
     def aggregate_sessions(key: Any, value: Any, timestamp: int) -> None:
-        if skips_record(key, value):
+        if skips(key, value):
             return
         observed = clock.observed = advance_stream_time(clock.observed, timestamp)
         stored_key = key_bytes(key)
@@ -1385,9 +1432,10 @@ def _stream_table_join(node: StreamTableJoinNode, wiring: NodeWiring) -> Emit:
     row_of = table_row_reader(node.table_store, node.table_view, wiring)
     left_join = node.how is JoinHow.LEFT
     forward = wiring.forward
+    skips = record_skipper(wiring)
 
     def stream_table_join(key: Any, value: Any, timestamp: int) -> None:
-        if skips_record(key, value):
+        if skips(key, value):
             return
         row = row_of(key)
         if row is None:
@@ -1429,6 +1477,7 @@ def _stream_stream_join(node: StreamStreamJoinNode, wiring: NodeWiring) -> Emit:
     value_of = {side: this_spec.value_serde.deserialize, other_side: other_value_of}
     outer: KeyValueBytes | None = wiring.stores[node.outer_store] if node.outer_store is not None else None
     forward = wiring.forward
+    dropped = null_key_counter(wiring)
 
     def stream_time() -> int:
         times = [t for t in (this_store.observed_stream_time, other_store.observed_stream_time) if t is not None]
@@ -1459,6 +1508,8 @@ def _stream_stream_join(node: StreamStreamJoinNode, wiring: NodeWiring) -> Emit:
         if key is None:
             if unmatched:
                 forward(None, fn(None, *join_pair(side, value, None)), timestamp)
+            else:
+                dropped()
             return
         stored_key = key_bytes(key)
         existing = this_store.get(stored_key, timestamp)

@@ -149,6 +149,8 @@ class EngineCounters:
     task_migrations: int = 0
     #: Exactly-once: tasks rebuilt from their changelogs after an aborted transaction.
     tasks_revived: int = 0
+    #: ``TaskEngine.dropped_records`` as of the last commit.
+    dropped_records: dict[str, int] = field(default_factory=dict)
 
 
 def internal_topic_specs(resolved: ResolvedTopology, guarantee: ProcessingGuarantee) -> list[TopicSpec]:
@@ -241,6 +243,8 @@ class TaskEngine:
         #: once, so a task that moved (or a restarted worker) shows output without waiting a
         #: commit interval behind the cache.
         self._started_since_commit: set[TaskId] = set()
+        #: Records dropped (``dropped_records``) by tasks closed since: the metric never goes back.
+        self._dropped_by_closed_tasks: dict[str, int] = {}
         self._batch_size = AdaptiveBatchSize(
             maximum=int({**DEFAULT_CONSUMER_CONFIG, **config.consumer_config}["max_poll_records"]),
             target_ms=config.poll_batch_target_ms,
@@ -544,6 +548,8 @@ class TaskEngine:
         self._assign_inputs()
 
     def _forget(self, task: StreamTask) -> None:
+        for reason, count in _dropped_records(task).items():
+            self._dropped_by_closed_tasks[reason] = self._dropped_by_closed_tasks.get(reason, 0) + count
         del self._tasks[task.id]
         for partition in task.input_partitions:
             self._task_of_partition.pop(partition, None)
@@ -713,6 +719,7 @@ class TaskEngine:
                 self._schedule_revive([t for t in self._tasks.values() if t.dirty and t.id not in releasing])
             raise
         self._last_commit = time.monotonic()
+        self.counters.dropped_records = self.dropped_records  # one snapshot per commit, for the metrics thread
         if outcome is CommitOutcome.COMMITTED:
             self._started_since_commit.difference_update(t.id for t in tasks)
             if len(tasks) == len(self._tasks):
@@ -773,6 +780,16 @@ class TaskEngine:
         return sum(task.records_processed for task in self._tasks.values())
 
     @property
+    def dropped_records(self) -> dict[str, int]:
+        """Records the topology skipped, by reason (Kafka Streams' dropped-records): a null key
+        (tables, aggregations, joins), late (windows closed), an invalid (negative) timestamp."""
+        totals = dict(self._dropped_by_closed_tasks)
+        for task in self._tasks.values():
+            for reason, count in _dropped_records(task).items():
+                totals[reason] = totals.get(reason, 0) + count
+        return totals
+
+    @property
     def records_produced(self) -> int:
         """Records the producer confirmed written (outputs, changelogs, packed repartition
         records), counted when a flush checks them."""
@@ -811,6 +828,11 @@ class TaskEngine:
                     lag += max(0, end - position)
             lags[task_id] = lag
         return lags
+
+
+def _dropped_records(task: StreamTask) -> dict[str, int]:
+    ctx = task.ctx
+    return {"null-key": ctx.null_keys_dropped, "late": ctx.late_records_dropped, "invalid-timestamp": ctx.invalid_timestamps_dropped}
 
 
 def _parse_task_id(text: str) -> TaskId | None:

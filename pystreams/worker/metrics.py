@@ -32,6 +32,7 @@ pystreams_transactions_aborted_total {thread}      exactly-once: aborted transac
 pystreams_task_migrations_total {thread}           exactly-once: TaskMigrated (fenced; tasks dropped)
 pystreams_tasks_revived_total {thread}             exactly-once: TaskCorrupted (rebuilt from changelogs)
 pystreams_aborted_records_dropped_total {thread}   records of aborted transactions the fetch filter dropped
+pystreams_dropped_records_total {thread,reason}    dropped-records-total: null-key, late, invalid-timestamp
 pystreams_state_bytes {task}                       RocksDB size: bytes on disk per task directory
 pystreams_state_volume_free_bytes / _size_bytes    the state directory's file system
 pystreams_worker_ready                             what /readyz answers (1 ready, 0 not)
@@ -248,6 +249,9 @@ class _WorkerCollector(Collector):
             PREFIX + "tasks_revived", "Exactly-once: tasks rebuilt from their changelogs after an aborted transaction", labels=["thread"]
         )
         dropped = CounterMetricFamily(PREFIX + "aborted_records_dropped", "Records of aborted transactions the fetch-side filter dropped", labels=["thread"])
+        skipped = CounterMetricFamily(
+            PREFIX + "dropped_records", "Records the topology skipped: a null key, late for their window, an invalid timestamp", labels=["thread", "reason"]
+        )
         for thread in threads:
             engine, label = thread.engine, [thread.name]
             committed.add_metric(label, engine.transactions_committed)
@@ -255,7 +259,9 @@ class _WorkerCollector(Collector):
             migrations.add_metric(label, engine.counters.task_migrations)
             revived.add_metric(label, engine.counters.tasks_revived)
             dropped.add_metric(label, engine.aborted_records_dropped)
-        yield from (committed, aborted, migrations, revived, dropped)
+            for reason, count in sorted(engine.counters.dropped_records.items()):
+                skipped.add_metric([thread.name, reason], count)
+        yield from (committed, aborted, migrations, revived, dropped, skipped)
 
     def _state_sizes(self) -> Iterator[Metric]:
         sizes = GaugeMetricFamily(PREFIX + "state_bytes", "Bytes on disk of each task's state directory (RocksDB stores and checkpoint)", labels=["task"])
