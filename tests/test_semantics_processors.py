@@ -120,3 +120,32 @@ def test_a_processor_cannot_use_a_store_it_did_not_declare() -> None:
     with TopologyTestDriver(app) as driver:
         with pytest.raises(RecordProcessingError, match="in node 'snooper': KeyError: .*'counts' is not declared"):
             driver.input_topic("in").pipe_input("k", "x", timestamp=1)
+
+
+class Router(Processor):
+    """Every reading to the child named "all"; high ones also to "alerts" (Kafka's To.child)."""
+
+    def process(self, key: Any, value: Any) -> None:
+        self.context.forward(key, value, to="all")
+        if value > 100:
+            self.context.forward(key, value, to="alerts")
+        if value < 0:
+            self.context.forward(key, value, to="nowhere")
+
+
+def test_a_processor_forwards_to_a_named_child_only_and_a_wrong_name_is_the_nodes_error() -> None:
+    app = App("router")
+    readings = app.topic("in", value=serdes.Int())
+    routed = app.processor(readings, value=serdes.Int(), key_changing=False, name="route")(Router)
+    routed.to("all-out", name="all")
+    routed.to("alerts-out", name="alerts")
+    with TopologyTestDriver(app) as driver:
+        source = driver.input_topic("in")
+        source.pipe_input("t1", 20, timestamp=1)
+        source.pipe_input("t2", 120, timestamp=2)
+        assert driver.output_topic("all-out").read_key_values() == [("t1", 20), ("t2", 120)]
+        assert driver.output_topic("alerts-out").read_key_values() == [("t2", 120)]
+        with pytest.raises(
+            RecordProcessingError, match=r"route.*forward\(to='nowhere'\): not a child of this processor \(its children here: \['alerts', 'all'\]\)"
+        ):
+            source.pipe_input("t3", -5, timestamp=3)

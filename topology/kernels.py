@@ -623,6 +623,8 @@ class NodeProcessorContext:
         self._stores = stores
         self._allowed = allowed
         self.emit: Emit = drop
+        #: The node's children by name, for ``forward(..., to=name)``.
+        self.routes: Mapping[str, Emit] = {}
         self.timestamp: int = 0
 
     @property
@@ -650,8 +652,15 @@ class NodeProcessorContext:
             raise KeyError(f"store {name!r} is not declared by this processor (it may use {list(self._allowed)})")
         return self._stores[name]
 
-    def forward(self, key: Any, value: Any, *, timestamp: int | None = None) -> None:
-        self.emit(key, value, self.timestamp if timestamp is None else timestamp)
+    def forward(self, key: Any, value: Any, *, timestamp: int | None = None, to: str | None = None) -> None:
+        at = self.timestamp if timestamp is None else timestamp
+        if to is None:
+            self.emit(key, value, at)
+            return
+        route = self.routes.get(to)
+        if route is None:
+            raise ValueError(f"forward(to={to!r}): not a child of this processor (its children here: {sorted(self.routes) or 'none'})")
+        route(key, value, at)
 
 
 @dataclass(slots=True)
@@ -1549,6 +1558,7 @@ def _processor(node: ProcessorNode, wiring: NodeWiring) -> Emit:
     instance = node.fn()
     context = NodeProcessorContext(wiring.task(), wiring.typed_stores, node.stores)
     context.emit = wiring.forward
+    context.routes = wiring.routes
     punctuations = [ScheduledPunctuation(punctuation, getattr(instance, punctuation.method), context, node.name) for punctuation in node.punctuations]
     wiring.processors.append(ProcessorInstance(node.name, instance, context, punctuations))
     process = instance.process

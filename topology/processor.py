@@ -62,8 +62,9 @@ class ProcessorContext(Protocol):
         """The task's instance of a store this processor declared (or was granted)."""
         ...
 
-    def forward(self, key: Any, value: Any, *, timestamp: int | None = None) -> None:
-        """Send a record to the node's children (timestamp defaults to the current one)."""
+    def forward(self, key: Any, value: Any, *, timestamp: int | None = None, to: str | None = None) -> None:
+        """Send a record to the node's children, or only to the child named ``to`` (Kafka
+        Streams' ``To.child``); the timestamp defaults to the current one."""
         ...
 
 

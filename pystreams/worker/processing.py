@@ -44,6 +44,7 @@ from pystreams.topology.ir import (
     BranchOutputNode,
     MergeNode,
     Node,
+    ProcessorNode,
     SinkNode,
     SourceNode,
     StoreKind,
@@ -226,7 +227,7 @@ def build_task_graph(
             wiring = NodeWiring(
                 node=node,
                 forward=children,
-                routes=_branch_routes(node, [nodes[c] for c in child_names], emits),
+                routes=_routes(node, [nodes[c] for c in child_names], emits),
                 stores=raw_stores,
                 specs=topology.stores,
                 typed_stores=typed_stores,
@@ -267,8 +268,10 @@ def build_task_graph(
     return graph
 
 
-def _branch_routes(node: Node, child_nodes: list[Node], emits: Mapping[str, Emit]) -> dict[str, Emit]:
-    """A branch's children by the label each takes."""
+def _routes(node: Node, child_nodes: list[Node], emits: Mapping[str, Emit]) -> dict[str, Emit]:
+    """A branch's children by the label each takes; a processor's by name (``forward(to=)``)."""
+    if isinstance(node, ProcessorNode):
+        return {child.name: emits[child.name] for child in child_nodes}
     if not isinstance(node, BranchNode):
         return {}
     return {child.label: emits[child.name] for child in child_nodes if isinstance(child, BranchOutputNode)}
