@@ -535,7 +535,8 @@ class App(AppQueries):
             raise TypeError(f"{operation} of the grouped table {parent.name!r} needs subtractor=: an update takes the row's old value out of its group")
         node_name = self._fresh_name(name or store, f"{parent.name}-{operation}")
         store_name = check_name("store", store or node_name)
-        value_serde = value_serde or cast(serdes.Change, parent.value_serde).inner
+        if value_serde is None:  # a reduce keeps the grouped values; an aggregate's default is the app's
+            value_serde = cast(serdes.Change, parent.value_serde).inner if reduce else self.default_value_serde
         self._add(
             TableAggregateNode(
                 name=node_name,
@@ -649,7 +650,7 @@ class App(AppQueries):
         node_name = self._fresh_name(name, f"{parent.name}-suppress")
         if not isinstance(suppression, UntilWindowCloses | UntilTimeLimit):
             raise TypeError(f"suppress {node_name!r}: give until_window_closes() or until_time_limit(...), got {suppression!r}")
-        parent_window = window_of(parent)
+        parent_window = _table_window(self, parent)
         window = parent_window if isinstance(parent_window, TumblingWindow | HoppingWindow | SlidingWindow | SessionWindow) else None
         if isinstance(suppression, UntilWindowCloses) and window is None:
             raise TopologyError(

@@ -150,3 +150,16 @@ def test_spark_refuses_a_grouped_table_before_it_starts_naming_the_node() -> Non
     app.table("in", value=serdes.Int()).group_by(lambda key, value: (key, value), value=serdes.Int(), name="regroup").count()
     with pytest.raises(SparkCompileError, match="'regroup'"):
         compile_topology(app.topology())
+
+
+def test_a_grouped_aggregate_keeps_its_accumulator_in_the_app_default_serde_not_the_grouped_values() -> None:
+    app = App("grouped-lists")
+    table = app.table("in", value=serdes.Json())
+    grouped = table.group_by(lambda key, row: (row["g"], row["n"]), value=serdes.Int())
+    grouped.aggregate(list, lambda acc, key, n: [*acc, n], lambda acc, key, n: [x for x in acc if x != n], store="members")
+    with TopologyTestDriver(app) as driver:
+        source = driver.input_topic("in")
+        source.pipe_input("a", {"g": "x", "n": 1}, timestamp=1)
+        source.pipe_input("b", {"g": "x", "n": 2}, timestamp=1)
+        source.pipe_input("a", {"g": "y", "n": 1}, timestamp=2)
+        assert driver.store_contents("members") == {"x": [2], "y": [1]}

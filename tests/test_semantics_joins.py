@@ -212,3 +212,26 @@ def test_expired_unmatched_records_come_out_in_time_order_before_the_record_that
         [(0, "A0-null", 1), (0, "A0-0-null", 3)],
         [(2, "dummy-dummy", 401)],
     ]
+
+
+def test_a_joiner_failing_on_a_held_record_is_reported_once_and_the_others_still_come_out() -> None:
+    """Under log-and-continue, a closed window's record whose joiner raises is skipped (one
+    failure) and gone; the records held beside it, and the record that closed them, go on."""
+
+    def joined_text(key: str, left: str | None, right: str | None) -> str:
+        if left == "bad" and right is None:
+            raise ValueError("no partner for bad")
+        return f"{left}|{right}"
+
+    app = App("held-failure")
+    left = app.topic("left", value=serdes.Text())
+    right = app.topic("right", value=serdes.Text())
+    left.join(right, joined_text, window=JoinWindow(within=10), how="left", value=serdes.Text()).to("out")
+    with TopologyTestDriver(app, processing_errors="log-and-continue") as driver:
+        for key, value, timestamp in (("a", "ok1", 0), ("b", "bad", 1), ("c", "ok2", 2)):
+            driver.input_topic("left").pipe_input(key, value, timestamp=timestamp)
+        driver.input_topic("left").pipe_input("d", "later", timestamp=100)  # closes a, b and c
+        driver.input_topic("right").pipe_input("d", "partner", timestamp=101)
+        driver.input_topic("left").pipe_input("e", "again", timestamp=102)
+        assert driver.output_topic("out").read_key_values() == [("a", "ok1|None"), ("c", "ok2|None"), ("d", "later|partner")]
+        assert len(driver.failures) == 1

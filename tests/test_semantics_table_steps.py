@@ -160,3 +160,16 @@ def test_spark_refuses_a_table_step_before_it_starts_naming_the_node() -> None:
     table.filter(_even, name="evens").to_stream().to("out")
     with pytest.raises(SparkCompileError, match="'evens'"):
         compile_topology(app.topology())
+
+
+def test_a_filter_of_a_windowed_table_is_still_windowed_for_suppress() -> None:
+    from pystreams import until_window_closes
+
+    app = App("suppress-filtered")
+    events = app.topic("in", value=serdes.Int())
+    busy = events.count(window=TumblingWindow(size=10), name="per-10").filter(lambda window, count: count > 1, name="busy")
+    busy.suppress(until_window_closes(), name="final-busy").to_stream().to("out")
+    with TopologyTestDriver(app) as driver:
+        for timestamp in (1, 2, 3, 12):
+            driver.input_topic("in").pipe_input("k", 1, timestamp=timestamp)
+        assert [(key.start_ms, count) for key, count in driver.output_topic("out").read_key_values()] == [(0, 3)]

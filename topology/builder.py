@@ -97,7 +97,7 @@ def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store], errors: E
     internal_topics = _internal_topics(app_id, ordered, built_stores)
     groups = _copartition_groups(ordered)
     _check_sources_and_sinks(ordered, internal_topics)
-    _check_acyclic(subtopologies, internal_topics, groups)
+    _check_acyclic(subtopologies, internal_topics)
 
     node_list = list(ordered.values())
     canonical = canonical_form(app_id, node_list, list(built_stores.values()), subtopologies, list(internal_topics.values()), groups)
@@ -355,6 +355,11 @@ def _changelog_config(store: Store) -> dict[str, str]:
 def _internal_topics(app_id: str, nodes: dict[str, Node], stores: dict[str, Store]) -> dict[str, InternalTopic]:
     topics: dict[str, InternalTopic] = {}
     readers = {n.topics[0]: n.subtopology for n in nodes.values() if isinstance(n, SourceNode) and n.internal}
+    fk_join_topics = {
+        n.topics[0]
+        for n in nodes.values()
+        if isinstance(n, SourceNode) and n.internal and any(isinstance(nodes[child], FkSubscriptionsNode | FkJoinNode) for child in n.children)
+    }
     for node in nodes.values():
         if isinstance(node, SinkNode) and node.internal:
             topic = node.topic
@@ -365,6 +370,7 @@ def _internal_topics(app_id: str, nodes: dict[str, Node], stores: dict[str, Stor
                 config=dict(REPARTITION_TOPIC_CONFIG),
                 partitions=node.partitions,
                 reader_subtopology=readers[topic],
+                sized_by_reader=topic in fk_join_topics,
             )
     for store in stores.values():
         if store.changelog_topic is not None:
@@ -498,21 +504,16 @@ def _check_sources_and_sinks(nodes: dict[str, Node], internal_topics: dict[str, 
             raise InvalidNameError(f"source {source!r} reads {name!r}, an internal topic of this app", nodes=[source], topics=[name])
 
 
-def subtopology_order(
-    subtopologies: Iterable[SubTopology], internal_topics: Mapping[str, InternalTopic], copartition_groups: Iterable[CopartitionGroup] = ()
-) -> list[int]:
+def subtopology_order(subtopologies: Iterable[SubTopology], internal_topics: Mapping[str, InternalTopic]) -> list[int]:
     """Sub-topology ids, each after the ones writing its repartition topics — except a topic
-    co-partitioned with a topic of other systems, whose count that topic fixes (a foreign-key
-    join's two topics run both ways between its sides)."""
-    sized_by_partners = {
-        topic for group in copartition_groups if any(t not in internal_topics for t in group.topics) for topic in group.topics if topic in internal_topics
-    }
+    its reader's co-partitioning sizes (a foreign-key join's two topics, which run both ways
+    between its sides)."""
     sorter: graphlib.TopologicalSorter[int] = graphlib.TopologicalSorter()
     for sub in subtopologies:
         sorter.add(sub.id)
     for topic in internal_topics.values():
         reader = topic.reader_subtopology
-        if topic.role is TopicRole.REPARTITION and reader is not None and reader != topic.subtopology and topic.name not in sized_by_partners:
+        if topic.role is TopicRole.REPARTITION and reader is not None and reader != topic.subtopology and not topic.sized_by_reader:
             sorter.add(reader, topic.subtopology)
     try:
         return list(sorter.static_order())
@@ -524,5 +525,5 @@ def subtopology_order(
         raise TopologyError(f"sub-topologies {cycle} feed each other through repartition topics {topics}", topics=topics) from None
 
 
-def _check_acyclic(subtopologies: list[SubTopology], internal_topics: dict[str, InternalTopic], groups: Iterable[CopartitionGroup]) -> None:
-    subtopology_order(subtopologies, internal_topics, groups)
+def _check_acyclic(subtopologies: list[SubTopology], internal_topics: dict[str, InternalTopic]) -> None:
+    subtopology_order(subtopologies, internal_topics)

@@ -814,6 +814,9 @@ class InternalTopic:
     #: REPARTITION: the sub-topology reading it. CHANGELOG: the store it logs.
     reader_subtopology: int | None = None
     store: str | None = None
+    #: REPARTITION: sized by its reader's co-partitioning, not by its writer (a foreign-key
+    #: join's registration and response topics, which run both ways between its sides).
+    sized_by_reader: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -460,6 +460,19 @@ def outer_join_entry(stored_key: bytes) -> tuple[int, JoinSide, bytes]:
     return time - _TIME_ORDER, JoinSide.RIGHT if right else JoinSide.LEFT, stored_key[_OUTER_KEY.size :]
 
 
+@dataclass(slots=True)
+class HeldSince:
+    """A lower bound of the times a join's outer store holds (None: unknown, after a start or
+    restore, until the next scan reads it; ``EMPTY``: nothing held), which both sides keep, so
+    a record that closes nothing reads nothing (Kafka Streams' sharedTimeTracker.minTime)."""
+
+    time: int | None = None
+
+
+#: ``HeldSince.time`` of an outer store known to hold nothing.
+EMPTY = 2**63
+
+
 def unmatched_window_open(window: JoinWindow, side: JoinSide, timestamp: int, stream_time: int) -> bool:
     """Whether an unmatched record may still meet a partner: a left record at t while stream
     time has not passed t + after + grace (a right one, t + before + grace). Kafka Streams'
@@ -706,6 +719,9 @@ class NodeWiring:
     processors: list[ProcessorInstance] = field(default_factory=list)
     #: Windowed nodes' stream times by node name (missing ones start from their store).
     clocks: dict[str, NodeClock] = field(default_factory=dict)
+    #: What the nodes of one task share, by name (a stream-stream join's two sides: the
+    #: earliest time their outer store may hold). A runtime passes one dict per task.
+    shared: dict[str, Any] = field(default_factory=dict)
 
     def clock(self, store: WindowBytes | SessionBytes) -> NodeClock:
         clock = self.clocks.get(self.node.name)
@@ -1085,10 +1101,7 @@ def _fk_foreign_update(node: FkForeignUpdateNode, wiring: NodeWiring) -> Emit:
         if foreign_key is None:
             dropped()  # a table has no row for a null key
             return
-        prefix = fk.subscription_prefix(cast(bytes, foreign_key_bytes(foreign_key)))
-        for stored_key, packed in store.range(prefix, None):
-            if not stored_key.startswith(prefix):
-                break
+        for _, packed in store.prefix_scan(fk.subscription_prefix(cast(bytes, foreign_key_bytes(foreign_key)))):
             subscription = subscription_of(packed)
             forward(subscription.primary_key, fk.SubscriptionResponse(subscription.hash, value), timestamp)
 
@@ -1214,6 +1227,13 @@ def _emit_final(
         aggregate(key, value, timestamp)
 
     return aggregate_final
+
+
+def _report(task: TaskPosition | None, failure: NodeFailure) -> None:
+    """A failure on a record that left a store for good goes to the task's error policy."""
+    if task is None:
+        raise failure
+    task.on_forward_error(failure)
 
 
 def _forward_each(forward: Emit, records: Iterable[tuple[Any, Any, int]], task: TaskPosition) -> None:
@@ -1487,29 +1507,44 @@ def _stream_stream_join(node: StreamStreamJoinNode, wiring: NodeWiring) -> Emit:
     outer: KeyValueBytes | None = wiring.stores[node.outer_store] if node.outer_store is not None else None
     forward = wiring.forward
     dropped = null_key_counter(wiring)
+    holding = frozenset(s for s in (JoinSide.LEFT, JoinSide.RIGHT) if emits_unmatched(node.how, s))
+    # The shortest time a held record stays open after its own time.
+    least_open_ms = min(window.after_ms if s is JoinSide.LEFT else window.before_ms for s in holding) + window.grace_ms if holding else 0
+    held_since: HeldSince = wiring.shared.setdefault(f"{node.outer_store}:held-since", HeldSince())
+    task = wiring.position
+    node_name = node.name
 
     def stream_time() -> int:
         times = [t for t in (this_store.observed_stream_time, other_store.observed_stream_time) if t is not None]
         return max(times)
 
     def emit_closed(now: int) -> None:
-        """The outer store's records whose window has closed, oldest first, then gone."""
+        """The outer store's records whose window has closed, oldest first, each gone once sent
+        (a joiner or child failing on one goes to the task's error policy; the others still
+        go). Reads nothing while the earliest record held is still open."""
         assert outer is not None
+        if held_since.time is not None and held_since.time + least_open_ms >= now:
+            return
         open_sides: set[JoinSide] = set()
-        emitted: list[bytes] = []
+        earliest = EMPTY
         for stored, packed in outer.all():
-            if len(open_sides) == 2:
-                break
             time, held_side, held_key = outer_join_entry(stored)
             if unmatched_window_open(window, held_side, time, now):
+                earliest = min(earliest, time)
                 open_sides.add(held_side)
+                if open_sides == holding:
+                    break  # every later record is open too
                 continue
             key = key_of(held_key)
             for held_bytes in decode_join_values(packed):
-                forward(key, fn(key, *join_pair(held_side, value_of[held_side](held_bytes), None)), time)
-            emitted.append(stored)
-        for stored in emitted:
+                try:
+                    forward(key, fn(key, *join_pair(held_side, value_of[held_side](held_bytes), None)), time)
+                except NodeFailure as failure:
+                    _report(task, failure)
+                except Exception as error:
+                    _report(task, NodeFailure(node_name, error))
             outer.put(stored, None)
+        held_since.time = earliest
 
     def stream_stream_join(key: Any, value: Any, timestamp: int) -> None:
         if value is None:
@@ -1545,6 +1580,8 @@ def _stream_stream_join(node: StreamStreamJoinNode, wiring: NodeWiring) -> Emit:
         held_key = outer_join_key(timestamp, side, stored_key)
         held = outer.get(held_key)
         outer.put(held_key, encode_join_values([*(decode_join_values(held) if held is not None else []), this_value_bytes(value)]))
+        if held_since.time is not None:
+            held_since.time = min(held_since.time, timestamp)
 
     return stream_stream_join
 

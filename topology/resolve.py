@@ -103,7 +103,7 @@ def resolve(topology: Topology, partitions_by_topic: Mapping[str, int]) -> Resol
     counts: dict[str, int] = {t: partitions_by_topic[t] for ts in source_topics.values() for t in ts if t not in internal}
     task_counts: dict[int, int] = {}
 
-    for sub_id in subtopology_order(topology.subtopologies, internal, topology.copartition_groups):
+    for sub_id in subtopology_order(topology.subtopologies, internal):
         sub = topology.subtopologies[sub_id]
         for group in topology.copartition_groups:
             if group.source_nodes[0] in sub.source_nodes:

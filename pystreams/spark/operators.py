@@ -544,6 +544,7 @@ class _OpenTask:
 
         self.processors: list[ProcessorInstance] = []
         self.emits: dict[int, tuple[Emit, Callable[[Any], Any], Callable[[Any], Any]]] = {}
+        shared: dict[str, Any] = {}  # what the step's nodes share (NodeWiring.shared)
         for side, (node, key_serde, value_serde) in step.inputs.items():
             wiring = NodeWiring(
                 node=node,
@@ -554,6 +555,7 @@ class _OpenTask:
                 position=position,
                 processors=self.processors,
                 clocks=self.clocks,
+                shared=shared,
             )
             self.emits[side] = (guard(node.name, node_emit(node, wiring)), key_serde.deserialize, value_serde.deserialize)
         self.punctuations: list[ScheduledPunctuation] = [p for proc in self.processors for p in proc.punctuations]

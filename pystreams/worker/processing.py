@@ -217,6 +217,7 @@ def build_task_graph(
 
     emits: dict[str, Emit] = {}
     processors: list[ProcessorInstance] = []
+    shared: dict[str, Any] = {}  # what the task's nodes share (NodeWiring.shared)
     for name in reversed(sub.nodes):
         node = nodes[name]
         child_names = children_of(node)
@@ -233,6 +234,7 @@ def build_task_graph(
                 typed_stores=typed_stores,
                 position=ctx,
                 processors=processors,
+                shared=shared,
             )
             emit = node_emit(node, wiring)
         stores = stores_of(node)
