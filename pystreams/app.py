@@ -969,7 +969,7 @@ class App(AppQueries):
         name: str | None = None,
     ) -> None:
         """Write a stream's records, or a table's updates, to ``topic``."""
-        parent = self._handle(source, "to")
+        parent = self._stream(source, "to") if isinstance(source, GroupedStream) else self._handle(source, "to")
         check_name("topic", topic)
         node_name = self._fresh_name(name, f"{parent.name}-to-{topic}")
         self._add(

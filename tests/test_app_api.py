@@ -391,5 +391,7 @@ def test_group_by_groups_a_stream_for_an_aggregation_and_select_key_re_keys_it()
         rekeyed.filter(lambda key, value: True).to("kept")
     with pytest.warns(DeprecationWarning, match="filter on the grouped stream 'by-value'.*select_key"):
         by_value.filter(lambda key, value: True, name="old-style").to("old-style")
+    with pytest.warns(DeprecationWarning, match="to on the grouped stream 'by-value'"):
+        by_value.to("re-keyed")
     topology = app.topology()
     assert topology.nodes["by-value"].kind == topology.nodes["rekeyed"].kind == "select-key"
