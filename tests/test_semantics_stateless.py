@@ -26,7 +26,7 @@ def test_map_map_values_and_select_key_transform_each_record_and_keep_its_timest
     numbers = app.topic("in", value=serdes.Json(type=int))
     numbers.map(lambda key, n: (f"{key}!", n * 10), name="mapped").to("mapped")
     numbers.map_values(lambda key, n: f"{key}={n}", value=serdes.Text(), name="described").to("described")
-    numbers.group_by(lambda key, n: n % 2, key=serdes.Int(), name="parity").to("parity")
+    numbers.select_key(lambda key, n: n % 2, key=serdes.Int(), name="parity").to("parity")
     out = run(app, [("a", 1, 5), ("b", 2, 3)], "mapped", "described", "parity")
     assert out["mapped"] == [("a!", 10, 5), ("b!", 20, 3)]
     assert out["described"] == [("a", "a=1", 5), ("b", "b=2", 3)]
