@@ -106,8 +106,8 @@ def test_table_join_and_grouped_reduce_end_exact_and_rebuild_from_their_changelo
         engine.close()
 
 
-def fk_app(orders_topic: str, customers_topic: str) -> App:
-    app = App("fk-on-workers")
+def fk_app(orders_topic: str, customers_topic: str, app_id: str = "fk-on-workers") -> App:
+    app = App(app_id)  # its own internal topics per test: the broker lives for the session
     orders = app.table(orders_topic, value=serdes.Json(), name="orders")
     customers = app.table(customers_topic, value=serdes.Int(), name="customers")
     orders.join(
@@ -161,5 +161,34 @@ def test_a_foreign_key_join_across_differently_partitioned_tables_ends_exact_and
     engine = run(app, kafka_bootstrap, tmp_path / "wiped", offsets, lambda engine: engine.store_contents("enriched") == joined())
     try:
         assert engine.store_contents("enriched") == joined()
+    finally:
+        engine.close()
+
+
+def test_a_foreign_key_join_under_exactly_once_ends_exact(kafka_bootstrap: str, tmp_path: Path, unique_topic) -> None:
+    """The registration and response topics are written inside the stream thread's
+    transactions, and read read_committed behind the transaction filter, like every repartition
+    topic: the join still ends as the offline join."""
+    from pystreams.guarantee import ProcessingGuarantee
+
+    orders_topic, customers_topic = unique_topic("orders"), unique_topic("customers")
+    create_topics(kafka_bootstrap, TopicSpec(orders_topic, 2), TopicSpec(customers_topic, 3))
+    app = fk_app(orders_topic, customers_topic, "fk-exactly-once")
+    rng = random.Random(3)
+    orders = {f"o{rng.randrange(10)}": {"n": n, "c": f"k{rng.randrange(5)}"} for n in range(60)}
+    customers = {f"k{i}": i * 10 for i in range(4)}  # k4 has no row: "None" for its orders
+    produce(kafka_bootstrap, orders_topic, [(key.encode(), serdes.Json().serialize(order), None) for key, order in orders.items()])
+    produce(kafka_bootstrap, customers_topic, [(key.encode(), serdes.Int().serialize(zone), None) for key, zone in customers.items()])
+    expected = {key: f"{order['n']}:{customers.get(order['c'])}" for key, order in orders.items()}
+    resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
+    offsets = OffsetStore()
+    config = EngineConfig(kafka_bootstrap, tmp_path / "state", commit_interval_ms=200, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE_V2)
+    engine = TaskEngine(resolved, config, committed_offsets=offsets.fetch, commit_offsets=offsets.commit)
+    engine.start()
+    try:
+        engine.add_tasks(resolved.tasks)
+        engine.run(until=lambda: engine.store_contents("enriched") == expected, timeout_s=WAIT_S)
+        assert engine.store_contents("enriched") == expected
+        assert engine.transactions_committed > 0
     finally:
         engine.close()
