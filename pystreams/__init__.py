@@ -4,6 +4,7 @@ from pystreams import serdes
 from pystreams.app import (
     App,
     Branches,
+    GlobalTable,
     HoppingWindow,
     JoinWindow,
     Processor,
@@ -27,6 +28,7 @@ from pystreams.topology.errors import TopologyError
 __all__ = [
     "App",
     "Branches",
+    "GlobalTable",
     "HoppingWindow",
     "JoinWindow",
     "Processor",

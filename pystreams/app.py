@@ -71,6 +71,7 @@ from pystreams.topology.ir import (
     FkSubscriptionsNode,
     FlatMapNode,
     FlatMapValuesNode,
+    GlobalTableSpec,
     JoinHow,
     JoinSide,
     MapNode,
@@ -87,6 +88,7 @@ from pystreams.topology.ir import (
     SourceNode,
     Store,
     StoreKind,
+    StreamGlobalJoinNode,
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SuppressNode,
@@ -272,6 +274,7 @@ class App(AppQueries):
         )
         #: Sources with a deserialization policy of their own.
         self._source_policies: dict[str, ErrorPolicy] = {}
+        self._global_tables: dict[str, GlobalTableSpec] = {}
 
     def __repr__(self) -> str:
         return f"<App {self.app_id!r}: {len(self._nodes)} nodes>"
@@ -285,7 +288,7 @@ class App(AppQueries):
         errors = ErrorPolicies(
             self.error_policies.deserialization, self.error_policies.processing, self.error_policies.dead_letter_topic, self._source_policies
         )
-        return build(self.app_id, list(self._nodes.values()), list(self._stores.values()), errors)
+        return build(self.app_id, list(self._nodes.values()), list(self._stores.values()), errors, list(self._global_tables.values()))
 
     # ----------------------------------------------------------------- sources
 
@@ -368,6 +371,29 @@ class App(AppQueries):
             )
         )
         return Table(self, node_name)
+
+    def global_table(self, topic: str, *, store: str | None = None, key: Serde | None = None, value: Serde | None = None) -> GlobalTable:
+        """A table every worker holds whole (Kafka Streams' ``GlobalKTable``): all partitions of
+        ``topic``, restored before the worker's tasks start and kept current as the topic grows.
+
+        Join a stream with it on any key — ``stream.join(customers, fn, foreign_key=lambda k, v:
+        v["customer"])`` — with no co-partitioning and no repartition; query it on any worker
+        (``app.query(store, key)``). Its store, named ``store`` (default: the topic), keeps the
+        topic's bytes as written: ``key``/``value`` are the serdes a lookup reads them with."""
+        store_name = check_name("store", store or topic)
+        owner = self._sources_by_topic.get(topic)
+        if owner is not None:
+            raise InvalidNameError(f"topic {topic!r} is already read by {owner!r}; a topic feeds one source or global table", nodes=[owner], topics=[topic])
+        if store_name in self._stores or store_name in self._nodes or store_name in self._global_tables:
+            raise InvalidNameError(f"global table {store_name!r}: the name is taken; pass store= to choose another", nodes=[store_name])
+        self._global_tables[store_name] = GlobalTableSpec(
+            name=store_name,
+            topic=check_name("topic", topic),
+            key_serde=key or self.default_key_serde,
+            value_serde=value or self.default_value_serde,
+        )
+        self._sources_by_topic[topic] = store_name
+        return GlobalTable(self, store_name)
 
     # ----------------------------------------------------------------- stateless
 
@@ -811,6 +837,17 @@ class App(AppQueries):
     def join(
         self,
         left: Stream,
+        right: GlobalTable,
+        *,
+        how: str = "inner",
+        value: Serde | None = None,
+        name: str | None = None,
+        foreign_key: Callable[[Any, Any], Any] | None = None,
+    ) -> Callable[[Callable], Stream]: ...
+    @overload
+    def join(
+        self,
+        left: Stream,
         right: Stream | Table,
         *,
         window: JoinWindow | None = None,
@@ -833,7 +870,7 @@ class App(AppQueries):
     def join(
         self,
         left: Stream | Table,
-        right: Stream | Table,
+        right: Stream | Table | GlobalTable,
         *,
         window: JoinWindow | None = None,
         how: str = "inner",
@@ -853,6 +890,10 @@ class App(AppQueries):
         its sides update. With ``foreign_key=fn(key, value)`` (Kafka Streams' foreign-key
         join, KIP-213; inner or left): each left row joins the right row whose key ``fn``
         gives, keyed by the left key; the sides need not be co-partitioned.
+
+        A stream with a ``GlobalTable`` (``how`` inner or left): each record joins the global
+        table's row for ``foreign_key(key, value)`` — its own key when not given — with no
+        co-partitioning (Kafka Streams' stream–GlobalKTable join).
         """
         if isinstance(left, Table):
 
@@ -876,8 +917,12 @@ class App(AppQueries):
 
             return declare_table
         self._no_store_on_streams(store, "join")
+        if isinstance(right, GlobalTable):
+            return self._stream_global_join(left, right, window=window, how=how, value=value, name=name, foreign_key=foreign_key)
         if foreign_key is not None:
-            raise TypeError("join: foreign_key= joins two tables; a stream joins a table on its key (re-key it with group_by first)")
+            raise TypeError(
+                "join: foreign_key= joins two tables, or a stream with a global table; a stream joins a table on its key (re-key it with select_key first)"
+            )
 
         def declare(fn: Callable) -> Stream:
             left_node = self._stream(left, "join")
@@ -1335,6 +1380,44 @@ class App(AppQueries):
         )
         return Stream(self, node_name)
 
+    def _stream_global_join(
+        self,
+        left: Stream,
+        right: GlobalTable,
+        *,
+        window: JoinWindow | None,
+        how: str,
+        value: Serde | None,
+        name: str | None,
+        foreign_key: Callable[[Any, Any], Any] | None,
+    ) -> Callable[[Callable], Stream]:
+        if right.app is not self:
+            raise MissingSourceError(f"join: global table {right.name!r} belongs to app {right.app.app_id!r}, not {self.app_id!r}", nodes=[right.name])
+
+        def declare(fn: Callable) -> Stream:
+            left_node = self._stream(left, "join")
+            node_name = self._function_name(fn, name, left_node, "join")
+            if window is not None:
+                raise TopologyError(f"join {node_name!r}: a stream-global table join takes no window", nodes=[node_name])
+            join_how = _join_how(how, node_name)
+            if join_how is JoinHow.OUTER:
+                raise TopologyError(f"join {node_name!r}: a stream-global table join is inner or left, not outer", nodes=[node_name])
+            self._add(
+                StreamGlobalJoinNode(
+                    name=node_name,
+                    parents=(left_node.name,),
+                    fn=_callable(fn),
+                    key_serde=left_node.key_serde,
+                    value_serde=value or self.default_value_serde,
+                    how=join_how,
+                    global_table=right.name,
+                    foreign_key=None if foreign_key is None else _callable(foreign_key, "foreign key extractor"),
+                )
+            )
+            return Stream(self, node_name)
+
+        return declare
+
     def _table_rows(self, table: Node, join_name: str) -> tuple[str, tuple[TableViewNode, ...]]:
         """Where a join reads ``table``'s rows: the store of its nearest materialized ancestor,
         through the steps computed on read from it."""
@@ -1666,7 +1749,7 @@ class Stream(_Handle):
         """``app.branch(stream, branches=branches, ...)(fn)``, the labels also by position."""
         return self.app.branch(self, branches=branches, **options)(fn)
 
-    def join(self, other: Stream | Table, fn: Callable, **options: Any) -> Stream:
+    def join(self, other: Stream | Table | GlobalTable, fn: Callable, **options: Any) -> Stream:
         """``app.join(stream, other, ...)(fn)``: the other side comes before the joiner."""
         return self.app.join(self, other, **options)(fn)
 
@@ -1739,6 +1822,29 @@ class Table(_Handle):
         ``foreign_key=fn(key, value)``, on the right key each left row names — ``fn(key,
         left_value, right_value)`` per joined row."""
         return self.app.join(self, other, how=how, value=value, name=name, store=store, foreign_key=foreign_key)(fn)
+
+
+class GlobalTable:
+    """A table every worker holds whole (``app.global_table``): join streams with it
+    (``stream.join(global_table, fn, foreign_key=...)``) and query it on any worker. It is no
+    node of the graph, so it has no steps of its own."""
+
+    __slots__ = ("app", "name")
+
+    def __init__(self, app: App, name: str) -> None:
+        self.app = app
+        self.name = name
+
+    @property
+    def store(self) -> str:
+        return self.name
+
+    @property
+    def topic(self) -> str:
+        return self.app._global_tables[self.name].topic
+
+    def __repr__(self) -> str:
+        return f"<GlobalTable {self.name!r} of {self.topic!r}>"
 
 
 class GroupedTable:

@@ -126,9 +126,11 @@ class AppQueries:
         from pystreams.topology.stores import not_queryable_reason
 
         topology = self.topology()
-        spec = topology.stores.get(store)
+        spec = topology.store_spec(store)
         if spec is None:
             raise QueryError(f"app {self.app_id!r} has no store named {store!r}")
+        if store in topology.global_tables:
+            return spec, QueryClient(endpoints_from(endpoints))
         reason = not_queryable_reason(topology, store)
         if reason is not None:
             raise QueryError(f"store {store!r} of app {self.app_id!r} is not queryable: {reason}")

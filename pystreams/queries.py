@@ -126,6 +126,14 @@ class QueryClient:
         while True:
             metadata = self.metadata()
             placement = self._placement(metadata, store)
+            if placement.get("global"):
+                answer = self._request(self._any_host(metadata), f"/v1/stores/{store}", query)
+                if isinstance(answer, bytes):
+                    return sorted((bytes.fromhex(k), bytes.fromhex(v)) for k, v in json.loads(answer)["entries"])
+                if time.monotonic() >= deadline:
+                    raise NotAvailableYet(f"store {store!r}: not available yet ({answer})")
+                time.sleep(0.2)
+                continue
             by_host: dict[str, list[int]] = {}
             unhosted = []
             for partition in range(placement["partitions"]):
@@ -158,6 +166,11 @@ class QueryClient:
             raise QueryError(f"store {store!r} is not queryable (queryable: {sorted(metadata['stores'])})")
         return metadata["stores"][store]
 
+    def _any_host(self, metadata: dict[str, Any]) -> str:
+        """Who answers for a global table: the worker whose metadata this is (every worker
+        holds all of it)."""
+        return str(metadata.get("endpoint") or self.endpoints[0])
+
     @staticmethod
     def _hosts(metadata: dict[str, Any], placement: dict[str, Any], partition: int, stale: bool) -> list[str]:
         """The workers hosting ``partition``'s task: the active first, then (stale) standbys."""
@@ -188,9 +201,13 @@ class QueryClient:
         while True:
             metadata = self.metadata()
             placement = self._placement(metadata, store)
-            partition = partition_for_key(key, placement["partitions"])
-            hosts = self._hosts(metadata, placement, partition, stale)
-            reason = "" if hosts else f"no worker hosts partition {partition} of {placement['topic']} yet"
+            if placement.get("global"):
+                hosts = [self._any_host(metadata)]
+                reason = ""
+            else:
+                partition = partition_for_key(key, placement["partitions"])
+                hosts = self._hosts(metadata, placement, partition, stale)
+                reason = "" if hosts else f"no worker hosts partition {partition} of {placement['topic']} yet"
             for host in hosts:
                 answer = self._request(host, f"/v1/stores/{store}/{key.hex()}{suffix}", {**query, **_stale(stale)})
                 if isinstance(answer, bytes):

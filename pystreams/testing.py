@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from pystreams.serdes import Bytes, Serde
-from pystreams.state import CacheLimits, TopicPartition
+from pystreams.state import CacheLimits, ChangelogRecord, GlobalState, TopicPartition
 from pystreams.topology.ir import SinkNode, SourceNode, TaskId, Topology
 from pystreams.topology.patterns import matching_topics
 from pystreams.topology.resolve import ResolvedTopology, resolve
-from pystreams.topology.stores import TypedStore
+from pystreams.topology.stores import TypedStore, typed
 from pystreams.worker.engine import ErrorHandling
 from pystreams.worker.errors import ErrorPolicy
 from pystreams.worker.packing import UnpackedRecord, partition_for_key
@@ -175,6 +175,10 @@ class TopologyTestDriver:
         self._task_of: dict[tuple[str, int], StreamTask] = {}
         self.wall_clock_ms = initial_wall_clock_ms
         self._closed = False
+        # Global tables in memory: a record piped into a global topic is applied at once, as
+        # Kafka Streams' driver does.
+        self._global = GlobalState(None, topology.app_id, {name: table.topic for name, table in topology.global_tables.items()})
+        self._global_topics = {table.topic: table for table in topology.global_tables.values()}
         try:
             for task_id in self.resolved.tasks:
                 task = StreamTask(
@@ -184,6 +188,7 @@ class TopologyTestDriver:
                     sender=self._sender,
                     errors=self._errors,
                     cache_limits=cache_limits or CacheLimits(),
+                    global_stores=self._global.stores,
                 )
                 self._tasks[task_id] = task
                 task.initialize()
@@ -243,6 +248,11 @@ class TopologyTestDriver:
             partition = self._partition_for(key, count)
         elif not 0 <= partition < count:
             raise ValueError(f"topic {topic!r} has {count} partition(s); there is no partition {partition}")
+        if topic in self._global_topics:
+            offset = self._next_offsets.get((topic, partition), 0)
+            self._next_offsets[(topic, partition)] = offset + 1
+            self._global.store_of(topic).apply(partition, [ChangelogRecord(offset, key, value)])  # type: ignore[arg-type]
+            return
         self._process(topic, partition, key, value, timestamp, tuple(headers))
         self._settle()
 
@@ -264,6 +274,8 @@ class TopologyTestDriver:
         """Store ``name`` of the task of ``partition`` (needed only when its sub-topology has
         several tasks), as a processor sees it: ``get``, ``items``, ``fetch``, ..."""
         self._check_open()
+        if name in self.topology.global_tables:
+            return typed(self._global.stores[name], self.topology.global_tables[name].store)  # the global table's own
         instances = {task_id.partition: task.graph.typed_stores[name] for task_id, task in self._tasks.items() if name in task.graph.typed_stores}
         if not instances:
             raise KeyError(f"app {self.topology.app_id!r} has no store named {name!r}")
@@ -278,6 +290,8 @@ class TopologyTestDriver:
         key-value store, ``(key, window start) -> value`` for a window store and ``(key,
         start, end) -> value`` for a session store."""
         self._check_open()
+        if name in self.topology.global_tables:
+            return dict(self.store(name).items())
         contents: dict[Any, Any] = {}
         found = False
         for task in self._tasks.values():
@@ -318,6 +332,7 @@ class TopologyTestDriver:
         self._closed = True
         for task in self._tasks.values():
             task.close_dirty()
+        self._global.close()
 
     def __enter__(self) -> TopologyTestDriver:
         return self
@@ -332,11 +347,13 @@ class TopologyTestDriver:
             raise RuntimeError("the test driver is closed")
 
     def _source_node(self, topic: str) -> Any:
+        if topic in self._global_topics:
+            return self._global_topics[topic]  # its serdes are the global table's
         for node_name, topics in self.resolved.source_topics.items():
             node = self.topology.source(node_name)
             if topic in topics and not (isinstance(node, SourceNode) and node.internal):
                 return node
-        inputs = sorted(t for topics in self.resolved.source_topics.values() for t in topics if t not in self._repartition_topics)
+        inputs = sorted({*(t for topics in self.resolved.source_topics.values() for t in topics if t not in self._repartition_topics), *self._global_topics})
         raise ValueError(f"topic {topic!r} is not an input topic of app {self.topology.app_id!r} (inputs: {inputs})")
 
     def _sink_serdes(self, topic: str) -> tuple[Serde, Serde]:
@@ -513,7 +530,7 @@ def _input_partition_counts(topology: Topology, partitions: Mapping[str, int]) -
     """Partition counts of every input topic: given, else 1; pattern sources match the given
     topics (a pattern source with no matching topic fails in ``resolve``, naming it)."""
     counts = {topic: count for topic, count in partitions.items()}
-    for topic in topology.external_source_topics:
+    for topic in (*topology.external_source_topics, *topology.global_topics):
         counts.setdefault(topic, 1)
     for node in topology.nodes.values():
         if isinstance(node, SourceNode) and node.pattern is not None:

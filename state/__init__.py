@@ -25,6 +25,7 @@ from .errors import (
     StoreCorruptedError,
     TaskDirectoryLockedError,
 )
+from .global_store import GlobalState, GlobalStore
 from .interface import BytesStore, KeyValueBytesStore, SessionBytesStore, WindowBytesStore
 from .key_value_store import KeyValueChange, KeyValueStore
 from .memory import MemoryDatabase
@@ -42,6 +43,8 @@ __all__ = [
     "ChangelogRecord",
     "ChangelogSink",
     "CheckpointCorruptedError",
+    "GlobalState",
+    "GlobalStore",
     "InMemoryChangelog",
     "MemoryDatabase",
     "OrderedBytesDatabase",

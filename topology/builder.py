@@ -45,6 +45,7 @@ from .ir import (
     ErrorPolicies,
     FkJoinNode,
     FkSubscriptionsNode,
+    GlobalTableSpec,
     InternalTopic,
     JoinSide,
     Node,
@@ -54,6 +55,7 @@ from .ir import (
     SourceNode,
     Store,
     StoreKind,
+    StreamGlobalJoinNode,
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SubTopology,
@@ -79,7 +81,13 @@ WINDOW_CHANGELOG_EXTRA_RETENTION_MS = 24 * 60 * 60 * 1000
 REPARTITION_TOPIC_CONFIG = {"cleanup.policy": "delete", "segment.ms": "600000", "retention.ms": "-1"}
 
 
-def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store], errors: ErrorPolicies | None = None) -> Topology:
+def build(
+    app_id: str,
+    nodes: Sequence[Node],
+    stores: Sequence[Store],
+    errors: ErrorPolicies | None = None,
+    global_tables: Sequence[GlobalTableSpec] = (),
+) -> Topology:
     check_name("app", app_id)
     declared = _index(nodes)
     errors = errors or ErrorPolicies()
@@ -98,9 +106,12 @@ def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store], errors: E
     groups = _copartition_groups(ordered)
     _check_sources_and_sinks(ordered, internal_topics)
     _check_acyclic(subtopologies, internal_topics)
+    globals_by_name = _check_global_tables(ordered, built_stores, internal_topics, global_tables)
 
     node_list = list(ordered.values())
-    canonical = canonical_form(app_id, node_list, list(built_stores.values()), subtopologies, list(internal_topics.values()), groups)
+    canonical = canonical_form(
+        app_id, node_list, list(built_stores.values()), subtopologies, list(internal_topics.values()), groups, list(globals_by_name.values())
+    )
     external_sources = sorted({t for n in node_list if _reads_external_topics(n) for t in topics_of(n)})
     return Topology(
         app_id=app_id,
@@ -114,6 +125,7 @@ def build(app_id: str, nodes: Sequence[Node], stores: Sequence[Store], errors: E
         copartition_groups=tuple(groups),
         hash=topology_hash(canonical),
         errors=errors,
+        global_tables=globals_by_name,
     )
 
 
@@ -502,6 +514,50 @@ def _check_sources_and_sinks(nodes: dict[str, Node], internal_topics: dict[str, 
     for name, source in named_sources.items():
         if name in internal_topics:
             raise InvalidNameError(f"source {source!r} reads {name!r}, an internal topic of this app", nodes=[source], topics=[name])
+
+
+def _check_global_tables(
+    nodes: Mapping[str, Node], stores: Mapping[str, Store], internal_topics: Mapping[str, InternalTopic], global_tables: Sequence[GlobalTableSpec]
+) -> dict[str, GlobalTableSpec]:
+    """Global tables have names of their own, read topics no source reads, and every global
+    join names one of them."""
+    by_name: dict[str, GlobalTableSpec] = {}
+    by_topic: dict[str, str] = {}
+    named_sources = {t: n.name for n in nodes.values() if _reads_external_topics(n) for t in topics_of(n)}
+    for table in global_tables:
+        check_name("global table", table.name)
+        if table.name in by_name or table.name in stores or table.name in nodes:
+            raise InvalidNameError(f"global table {table.name!r}: the name is taken by another node, store or global table", nodes=[table.name])
+        if table.topic in by_topic:
+            raise InvalidNameError(
+                f"global tables {by_topic[table.topic]!r} and {table.name!r} both read {table.topic!r}; a topic feeds one table",
+                nodes=[by_topic[table.topic], table.name],
+                topics=[table.topic],
+            )
+        reader = named_sources.get(table.topic)
+        if reader is None:
+            reader = next(
+                (n.name for n in nodes.values() if isinstance(n, SourceNode) and n.pattern and compile_pattern(n.pattern, n.name).fullmatch(table.topic)), None
+            )
+        if reader is not None:
+            raise InvalidNameError(
+                f"global table {table.name!r} reads {table.topic!r}, which source {reader!r} reads too; a topic feeds one source",
+                nodes=[table.name, reader],
+                topics=[table.topic],
+            )
+        if table.topic in internal_topics:
+            raise InvalidNameError(
+                f"global table {table.name!r} reads {table.topic!r}, an internal topic of this app", nodes=[table.name], topics=[table.topic]
+            )
+        by_name[table.name] = table
+        by_topic[table.topic] = table.name
+    for node in nodes.values():
+        if isinstance(node, StreamGlobalJoinNode) and node.global_table not in by_name:
+            raise MissingSourceError(
+                f"join {node.name!r} reads global table {node.global_table!r}, which is not declared",
+                nodes=[node.name, node.global_table],
+            )
+    return by_name
 
 
 def subtopology_order(subtopologies: Iterable[SubTopology], internal_topics: Mapping[str, InternalTopic]) -> list[int]:

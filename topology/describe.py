@@ -18,6 +18,7 @@ from .ir import (
     ProcessorNode,
     SinkNode,
     SourceNode,
+    StreamGlobalJoinNode,
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SubTopology,
@@ -71,6 +72,8 @@ def _node_line(node: Node) -> str:
             details.append(f"{node.how} table-table join, {node.side} side, looks up {node.other_table!r}")
         case StreamStreamJoinNode():
             details.append(f"{node.how} {JoinKind.STREAM_STREAM} join, {node.side} side")
+        case StreamGlobalJoinNode():
+            details.append(f"{node.how} join with global table {node.global_table!r}")
         case ProcessorNode(punctuations=punctuations) if punctuations:
             details.append("punctuate " + ", ".join(f"{p.method} every {p.interval_ms}ms {p.type}" for p in punctuations))
         case SourceNode() | TableSourceNode() if node.timestamp_extractor is not None:
@@ -107,6 +110,10 @@ def describe(topology: Topology, resolved: ResolvedTopology | None = None) -> st
             window = f", {describe_window(store.window)}" if store.window is not None else ""
             changelog = store.changelog_topic or "no changelog"
             lines.append(f"  {store.name}: {store.kind} in sub-topology {store.subtopology}, owner {store.owner}{window}, {changelog}")
+    if topology.global_tables:
+        lines.append("Global tables (every worker holds all of each, restored before its tasks start)")
+        for table in topology.global_tables.values():
+            lines.append(f"  {table.name}: key-value, from topic {table.topic!r}{_partitions(resolved, table.topic)}")
     lines.append("Topics")
     for topic in topology.external_source_topics:
         lines.append(f"  {topic}: source{_partitions(resolved, topic)}")

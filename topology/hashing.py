@@ -21,6 +21,7 @@ from .ir import (
     BranchNode,
     BranchOutputNode,
     CopartitionGroup,
+    GlobalTableSpec,
     InternalTopic,
     JoinKind,
     Node,
@@ -29,6 +30,7 @@ from .ir import (
     SinkNode,
     SourceNode,
     Store,
+    StreamGlobalJoinNode,
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SubTopology,
@@ -94,7 +96,7 @@ def _node(node: Node) -> dict[str, Any]:
         "punctuations": [[p.method, p.interval_ms, p.type.value] for p in node.punctuations] if isinstance(node, ProcessorNode) else [],
         "emit": node.emit.value if isinstance(node, AggregationNode) else None,
         "suppression": suppression_fields(node.suppression) if isinstance(node, SuppressNode) else None,
-    }
+    } | ({"global_join": [node.how.value, node.global_table]} if isinstance(node, StreamGlobalJoinNode) else {})
 
 
 def _branches(node: Node) -> tuple[str, ...]:
@@ -140,6 +142,7 @@ def canonical_form(
     subtopologies: list[SubTopology],
     internal_topics: list[InternalTopic],
     copartition_groups: list[CopartitionGroup],
+    global_tables: list[GlobalTableSpec] | None = None,
 ) -> bytes:
     """The structure as canonical JSON (sorted keys; lists in processing or name order)."""
     form = {
@@ -151,6 +154,11 @@ def canonical_form(
         "internal_topics": [_topic(topic) for topic in sorted(internal_topics, key=lambda t: t.name)],
         "copartition_groups": sorted(list(group.source_nodes) for group in copartition_groups),
     }
+    if global_tables:  # only when there are: the hashes of apps without stay the same
+        form["global_tables"] = [
+            {"name": t.name, "topic": t.topic, "key_serde": t.key_serde.name, "value_serde": t.value_serde.name}
+            for t in sorted(global_tables, key=lambda t: t.name)
+        ]
     return msgspec.json.encode(form, order="sorted")
 
 

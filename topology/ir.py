@@ -70,6 +70,12 @@ STREAM_TABLE_JOIN      looks the record's key up in the table's store (``table_s
                        TABLE_FILTER / TABLE_MAP_VALUES chain over that store);
                        forwards ``(key, fn(key, value, table_value))``; an inner join drops misses,
                        a left join calls ``fn`` with ``None``. Table updates trigger nothing.
+STREAM_GLOBAL_JOIN     looks ``foreign_key(key, value)`` (the record's key when None) up in the
+                       global table ``global_table`` (every worker holds all of it); forwards
+                       ``(key, fn(key, value, row))``; an inner join drops misses and a left
+                       join calls ``fn`` with None. A null foreign key skips the record, counted
+                       as a null key, except that a left join joins a null-key record whose
+                       foreign key is null with None (Kafka Streams' KStreamGlobalKTableJoin).
 STREAM_STREAM_JOIN     one node per side (``side``): stores the record in ``this_store``,
                        looks up ``other_store`` within ``window`` and forwards
                        ``(key, fn(key, left_value, right_value))``. A left or outer join holds a
@@ -604,6 +610,18 @@ class StreamTableJoinNode(NodeBase):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StreamGlobalJoinNode(NodeBase):
+    """Looks each record up in the global table ``global_table`` by ``foreign_key(key,
+    value)`` (the record's own key when None). A global table is no task's store: every
+    worker holds it whole, so the join needs no co-partitioning."""
+
+    fn: Callable[..., Any]
+    how: JoinHow
+    global_table: str
+    foreign_key: Callable[[Any, Any], Any] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StreamStreamJoinNode(NodeBase):
     """One side of a windowed stream–stream join: ``side``, the other side's node ``other``,
     the store this side writes and the store it probes."""
@@ -683,6 +701,7 @@ Node: TypeAlias = (
     | CogroupAggregateNode
     | CogroupNode
     | StreamTableJoinNode
+    | StreamGlobalJoinNode
     | StreamStreamJoinNode
     | ProcessorNode
     | SuppressNode
@@ -797,6 +816,31 @@ class Store:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class GlobalTableSpec:
+    """A table every worker holds whole (Kafka Streams' GlobalKTable): all partitions of
+    ``topic``, restored before any task starts and kept current as the topic grows. The topic
+    is its changelog; its store, named ``name``, keeps the topic's key and value bytes."""
+
+    name: str
+    topic: str
+    key_serde: Serde
+    value_serde: Serde
+
+    @property
+    def store(self) -> Store:
+        """Its store as tasks and queries read it: a key-value store no task owns."""
+        return Store(
+            name=self.name,
+            kind=StoreKind.KEY_VALUE,
+            owner=self.name,
+            key_serde=self.key_serde,
+            value_serde=self.value_serde,
+            logging=False,
+            changelog_topic=self.topic,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InternalTopic:
     """A topic the app creates itself.
 
@@ -879,6 +923,8 @@ class Topology:
     hash: UUID = field(default=UUID(int=0))
     #: What bad records do (not part of the structure: no effect on the hash).
     errors: ErrorPolicies = field(default_factory=ErrorPolicies)
+    #: Global tables by name: outside the sub-topologies, held whole by every worker.
+    global_tables: Mapping[str, GlobalTableSpec] = field(default_factory=dict)
 
     def node(self, name: str) -> Node:
         return self.nodes[name]
@@ -900,6 +946,15 @@ class Topology:
     @property
     def repartition_topics(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.internal_topics.values() if t.role is TopicRole.REPARTITION)
+
+    def store_spec(self, name: str) -> Store | None:
+        """Store ``name``: a task's, or a global table's (None: no such store)."""
+        table = self.global_tables.get(name)
+        return table.store if table is not None else self.stores.get(name)
+
+    @property
+    def global_topics(self) -> tuple[str, ...]:
+        return tuple(sorted(table.topic for table in self.global_tables.values()))
 
     @property
     def changelog_topics(self) -> tuple[str, ...]:

@@ -69,6 +69,7 @@ from .ir import (
     SinkNode,
     SourceNode,
     Store,
+    StreamGlobalJoinNode,
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SuppressNode,
@@ -786,6 +787,8 @@ def node_emit(node: Node, wiring: NodeWiring) -> Emit:
             return drop
         case StreamTableJoinNode():
             return _stream_table_join(node, wiring)
+        case StreamGlobalJoinNode():
+            return _stream_global_join(node, wiring)
         case StreamStreamJoinNode():
             return _stream_stream_join(node, wiring)
         case ProcessorNode():
@@ -1474,6 +1477,41 @@ def _stream_table_join(node: StreamTableJoinNode, wiring: NodeWiring) -> Emit:
         forward(key, fn(key, value, row), timestamp)
 
     return stream_table_join
+
+
+def _stream_global_join(node: StreamGlobalJoinNode, wiring: NodeWiring) -> Emit:
+    """Looks each record up in the global table by its foreign key (Kafka Streams'
+    KStreamGlobalKTableJoin): a record with a null value, or a null foreign key, is skipped —
+    counted as a null key — except that a left join still joins a null-key record, with None
+    when its foreign key is null too; an inner join drops misses, a left join calls ``fn``
+    with None. Table updates trigger nothing."""
+    fn = node.fn
+    if node.global_table not in wiring.stores:
+        raise ValueError(f"join {node.name!r}: the runtime holds no global table {node.global_table!r}")
+    row_of = table_row_reader(node.global_table, (), wiring)
+    foreign_key = node.foreign_key
+    left_join = node.how is JoinHow.LEFT
+    forward = wiring.forward
+    dropped = null_key_counter(wiring)
+
+    def stream_global_join(key: Any, value: Any, timestamp: int) -> None:
+        if value is None:
+            return
+        table_key = key if foreign_key is None else foreign_key(key, value)
+        if table_key is None:
+            if left_join and key is None:
+                forward(key, fn(key, value, None), timestamp)
+            else:
+                dropped()
+            return
+        row = row_of(table_key)
+        if row is None:
+            if left_join:
+                forward(key, fn(key, value, None), timestamp)
+            return
+        forward(key, fn(key, value, row), timestamp)
+
+    return stream_global_join
 
 
 # Stream–stream join stores keep every record of a (key, timestamp): the stored value is a

@@ -12,7 +12,8 @@ Kafka Streams' rules:
 * external topics of one co-partition group must have equal counts, else
   ``CopartitionError`` naming the topics, their counts and the joins;
 * every named source topic must exist and every pattern match something, else
-  ``MissingSourceError`` naming the source node.
+  ``MissingSourceError`` naming the source node; so must every global table's topic, whose
+  partitions are all read by every worker (no task, no co-partitioning).
 
 Sub-topologies are resolved writers-first, so every repartition topic is sized before the
 sub-topology reading it counts its tasks.
@@ -125,6 +126,12 @@ def resolve(topology: Topology, partitions_by_topic: Mapping[str, int]) -> Resol
     for topic in topology.sink_topics:
         if topic in partitions_by_topic:
             counts.setdefault(topic, partitions_by_topic[topic])
+    for table in topology.global_tables.values():
+        if table.topic not in partitions_by_topic:
+            raise MissingSourceError(
+                f"global table {table.name!r} reads {table.topic!r}, which the cluster does not have", nodes=[table.name], topics=[table.topic]
+            )
+        counts[table.topic] = partitions_by_topic[table.topic]
 
     tasks = tuple(TaskId(sub_id, p) for sub_id in sorted(task_counts) for p in range(task_counts[sub_id]))
     return ResolvedTopology(

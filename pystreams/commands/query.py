@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print("pystreams query: give --endpoint HOST:PORT (or PYSTREAMS_QUERY_ENDPOINTS)", file=sys.stderr)
         return 2
     app = load_app(args.app)
-    spec = app.topology().stores.get(args.store)
+    spec = app.topology().store_spec(args.store)
     if spec is None:
         print(f"pystreams query: app {app.app_id!r} has no store named {args.store!r}", file=sys.stderr)
         return 2

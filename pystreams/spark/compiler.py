@@ -100,6 +100,7 @@ from pystreams.topology.ir import (
     SourceNode,
     Store,
     StoreKind,
+    StreamGlobalJoinNode,
     StreamStreamJoinNode,
     StreamTableJoinNode,
     SuppressNode,
@@ -543,6 +544,8 @@ class _Compilation:
                     "a table's filter, map_values, group_by, table-table or foreign-key join does not compile to Spark yet "
                     "(a table on Spark is read from its topic by the stream-table join that uses it); run this app on workers",
                 )
+            case StreamGlobalJoinNode():
+                raise _unsupported(node, "a join with a global table does not compile to Spark yet; run this app on workers")
             case SinkNode():
                 self.sink(node)
             case RepartitionNode():

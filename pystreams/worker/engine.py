@@ -56,6 +56,7 @@ from .commits import (
     TaskMigratedError,
 )
 from .errors import ErrorPolicies, ErrorPolicy, RecordFailure
+from .global_tables import GlobalTables
 from .kafka_io import DEFAULT_CONSUMER_CONFIG, ChangelogRestorer, RecordSender, make_consumer, make_producer
 from .packing import expand_packed
 from .positions import positions_partition_count, positions_topic
@@ -187,7 +188,10 @@ class TaskEngine:
         commit_offsets_in_background: OffsetCommitter | None = None,
         on_restore_progress: Callable[[RestoreProgress], None] | None = None,
         on_commit: Callable[[float], None] | None = None,
+        global_tables: GlobalTables | None = None,
     ) -> None:
+        """``global_tables``: the process's, restored and followed by its owner; without, an
+        engine of a topology with global tables opens, restores and follows its own."""
         self.resolved = resolved
         self.topology = resolved.topology
         self.config = config
@@ -229,6 +233,9 @@ class TaskEngine:
         self._consumer: Any = None
         self._restorer: ChangelogRestorer | None = None
         self._standby_updater: StandbyUpdater | None = None
+        self.global_tables = global_tables
+        #: This engine opened the global tables itself: it restores, follows and closes them.
+        self._follows_global_tables = False
         #: Standby and warm-up replicas the assignment wants here; opened unless active here,
         #: retried while another thread of this process still holds the task's directory.
         self._wanted_standbys: frozenset[TaskId] = frozenset()
@@ -275,6 +282,11 @@ class TaskEngine:
         end_consumer = self._new_consumer("restore-ends", committed_only=False) if self.guarantee.exactly_once else None
         self._restorer = ChangelogRestorer(self._new_consumer("restore"), end_consumer=end_consumer)
         self._standby_updater = StandbyUpdater(self._new_consumer("standby"))
+        if self.topology.global_tables and self.global_tables is None:
+            # Before any task starts: no lookup may see a table still being restored.
+            self.global_tables = GlobalTables.open(self.resolved, self.config, f"{client_id}-global")
+            self._follows_global_tables = True
+            self.global_tables.restore()
 
     def _new_consumer(self, role: str, *, filtered: bool = True, committed_only: bool = True) -> Any:
         """A consumer with the guarantee's settings: under exactly-once ``read_committed`` (unless
@@ -324,6 +336,10 @@ class TaskEngine:
                 self._standby_updater.close()
             if self._restorer is not None:
                 self._restorer.close()
+            if self._follows_global_tables and self.global_tables is not None:
+                self.global_tables.close()
+                self.global_tables = None
+                self._follows_global_tables = False
             self._consumer = self._producer = self._restorer = self._standby_updater = None
 
     def __enter__(self) -> TaskEngine:
@@ -368,6 +384,7 @@ class TaskEngine:
                         cache_limits=self.config.cache_limits,
                         checkpoint_min_records=self.config.checkpoint_min_records,
                         on_restore_progress=self._on_restore_progress,
+                        global_stores=self.global_tables.stores if self.global_tables is not None else None,
                     )
                 )
             except TaskDirectoryLockedError as error:
@@ -610,6 +627,8 @@ class TaskEngine:
         following = updater if updater is not None and updater.tasks else None
         counters = self.counters
         counters.polls += 1
+        if self._follows_global_tables and self.global_tables is not None:
+            self.global_tables.poll(0)
         if not self._task_of_partition:
             # Replicas catch up between input batches; with no active work they get the wait.
             if following is not None:
@@ -725,6 +744,8 @@ class TaskEngine:
             if len(tasks) == len(self._tasks):
                 for standby in self.standby_tasks.values():
                     standby.checkpoint()
+                if self._follows_global_tables and self.global_tables is not None:
+                    self.global_tables.checkpoint()
             if self._on_commit is not None:
                 self._on_commit(time.perf_counter() - started)
         elif outcome is CommitOutcome.MIGRATED:

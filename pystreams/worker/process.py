@@ -90,6 +90,7 @@ from .commits import TaskMigratedError
 from .engine import EngineConfig, TaskEngine, internal_topic_specs, resolve_against_cluster
 from .engine_thread import EngineStopped, EngineThread
 from .errors import MissingDeadLetterTopic, RecordProcessingError, skip_hint
+from .global_tables import GlobalTables, GlobalThread
 from .identity import ProcessIdentity, transactional_id_for
 from .offset_gate import OffsetGate
 from .progress import LagSnapshot, ReplicaProgressLog, RestoreTracker
@@ -256,6 +257,7 @@ class StreamThread:
         on_shutdown_requested: Callable[[], None] = lambda: None,
         metrics: WorkerMetrics | None = None,
         transactional_identity: uuid.UUID | None = None,
+        global_tables: GlobalTables | None = None,
     ) -> None:
         self.index = index
         self.resolved = resolved
@@ -331,6 +333,7 @@ class StreamThread:
             commit_offsets_in_background=None if self.exactly_once else self._offsets.commit_in_background,
             on_restore_progress=self.restores,
             on_commit=commit_latency.observe if commit_latency is not None else None,
+            global_tables=global_tables,
         )
         self._engine_thread = EngineThread(
             self.name,
@@ -719,6 +722,33 @@ class StreamThread:
         self._on_fatal(f"{self.name} failed: {describe_engine_failure(error)}")
 
 
+def _start_global_tables(
+    resolved: ResolvedTopology, settings: WorkerSettings, state_dir: Path, process_id: uuid.UUID, loop: asyncio.AbstractEventLoop, stop: asyncio.Event
+) -> GlobalThread:
+    """Open the process's global tables, restore them to their topics' ends and start the
+    thread following them (its failure stops the worker)."""
+    guarantee = settings.processing_guarantee or ProcessingGuarantee.AT_LEAST_ONCE
+    config = EngineConfig(
+        bootstrap_servers=settings.bootstrap_servers,
+        state_dir=state_dir,
+        client_config=settings.broker_security.kafka_python_config(),
+        processing_guarantee=guarantee,
+    )
+    tables = GlobalTables.open(resolved, config, f"{resolved.topology.app_id}-{process_id.hex[:8]}-global")
+    try:
+        tables.restore()
+    except BaseException:
+        tables.close()
+        raise
+
+    def on_failure(error: BaseException) -> None:
+        loop.call_soon_threadsafe(stop.set)
+
+    thread = GlobalThread(tables, checkpoint_interval_s=(settings.commit_interval_ms or guarantee.default_commit_interval_ms) / 1000, on_failure=on_failure)
+    thread.start()
+    return thread
+
+
 def with_error_policies(topology: Any, settings: WorkerSettings) -> Any:
     """The topology with the settings' error policies replacing the app's (checked)."""
     errors = topology.errors.overridden(
@@ -866,6 +896,11 @@ async def _run_threads(
     await loop.run_in_executor(None, topic_names.refresh)
 
     process_id = uuid.uuid4()
+    global_thread = None
+    if topology.global_tables:
+        # Restored before any stream thread joins: no task may look a row up before.
+        global_thread = await loop.run_in_executor(None, _start_global_tables, resolved, settings, state_dir, process_id, loop, stop)
+        announce(f"worker: global tables {', '.join(sorted(topology.global_tables))} restored ({global_thread.tables.records_restored} records) and followed")
     # Exactly-once: the transactional ids outlive the process (see identity.py).
     identity = ProcessIdentity(state_dir, topology.app_id) if guarantee.exactly_once else None
     fatal: list[str] = []
@@ -901,6 +936,7 @@ async def _run_threads(
             on_shutdown_requested=on_shutdown_requested,
             metrics=metrics,
             transactional_identity=identity.process_id if identity is not None else None,
+            global_tables=global_thread.tables if global_thread is not None else None,
         )
         for index in range(settings.threads)
     )
@@ -910,7 +946,13 @@ async def _run_threads(
         if settings.user_endpoint:
             from .queries import QueryServer
 
-            query_server = QueryServer(resolved, threads, settings.user_endpoint, bind_host=settings.http_host)
+            query_server = QueryServer(
+                resolved,
+                threads,
+                settings.user_endpoint,
+                bind_host=settings.http_host,
+                global_stores=global_thread.tables.stores if global_thread is not None else None,
+            )
             await query_server.start()
             assert query_server.site is not None  # start() serves it
             sites.append(query_server.site)
@@ -934,6 +976,10 @@ async def _run_threads(
         else:
             announce("worker: stopping (committing and leaving the group" + (" for good)" if permanent else ")"))
         await asyncio.gather(*(thread.shutdown(permanent=permanent) for thread in started), return_exceptions=True)
+        if global_thread is not None:
+            await loop.run_in_executor(None, global_thread.stop)
+            if global_thread.failure is not None:
+                fatal.append(f"the global tables' thread failed: {global_thread.failure!r}")
         if identity is not None:
             identity.close()
     announce(exit_line(threads))

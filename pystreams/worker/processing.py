@@ -165,8 +165,10 @@ def build_task_graph(
     ctx: TaskContext,
     *,
     cache_limits: CacheLimits,
+    global_stores: Mapping[str, Any] | None = None,
 ) -> TaskGraph:
-    """Open the task's stores in ``state`` and compile its sub-topology into closures."""
+    """Open the task's stores in ``state`` and compile its sub-topology into closures; the
+    global tables' stores (``global_stores``, the process's) are read beside them."""
     topology = resolved.topology
     sub = topology.subtopologies[task_id.subtopology]
     members = set(sub.nodes)
@@ -218,6 +220,12 @@ def build_task_graph(
     emits: dict[str, Emit] = {}
     processors: list[ProcessorInstance] = []
     shared: dict[str, Any] = {}  # what the task's nodes share (NodeWiring.shared)
+    readable_stores: Mapping[str, Any] = raw_stores
+    store_specs: Mapping[str, Any] = topology.stores
+    if topology.global_tables:
+        held = global_stores or {}
+        readable_stores = {**raw_stores, **{name: held[name] for name in topology.global_tables if name in held}}
+        store_specs = {**topology.stores, **{name: table.store for name, table in topology.global_tables.items()}}
     for name in reversed(sub.nodes):
         node = nodes[name]
         child_names = children_of(node)
@@ -229,8 +237,8 @@ def build_task_graph(
                 node=node,
                 forward=children,
                 routes=_routes(node, [nodes[c] for c in child_names], emits),
-                stores=raw_stores,
-                specs=topology.stores,
+                stores=readable_stores,
+                specs=store_specs,
                 typed_stores=typed_stores,
                 position=ctx,
                 processors=processors,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -49,8 +49,12 @@ def queryable_stores(resolved: ResolvedTopology) -> dict[str, dict[str, Any]]:
     """Stores with their kind and the topic and partition count that place their keys: a key
     (a window or session store's grouping key) lives in the task whose partition its
     serialized bytes hash to (Kafka's partitioner). A stream-stream join's window store (it
-    keeps every record, not one value per window) is not queryable, as in Kafka Streams."""
-    stores = {}
+    keeps every record, not one value per window) is not queryable, as in Kafka Streams. A
+    global table (``"global": true``) is whole on every worker: any of them answers."""
+    stores: dict[str, dict[str, Any]] = {
+        name: {"topic": table.topic, "partitions": resolved.partitions[table.topic], "kind": str(StoreKind.KEY_VALUE), "global": True}
+        for name, table in resolved.topology.global_tables.items()
+    }
     for name, spec in sorted(resolved.topology.stores.items()):
         if not_queryable_reason(resolved.topology, name) is not None:
             continue
@@ -71,7 +75,15 @@ class QueryServer:
     the user endpoint's port (``bind_host``: the address to listen on; by default loopback for
     a loopback endpoint and every interface otherwise)."""
 
-    def __init__(self, resolved: ResolvedTopology, threads: Sequence[StreamThread], endpoint: str, *, bind_host: str | None = None) -> None:
+    def __init__(
+        self,
+        resolved: ResolvedTopology,
+        threads: Sequence[StreamThread],
+        endpoint: str,
+        *,
+        bind_host: str | None = None,
+        global_stores: Mapping[str, Any] | None = None,
+    ) -> None:
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"user endpoint {endpoint!r} is not HOST:PORT")
@@ -82,6 +94,8 @@ class QueryServer:
         self._resolved = resolved
         self._threads = threads
         self._stores = queryable_stores(resolved)
+        #: The process's global tables, restored before this server started: read here directly.
+        self._global_stores = global_stores or {}
         self.site: HttpSite | None = None
 
     def routes(self) -> list[web.RouteDef]:
@@ -195,6 +209,9 @@ class QueryServer:
 
             partitions = _partitions(request, placement["partitions"])
             entries: list[list[str]] = []
+            if placement.get("global"):
+                entries = scan(self._global_store(store))  # whole here: partitions do not split it
+                partitions = []
             for partition in partitions:
                 task = TaskId(placement["subtopology"], partition)
                 status, found, message = await self._read(task, store, scan, _stale(request))
@@ -209,8 +226,14 @@ class QueryServer:
         entries.sort()  # hex of bytes sorts as the bytes do
         return self._json({"entries": entries})
 
+    def _global_store(self, name: str) -> Any:
+        store = self._global_stores.get(name)
+        if store is None:
+            raise _BadQuery(f"global table {name!r} is not held by this server")
+        return store
+
     def _check_kind(self, store: str, kind: StoreKind) -> None:
-        spec = self._resolved.topology.stores.get(store)
+        spec = self._resolved.topology.store_spec(store)
         if spec is None:
             raise _BadQuery(f"no store named {store!r}")
         if store not in self._stores:
@@ -249,6 +272,9 @@ class QueryServer:
         """(status, value, error message, retry) for one key."""
         try:
             self._check_kind(store, StoreKind.KEY_VALUE)
+            if self._stores[store].get("global"):
+                value = self._global_store(store).get(key)
+                return (200, value, "", False) if value is not None else (404, None, f"no value for this key in global table {store!r}", False)
         except _BadQuery as error:
             return 400, None, str(error), False
         spec = self._resolved.topology.stores[store]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pystreams.state import CacheLimits, RestoreProgress, TaskState, TopicPartition
@@ -39,7 +39,9 @@ class StreamTask:
         cache_limits: CacheLimits,
         checkpoint_min_records: int = 0,
         on_restore_progress: Callable[[RestoreProgress], None] | None = None,
+        global_stores: Mapping[str, Any] | None = None,
     ) -> None:
+        """``global_stores``: the process's global tables, which the task's joins read."""
         topology = resolved.topology
         self.id = task_id
         self.resolved = resolved
@@ -60,7 +62,7 @@ class StreamTask:
             checkpoint_min_records=checkpoint_min_records,
         )
         try:
-            self.graph: TaskGraph = build_task_graph(resolved, task_id, self.state, self.ctx, cache_limits=cache_limits)
+            self.graph: TaskGraph = build_task_graph(resolved, task_id, self.state, self.ctx, cache_limits=cache_limits, global_stores=global_stores)
         except BaseException:
             self.state.close(wipe=False)
             raise
