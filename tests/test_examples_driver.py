@@ -138,3 +138,25 @@ def test_shipping_labels_follow_customers_moves_and_orders_changes() -> None:
         orders.pipe_input("o2", None, timestamp=7)
         assert {k: (v.item, v.ship_to) for k, v in driver.store_contents("shipping-labels").items()} == {"o1": ("lamp", "2 Side Rd, Rome")}
         assert labels.read_key_values()[-1] == ("o2", None)
+
+
+def test_shipping_dispatch_names_the_carrier_of_the_labels_city_from_the_global_table() -> None:
+    app = load_app(str(EXAMPLES / "shipping_labels.py"))
+    nodes = app.topology().nodes
+    Order = nodes["orders"].value_serde.struct_type
+    Address = nodes["customers"].value_serde.struct_type
+    with TopologyTestDriver(app, partitions={"orders": 3, "customers": 2, "carriers": 2}) as driver:
+        orders, customers, carriers = driver.input_topic("orders"), driver.input_topic("customers"), driver.input_topic("carriers")
+        dispatches = driver.output_topic("order-dispatch")
+        carriers.pipe_input("Oslo", "Posten")
+        customers.pipe_input("ann", Address("1 Main St", "Oslo"), timestamp=1)
+        customers.pipe_input("bob", Address("2 Side Rd", "Rome"), timestamp=2)
+        orders.pipe_input("o1", Order("ann", "lamp"), timestamp=3)
+        orders.pipe_input("o2", Order("bob", "desk"), timestamp=4)
+        orders.pipe_input("o3", Order("cid", "rug"), timestamp=5)  # no address: no city to look up
+        assert {k: v.carrier for k, v in dispatches.read_key_values()} == {"o1": "Posten", "o2": "unassigned"}
+        carriers.pipe_input("Rome", "Poste Italiane")  # a global table update emits nothing by itself
+        assert dispatches.read_key_values() == []
+        orders.pipe_input("o2", Order("bob", "chair"), timestamp=6)
+        assert [(k, v.carrier) for k, v in dispatches.read_key_values()] == [("o2", "Poste Italiane")]
+        assert driver.null_keys_dropped == 1  # o3's label, whose city is None

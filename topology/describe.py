@@ -199,4 +199,12 @@ def to_mermaid(topology: Topology) -> str:
             lines.append(f"  {node_id} --> {_mermaid_id('n_', child)}")
         for store in stores_of(node):
             lines.append(f"  {node_id} -.- {_mermaid_id('s_', store)}")
+        if isinstance(node, StreamGlobalJoinNode):
+            lines.append(f"  {node_id} -.- {_mermaid_id('g_', node.global_table)}")
+    for table in topology.global_tables.values():
+        # Outside every sub-topology: each worker holds all of it.
+        topic_id = _mermaid_id("t_", table.topic)
+        lines.append(f"  {topic_id}>{_label(table.topic)}]")
+        lines.append(f"  {_mermaid_id('g_', table.name)}[({_label(f'{table.name}<br/>global table')})]")
+        lines.append(f"  {topic_id} --> {_mermaid_id('g_', table.name)}")
     return "\n".join(lines) + "\n"

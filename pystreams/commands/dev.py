@@ -190,7 +190,7 @@ async def _run_app(args: argparse.Namespace, bootstrap: str, coordinator: str, s
     loop = asyncio.get_running_loop()
     app_path = Path(args.app)
     topology = load_app(str(app_path)).topology()
-    created = await loop.run_in_executor(None, ensure_input_topics, bootstrap, topology.external_source_topics)
+    created = await loop.run_in_executor(None, ensure_input_topics, bootstrap, [*topology.external_source_topics, *topology.global_topics])
     for name in created:
         print(f"created topic {name!r} ({DEV_INPUT_PARTITIONS} partitions)", flush=True)
     is_wordcount = WORDCOUNT_INPUT in topology.external_source_topics and WORDCOUNT_OUTPUT in topology.sink_topics

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         resolved = None
         if counts or args.default_partitions:
             if args.default_partitions:
-                for topic in topology.external_source_topics:
+                for topic in (*topology.external_source_topics, *topology.global_topics):
                     counts.setdefault(topic, args.default_partitions)
             resolved = resolve(topology, counts)
         sys.stdout.write(describe(topology, resolved))
