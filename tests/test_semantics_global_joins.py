@@ -196,3 +196,21 @@ def test_declarations_the_builder_refuses() -> None:
     pattern_app.global_table("customers")
     with pytest.raises(InvalidNameError, match="source 'any' reads too"):
         pattern_app.topology()
+
+
+def test_a_global_row_that_cannot_be_read_goes_through_the_processing_error_policy() -> None:
+    """The table keeps the topic's bytes as written: a row its value serde cannot read fails
+    the lookup that reads it, which the app's processing policy handles, naming the join."""
+    from pystreams.worker import RecordProcessingError
+
+    for policy in ("fail", "log-and-continue"):
+        with TopologyTestDriver(join_app("left"), processing_errors=policy) as driver:
+            harness = Harness(driver)
+            driver.pipe_input("global-table", b"FKey0", b"\xff\xfe not utf-8", 0)
+            if policy == "fail":
+                with pytest.raises(RecordProcessingError, match="joined"):
+                    harness.push_to_stream(1, "X", with_foreign_key=True)
+                continue
+            harness.push_to_stream(2, "X", with_foreign_key=True)
+            assert harness.results() == [(1, "X1,FKey1+null", 1)]
+            assert [failure.node for failure in driver.failures] == ["joined"]
