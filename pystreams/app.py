@@ -346,11 +346,19 @@ class App(AppQueries):
         timestamp: TimestampExtractor | None = None,
         name: str | None = None,
         deserialization_errors: str | None = None,
+        versioned: Duration | None = None,
     ) -> Table:
         """A table read from a topic: the latest value per key, kept in ``store``
-        (``deserialization_errors``: as for ``topic``)."""
+        (``deserialization_errors``: as for ``topic``).
+
+        ``versioned=history`` (Kafka Streams' versioned tables, KIP-889/914) keeps every value
+        each key held within ``history`` of stream time: a stream–table join then looks up the
+        value *as of* each stream record's timestamp, out-of-order table updates included
+        (they change the table's past, not its current value, so they emit nothing), and an
+        update older than ``history`` is dropped, counted as late."""
         node_name = name or topic
         store_name = store or node_name
+        history_ms = None if versioned is None else to_millis(versioned, f"table {node_name!r} versioned history")
         node = TableSourceNode(
             name=node_name,
             key_serde=key or self.default_key_serde,
@@ -368,6 +376,7 @@ class App(AppQueries):
                 owner=node_name,
                 key_serde=node.key_serde,
                 value_serde=node.value_serde,
+                history_ms=history_ms,
             )
         )
         return Table(self, node_name)
@@ -854,6 +863,7 @@ class App(AppQueries):
         how: str = "inner",
         value: Serde | None = None,
         name: str | None = None,
+        grace: Duration | None = None,
     ) -> Callable[[Callable], Stream]: ...
     @overload
     def join(
@@ -878,12 +888,15 @@ class App(AppQueries):
         name: str | None = None,
         store: str | None = None,
         foreign_key: Callable[[Any, Any], Any] | None = None,
+        grace: Duration | None = None,
     ) -> Callable[[Callable], Any]:
         """``fn(key, left_value, right_value) -> value``.
 
         A stream with a ``Table``: a stream–table join (``how`` inner or left; no window). With
-        a ``Stream``: a windowed stream–stream join (``window=JoinWindow(...)``; inner, left or
-        outer). Both sides must be co-partitioned; re-keyed sides are repartitioned first.
+        a versioned table, ``grace=`` holds each stream record until stream time is ``grace``
+        past it, so table updates arriving late still count (KIP-923). With a ``Stream``: a
+        windowed stream–stream join (``window=JoinWindow(...)``; inner, left or outer). Both
+        sides must be co-partitioned; re-keyed sides are repartitioned first.
 
         A table with a table: a table–table join on the key (``how`` inner, left or outer), a
         table of the joined rows; kept in ``store`` (queryable) when given, else computed as
@@ -917,6 +930,8 @@ class App(AppQueries):
 
             return declare_table
         self._no_store_on_streams(store, "join")
+        if grace is not None and not isinstance(right, Table):
+            raise TypeError("join: grace= is for a stream joining a versioned table (a stream-stream join's grace is JoinWindow(grace=...))")
         if isinstance(right, GlobalTable):
             return self._stream_global_join(left, right, window=window, how=how, value=value, name=name, foreign_key=foreign_key)
         if foreign_key is not None:
@@ -930,7 +945,7 @@ class App(AppQueries):
             join_how = _join_how(how, node_name)
             value_serde = value or self.default_value_serde
             if isinstance(right, Table):
-                return self._stream_table_join(node_name, left_node, right, window, join_how, _callable(fn), value_serde)
+                return self._stream_table_join(node_name, left_node, right, window, join_how, _callable(fn), value_serde, grace)
             if isinstance(right, Stream):
                 return self._stream_stream_join(node_name, left_node, right, window, join_how, _callable(fn), value_serde)
             raise TypeError(f"join {node_name!r}: the right side must be a Stream or Table, got {right!r}")
@@ -1351,6 +1366,7 @@ class App(AppQueries):
         how: JoinHow,
         fn: Callable,
         value_serde: Serde,
+        grace: Duration | None = None,
     ) -> Stream:
         table = self._table(right, "join")
         if window is not None:
@@ -1365,6 +1381,24 @@ class App(AppQueries):
                 nodes=[node_name, table.name],
             )
         table_store, view = self._table_rows(table, node_name)
+        grace_ms = buffer_store = None
+        if grace is not None:
+            grace_ms = to_millis(grace, f"join {node_name!r} grace")
+            history_ms = self._stores[table_store].history_ms
+            if history_ms is None:
+                raise TopologyError(
+                    f"join {node_name!r}: a grace period needs a versioned table; declare {table.name!r} with app.table(..., versioned=...)",
+                    nodes=[node_name, table.name],
+                )
+            if history_ms < grace_ms:
+                raise TopologyError(
+                    f"join {node_name!r}: grace {grace_ms} ms exceeds table {table.name!r}'s history of {history_ms} ms; "
+                    "the history must cover the grace period (lookups reach that far back)",
+                    nodes=[node_name, table.name],
+                )
+            buffer_store = f"{node_name}-buffer"
+            # It keeps the stream's records: their key and value serdes.
+            self._add_store(Store(name=buffer_store, kind=StoreKind.KEY_VALUE, owner=node_name, key_serde=left.key_serde, value_serde=left.value_serde))
         self._add(
             StreamTableJoinNode(
                 name=node_name,
@@ -1376,6 +1410,8 @@ class App(AppQueries):
                 table=table.name,
                 table_store=table_store,
                 table_view=view,
+                grace_ms=grace_ms,
+                buffer_store=buffer_store,
             )
         )
         return Stream(self, node_name)

@@ -34,6 +34,7 @@ from .restore import RestoreProgressLogger
 from .rocksdb import RocksDBSettings
 from .session_store import Session, SessionChange, SessionStore
 from .task_state import StateWipe, TaskState, read_local_task_offsets
+from .versioned_store import VersionedPut, VersionedStore
 from .window_store import WindowChange, WindowedValue, WindowStore
 
 __all__ = [
@@ -64,6 +65,8 @@ __all__ = [
     "TaskDirectoryLockedError",
     "TaskState",
     "TopicPartition",
+    "VersionedPut",
+    "VersionedStore",
     "WindowBytesStore",
     "WindowChange",
     "WindowStore",

@@ -37,6 +37,7 @@ from .session_store import SessionChange, SessionStore
 from .store import CachedStore, Forward
 from .task_directory import CHECKPOINT_FILE, TaskDirectory, application_path, check_name
 from .task_storage import RocksDBTaskStorage, StateWipe, TaskStorage
+from .versioned_store import VersionedStore
 from .window_store import WindowChange, WindowStore
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,18 @@ class TaskState:
         record_clock: RecordClock | None = None,
     ) -> KeyValueStore:
         return self._open_store(KeyValueStore, name, cache_limits=cache_limits, forward=forward, send_old_values=send_old_values, record_clock=record_clock)
+
+    def versioned_store(
+        self,
+        name: str,
+        *,
+        history_ms: int,
+        cache_limits: CacheLimits = CacheLimits(),
+        record_clock: RecordClock | None = None,
+    ) -> VersionedStore:
+        """A key-value store keeping each key's versions for ``history_ms`` (versioned.py);
+        it forwards nothing itself: its owner forwards each write that changes the latest."""
+        return self._open_store(VersionedStore, name, history_ms=history_ms, cache_limits=cache_limits, record_clock=record_clock)
 
     def window_store(
         self,

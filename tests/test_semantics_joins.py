@@ -32,6 +32,7 @@ def stream_table_app(how: str) -> App:
                 ("c1", "o1 for Ada", 10),
                 ("c2", "o2 for None", 20),
                 ("c1", "o3 for Eve", 30),
+                (None, "o-null for None", 35),
                 ("c1", "o4 for None", 50),
             ],
         ),
@@ -45,7 +46,7 @@ def test_a_stream_table_join_looks_up_the_latest_table_value(how: str, expected:
         orders.pipe_input("c2", "o2", timestamp=20)  # no such customer
         customers.pipe_input("c1", "Eve", timestamp=25)  # an update triggers nothing by itself
         orders.pipe_input("c1", "o3", timestamp=30)
-        orders.pipe_input(None, "o-null", timestamp=35)  # a null key joins nothing
+        orders.pipe_input(None, "o-null", timestamp=35)  # a null key: skipped by an inner join, joined with None by a left one (KIP-962)
         customers.pipe_input("c1", None, timestamp=40)  # deleted
         orders.pipe_input("c1", "o4", timestamp=50)
         records = driver.output_topic("out").read_records()

@@ -65,7 +65,8 @@ def _node_line(node: Node) -> str:
             details.append(describe_suppression(node.suppression))
         case StreamTableJoinNode():
             through = f" with table {node.table!r} computed on read" if node.table_view else ""
-            details.append(f"{node.how} {JoinKind.STREAM_TABLE} join{through}")
+            grace = f", grace {node.grace_ms} ms" if node.grace_ms is not None else ""
+            details.append(f"{node.how} {JoinKind.STREAM_TABLE} join{through}{grace}")
         case TableFilterNode() | TableMapValuesNode() | TableJoinNode():
             details.append("materialized" if node.store is not None else "computed on read")
         case TableJoinSideNode():
@@ -109,6 +110,8 @@ def describe(topology: Topology, resolved: ResolvedTopology | None = None) -> st
         for store in topology.stores.values():
             window = f", {describe_window(store.window)}" if store.window is not None else ""
             changelog = store.changelog_topic or "no changelog"
+            if store.history_ms is not None:
+                window += f", versioned (history {store.history_ms} ms)"
             lines.append(f"  {store.name}: {store.kind} in sub-topology {store.subtopology}, owner {store.owner}{window}, {changelog}")
     if topology.global_tables:
         lines.append("Global tables (every worker holds all of each, restored before its tasks start)")

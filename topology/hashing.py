@@ -96,7 +96,16 @@ def _node(node: Node) -> dict[str, Any]:
         "punctuations": [[p.method, p.interval_ms, p.type.value] for p in node.punctuations] if isinstance(node, ProcessorNode) else [],
         "emit": node.emit.value if isinstance(node, AggregationNode) else None,
         "suppression": suppression_fields(node.suppression) if isinstance(node, SuppressNode) else None,
-    } | ({"global_join": [node.how.value, node.global_table]} if isinstance(node, StreamGlobalJoinNode) else {})
+    } | _added_fields(node)
+
+
+def _added_fields(node: Node) -> dict[str, Any]:
+    """Fields kinds gained later, written only when set: the hashes of apps without them stay."""
+    if isinstance(node, StreamGlobalJoinNode):
+        return {"global_join": [node.how.value, node.global_table]}
+    if isinstance(node, StreamTableJoinNode) and node.grace_ms is not None:
+        return {"grace_ms": node.grace_ms}
+    return {}
 
 
 def _branches(node: Node) -> tuple[str, ...]:
@@ -110,7 +119,8 @@ def _branches(node: Node) -> tuple[str, ...]:
 
 
 def _store(store: Store) -> dict[str, Any]:
-    return {
+    versioned = {} if store.history_ms is None else {"history_ms": store.history_ms}  # absent: old hashes stay
+    return versioned | {
         "name": store.name,
         "kind": store.kind.value,
         "owner": store.owner,

@@ -67,9 +67,12 @@ COGROUP                the cogroup's table: owns the store its COGROUP_AGGREGATE
                        forwards its updates as an aggregation's table does
 STREAM_TABLE_JOIN      looks the record's key up in the table's store (``table_store``), through
                        ``table_view`` when the table is computed on read (an unmaterialized
-                       TABLE_FILTER / TABLE_MAP_VALUES chain over that store);
-                       forwards ``(key, fn(key, value, table_value))``; an inner join drops misses,
-                       a left join calls ``fn`` with ``None``. Table updates trigger nothing.
+                       TABLE_FILTER / TABLE_MAP_VALUES chain over that store) — in a versioned
+                       table, the value as of the record's timestamp; forwards
+                       ``(key, fn(key, value, table_value))``; an inner join drops misses,
+                       a left join calls ``fn`` with ``None`` (a null-key record too, KIP-962).
+                       Table updates trigger nothing. With ``grace_ms`` (versioned tables) records
+                       wait in ``buffer_store`` until stream time passes their time + grace.
 STREAM_GLOBAL_JOIN     looks ``foreign_key(key, value)`` (the record's key when None) up in the
                        global table ``global_table`` (every worker holds all of it); forwards
                        ``(key, fn(key, value, row))``; an inner join drops misses and a left
@@ -603,10 +606,14 @@ class StreamTableJoinNode(NodeBase):
     #: The unmaterialized table steps between ``table_store``'s owner and ``table``, applied
     #: in order to the stored value on every lookup.
     table_view: tuple[TableViewNode, ...] = ()
+    #: A versioned table only (KIP-923): stream records wait up to ``grace_ms`` behind stream
+    #: time in ``buffer_store`` (this node's), then join as of their timestamps in time order.
+    grace_ms: int | None = None
+    buffer_store: str | None = None
 
     @property
     def stores(self) -> tuple[str, ...]:
-        return (self.table_store,)
+        return (self.table_store,) if self.buffer_store is None else (self.table_store, self.buffer_store)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -808,6 +815,9 @@ class Store:
     retention_ms: int | None = None
     #: WINDOW stores of stream–stream joins keep every record of a key, not one per window.
     retain_duplicates: bool = False
+    #: KEY_VALUE stores of versioned tables: how long each key's past versions are kept
+    #: (Kafka Streams' history retention, also the store's grace period); None: unversioned.
+    history_ms: int | None = None
     #: False: no changelog, the store starts empty on every new owner.
     logging: bool = True
     changelog_topic: str | None = None

@@ -581,6 +581,19 @@ class SessionBytes(Protocol):
     def remove(self, key: bytes, start: int, end: int) -> bool: ...
 
 
+class VersionedBytes(Protocol):
+    """A versioned table's store (pystreams.state.VersionedStore)."""
+
+    def put_version(self, key: bytes, value: bytes | None, timestamp: int) -> str:
+        """``"latest"`` (the key's current value changed), ``"history"`` (an out-of-order
+        version) or ``"not-put"`` (older than the history retention)."""
+        ...
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def get_as_of(self, key: bytes, timestamp: int) -> bytes | None: ...
+
+
 class TaskPosition:
     """What a task is processing: the record's topic, partition, offset (None inside a
     punctuation) and timestamp, the task's stream time, and the records it dropped (late, or
@@ -803,6 +816,8 @@ def node_emit(node: Node, wiring: NodeWiring) -> Emit:
 
 
 def _table_source(node: TableSourceNode, wiring: NodeWiring) -> Emit:
+    if wiring.specs[node.store].history_ms is not None:
+        return _versioned_table_source(node, wiring)
     keep = _row_keeper(node.store, wiring)
     dropped = null_key_counter(wiring)
 
@@ -813,6 +828,34 @@ def _table_source(node: TableSourceNode, wiring: NodeWiring) -> Emit:
         keep(key, value)
 
     return table_source
+
+
+def _versioned_table_source(node: TableSourceNode, wiring: NodeWiring) -> Emit:
+    """A versioned table (KIP-914): every update goes into the key's history at its timestamp;
+    one that becomes the key's latest value goes downstream at once (a versioned store has
+    no cache), an out-of-order one changes only the past and emits nothing, and one older than
+    the history retention is dropped, counted as late (Kafka Streams' NOT_PUT)."""
+    spec = wiring.specs[node.store]
+    key_bytes = spec.key_serde.serialize
+    value_bytes = spec.value_serde.serialize
+    put_version = wiring.stores[node.store].put_version
+    forward = wiring.forward
+    dropped = null_key_counter(wiring)
+    position = wiring.position
+
+    def versioned_table_source(key: Any, value: Any, timestamp: int) -> None:
+        if key is None:
+            dropped()  # a table has no row for a null key
+            return
+        outcome = put_version(key_bytes(key), None if value is None else value_bytes(value), timestamp)
+        if outcome == "latest":
+            forward(key, value, timestamp)
+        elif outcome == "not-put":
+            if position is not None:
+                position.late_records_dropped += 1
+            log.warning("versioned table %s: an update of %r at %d is older than its history retention; dropped", node.name, key, timestamp)
+
+    return versioned_table_source
 
 
 def _derived_table(node: TableViewNode, wiring: NodeWiring) -> Emit:
@@ -883,6 +926,23 @@ def table_join_update(how: JoinHow, side: JoinSide, this_row: Any, other_row: An
     if must_have_other and other_row is None:
         return NO_CHANGE
     return table_join_row(how, side, this_row, other_row)
+
+
+def table_row_as_of_reader(store_name: str, view: tuple[TableViewNode, ...], wiring: NodeWiring) -> Callable[[Any, int], Any]:
+    """A versioned table's row for a key as of a time, through the steps computed on read
+    (Kafka Streams' versioned value getter)."""
+    spec = wiring.specs[store_name]
+    key_bytes = spec.key_serde.serialize
+    value_of = spec.value_serde.deserialize
+    get_as_of = wiring.stores[store_name].get_as_of
+    through = table_view_reader(view) if view else None
+
+    def row(key: Any, timestamp: int) -> Any:
+        stored = get_as_of(key_bytes(key), timestamp)
+        value = None if stored is None else value_of(stored)
+        return value if through is None else through(key, value)
+
+    return row
 
 
 def table_row_reader(store_name: str, view: tuple[TableViewNode, ...], wiring: NodeWiring) -> Callable[[Any], Any]:
@@ -1458,25 +1518,110 @@ def _buffer_full(node: SuppressNode, task: TaskPosition, over: str) -> RecordFai
 
 
 def _stream_table_join(node: StreamTableJoinNode, wiring: NodeWiring) -> Emit:
-    """Looks each record up in the table's store; an inner join drops misses, a left join
-    calls ``fn`` with None. Table updates trigger nothing."""
+    """Looks each record up in the table's store — a versioned table's as of the record's
+    timestamp; an inner join drops misses, a left join calls ``fn`` with None, a null-key
+    record included (KIP-962: an inner join skips it, counted). Table updates trigger nothing.
+    With a grace period the records wait in a buffer first (``_join_buffer``)."""
     fn = node.fn
-    row_of = table_row_reader(node.table_store, node.table_view, wiring)
     left_join = node.how is JoinHow.LEFT
     forward = wiring.forward
-    skips = record_skipper(wiring)
+    dropped = null_key_counter(wiring)
+    if wiring.specs[node.table_store].history_ms is not None:
+        row_as_of = table_row_as_of_reader(node.table_store, node.table_view, wiring)
 
-    def stream_table_join(key: Any, value: Any, timestamp: int) -> None:
-        if skips(key, value):
-            return
-        row = row_of(key)
+        def row_at(key: Any, timestamp: int) -> Any:
+            return row_as_of(key, timestamp)
+
+    else:
+        row_now = table_row_reader(node.table_store, node.table_view, wiring)
+
+        def row_at(key: Any, timestamp: int) -> Any:
+            return row_now(key)
+
+    def join_now(key: Any, value: Any, timestamp: int) -> None:
+        row = row_at(key, timestamp)
         if row is None:
             if left_join:
                 forward(key, fn(key, value, None), timestamp)
             return
         forward(key, fn(key, value, row), timestamp)
 
+    join: Emit = join_now
+    if node.buffer_store is not None:
+        assert node.grace_ms is not None  # the builder sets both
+        join = _join_buffer(node.buffer_store, node.grace_ms, join, wiring)
+
+    def stream_table_join(key: Any, value: Any, timestamp: int) -> None:
+        if value is None:
+            return
+        if key is None:
+            if left_join:
+                forward(key, fn(key, value, None), timestamp)  # no table row has a null key
+            else:
+                dropped()
+            return
+        join(key, value, timestamp)
+
     return stream_table_join
+
+
+_BUFFER_META = b"\x00"
+_BUFFERED = b"\x01"
+_encode_buffer_meta = msgspec.msgpack.Encoder().encode
+_decode_buffer_meta = msgspec.msgpack.Decoder(tuple[int, int]).decode
+
+
+def _join_buffer(store_name: str, grace_ms: int, join: Emit, wiring: NodeWiring) -> Emit:
+    """Kafka Streams' stream–table join grace (KIP-923): a record waits in a changelogged
+    buffer until the buffer's stream time is ``grace_ms`` past it, then joins as of its own
+    timestamp, in timestamp order (ties by key bytes, then arrival); a record already that
+    far behind joins at once. The buffer keeps ``[stream time, next sequence number]`` and
+    the records under ``timestamp | key bytes | sequence`` keys."""
+    spec = wiring.specs[store_name]
+    key_bytes = cast(Callable[[Any], bytes], spec.key_serde.serialize)
+    value_bytes = cast(Callable[[Any], bytes], spec.value_serde.serialize)
+    key_of, value_of = spec.key_serde.deserialize, spec.value_serde.deserialize
+    buffer = wiring.stores[store_name]
+    position = wiring.task() if wiring.position is not None else None
+    #: The smallest buffered timestamp, when known: no scan while nothing can be due.
+    earliest: list[int | None] = [None]
+
+    def buffered_key(timestamp: int, key: bytes, sequence: int) -> bytes:
+        return _BUFFERED + timestamp.to_bytes(8, "big") + key + sequence.to_bytes(8, "big")
+
+    def evict(until: int) -> None:
+        if earliest[0] is not None and earliest[0] > until:
+            return
+        due = list(buffer.range(_BUFFERED, _BUFFERED + until.to_bytes(8, "big") + b"\xff" * 9))
+        for stored_key, _ in due:
+            buffer.delete(stored_key)
+        remaining = next(iter(buffer.range(_BUFFERED, None)), None)
+        earliest[0] = None if remaining is None else int.from_bytes(remaining[0][1:9], "big")
+        for stored_key, stored_value in due:
+            timestamp = int.from_bytes(stored_key[1:9], "big")
+            if position is not None:
+                position.timestamp = timestamp
+            try:
+                join(key_of(stored_key[9:-8]), value_of(stored_value), timestamp)
+            except NodeFailure as failure:
+                if position is None:
+                    raise
+                position.on_forward_error(failure)
+
+    def buffered_join(key: Any, value: Any, timestamp: int) -> None:
+        meta = buffer.get(_BUFFER_META)
+        observed, sequence = _decode_buffer_meta(meta) if meta is not None else (None, 0)
+        if observed is not None and timestamp < observed - grace_ms:
+            join(key, value, timestamp)  # too far behind to wait: joined at once
+            return
+        buffer.put(buffered_key(timestamp, key_bytes(key), sequence), value_bytes(value))
+        observed = timestamp if observed is None else max(observed, timestamp)
+        buffer.put(_BUFFER_META, _encode_buffer_meta((observed, sequence + 1)))
+        if earliest[0] is None or timestamp < earliest[0]:
+            earliest[0] = timestamp
+        evict(observed - grace_ms)
+
+    return buffered_join
 
 
 def _stream_global_join(node: StreamGlobalJoinNode, wiring: NodeWiring) -> Emit:

@@ -55,6 +55,14 @@ class TypedKeyValueStore(_TypedStore):
         return self.raw.approximate_count()
 
 
+class TypedVersionedStore(TypedKeyValueStore):
+    """A versioned table's store: ``get`` and the scans read the latest versions; ``get_as_of``
+    the value a key had at a time. Written only by its table (``put`` raises)."""
+
+    def get_as_of(self, key: Any, timestamp: int) -> Any:
+        return self._value_of(self.raw.get_as_of(self._key(key), timestamp))
+
+
 class TypedWindowStore(_TypedStore):
     def put(self, key: Any, window_start: int, value: Any) -> bool:
         return self.raw.put(self._key(key), window_start, self._value(value))
@@ -105,11 +113,13 @@ class TypedSessionStore(_TypedStore):
     all = items
 
 
-TypedStore = TypedKeyValueStore | TypedWindowStore | TypedSlidingWindowStore | TypedSessionStore
+TypedStore = TypedKeyValueStore | TypedVersionedStore | TypedWindowStore | TypedSlidingWindowStore | TypedSessionStore
 
 
 def typed(store: Any, spec: Store) -> TypedStore:
     """The typed view of the byte store ``store`` described by ``spec``."""
+    if spec.history_ms is not None:
+        return TypedVersionedStore(store, spec.key_serde, spec.value_serde)
     view = TypedSlidingWindowStore if isinstance(spec.window, SlidingWindow) else _VIEWS[spec.kind]
     return view(store, spec.key_serde, spec.value_serde)
 

@@ -318,6 +318,8 @@ class _Compilation:
             flow = self.then(node, self.repartition_flows[topic])
             self.set_flow(node, dataclasses.replace(flow, repartition_topic=topic))
             return
+        if isinstance(node, TableSourceNode) and self.topology.stores[node.store].history_ms is not None:
+            raise _unsupported(node, "a versioned table (versioned=) does not compile to Spark yet; run this app on workers")
         topics = list(node.topics)
         if isinstance(node, SourceNode) and node.pattern is not None:
             if self.topics_matching is None:

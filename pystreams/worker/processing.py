@@ -147,6 +147,9 @@ def open_task_stores(
     for store_name in topology.subtopologies[task_id.subtopology].stores:
         spec = topology.stores[store_name]
         forward = forwarder_for(store_name) if forwarder_for is not None else None
+        if spec.kind is StoreKind.KEY_VALUE and spec.history_ms is not None:
+            stores[store_name] = state.versioned_store(store_name, history_ms=spec.history_ms, cache_limits=cache_limits, record_clock=record_clock)
+            continue
         if spec.kind is StoreKind.KEY_VALUE:
             stores[store_name] = state.key_value_store(store_name, cache_limits=cache_limits, forward=forward, record_clock=record_clock)
             continue
