@@ -102,11 +102,13 @@ class _DriverSender:
         self._changelog_offsets: dict[tuple[str, int], int] = {}
         self.records_sent = 0
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None:
-        self._driver._written(topic, key, value, timestamp_ms, ())
+    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None, headers: Headers = ()) -> None:
+        self._driver._written(topic, key, value, timestamp_ms, tuple(headers))
 
-    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None, partitioner: Callable[[bytes, int], int]) -> None:
-        self._driver._written(topic, key, value, timestamp_ms, (), partitioner)
+    def send_partitioned(
+        self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None, partitioner: Callable[[bytes, int], int], headers: Headers = ()
+    ) -> None:
+        self._driver._written(topic, key, value, timestamp_ms, tuple(headers), partitioner)
 
     def send_with_headers(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
         self._driver._written(topic, key, value, None, tuple(headers))
@@ -117,8 +119,8 @@ class _DriverSender:
         return _Delivered(offset)
 
     def repartition_sink(self, topic: str) -> Any:
-        def append(key: bytes | None, value: bytes | None, timestamp: int) -> None:
-            self._driver._written(topic, key, value, timestamp, ())
+        def append(key: bytes | None, value: bytes | None, timestamp: int, headers: Headers) -> None:
+            self._driver._written(topic, key, value, timestamp, tuple(headers))
 
         return append
 

@@ -29,7 +29,7 @@ import copy
 import enum
 import logging
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -536,13 +536,14 @@ class ScheduledPunctuation:
         record (topic, partition and offset None) and ``context.timestamp == now``."""
         self.next_due = next_punctuation_due(self.next_due, now, self.punctuation.interval_ms)
         position = self.context.position
-        saved = position.topic, position.partition, position.offset
+        saved = position.topic, position.partition, position.offset, position.headers
         position.topic = position.partition = position.offset = None
+        position.headers = ()  # what a punctuation forwards carries no record's headers
         self.context.timestamp = now
         try:
             self.method(now)
         finally:
-            position.topic, position.partition, position.offset = saved
+            position.topic, position.partition, position.offset, position.headers = saved
 
 
 # ============================================================================ stores and tasks
@@ -581,6 +582,19 @@ class SessionBytes(Protocol):
     def remove(self, key: bytes, start: int, end: int) -> bool: ...
 
 
+#: Record headers: (name, value bytes) pairs, in order; names may repeat.
+Headers = Sequence[tuple[str, bytes]]
+
+
+def checked_headers(headers: Iterable[tuple[str, bytes]], where: str) -> tuple[tuple[str, bytes], ...]:
+    """``headers`` as a tuple of (str, bytes) pairs, or a TypeError naming ``where``."""
+    checked = tuple(headers)
+    for pair in checked:
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], bytes | bytearray)):
+            raise TypeError(f"{where}: headers are (str name, bytes value) pairs, got {pair!r}")
+    return tuple((name, bytes(value)) for name, value in checked)
+
+
 class VersionedBytes(Protocol):
     """A versioned table's store (pystreams.state.VersionedStore)."""
 
@@ -611,6 +625,7 @@ class TaskPosition:
         "late_records_dropped",
         "invalid_timestamps_dropped",
         "null_keys_dropped",
+        "headers",
         "on_forward_error",
     )
 
@@ -629,6 +644,10 @@ class TaskPosition:
         self.invalid_timestamps_dropped = 0
         #: Records a table, aggregation or join skipped for their null key (``null_key_counter``).
         self.null_keys_dropped = 0
+        #: The headers of the record being processed: what a sink writes with what it derived
+        #: from it (Kafka Streams' record context). Empty for a table's flushed updates and
+        #: inside punctuations.
+        self.headers: Headers = ()
         #: Called for a child's failure on a record forwarded outside processing (a flushed
         #: table update, a final result, an evicted buffer entry); the runtime applies its
         #: error policy. By default it re-raises.
@@ -674,20 +693,40 @@ class NodeProcessorContext:
     def offset(self) -> int | None:
         return self.position.offset
 
+    @property
+    def headers(self) -> Headers:
+        """The current record's headers; assigning replaces them for what this processor
+        forwards from now on while it handles this record."""
+        return self.position.headers
+
+    @headers.setter
+    def headers(self, headers: Iterable[tuple[str, bytes]]) -> None:
+        self.position.headers = checked_headers(headers, "context.headers")
+
     def store(self, name: str) -> Any:
         if name not in self._allowed:
             raise KeyError(f"store {name!r} is not declared by this processor (it may use {list(self._allowed)})")
         return self._stores[name]
 
-    def forward(self, key: Any, value: Any, *, timestamp: int | None = None, to: str | None = None) -> None:
+    def forward(self, key: Any, value: Any, *, timestamp: int | None = None, to: str | None = None, headers: Iterable[tuple[str, bytes]] | None = None) -> None:
         at = self.timestamp if timestamp is None else timestamp
         if to is None:
-            self.emit(key, value, at)
+            target = self.emit
+        else:
+            route = self.routes.get(to)
+            if route is None:
+                raise ValueError(f"forward(to={to!r}): not a child of this processor (its children here: {sorted(self.routes) or 'none'})")
+            target = route
+        if headers is None:
+            target(key, value, at)
             return
-        route = self.routes.get(to)
-        if route is None:
-            raise ValueError(f"forward(to={to!r}): not a child of this processor (its children here: {sorted(self.routes) or 'none'})")
-        route(key, value, at)
+        position = self.position
+        saved = position.headers
+        position.headers = checked_headers(headers, "forward(headers=...)")
+        try:
+            target(key, value, at)
+        finally:
+            position.headers = saved
 
 
 @dataclass(slots=True)

@@ -58,13 +58,23 @@ class ProcessorContext(Protocol):
         """The current record's timestamp (ms); inside a punctuation, the punctuation time."""
         ...
 
+    @property
+    def headers(self) -> tuple[tuple[str, bytes], ...]:
+        """The current record's headers, (name, bytes) pairs; assign a new sequence to change
+        what this processor's forwards carry (none inside a punctuation)."""
+        ...
+
+    @headers.setter
+    def headers(self, headers: Any) -> None: ...
+
     def store(self, name: str) -> Any:
         """The task's instance of a store this processor declared (or was granted)."""
         ...
 
-    def forward(self, key: Any, value: Any, *, timestamp: int | None = None, to: str | None = None) -> None:
+    def forward(self, key: Any, value: Any, *, timestamp: int | None = None, to: str | None = None, headers: Any = None) -> None:
         """Send a record to the node's children, or only to the child named ``to`` (Kafka
-        Streams' ``To.child``); the timestamp defaults to the current one."""
+        Streams' ``To.child``); the timestamp defaults to the current one, the headers to the
+        current record's (``headers=`` replaces them for this forward)."""
         ...
 
 

@@ -21,7 +21,7 @@ from pystreams.log_ends import true_end_offsets
 from pystreams.state import ChangelogRecord, TopicPartition
 
 from .errors import ProduceError
-from .packing import PACKED_HEADERS, RepartitionBuffers, RepartitionSink
+from .packing import RecordHeaders, RepartitionBuffers, RepartitionSink
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,17 @@ class Sender(Protocol):
     """What a task writes through: a worker's ``RecordSender``, or the test driver's
     stand-in (``pystreams.testing``), which keeps records in memory."""
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None: ...
+    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None, headers: RecordHeaders = ()) -> None: ...
 
-    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None, partitioner: Callable[[bytes, int], int]) -> None:
+    def send_partitioned(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        timestamp_ms: int | None,
+        partitioner: Callable[[bytes, int], int],
+        headers: RecordHeaders = (),
+    ) -> None:
         """``send``, with a key's partition chosen by ``partitioner(key, partition count)``
         (Kafka Streams' StreamPartitioner) instead of the producer's default."""
         ...
@@ -151,23 +159,33 @@ class RecordSender:
     def send_repartition_buffers(self) -> None:
         """Send every buffered repartition record, packed: one Kafka record per partition."""
         send, pending = self._send, self._pending
-        for topic, partition, value in self.repartition_buffers.drain():
-            pending.append(send(topic, key=None, value=value, partition=partition, headers=PACKED_HEADERS))
+        for topic, partition, value, headers in self.repartition_buffers.drain():
+            pending.append(send(topic, key=None, value=value, partition=partition, headers=headers))
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None) -> None:
+    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None, headers: RecordHeaders = ()) -> None:
         pending = self._pending
-        pending.append(self._send(topic, key=key, value=value, timestamp_ms=timestamp_ms))
+        pending.append(self._send(topic, key=key, value=value, timestamp_ms=timestamp_ms, headers=list(headers) if headers else None))
         if len(pending) >= self.PRUNE_AT:
             self._check(only_done=True)
 
-    def send_partitioned(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None, partitioner: Callable[[bytes, int], int]) -> None:
+    def send_partitioned(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        timestamp_ms: int | None,
+        partitioner: Callable[[bytes, int], int],
+        headers: RecordHeaders = (),
+    ) -> None:
         if key is None:  # no key, nothing to place by: the producer spreads them
-            self.send(topic, key, value, timestamp_ms)
+            self.send(topic, key, value, timestamp_ms, headers)
             return
         count = self._partition_counts.get(topic)
         if count is None:
             count = self._partition_counts[topic] = len(self.producer.partitions_for(topic))
-        self._pending.append(self._send(topic, key=key, value=value, timestamp_ms=timestamp_ms, partition=partitioner(key, count)))
+        self._pending.append(
+            self._send(topic, key=key, value=value, timestamp_ms=timestamp_ms, partition=partitioner(key, count), headers=list(headers) if headers else None)
+        )
 
     def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> Any:
         future = self._send(topic, key=key, value=value, partition=partition)

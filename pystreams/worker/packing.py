@@ -2,6 +2,9 @@
 is ours. A sink into a repartition topic buffers ``(key bytes, value bytes, timestamp)`` per
 target partition, and the engine sends each buffer as ONE Kafka record (at the end of every
 poll batch, and before any commit) whose value is a MessagePack array of those entries.
+Format 1 has those three fields; a buffer holding a record with headers is packed as format
+2, whose entries add the headers, ``[[name, bytes], ...]`` (so records keep their headers
+through a repartition, as in Kafka Streams).
 kafka-python's per-record ``send`` is the worker's throughput ceiling, so fewer, larger records
 is what makes repartitioning cheap.
 
@@ -27,19 +30,26 @@ from pystreams.topology.kernels import partition_for_key
 PACKED_HEADER = "pystreams.packed"
 PACKED_FORMAT_VERSION = b"1"
 PACKED_HEADERS = [(PACKED_HEADER, PACKED_FORMAT_VERSION)]
+#: Entries with their records' headers.
+PACKED_WITH_HEADERS_VERSION = b"2"
+PACKED_WITH_HEADERS = [(PACKED_HEADER, PACKED_WITH_HEADERS_VERSION)]
 #: Upper bound of one packed record's value; below kafka-python's max_request_size (1 MiB)
 #: and the broker's default message.max.bytes.
 MAX_PACKED_BYTES = 512 * 1024
 #: Key bytes → partition memo per topic (murmur2 is pure Python); cleared when this big.
 PARTITION_CACHE_SIZE = 100_000
 
-PackedEntry = tuple[bytes | None, bytes | None, int]
+RecordHeaders = Sequence[tuple[str, bytes]]
+#: (key, value, timestamp), or with the record's headers as a fourth field.
+PackedEntry = tuple[bytes | None, bytes | None, int] | tuple[bytes | None, bytes | None, int, RecordHeaders]
 _encode_entries = msgspec.msgpack.Encoder().encode
 _decode_entries = msgspec.msgpack.Decoder(list[tuple[bytes | None, bytes | None, int]]).decode
+_decode_entries_with_headers = msgspec.msgpack.Decoder(list[tuple[bytes | None, bytes | None, int, list[tuple[str, bytes]]]]).decode
 
 
-#: Appends one record to a repartition topic's buffers: (key bytes, value bytes, timestamp).
-RepartitionSink = Callable[[bytes | None, bytes | None, int], None]
+#: Appends one record to a repartition topic's buffers: (key bytes, value bytes, timestamp,
+#: headers).
+RepartitionSink = Callable[[bytes | None, bytes | None, int, RecordHeaders], None]
 
 
 class UnpackedRecord(NamedTuple):
@@ -71,9 +81,11 @@ def packed_version(headers: Iterable[tuple[str, bytes]] | None) -> bytes | None:
 def unpack(record: Any) -> list[PackedEntry]:
     """The entries of a packed record, in the order they were written."""
     version = packed_version(record.headers)
-    if version != PACKED_FORMAT_VERSION:
-        raise PackedFormatError(f"unsupported packed repartition format {version!r}")
-    return _decode_entries(record.value)
+    if version == PACKED_FORMAT_VERSION:
+        return _decode_entries(record.value)  # type: ignore[return-value]
+    if version == PACKED_WITH_HEADERS_VERSION:
+        return _decode_entries_with_headers(record.value)  # type: ignore[return-value]
+    raise PackedFormatError(f"unsupported packed repartition format {version!r}")
 
 
 def expand_packed(records: list[Any], packed_topics: frozenset[str] | Mapping[str, Any]) -> list[Any]:
@@ -85,7 +97,9 @@ def expand_packed(records: list[Any], packed_topics: frozenset[str] | Mapping[st
     for record in records:
         if record.topic in packed_topics and packed_version(record.headers):
             topic, partition, offset = record.topic, record.partition, record.offset
-            expanded.extend(UnpackedRecord(topic, partition, offset, timestamp, key, value) for key, value, timestamp in unpack(record))
+            expanded.extend(
+                UnpackedRecord(topic, partition, offset, entry[2], entry[0], entry[1], entry[3] if len(entry) == 4 else ()) for entry in unpack(record)
+            )
         else:
             expanded.append(record)
     return expanded
@@ -114,7 +128,7 @@ class RepartitionBuffers:
         cached_partition = partition_of.get
         random_partition = random.randrange
 
-        def append(key: bytes | None, value: bytes | None, timestamp: int) -> None:
+        def append(key: bytes | None, value: bytes | None, timestamp: int, headers: RecordHeaders) -> None:
             if key is None:
                 partition = random_partition(count)
             else:
@@ -123,18 +137,24 @@ class RepartitionBuffers:
                     if len(partition_of) >= PARTITION_CACHE_SIZE:
                         partition_of.clear()
                     partition = partition_of[key] = partition_for_key(key, count)
-            appenders[partition]((key, value, timestamp))
+            appenders[partition]((key, value, timestamp, headers) if headers else (key, value, timestamp))
 
         return append
 
-    def drain(self) -> Iterable[tuple[str, int, bytes]]:
-        """(topic, partition, packed value) for every non-empty buffer, emptying it; a buffer
-        bigger than ``MAX_PACKED_BYTES`` packed is split, keeping its order."""
+    def drain(self) -> Iterable[tuple[str, int, bytes, list[tuple[str, bytes]]]]:
+        """(topic, partition, packed value, its record's headers) for every non-empty buffer,
+        emptying it; a buffer bigger than ``MAX_PACKED_BYTES`` packed is split, keeping its
+        order."""
         for topic, buffers in self._buffers.items():
             for partition, entries in enumerate(buffers):
                 if entries:
-                    for value in _pack(entries):
-                        yield topic, partition, value
+                    if any(len(entry) == 4 for entry in entries):
+                        with_headers: list[PackedEntry] = [entry if len(entry) == 4 else (*entry, ()) for entry in entries]
+                        for value in _pack(with_headers):
+                            yield topic, partition, value, PACKED_WITH_HEADERS
+                    else:
+                        for value in _pack(entries):
+                            yield topic, partition, value, PACKED_HEADERS
                     entries.clear()  # in place: the sinks hold this list
 
     def clear(self) -> None:

@@ -206,7 +206,7 @@ def build_task_graph(
             if sink is None:
                 send(topic, key, value, timestamp)
             else:
-                sink(key, value, timestamp if timestamp is not None else ctx.forward_timestamp())
+                sink(key, value, timestamp if timestamp is not None else ctx.forward_timestamp(), ())
 
         forward_send = send_any
     else:
@@ -214,11 +214,11 @@ def build_task_graph(
 
     def build_sink(node: SinkNode) -> Emit:
         if node.topic in repartition_topics:
-            return _repartition_sink(node, sender.repartition_sink(node.topic))
+            return _repartition_sink(node, sender.repartition_sink(node.topic), ctx)
         partitioner = sink_partitioner(node)
         if partitioner is not None:
-            return _partitioned_sink(node, sender.send_partitioned, partitioner)
-        return _sink(node, send)
+            return _partitioned_sink(node, sender.send_partitioned, partitioner, ctx)
+        return _sink(node, send, ctx)
 
     emits: dict[str, Emit] = {}
     processors: list[ProcessorInstance] = []
@@ -293,34 +293,38 @@ def _routes(node: Node, child_nodes: list[Node], emits: Mapping[str, Emit]) -> d
 # --------------------------------------------------------------------------- sinks
 
 
-def _sink(node: SinkNode, send: Callable[[str, bytes | None, bytes | None, int | None], None]) -> Emit:
+# Sinks write the headers of the record being processed (``TaskPosition.headers``), as Kafka
+# Streams' sinks write the record context's.
+
+
+def _sink(node: SinkNode, send: Callable[..., None], ctx: TaskContext) -> Emit:
     topic = node.topic
     key_bytes = node.key_serde.serialize
     value_bytes = node.value_serde.serialize
 
     def sink(key: Any, value: Any, timestamp: int) -> None:
-        send(topic, key_bytes(key), value_bytes(value), timestamp)
+        send(topic, key_bytes(key), value_bytes(value), timestamp, ctx.headers)
 
     return sink
 
 
-def _partitioned_sink(node: SinkNode, send: Callable[..., None], partitioner: Callable[[bytes, int], int]) -> Emit:
+def _partitioned_sink(node: SinkNode, send: Callable[..., None], partitioner: Callable[[bytes, int], int], ctx: TaskContext) -> Emit:
     topic = node.topic
     key_bytes = node.key_serde.serialize
     value_bytes = node.value_serde.serialize
 
     def sink(key: Any, value: Any, timestamp: int) -> None:
-        send(topic, key_bytes(key), value_bytes(value), timestamp, partitioner)
+        send(topic, key_bytes(key), value_bytes(value), timestamp, partitioner, ctx.headers)
 
     return sink
 
 
-def _repartition_sink(node: SinkNode, append: Callable[[bytes | None, bytes | None, int], None]) -> Emit:
+def _repartition_sink(node: SinkNode, append: Callable[..., None], ctx: TaskContext) -> Emit:
     key_bytes = node.key_serde.serialize
     value_bytes = node.value_serde.serialize
 
     def repartition_sink(key: Any, value: Any, timestamp: int) -> None:
-        append(key_bytes(key), value_bytes(value), timestamp)
+        append(key_bytes(key), value_bytes(value), timestamp, ctx.headers)
 
     return repartition_sink
 
@@ -430,11 +434,17 @@ def _table_forward(
 
     def forward(changes: list[Any]) -> None:
         fallback = ctx.forward_timestamp()
-        for change in changes:
-            timestamp = change.timestamp
-            try:
-                guarded_children(key_object(change), value_of(change.value), fallback if timestamp is None else timestamp)
-            except NodeFailure as failure:
-                ctx.on_forward_error(failure)
+        # A table's update carries no record's headers: its cache keeps each key's timestamp,
+        # not the headers of the record that wrote it (Kafka Streams' cache keeps both).
+        headers, ctx.headers = ctx.headers, ()
+        try:
+            for change in changes:
+                timestamp = change.timestamp
+                try:
+                    guarded_children(key_object(change), value_of(change.value), fallback if timestamp is None else timestamp)
+                except NodeFailure as failure:
+                    ctx.on_forward_error(failure)
+        finally:
+            ctx.headers = headers
 
     return forward

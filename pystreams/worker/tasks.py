@@ -130,9 +130,11 @@ class StreamTask:
                     ctx.topic = topic
                 ctx.partition = record.partition
                 ctx.offset = record.offset
-                if packed and packed_version(record.headers) is not None:
+                headers = record.headers
+                if packed and packed_version(headers) is not None:
                     self._process_packed(record, entry)
                     continue
+                ctx.headers = headers or ()
                 step(record.key, record.value, record.timestamp, record)
         except RecordProcessingError:
             # The records before the failing one were processed: the exit line counts them.
@@ -149,8 +151,15 @@ class StreamTask:
             self._record_failed(ErrorKind.DESERIALIZATION, entry.node, error, record)
             return
         step = self._packed_steps[record.topic]
-        for raw_key, raw_value, raw_timestamp in entries:
-            step(raw_key, raw_value, raw_timestamp, record)
+        ctx = self.ctx
+        ctx.headers = ()
+        for entry in entries:
+            if len(entry) == 4:  # the format with headers
+                ctx.headers = entry[3]
+                step(entry[0], entry[1], entry[2], record)
+                ctx.headers = ()
+            else:
+                step(entry[0], entry[1], entry[2], record)
         # ``process`` counts the packed record itself as one.
         self.records_processed += len(entries) - 1
 
