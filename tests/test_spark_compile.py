@@ -66,7 +66,7 @@ def test_a_join_with_a_computed_table_fails_naming_the_join() -> None:
         return f"{value}:{count}"
 
     with_count.to("out")
-    with pytest.raises(SparkCompileError, match="node 'with_count' .*joins table 'counts' \\(count\\)"):
+    with pytest.raises(SparkCompileError, match="node 'with_count' .*joins table 'counts', kept by 'counts' \\(count\\)"):
         compile_topology(app.topology())
 
 

@@ -173,6 +173,20 @@ def stream_table_case(how: str) -> Case:
     return Case(app, {"orders": 2, "prices": 2}, {"orders", "prices"}, {"out": "stream"}, {"prices": 0, "orders": 1})
 
 
+def table_views_case() -> Case:
+    """Tables computed on read: a filter and a map_values of a topic's table, as update streams
+    (a filtered-out update is a tombstone) and looked up by a stream–table join through both."""
+    app = App("table-views")
+    orders = app.topic("orders", value=serdes.Int())
+    prices = app.table("prices", value=serdes.Int())
+    cheap = prices.filter(lambda key, price: price < 6, name="cheap")
+    doubled = cheap.map_values(lambda key, price: price * 2, value=serdes.Int(), name="doubled")
+    doubled.to_stream().to("doubled")
+    prices.filter_not(lambda key, price: price % 2 == 0, name="odd").to_stream().to("odd")
+    orders.join(doubled, lambda key, n, price: n * (price if price is not None else -1), how="left", value=serdes.Int(), name="priced").to("out")
+    return Case(app, {"orders": 2, "prices": 2}, {"orders", "prices"}, {"out": "stream", "doubled": "table", "odd": "table"}, {"prices": 0, "orders": 1})
+
+
 def stream_stream_case(how: str) -> Case:
     app = App(f"stream-stream-{how}")
     left = app.topic("left", value=serdes.Int())
@@ -223,6 +237,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "cogroup": cogroup_case,
     "stream-table-inner": lambda: stream_table_case("inner"),
     "stream-table-left": lambda: stream_table_case("left"),
+    "table-views": table_views_case,
     "stream-stream-inner": lambda: stream_stream_case("inner"),
     "stream-stream-left": lambda: stream_stream_case("left"),
     "stream-stream-outer": lambda: stream_stream_case("outer"),

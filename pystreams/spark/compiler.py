@@ -403,18 +403,22 @@ class _Compilation:
         self.set_flow(node, Flow(plan, out_key, out_value, (), out_key, out_value))
 
     def stream_table_join(self, node: StreamTableJoinNode) -> None:
-        table_node = self.topology.nodes[node.table]
+        # The table read: a topic's table, or steps computed on read from one (node.table_view,
+        # which the join's kernel applies to each row it looks up).
+        table_node = self.topology.nodes[self.topology.stores[node.table_store].owner]
         if not isinstance(table_node, TableSourceNode):
             raise _unsupported(
                 node,
-                f"it joins table {node.table!r} ({table_node.kind}); on Spark the table side must be read from a topic "
-                "(a computed table would be a second stateful step in one query)",
+                f"it joins table {node.table!r}, kept by {table_node.name!r} ({table_node.kind}); on Spark the table side must be "
+                "read from a topic (a computed table would be a second stateful step in one query)",
             )
+        if node.grace_ms is not None:
+            raise _unsupported(node, "a stream-table join with a grace period does not compile to Spark yet; run this app on workers")
         store = _shipped_store(node, self.topology.stores[node.table_store])
         key, table_value = _shipped(node, store.key_serde), _shipped(node, store.value_serde)  # shipped already
         stream_flow = self.parent_flow(node)
         stream = _with_serdes(stream_flow, key, stream_flow.value_serde)
-        table = _with_serdes(self.flows[node.table], key, table_value)
+        table = _with_serdes(self.flows[table_node.name], key, table_value)
         out_key, out_value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
         inputs: dict[int, tuple[Node, ShippedSerde, ShippedSerde]] = {
             TABLE_SIDE: (_shipped_node(table_node), key, table_value),
@@ -529,6 +533,10 @@ class _Compilation:
                 self.processor(node)
             case SuppressNode():
                 self.suppress(node)
+            case TableFilterNode(store=None) | TableMapValuesNode(store=None):
+                # Computed on read: per update a stateless step of the table's update flow (and
+                # a lookup through it applies it to the row it reads).
+                self.stateless(node)
             case (
                 TableFilterNode()
                 | TableMapValuesNode()
@@ -543,8 +551,8 @@ class _Compilation:
             ):
                 raise _unsupported(
                     node,
-                    "a table's filter, map_values, group_by, table-table or foreign-key join does not compile to Spark yet "
-                    "(a table on Spark is read from its topic by the stream-table join that uses it); run this app on workers",
+                    "a materialized filter or map_values (store=), a table's group_by, a table-table or foreign-key join does not "
+                    "compile to Spark yet (a table on Spark is read from its topic by the stream-table join that uses it); run this app on workers",
                 )
             case StreamGlobalJoinNode():
                 raise _unsupported(node, "a join with a global table does not compile to Spark yet; run this app on workers")
@@ -668,6 +676,8 @@ def _user_objects(node: Node) -> tuple[Any, ...]:
         case CogroupNode():
             return (node.merger, node.initial)
         case MapNode() | MapValuesNode() | FlatMapNode() | FlatMapValuesNode() | FilterNode() | PeekNode() | SelectKeyNode() | BranchNode():
+            return (node.fn,)
+        case TableFilterNode() | TableMapValuesNode():
             return (node.fn,)
         case StreamTableJoinNode() | StreamStreamJoinNode() | ProcessorNode():
             return (node.fn,)
