@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,13 +80,14 @@ class Orders:
 
 def test_a_joining_worker_restores_the_whole_global_table_before_its_first_lookup(cluster: Cluster, workers: Workers) -> None:
     first_endpoint, second_endpoint = (f"127.0.0.1:{free_port()}" for _ in range(2))
+    metrics_port = free_port()
     workers.start("--user-endpoint", first_endpoint)
     wait_for(lambda: "started tasks" in workers.log(0), 60, "the first worker to start tasks\n" + workers.log_tails())
     enriched = LatestValueReader(cluster.bootstrap, "ge-enriched")
     try:
         orders = Orders(cluster.bootstrap, 3000)
         wait_for(lambda: orders.sent >= 500 and enriched.read_more(0.2), 60, "results while orders flow\n" + workers.log_tails())
-        workers.start("--user-endpoint", second_endpoint)
+        workers.start("--user-endpoint", second_endpoint, "--http-port", str(metrics_port))
         wait_for(lambda: "started tasks" in workers.log(1), 60, "the second worker to start tasks\n" + workers.log_tails())
         orders.join()
         deadline = time.monotonic() + 90
@@ -105,5 +107,14 @@ def test_a_joining_worker_restores_the_whole_global_table_before_its_first_looku
             assert app.query("ge-customers", f"c{n}", endpoints=[second_endpoint], timeout_s=10) == n % 1000
         assert app.query("ge-customers", "nobody", endpoints=[second_endpoint], timeout_s=10) is None
         assert len(app.query_prefix("ge-customers", "c1999", endpoints=[second_endpoint], timeout_s=10)) == 11
+
+        # Its metrics: every row applied, and (the topic quiet) no lag.
+        def metric(name: str) -> float | None:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+            found = re.search(rf'^{name}{{table="ge-customers"}} (\S+)$', body, re.M)
+            return float(found.group(1)) if found else None
+
+        assert metric("pystreams_global_table_records_total") == CUSTOMERS
+        assert metric("pystreams_global_table_lag_records") == 0
     finally:
         enriched.close()

@@ -131,6 +131,17 @@ class GlobalTables:
         self.records_followed += applied
         return applied
 
+    def lags(self) -> dict[str, int]:
+        """Records each table is behind its topic's end, as of the follower's last fetch (a
+        partition not fetched yet counts 0: its end is unknown without asking)."""
+        lags = {name: 0 for name in self.stores}
+        for changelog in self.partitions:
+            store = self.state.store_of(changelog.topic)
+            end = self._consumer.highwater(KafkaTopicPartition(*changelog))
+            if end is not None:
+                lags[store.name] += max(0, end - (store.position(changelog.partition) or 0))
+        return lags
+
     def checkpoint(self) -> None:
         self.state.checkpoint()
 

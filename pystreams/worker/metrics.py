@@ -33,7 +33,10 @@ pystreams_task_migrations_total {thread}           exactly-once: TaskMigrated (f
 pystreams_tasks_revived_total {thread}             exactly-once: TaskCorrupted (rebuilt from changelogs)
 pystreams_aborted_records_dropped_total {thread}   records of aborted transactions the fetch filter dropped
 pystreams_dropped_records_total {thread,reason}    dropped-records-total: null-key, late, invalid-timestamp
+pystreams_global_table_records_total {table}       a global table's records applied (restore and follow)
+pystreams_global_table_lag_records {table}         records a global table is behind its topic's end
 pystreams_state_bytes {task}                       RocksDB size: bytes on disk per task directory
+                                                   (``global``: the global tables)
 pystreams_state_volume_free_bytes / _size_bytes    the state directory's file system
 pystreams_worker_ready                             what /readyz answers (1 ready, 0 not)
 =================================================  ==============================================
@@ -159,6 +162,7 @@ class _WorkerCollector(Collector):
         yield from self._restores(threads)
         yield from self._states(threads)
         yield from self._transactions(threads)
+        yield from self._global_tables(threads)
         yield from self._state_sizes()
         ready = GaugeMetricFamily(PREFIX + "worker_ready", "1 when every stream thread has its active tasks restored and running")
         ready.add_metric([], 1.0 if self._ready() else 0.0)
@@ -262,6 +266,22 @@ class _WorkerCollector(Collector):
             for reason, count in sorted(engine.counters.dropped_records.items()):
                 skipped.add_metric([thread.name, reason], count)
         yield from (committed, aborted, migrations, revived, dropped, skipped)
+
+    @staticmethod
+    def _global_tables(threads: Iterable[StreamThread]) -> Iterator[Metric]:
+        # One set per process, which every stream thread's engine reads.
+        tables = next((t.engine.global_tables for t in threads if t.engine.global_tables is not None), None)
+        if tables is None:
+            return
+        applied = CounterMetricFamily(PREFIX + "global_table_records", "Records of a global table's topic applied (restored, then followed)", labels=["table"])
+        lag = GaugeMetricFamily(
+            PREFIX + "global_table_lag_records", "Records a global table is behind its topic's end (as of the last fetch)", labels=["table"]
+        )
+        lags = tables.lags()
+        for name, store in sorted(tables.stores.items()):
+            applied.add_metric([name], store.records_applied)
+            lag.add_metric([name], lags.get(name, 0))
+        yield from (applied, lag)
 
     def _state_sizes(self) -> Iterator[Metric]:
         sizes = GaugeMetricFamily(PREFIX + "state_bytes", "Bytes on disk of each task's state directory (RocksDB stores and checkpoint)", labels=["task"])
