@@ -176,3 +176,37 @@ def test_an_unreadable_history_is_a_clear_state_error() -> None:
         store._write(b"\x01k", b"\xc1 garbage")  # what no writer of ours produces
         with pytest.raises(StateError, match="history of key b'k' is unreadable"):
             store.get(b"k")
+
+
+def grace_app_with_sibling(joiner: Any) -> App:
+    app = App("grace-siblings")
+    stream = app.topic("stream", key=serdes.Int(), value=serdes.Text())
+    table = app.table("table", key=serdes.Int(), value=serdes.Text(), versioned=1000)
+    stream.join(table, joiner, how="left", value=serdes.Text(), name="joined", grace=10).to("out")
+    stream.group_by_key().count(name="counted").to_stream().to("counts")
+    return app
+
+
+def test_an_evicted_record_joins_with_its_own_timestamp_and_headers_and_leaves_the_current_ones_alone() -> None:
+    with TopologyTestDriver(grace_app_with_sibling(lambda key, value, row: f"{value}+{row}")) as driver:
+        driver.pipe_input("stream", serdes.Int().serialize(1), b"a", 0, headers=[("h", b"first")])
+        driver.pipe_input("stream", serdes.Int().serialize(2), b"b", 100, headers=[("h", b"second")])  # evicts a
+        assert [(r.key, r.value, r.timestamp, r.headers) for r in driver.output_topic("out").read_records()] == [(1, "a+None", 0, (("h", b"first"),))]
+        # The count of the evicting record, a sibling of the join, keeps that record's time.
+        assert [(r.key, r.value, r.timestamp) for r in driver.output_topic("counts").read_records()] == [(1, 1, 0), (2, 1, 100)]
+
+
+def test_a_joiner_failing_on_one_evicted_record_loses_none_of_the_others() -> None:
+    def joiner(key: int, value: str, row: str | None) -> str:
+        if value == "poison":
+            raise ValueError("bad record")
+        return f"{value}+{row}"
+
+    with TopologyTestDriver(grace_app_with_sibling(joiner), processing_errors="log-and-continue") as driver:
+        stream = driver.input_topic("stream")
+        stream.pipe_input(1, "poison", timestamp=0)
+        stream.pipe_input(2, "b", timestamp=1)
+        stream.pipe_input(3, "c", timestamp=2)
+        stream.pipe_input(4, "d", timestamp=100)  # 0, 1 and 2 are due: the first fails
+        assert [(r.key, r.value) for r in driver.output_topic("out").read_records()] == [(2, "b+None"), (3, "c+None")]
+        assert [failure.node for failure in driver.failures] == ["joined"]

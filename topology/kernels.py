@@ -1588,7 +1588,7 @@ def _stream_table_join(node: StreamTableJoinNode, wiring: NodeWiring) -> Emit:
     join: Emit = join_now
     if node.buffer_store is not None:
         assert node.grace_ms is not None  # the builder sets both
-        join = _join_buffer(node.buffer_store, node.grace_ms, join, wiring)
+        join = _join_buffer(node.name, node.buffer_store, node.grace_ms, join, wiring)
 
     def stream_table_join(key: Any, value: Any, timestamp: int) -> None:
         if value is None:
@@ -1608,20 +1608,26 @@ _BUFFER_META = b"\x00"
 _BUFFERED = b"\x01"
 _encode_buffer_meta = msgspec.msgpack.Encoder().encode
 _decode_buffer_meta = msgspec.msgpack.Decoder(tuple[int, int]).decode
+#: A buffered record's value bytes and headers.
+_encode_buffered = msgspec.msgpack.Encoder().encode
+_decode_buffered = msgspec.msgpack.Decoder(tuple[bytes | None, list[tuple[str, bytes]]]).decode
 
 
-def _join_buffer(store_name: str, grace_ms: int, join: Emit, wiring: NodeWiring) -> Emit:
+def _join_buffer(node_name: str, store_name: str, grace_ms: int, join: Emit, wiring: NodeWiring) -> Emit:
     """Kafka Streams' stream–table join grace (KIP-923): a record waits in a changelogged
     buffer until the buffer's stream time is ``grace_ms`` past it, then joins as of its own
-    timestamp, in timestamp order (ties by key bytes, then arrival); a record already that
-    far behind joins at once. The buffer keeps ``[stream time, next sequence number]`` and
-    the records under ``timestamp | key bytes | sequence`` keys."""
+    timestamp, in timestamp order (ties by key bytes, then arrival), with its own timestamp and
+    headers as the record being processed; a record already that far behind joins at once. A
+    joiner failing on one evicted record is reported by the task's error policy and the others
+    still join. The buffer keeps ``[stream time, next sequence number]`` and the records under
+    ``timestamp | key bytes | sequence`` keys, each as ``[value bytes, headers]``."""
     spec = wiring.specs[store_name]
     key_bytes = cast(Callable[[Any], bytes], spec.key_serde.serialize)
-    value_bytes = cast(Callable[[Any], bytes], spec.value_serde.serialize)
+    value_bytes = spec.value_serde.serialize
     key_of, value_of = spec.key_serde.deserialize, spec.value_serde.deserialize
     buffer = wiring.stores[store_name]
-    position = wiring.task() if wiring.position is not None else None
+    position = wiring.position
+    join_guarded = guard(node_name, join)
     #: The smallest buffered timestamp, when known: no scan while nothing can be due.
     earliest: list[int | None] = [None]
 
@@ -1629,23 +1635,30 @@ def _join_buffer(store_name: str, grace_ms: int, join: Emit, wiring: NodeWiring)
         return _BUFFERED + timestamp.to_bytes(8, "big") + key + sequence.to_bytes(8, "big")
 
     def evict(until: int) -> None:
-        if earliest[0] is not None and earliest[0] > until:
+        if until < 0 or (earliest[0] is not None and earliest[0] > until):
             return
-        due = list(buffer.range(_BUFFERED, _BUFFERED + until.to_bytes(8, "big") + b"\xff" * 9))
+        # Keys are longer than this bound, so an inclusive range ends before time until + 1.
+        due = list(buffer.range(_BUFFERED, _BUFFERED + (until + 1).to_bytes(8, "big")))
         for stored_key, _ in due:
             buffer.delete(stored_key)
         remaining = next(iter(buffer.range(_BUFFERED, None)), None)
         earliest[0] = None if remaining is None else int.from_bytes(remaining[0][1:9], "big")
-        for stored_key, stored_value in due:
-            timestamp = int.from_bytes(stored_key[1:9], "big")
-            if position is not None:
-                position.timestamp = timestamp
-            try:
-                join(key_of(stored_key[9:-8]), value_of(stored_value), timestamp)
-            except NodeFailure as failure:
-                if position is None:
-                    raise
-                position.on_forward_error(failure)
+        saved = (position.timestamp, position.headers) if position is not None else None
+        try:
+            for stored_key, stored in due:
+                timestamp = int.from_bytes(stored_key[1:9], "big")
+                raw_value, headers = _decode_buffered(stored)
+                if position is not None:
+                    position.timestamp, position.headers = timestamp, headers
+                try:
+                    join_guarded(key_of(stored_key[9:-8]), value_of(raw_value), timestamp)
+                except NodeFailure as failure:
+                    if position is None:
+                        raise
+                    position.on_forward_error(failure)
+        finally:
+            if position is not None and saved is not None:
+                position.timestamp, position.headers = saved
 
     def buffered_join(key: Any, value: Any, timestamp: int) -> None:
         meta = buffer.get(_BUFFER_META)
@@ -1653,7 +1666,8 @@ def _join_buffer(store_name: str, grace_ms: int, join: Emit, wiring: NodeWiring)
         if observed is not None and timestamp < observed - grace_ms:
             join(key, value, timestamp)  # too far behind to wait: joined at once
             return
-        buffer.put(buffered_key(timestamp, key_bytes(key), sequence), value_bytes(value))
+        headers = list(position.headers) if position is not None else []
+        buffer.put(buffered_key(timestamp, key_bytes(key), sequence), _encode_buffered((value_bytes(value), headers)))
         observed = timestamp if observed is None else max(observed, timestamp)
         buffer.put(_BUFFER_META, _encode_buffer_meta((observed, sequence + 1)))
         if earliest[0] is None or timestamp < earliest[0]:
