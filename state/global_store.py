@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 
 from .changelog import ChangelogRecord, TopicPartition
@@ -31,12 +32,18 @@ GLOBAL_DIRECTORY = "global"
 
 
 class GlobalStore:
-    """One global table's rows, read-only to everything but its topic."""
+    """One global table's rows, read-only to everything but its topic.
+
+    One thread applies records (the process's global thread) while others read (tasks,
+    queries). A key lookup needs nothing more; a scan is read whole under the lock the applies
+    take, since the database's scan re-seeks at its end to tell a finished scan from a cut-short
+    one, and a key written meanwhile past its last would look like the latter."""
 
     def __init__(self, name: str, topic: str, database: OrderedBytesDatabase, positions: Mapping[int, int]) -> None:
         self.name = name
         self.topic = topic
         self._db = database
+        self._writing = threading.Lock()
         #: Next offset to apply, per partition of the topic.
         self._positions: dict[int, int] = dict(positions)
         self.records_applied = 0
@@ -65,7 +72,8 @@ class GlobalStore:
             else:
                 put(key, value)
         if not batch.is_empty():
-            self._db.write(batch)
+            with self._writing:
+                self._db.write(batch)
         position = records[-1][0] + 1 if records else self._positions.get(partition, 0)
         if end_offset is not None:
             position = max(position, end_offset)
@@ -85,13 +93,17 @@ class GlobalStore:
 
     def range(self, key_from: bytes | None, key_to: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """Entries with ``key_from <= key <= key_to`` (both inclusive; None: unbounded)."""
-        return self._db.scan(key_from, None if key_to is None else _successor(key_to))
+        return self._scan(key_from, None if key_to is None else _successor(key_to))
 
     def prefix_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        return self._db.scan(prefix, _prefix_end(prefix))
+        return self._scan(prefix, _prefix_end(prefix))
 
     def all(self) -> Iterator[tuple[bytes, bytes]]:
-        return self._db.scan(None, None)
+        return self._scan(None, None)
+
+    def _scan(self, lower: bytes | None, upper: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        with self._writing:
+            return iter(list(self._db.scan(lower, upper)))
 
     def approximate_count(self) -> int:
         return self._db.estimate_num_keys()
@@ -140,7 +152,13 @@ class GlobalState:
                 # The storage wipes a database the checkpoint does not vouch for (and says so);
                 # any checkpointed partition vouches for the database as a whole.
                 database, kept = self._storage.open_database(name, TopicPartition(topic, 0), min(positions.values()) if positions else None)
-                store = GlobalStore(name, topic, database, positions if kept is not None else {})
+                if kept is None and positions:
+                    # Wiped on open: stop the checkpoint file vouching for it at once, or a crash
+                    # before its restore ends would leave a partial database trusted.
+                    checkpointed = {tp: offset for tp, offset in checkpointed.items() if tp.topic != topic}
+                    self._storage.write_checkpoint(checkpointed)
+                    positions = {}
+                store = GlobalStore(name, topic, database, positions)
                 self.stores[name] = store
                 self._by_topic[topic] = store
         except BaseException:

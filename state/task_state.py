@@ -163,6 +163,11 @@ class TaskState:
             raise StateError(f"task {self.task_id} already has a store named {name}")
         changelog = TopicPartition(changelog_topic_name(self.application_id, name), self.changelog_partition)
         database, position = self._storage.open_database(name, changelog, self._checkpointed.get(changelog))
+        if position is None and self._checkpointed.pop(changelog, None) is not None:
+            # Wiped on open: the checkpoint file must stop vouching for it now, or a crash
+            # before its restore ends would leave a partial database trusted at the old offset.
+            self._storage.write_checkpoint(self._checkpointed)
+            self._written_checkpoint = dict(self._checkpointed)
         store = kind(name, database, changelog, self._sink, changelog_position=position, **options)
         self._stores[name] = store
         self._by_changelog[changelog] = store

@@ -76,6 +76,24 @@ def test_a_database_the_checkpoint_does_not_vouch_for_is_wiped_and_read_again(tm
     reopened.close()
 
 
+def test_a_crash_while_rebuilding_a_wiped_table_rebuilds_it_again(tmp_path: Path) -> None:
+    state = open_state(tmp_path)
+    state.stores["customers"].apply(0, records(0, *[(b"k%02d" % n, b"v") for n in range(20)]))
+    state.close()
+    import shutil
+
+    shutil.rmtree(tmp_path / "app" / GLOBAL_DIRECTORY / "customers")  # the database is lost
+    state = open_state(tmp_path)
+    assert [w.store_name for w in state.wipes] == ["customers"]
+    state.stores["customers"].apply(0, records(0, *[(b"k%02d" % n, b"v") for n in range(5)]))  # part of the restore
+    state.stores["customers"].flush_to_disk()
+    state.close(checkpoint=False)  # the process dies before the restore ends
+    state = open_state(tmp_path)
+    assert [w.store_name for w in state.wipes] == ["customers"]  # rebuilt again, not trusted at offset 20
+    assert state.stores["customers"].position(0) is None
+    state.close()
+
+
 def test_checkpoints_wait_for_enough_progress_unless_forced(tmp_path: Path) -> None:
     state = open_state(tmp_path, checkpoint_min_records=10)
     state.stores["customers"].apply(0, records(0, (b"a", b"1")))
@@ -92,3 +110,34 @@ def test_in_memory_state_has_no_directory(tmp_path: Path) -> None:
     assert state.stores["t"].get(b"k") == b"v"
     state.close()
     assert not (tmp_path / "app").exists()
+
+
+def test_scans_beside_the_thread_applying_records_never_look_cut_short(tmp_path: Path) -> None:
+    """The global thread writes while queries scan: a scan sees a consistent prefix of writes
+    and never mistakes a row written past its end for a scan stopped early."""
+    import threading
+
+    state = open_state(tmp_path)
+    store = state.stores["customers"]
+    store.apply(0, records(0, *[(b"k%03d" % n, b"v") for n in range(10)]))
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        for n in range(5000):
+            store.apply(0, records(10 + n, (b"z%06d" % n, b"v")))
+
+    def scan() -> None:
+        for _ in range(200):
+            try:
+                rows = list(store.all())
+                assert rows[:10] == [(b"k%03d" % n, b"v") for n in range(10)]
+            except BaseException as error:
+                failures.append(error)
+
+    threads = [threading.Thread(target=write), threading.Thread(target=scan)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    state.close()

@@ -154,12 +154,14 @@ def test_table_steps_say_what_they_cannot_do() -> None:
     assert table.filter(_even).windowed is False
 
 
-def test_spark_refuses_a_table_step_before_it_starts_naming_the_node() -> None:
-    app = App("spark-table-steps")
-    table = app.table("in", value=serdes.Int())
-    table.filter(_even, name="evens").to_stream().to("out")
+def test_spark_runs_a_table_step_computed_on_read_and_refuses_a_materialized_one_naming_it() -> None:
+    computed = App("spark-table-steps")
+    computed.table("in", value=serdes.Int()).filter(_even, name="evens").to_stream().to("out")
+    assert {sink.topic for sink in compile_topology(computed.topology()).sinks} == {"out"}
+    materialized = App("spark-table-steps-kept")
+    materialized.table("in", value=serdes.Int()).filter(_even, name="evens", store="evens").to_stream().to("out")
     with pytest.raises(SparkCompileError, match="'evens'"):
-        compile_topology(app.topology())
+        compile_topology(materialized.topology())
 
 
 def test_a_filter_of_a_windowed_table_is_still_windowed_for_suppress() -> None:

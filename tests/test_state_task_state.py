@@ -236,6 +236,28 @@ def test_a_missing_database_is_rebuilt_identically(tmp_path):
     state.close()
 
 
+def test_a_crash_while_rebuilding_a_wiped_store_rebuilds_it_again_not_trusts_it(tmp_path):
+    """The checkpoint stops vouching for a wiped store as soon as it is wiped: a crash during
+    its rebuild leaves a partial database the next open must not take for the old one."""
+    changelog = InMemoryChangelog()
+    expected = run_active(tmp_path, changelog, rounds=3)
+    import shutil
+
+    shutil.rmtree(tmp_path / APP / TASK / "windows")
+    state, counts, windows = open_task(tmp_path, changelog)
+    assert [w.store_name for w in state.wipes] == ["windows"]
+    windows.apply_changelog(next(changelog.read(WINDOWS, None, 3)))  # part of the rebuild
+    windows.flush_to_disk()
+    state._storage.release(wipe=False)  # the process dies: no close, no checkpoint
+    for store in state.stores.values():
+        store.close()
+    state, counts, windows = open_task(tmp_path, changelog)
+    assert [w.store_name for w in state.wipes] == ["windows"]  # not trusted: rebuilt again
+    state.restore(changelog)
+    assert contents(counts, windows) == expected
+    state.close()
+
+
 def test_a_database_without_a_checkpointed_offset_is_rebuilt(tmp_path):
     changelog = InMemoryChangelog()
     expected = run_active(tmp_path, changelog, rounds=2)

@@ -583,16 +583,16 @@ class SessionBytes(Protocol):
 
 
 #: Record headers: (name, value bytes) pairs, in order; names may repeat.
-Headers = Sequence[tuple[str, bytes]]
+Headers = Sequence[tuple[str, bytes | None]]
 
 
-def checked_headers(headers: Iterable[tuple[str, bytes]], where: str) -> tuple[tuple[str, bytes], ...]:
+def checked_headers(headers: Iterable[tuple[str, bytes | None]], where: str) -> tuple[tuple[str, bytes | None], ...]:
     """``headers`` as a tuple of (str, bytes) pairs, or a TypeError naming ``where``."""
     checked = tuple(headers)
     for pair in checked:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and isinstance(pair[1], bytes | bytearray)):
-            raise TypeError(f"{where}: headers are (str name, bytes value) pairs, got {pair!r}")
-    return tuple((name, bytes(value)) for name, value in checked)
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and (pair[1] is None or isinstance(pair[1], bytes | bytearray))):
+            raise TypeError(f"{where}: headers are (str name, bytes value) pairs (a value may be None), got {pair!r}")
+    return tuple((name, None if value is None else bytes(value)) for name, value in checked)
 
 
 class VersionedBytes(Protocol):
@@ -1608,9 +1608,11 @@ _BUFFER_META = b"\x00"
 _BUFFERED = b"\x01"
 _encode_buffer_meta = msgspec.msgpack.Encoder().encode
 _decode_buffer_meta = msgspec.msgpack.Decoder(tuple[int, int]).decode
+#: The earliest time of an empty buffer: later than any record's.
+_NONE_BUFFERED = 2**63
 #: A buffered record's value bytes and headers.
 _encode_buffered = msgspec.msgpack.Encoder().encode
-_decode_buffered = msgspec.msgpack.Decoder(tuple[bytes | None, list[tuple[str, bytes]]]).decode
+_decode_buffered = msgspec.msgpack.Decoder(tuple[bytes | None, list[tuple[str, bytes | None]]]).decode
 
 
 def _join_buffer(node_name: str, store_name: str, grace_ms: int, join: Emit, wiring: NodeWiring) -> Emit:
@@ -1628,7 +1630,8 @@ def _join_buffer(node_name: str, store_name: str, grace_ms: int, join: Emit, wir
     buffer = wiring.stores[store_name]
     position = wiring.position
     join_guarded = guard(node_name, join)
-    #: The smallest buffered timestamp, when known: no scan while nothing can be due.
+    #: The smallest buffered timestamp (_NONE_BUFFERED: empty), once a scan has found it: no
+    #: scan while nothing can be due. None until then (a restored buffer is not empty).
     earliest: list[int | None] = [None]
 
     def buffered_key(timestamp: int, key: bytes, sequence: int) -> bytes:
@@ -1642,7 +1645,7 @@ def _join_buffer(node_name: str, store_name: str, grace_ms: int, join: Emit, wir
         for stored_key, _ in due:
             buffer.delete(stored_key)
         remaining = next(iter(buffer.range(_BUFFERED, None)), None)
-        earliest[0] = None if remaining is None else int.from_bytes(remaining[0][1:9], "big")
+        earliest[0] = _NONE_BUFFERED if remaining is None else int.from_bytes(remaining[0][1:9], "big")
         saved = (position.timestamp, position.headers) if position is not None else None
         try:
             for stored_key, stored in due:
@@ -1670,7 +1673,7 @@ def _join_buffer(node_name: str, store_name: str, grace_ms: int, join: Emit, wir
         buffer.put(buffered_key(timestamp, key_bytes(key), sequence), _encode_buffered((value_bytes(value), headers)))
         observed = timestamp if observed is None else max(observed, timestamp)
         buffer.put(_BUFFER_META, _encode_buffer_meta((observed, sequence + 1)))
-        if earliest[0] is None or timestamp < earliest[0]:
+        if earliest[0] is not None and timestamp < earliest[0]:
             earliest[0] = timestamp
         evict(observed - grace_ms)
 

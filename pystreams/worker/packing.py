@@ -44,7 +44,8 @@ RecordHeaders = Sequence[tuple[str, bytes]]
 PackedEntry = tuple[bytes | None, bytes | None, int] | tuple[bytes | None, bytes | None, int, RecordHeaders]
 _encode_entries = msgspec.msgpack.Encoder().encode
 _decode_entries = msgspec.msgpack.Decoder(list[tuple[bytes | None, bytes | None, int]]).decode
-_decode_entries_with_headers = msgspec.msgpack.Decoder(list[tuple[bytes | None, bytes | None, int, list[tuple[str, bytes]]]]).decode
+# A header's value may be null, as in Kafka.
+_decode_entries_with_headers = msgspec.msgpack.Decoder(list[tuple[bytes | None, bytes | None, int, list[tuple[str, bytes | None]]]]).decode
 
 
 #: Appends one record to a repartition topic's buffers: (key bytes, value bytes, timestamp,
