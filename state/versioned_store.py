@@ -23,6 +23,7 @@ changelog like any key-value entry, so restore and standbys need nothing of thei
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,9 +32,14 @@ import msgspec
 from .errors import StateError
 from .key_value_store import KeyValueStore, _prefix_end, _successor
 
+log = logging.getLogger(__name__)
+
 _META = b"\x00"
 _KEYS = b"\x01"
 _KEYS_END = b"\x02"
+#: A key's history is one value (and one changelog record): past this size, say so once. The
+#: producer's request cap is 1 MiB.
+LARGE_HISTORY_BYTES = 256 * 1024
 _TIME = msgspec.msgpack.Encoder()
 _decode_time = msgspec.msgpack.Decoder(int).decode
 
@@ -97,6 +103,7 @@ class VersionedStore(KeyValueStore):
         if history_ms < 0:
             raise ValueError("history_ms must not be negative")
         self.history_ms = history_ms
+        self._warned_large = False
         self._write = self._cache.put
         self.put = self._refuse_plain_write
 
@@ -119,7 +126,18 @@ class VersionedStore(KeyValueStore):
         history, outcome = put_version(self.history(key), timestamp, value, observed, self.history_ms)
         if outcome is VersionedPut.NOT_PUT:
             return outcome
-        self._write(_KEYS + key, _encode_history(history) if history else None)
+        encoded = _encode_history(history) if history else None
+        if encoded is not None and len(encoded) > LARGE_HISTORY_BYTES and not self._warned_large:
+            self._warned_large = True
+            log.warning(
+                "versioned store %s: key %r keeps %d versions (%d bytes, one value and changelog record); "
+                "every write of it rewrites them all: a shorter history, or fewer updates per key, keeps it small",
+                self.name,
+                key[:32],
+                len(history),
+                len(encoded),
+            )
+        self._write(_KEYS + key, encoded)
         if observed is None or timestamp > observed:
             self._write(_META, _TIME.encode(timestamp))
         return outcome

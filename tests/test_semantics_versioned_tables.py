@@ -210,3 +210,30 @@ def test_a_joiner_failing_on_one_evicted_record_loses_none_of_the_others() -> No
         stream.pipe_input(4, "d", timestamp=100)  # 0, 1 and 2 are due: the first fails
         assert [(r.key, r.value) for r in driver.output_topic("out").read_records()] == [(2, "b+None"), (3, "c+None")]
         assert [failure.node for failure in driver.failures] == ["joined"]
+
+
+def test_a_buffered_record_that_cannot_be_read_back_fails_alone() -> None:
+    """A serde change across a deploy (or damage) makes one buffered value unreadable: that
+    entry is reported, the others due with it still join."""
+
+    class Picky(serdes.Serde):
+        name = "picky"
+
+        def _to_bytes(self, value: Any) -> bytes:
+            return str(value).encode()
+
+        def _from_bytes(self, data: bytes) -> Any:
+            if data == b"unreadable":
+                raise ValueError("cannot read")
+            return data.decode()
+
+    app = App("grace-unreadable")
+    stream = app.topic("stream", key=serdes.Int(), value=serdes.Text()).map_values(lambda key, value: value, value=Picky(), name="picky")
+    table = app.table("table", key=serdes.Int(), value=serdes.Text(), versioned=1000)
+    stream.join(table, lambda key, value, row: f"{value}+{row}", how="left", value=serdes.Text(), name="joined", grace=10).to("out")
+    with TopologyTestDriver(app, processing_errors="log-and-continue") as driver:
+        source = driver.input_topic("stream")
+        for key, value, timestamp in ((1, "unreadable", 0), (2, "b", 1), (3, "c", 2), (4, "trigger", 100)):
+            source.pipe_input(key, value, timestamp=timestamp)
+        assert [(r.key, r.value) for r in driver.output_topic("out").read_records()] == [(2, "b+None"), (3, "c+None")]
+        assert [failure.node for failure in driver.failures] == ["joined"]

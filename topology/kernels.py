@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import heapq
 import logging
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -881,6 +882,7 @@ def _versioned_table_source(node: TableSourceNode, wiring: NodeWiring) -> Emit:
     forward = wiring.forward
     dropped = null_key_counter(wiring)
     position = wiring.position
+    warned: list[bool] = []
 
     def versioned_table_source(key: Any, value: Any, timestamp: int) -> None:
         if key is None:
@@ -892,7 +894,9 @@ def _versioned_table_source(node: TableSourceNode, wiring: NodeWiring) -> Emit:
         elif outcome == "not-put":
             if position is not None:
                 position.late_records_dropped += 1
-            log.warning("versioned table %s: an update of %r at %d is older than its history retention; dropped", node.name, key, timestamp)
+            if not warned:
+                warned.append(True)
+                log.warning("versioned table %s drops updates older than its history retention (counted as late), e.g. %r at %d", node.name, key, timestamp)
 
     return versioned_table_source
 
@@ -1592,6 +1596,8 @@ def _stream_table_join(node: StreamTableJoinNode, wiring: NodeWiring) -> Emit:
 
     def stream_table_join(key: Any, value: Any, timestamp: int) -> None:
         if value is None:
+            if key is None:
+                dropped()
             return
         if key is None:
             if left_join:
@@ -1608,8 +1614,7 @@ _BUFFER_META = b"\x00"
 _BUFFERED = b"\x01"
 _encode_buffer_meta = msgspec.msgpack.Encoder().encode
 _decode_buffer_meta = msgspec.msgpack.Decoder(tuple[int, int]).decode
-#: The earliest time of an empty buffer: later than any record's.
-_NONE_BUFFERED = 2**63
+_BUFFERED_END = b"\x02"
 #: A buffered record's value bytes and headers.
 _encode_buffered = msgspec.msgpack.Encoder().encode
 _decode_buffered = msgspec.msgpack.Decoder(tuple[bytes | None, list[tuple[str, bytes | None]]]).decode
@@ -1622,7 +1627,9 @@ def _join_buffer(node_name: str, store_name: str, grace_ms: int, join: Emit, wir
     headers as the record being processed; a record already that far behind joins at once. A
     joiner failing on one evicted record is reported by the task's error policy and the others
     still join. The buffer keeps ``[stream time, next sequence number]`` and the records under
-    ``timestamp | key bytes | sequence`` keys, each as ``[value bytes, headers]``."""
+    ``timestamp | key bytes | sequence`` keys, each as ``[value bytes, headers]``; a heap of
+    those keys, read from the store once (after a restore it holds records), finds the due
+    ones without scanning the store per record."""
     spec = wiring.specs[store_name]
     key_bytes = cast(Callable[[Any], bytes], spec.key_serde.serialize)
     value_bytes = spec.value_serde.serialize
@@ -1630,31 +1637,42 @@ def _join_buffer(node_name: str, store_name: str, grace_ms: int, join: Emit, wir
     buffer = wiring.stores[store_name]
     position = wiring.position
     join_guarded = guard(node_name, join)
-    #: The smallest buffered timestamp (_NONE_BUFFERED: empty), once a scan has found it: no
-    #: scan while nothing can be due. None until then (a restored buffer is not empty).
-    earliest: list[int | None] = [None]
+    #: The buffered records' keys, smallest (earliest) first; None until read from the store.
+    buffered: list[list[bytes] | None] = [None]
 
-    def buffered_key(timestamp: int, key: bytes, sequence: int) -> bytes:
-        return _BUFFERED + timestamp.to_bytes(8, "big") + key + sequence.to_bytes(8, "big")
+    def heap() -> list[bytes]:
+        keys = buffered[0]
+        if keys is None:
+            keys = buffered[0] = [key for key, _ in buffer.range(_BUFFERED, _BUFFERED_END)]
+            heapq.heapify(keys)
+        return keys
 
     def evict(until: int) -> None:
-        if until < 0 or (earliest[0] is not None and earliest[0] > until):
+        keys = heap()
+        if until < 0 or not keys:
             return
-        # Keys are longer than this bound, so an inclusive range ends before time until + 1.
-        due = list(buffer.range(_BUFFERED, _BUFFERED + (until + 1).to_bytes(8, "big")))
-        for stored_key, _ in due:
+        # Keys are longer than this bound, so every key below it is at time until or earlier.
+        bound = _BUFFERED + (until + 1).to_bytes(8, "big")
+        due = []
+        while keys and keys[0] < bound:
+            stored_key = heapq.heappop(keys)
+            stored = buffer.get(stored_key)
             buffer.delete(stored_key)
-        remaining = next(iter(buffer.range(_BUFFERED, None)), None)
-        earliest[0] = _NONE_BUFFERED if remaining is None else int.from_bytes(remaining[0][1:9], "big")
+            if stored is not None:
+                due.append((stored_key, stored))
         saved = (position.timestamp, position.headers) if position is not None else None
         try:
             for stored_key, stored in due:
                 timestamp = int.from_bytes(stored_key[1:9], "big")
-                raw_value, headers = _decode_buffered(stored)
-                if position is not None:
-                    position.timestamp, position.headers = timestamp, headers
                 try:
-                    join_guarded(key_of(stored_key[9:-8]), value_of(raw_value), timestamp)
+                    try:  # an entry that cannot be read fails alone, like a failing joiner
+                        raw_value, headers = _decode_buffered(stored)
+                        key, value = key_of(stored_key[9:-8]), value_of(raw_value)
+                    except Exception as error:
+                        raise NodeFailure(node_name, error) from error
+                    if position is not None:
+                        position.timestamp, position.headers = timestamp, headers
+                    join_guarded(key, value, timestamp)
                 except NodeFailure as failure:
                     if position is None:
                         raise
@@ -1669,12 +1687,13 @@ def _join_buffer(node_name: str, store_name: str, grace_ms: int, join: Emit, wir
         if observed is not None and timestamp < observed - grace_ms:
             join(key, value, timestamp)  # too far behind to wait: joined at once
             return
+        keys = heap()
         headers = list(position.headers) if position is not None else []
-        buffer.put(buffered_key(timestamp, key_bytes(key), sequence), _encode_buffered((value_bytes(value), headers)))
+        stored_key = _BUFFERED + timestamp.to_bytes(8, "big") + key_bytes(key) + sequence.to_bytes(8, "big")
+        buffer.put(stored_key, _encode_buffered((value_bytes(value), headers)))
+        heapq.heappush(keys, stored_key)
         observed = timestamp if observed is None else max(observed, timestamp)
         buffer.put(_BUFFER_META, _encode_buffer_meta((observed, sequence + 1)))
-        if earliest[0] is not None and timestamp < earliest[0]:
-            earliest[0] = timestamp
         evict(observed - grace_ms)
 
     return buffered_join

@@ -901,47 +901,53 @@ async def _run_threads(
         # Restored before any stream thread joins: no task may look a row up before.
         global_thread = await loop.run_in_executor(None, _start_global_tables, resolved, settings, state_dir, process_id, loop, stop)
         announce(f"worker: global tables {', '.join(sorted(topology.global_tables))} restored ({global_thread.tables.records_restored} records) and followed")
-    # Exactly-once: the transactional ids outlive the process (see identity.py).
-    identity = ProcessIdentity(state_dir, topology.app_id) if guarantee.exactly_once else None
-    fatal: list[str] = []
+    set_up = False
+    try:
+        # Exactly-once: the transactional ids outlive the process (see identity.py).
+        identity = ProcessIdentity(state_dir, topology.app_id) if guarantee.exactly_once else None
+        fatal: list[str] = []
 
-    def on_fatal(message: str) -> None:
-        fatal.append(message)
-        log.error(message)
-        if settings.shutdown_application_on_error and not stop.is_set():
-            # Every member's next assignment carries the SHUTDOWN error; this worker stops
-            # once it has heard it too (or after a grace period).
-            for thread in threads:
-                thread.assignor.set_reason(MemberReason.SHUTDOWN)
-                thread.driver.request_heartbeat()
-            loop.call_later(_SHUTDOWN_GRACE_S, stop.set)
-            return
-        stop.set()
-
-    def on_shutdown_requested() -> None:
-        if not stop.is_set():
-            announce("worker: the application was asked to shut down by a member; stopping")
+        def on_fatal(message: str) -> None:
+            fatal.append(message)
+            log.error(message)
+            if settings.shutdown_application_on_error and not stop.is_set():
+                # Every member's next assignment carries the SHUTDOWN error; this worker stops
+                # once it has heard it too (or after a grace period).
+                for thread in threads:
+                    thread.assignor.set_reason(MemberReason.SHUTDOWN)
+                    thread.driver.request_heartbeat()
+                loop.call_later(_SHUTDOWN_GRACE_S, stop.set)
+                return
             stop.set()
 
-    threads.extend(
-        StreamThread(
-            index,
-            resolved,
-            settings,
-            process_id=process_id,
-            state_dir=state_dir,
-            topic_names=topic_names,
-            loop=loop,
-            on_fatal=on_fatal,
-            on_shutdown_requested=on_shutdown_requested,
-            metrics=metrics,
-            transactional_identity=identity.process_id if identity is not None else None,
-            global_tables=global_thread.tables if global_thread is not None else None,
+        def on_shutdown_requested() -> None:
+            if not stop.is_set():
+                announce("worker: the application was asked to shut down by a member; stopping")
+                stop.set()
+
+        threads.extend(
+            StreamThread(
+                index,
+                resolved,
+                settings,
+                process_id=process_id,
+                state_dir=state_dir,
+                topic_names=topic_names,
+                loop=loop,
+                on_fatal=on_fatal,
+                on_shutdown_requested=on_shutdown_requested,
+                metrics=metrics,
+                transactional_identity=identity.process_id if identity is not None else None,
+                global_tables=global_thread.tables if global_thread is not None else None,
+            )
+            for index in range(settings.threads)
         )
-        for index in range(settings.threads)
-    )
-    topics, regex = subscription_for(resolved)
-    reason = topology_change_reason(state_dir, topology)
+        topics, regex = subscription_for(resolved)
+        reason = topology_change_reason(state_dir, topology)
+        set_up = True
+    finally:
+        if not set_up and global_thread is not None:
+            await loop.run_in_executor(None, global_thread.stop)  # not left following the topic for nothing
     try:
         if settings.user_endpoint:
             from .queries import QueryServer

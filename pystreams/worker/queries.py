@@ -24,6 +24,7 @@ store's cache too. Clients route with ``pystreams.queries`` (``App.query*``, ``p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -210,7 +211,10 @@ class QueryServer:
             partitions = _partitions(request, placement["partitions"])
             entries: list[list[str]] = []
             if placement.get("global"):
-                entries = scan(self._global_store(store))  # whole here: partitions do not split it
+                # Whole here (partitions do not split it); read off the event loop, which drives
+                # the group membership.
+                global_store = self._global_store(store)
+                entries = await asyncio.get_running_loop().run_in_executor(None, scan, global_store)
                 partitions = []
             for partition in partitions:
                 task = TaskId(placement["subtopology"], partition)
