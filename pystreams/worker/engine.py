@@ -284,9 +284,13 @@ class TaskEngine:
         self._standby_updater = StandbyUpdater(self._new_consumer("standby"))
         if self.topology.global_tables and self.global_tables is None:
             # Before any task starts: no lookup may see a table still being restored.
-            self.global_tables = GlobalTables.open(self.resolved, self.config, f"{client_id}-global")
-            self._follows_global_tables = True
-            self.global_tables.restore()
+            try:
+                self.global_tables = GlobalTables.open(self.resolved, self.config, f"{client_id}-global")
+                self._follows_global_tables = True
+                self.global_tables.restore()
+            except BaseException:
+                self.close()  # the clients opened above, and the global tables' lock
+                raise
 
     def _new_consumer(self, role: str, *, filtered: bool = True, committed_only: bool = True) -> Any:
         """A consumer with the guarantee's settings: under exactly-once ``read_committed`` (unless
