@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,6 +47,8 @@ class FakeEngine:
     transactions_committed: int = 0
     transactions_aborted: int = 0
     aborted_records_dropped: int = 0
+    #: The process's global tables (none here).
+    global_tables: Any = None
 
 
 @dataclass
