@@ -688,3 +688,39 @@ def test_a_started_task_commits_its_first_records_at_once_then_at_the_interval(
         assert engine.maybe_commit() is None and offsets.commits == 1  # the interval again
     finally:
         engine.close()
+
+
+def test_an_idle_engine_thread_runs_a_command_without_waiting_out_its_poll(kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]) -> None:
+    """A stream thread with no tasks yet waits in its poll; the command that brings its first
+    tasks (or a query, or stop) wakes it. With a ten-minute poll timeout, only the wake can
+    answer inside the test's bound."""
+    import asyncio
+
+    from pystreams.worker.engine_thread import EngineThread
+
+    source, sink = unique_topic("numbers"), unique_topic("doubled")
+    create_topics(kafka_bootstrap, TopicSpec(source, 1), TopicSpec(sink, 1))
+    resolved = resolve_against_cluster(_doubling_app("idle_wake_test", source, sink).topology(), kafka_bootstrap)
+    engine = TaskEngine(resolved, EngineConfig(kafka_bootstrap, tmp_path / "state", poll_timeout_ms=600_000))
+
+    async def scenario() -> tuple[int, int]:
+        thread = EngineThread(
+            "idle-wake",
+            engine,
+            loop=asyncio.get_running_loop(),
+            lag_check_interval_ms=600_000,
+            check_lags=lambda now_ms: None,
+            on_tasks_migrated=lambda error: None,
+            on_failure=lambda error: None,
+        )
+        await asyncio.wait_for(thread.start(), WAIT_S)
+        await asyncio.sleep(0.2)  # the thread is inside its idle poll now
+        polls_before = engine.counters.polls
+        answer = await asyncio.wait_for(thread.call(lambda: 41 + 1), WAIT_S)
+        await asyncio.wait_for(thread.stop(WAIT_S), WAIT_S)
+        assert not thread.alive, "stop did not wake the idle poll"
+        return polls_before, answer
+
+    polls_before, answer = asyncio.run(scenario())
+    assert answer == 42
+    assert polls_before >= 1  # the command did wait in a poll, and was woken out of it

@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -227,6 +228,9 @@ class TaskEngine:
         #: Told how long each commit took (seconds): flush, offsets committed, checkpoint.
         self._on_commit = on_commit
         self.counters = EngineCounters()
+        #: Set by :meth:`wake`: an idle poll stops waiting, so a command queued for this engine
+        #: (its first tasks, a query) runs now rather than after the rest of the poll timeout.
+        self._woken = threading.Event()
         self._tasks: dict[TaskId, StreamTask] = {}
         self._task_of_partition: dict[TopicPartition, StreamTask] = {}
         self._producer: Any = None
@@ -619,6 +623,11 @@ class TaskEngine:
 
     # -- processing -----------------------------------------------------------------------
 
+    def wake(self) -> None:
+        """Cut short an idle :meth:`poll`'s wait (thread-safe). A poll that fetches for active
+        tasks still runs to its timeout or its first records."""
+        self._woken.set()
+
     def poll(self, timeout_ms: int | None = None) -> int:
         """Fetch once, process what came, run due wall-clock punctuations; returns the number
         of records processed."""
@@ -637,8 +646,8 @@ class TaskEngine:
             # Replicas catch up between input batches; with no active work they get the wait.
             if following is not None:
                 counters.standby_records += following.poll(timeout)
-            else:
-                time.sleep(timeout / 1000)
+            elif self._woken.wait(timeout / 1000):
+                self._woken.clear()
             self._punctuate_wall_clock()
             self._send_repartition_buffers()
             return 0

@@ -86,15 +86,18 @@ class EngineThread:
             if self._stopped_taking_commands or not self._thread.is_alive():
                 raise EngineStopped(f"{self.name}: the engine thread is not running")
             self._commands.put((command, future))
+        self.engine.wake()
         return await asyncio.wrap_future(future)
 
     def post(self, command: Callable[[], None]) -> None:
         """Queue ``command`` with nobody waiting for it: it must log its own failures."""
         self._commands.put((command, concurrent.futures.Future()))
+        self.engine.wake()
 
     async def stop(self, timeout_s: float) -> None:
         """Finish the commands queued, close the engine and wait (at most ``timeout_s``)."""
         self._stop.set()
+        self.engine.wake()
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, timeout_s)
 
     # -- the thread ----------------------------------------------------------------------------
