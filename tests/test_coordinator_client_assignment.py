@@ -50,6 +50,44 @@ def test_member_selection_prefers_the_member_whose_range_covers_everyone():
     assert h.shard.computations[GROUP].member_id in {"A", "B", "C"}
 
 
+def compute(h, member_id, epoch, plan: dict[str, str]) -> int:
+    """Prepare, then install ``plan`` for the prepared epoch; the install's error code."""
+    prepared = h.send(Prepare(group_id=GROUP, member_id=member_id, member_epoch=epoch))
+    assert prepared.error_code == 0, prepared
+    return install(h, member_id, epoch, prepared.group_epoch, plan).error_code
+
+
+def test_a_joiner_that_may_run_the_assignor_computes_its_own_join_at_once():
+    """The member whose heartbeat moved the group on is told to compute in that very response,
+    ahead of the stable members (who would hear of it only at their next heartbeat). It changes
+    who computes, never what is written: the computation is no record."""
+    h = Harness()
+    h.topics(foo=4)
+    assert h.join("A", client_assignors=[assignor()]).should_compute_assignment
+    assert compute(h, "A", 0, {"A": "foo-0,foo-1,foo-2,foo-3"}) == 0
+    assert h.heartbeat("A", 0, "").member_epoch == 1
+    assert h.heartbeat("A", 1, "foo-0,foo-1,foo-2,foo-3").member_epoch == 1  # stable
+    joined = h.join("B", client_assignors=[assignor()])
+    assert joined.should_compute_assignment, "the joiner computes, although A sorts first"
+    assert h.shard.computations[GROUP].member_id == "B"
+    assert not h.heartbeat("A", 1, "foo-0,foo-1,foo-2,foo-3").should_compute_assignment
+    # A joiner that cannot read every version in use does not compute: A still does.
+    wide = h.join("C", client_assignors=[assignor(lo=2, hi=2)])
+    assert h.shard.computations[GROUP].member_id == "B"  # one computation in flight at a time
+    assert not wide.should_compute_assignment
+
+
+def test_a_joiner_whose_version_range_is_too_narrow_leaves_the_computation_to_one_that_covers_all():
+    h = Harness()
+    h.topics(foo=2)
+    assert h.join("A", client_assignors=[assignor(lo=1, hi=3)]).should_compute_assignment
+    assert compute(h, "A", 0, {"A": "foo-0,foo-1"}) == 0
+    assert h.heartbeat("A", 0, "").member_epoch == 1
+    narrow = h.join("B", client_assignors=[assignor(lo=2, hi=2)])
+    assert not narrow.should_compute_assignment
+    assert h.shard.computations[GROUP].member_id == "A"
+
+
 def test_the_full_prepare_install_loop():
     h = Harness()
     h.topics(foo=2)

@@ -372,7 +372,7 @@ class ConsumerGroupManager:
             if not converted or not self._target_covers_subscriptions(group):
                 self.bump_group_epoch(group)
         self.ctx.cancel(EmptyGroupTimer(group.group_id))
-        self.maybe_compute_target(group, now_ms)
+        self.maybe_compute_target(group, now_ms, requester=member.member_id)
 
         owned = PartitionSet.from_wire(request.topic_partitions) if request.topic_partitions is not None else None
         if request.member_epoch == 0:
@@ -576,7 +576,9 @@ class ConsumerGroupManager:
         topics = {t.topic_id: TopicMetadata(t.topic_id, t.name, t.num_partitions) for t in group.subscribed_topics.values()}
         return AssignmentSpec(members=members, topics=topics)
 
-    def maybe_compute_target(self, group: ConsumerGroup, now_ms: int) -> None:
+    def maybe_compute_target(self, group: ConsumerGroup, now_ms: int, *, requester: str | None = None) -> None:
+        """``requester``: the member whose heartbeat is being answered, if one is. A client-side
+        computation goes to it when it may run it (see :meth:`choose_computing_member`)."""
         if group.group_epoch <= group.assignment_epoch:
             return
         if not group.members:
@@ -585,7 +587,7 @@ class ConsumerGroupManager:
             return
         client_side, name = self.select_assignor(group)
         if client_side:
-            self._start_computation(group, name, now_ms)
+            self._start_computation(group, name, now_ms, requester)
             return
         self.end_computation(group.group_id)
         try:
@@ -617,9 +619,12 @@ class ConsumerGroupManager:
 
     # --- client-side assignment ----------------------------------------------------------------
 
-    def choose_computing_member(self, group: ConsumerGroup, assignor: str, exclude: AbstractSet[str]) -> str | None:
+    def choose_computing_member(self, group: ConsumerGroup, assignor: str, exclude: AbstractSet[str], *, requester: str | None = None) -> str | None:
         """The member whose version range covers every version the group's metadata uses
-        (KIP-848 "Member Selection": A[1-5], B[3-4], C[2-4] -> A)."""
+        (KIP-848 "Member Selection": A[1-5], B[3-4], C[2-4] -> A). Among those that qualify, the
+        ``requester`` comes first: it is heartbeating now, so it is told in this very response,
+        where any other member would hear of the computation only at its next heartbeat (up to
+        an interval later, then its revocations wait for that)."""
         present = [m for m in group.members.values() if m.member_epoch != LEAVE_STATIC_EPOCH and m.classic is None and m.assignor(assignor)]
         if not present:
             return None
@@ -632,15 +637,15 @@ class ConsumerGroupManager:
             assert a is not None, "present members all run the assignor"
             covers_ranges = a.minimum_version <= lowest and a.maximum_version >= highest
             covers_used = all(a.minimum_version <= v <= a.maximum_version for v in used)
-            return (m.member_id in exclude, not covers_ranges, not covers_used, -(a.maximum_version - a.minimum_version), m.member_id)
+            return (m.member_id in exclude, not covers_ranges, not covers_used, m.member_id != requester, -(a.maximum_version - a.minimum_version), m.member_id)
 
         return min(present, key=preference).member_id
 
-    def _start_computation(self, group: ConsumerGroup, assignor: str, now_ms: int) -> None:
+    def _start_computation(self, group: ConsumerGroup, assignor: str, now_ms: int, requester: str | None) -> None:
         computation = self.computations.get(group.group_id)
         if computation is not None and computation.assignor == assignor and computation.member_id in group.members:
             return  # one computation in flight; it is recomputed after its install
-        chosen = self.choose_computing_member(group, assignor, set())
+        chosen = self.choose_computing_member(group, assignor, set(), requester=requester)
         self.end_computation(group.group_id)
         if chosen is not None:
             self._set_computation(group.group_id, ClientComputation(member_id=chosen, assignor=assignor, tried=frozenset({chosen})))
