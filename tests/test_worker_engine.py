@@ -690,6 +690,51 @@ def test_a_started_task_commits_its_first_records_at_once_then_at_the_interval(
         engine.close()
 
 
+def test_a_downstream_task_commits_its_first_records_at_once_too(kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]) -> None:
+    """Behind a repartition topic, the count's tasks get their first records only after the
+    re-keying tasks committed theirs. Each started task commits its own first records at once:
+    the counts show with an hour-long commit interval, without waiting for it."""
+    from pystreams.app import App
+
+    source, sink = unique_topic("lines"), unique_topic("counts")
+    create_topics(kafka_bootstrap, TopicSpec(source, 1), TopicSpec(sink, 1))
+    app = App("downstream_first_commit_test")
+    lines = app.topic(source, key=serdes.Text(), value=serdes.Text())
+
+    @app.flat_map(lines)
+    def words(key: Any, line: str) -> Any:
+        for word in line.split():
+            yield word, 1
+
+    app.count(words, store="counts").to(sink)
+    resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
+    assert len({task.subtopology for task in resolved.tasks}) == 2
+    offsets = OffsetStore()
+    engine = TaskEngine(
+        resolved,
+        EngineConfig(kafka_bootstrap, tmp_path / "state", commit_interval_ms=3_600_000, poll_timeout_ms=50),
+        committed_offsets=offsets.fetch,
+        commit_offsets=offsets.commit,
+    )
+    engine.start()
+    try:
+        engine.add_tasks(resolved.tasks)
+        produce(kafka_bootstrap, source, [(b"1", b"fox dog fox", None)])
+        deadline = time.monotonic() + WAIT_S
+
+        def count_task_committed() -> bool:
+            return any(tp.topic != source and offset > 0 for tp, offset in offsets.offsets.items())
+
+        while not count_task_committed():
+            assert time.monotonic() < deadline, f"the count's tasks did not commit: {offsets.offsets}"
+            engine.poll()
+            engine.maybe_commit()
+        assert engine.store_contents("counts") == {"fox": 2, "dog": 1}
+        assert latest_by_key(read_all(kafka_bootstrap, sink), serdes.Text(), serdes.Int()) == {"fox": 2, "dog": 1}
+    finally:
+        engine.close()
+
+
 def test_an_idle_engine_thread_runs_a_command_without_waiting_out_its_poll(kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]) -> None:
     """A stream thread with no tasks yet waits in its poll; the command that brings its first
     tasks (or a query, or stop) wakes it. With a ten-minute poll timeout, only the wake can

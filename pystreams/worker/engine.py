@@ -744,6 +744,10 @@ class TaskEngine:
         started = time.perf_counter()
         if self.guarantee.exactly_once:
             tasks = list(self._tasks.values())
+        # A started task leaves the commit-at-once set only with a commit of its own records:
+        # the first records of a downstream sub-topology's task come after the upstream ones
+        # were committed, and would otherwise wait out a whole interval.
+        flushed = [t.id for t in tasks if t.dirty]
         try:
             outcome = self._commits.commit(self._sender, tasks, releasing=releasing, background=background)
         except Exception:
@@ -753,7 +757,7 @@ class TaskEngine:
         self._last_commit = time.monotonic()
         self.counters.dropped_records = self.dropped_records  # one snapshot per commit, for the metrics thread
         if outcome is CommitOutcome.COMMITTED:
-            self._started_since_commit.difference_update(t.id for t in tasks)
+            self._started_since_commit.difference_update(flushed)
             if len(tasks) == len(self._tasks):
                 for standby in self.standby_tasks.values():
                     standby.checkpoint()
@@ -768,8 +772,9 @@ class TaskEngine:
         return outcome
 
     def maybe_commit(self) -> CommitOutcome | None:
-        """Commit when the commit interval has passed, or when a task started since the last
-        commit has processed records (its first output is not held back a whole interval)."""
+        """Commit when the commit interval has passed, or when a task that started and has not
+        committed records of its own yet has processed some (its first output is not held back
+        a whole interval)."""
         if (time.monotonic() - self._last_commit) * 1000 >= self.config.commit_interval_ms or self._a_started_task_processed():
             return self._commit_all(background=True)
         return None
