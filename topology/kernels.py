@@ -321,11 +321,14 @@ def open_windows(window: TumblingWindow | HoppingWindow, timestamp: int, closed_
     return still_open, closed
 
 
-def forwards_store_updates(node: Node) -> bool:
+def forwards_store_updates(node: Node, store: Store) -> bool:
     """Whether a table node's updates go downstream when its store's cache flushes (emit on
     update, folded per commit). An emit-final aggregation forwards each window once itself,
-    when it closes; a suppression forwards from its buffer; a table computed on read forwards
-    each update as it comes."""
+    when it closes; a suppression forwards from its buffer; a table computed on read, and a
+    versioned table (only an update that is its key's latest goes on), forward each update as
+    it comes."""
+    if store.history_ms is not None:
+        return False
     return is_materialized(node) and not (isinstance(node, AggregationNode) and node.emits_final)
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kafka import TopicPartition as KafkaTopicPartition
 
 from pystreams.state import ChangelogRecord, GlobalState, GlobalStore, TopicPartition
+from pystreams.state.restore import RESTORE_CHUNK_RECORDS
 from pystreams.topology.resolve import ResolvedTopology
 
 from .commits import ExactlyOnceCommits
@@ -31,9 +32,6 @@ if TYPE_CHECKING:
     from .engine import EngineConfig
 
 log = logging.getLogger(__name__)
-
-#: Fetched batches are applied in write batches of at least this many records while restoring.
-_RESTORE_CHUNK_RECORDS = 10_000
 
 
 def global_consumers(config: EngineConfig, client_id: str) -> tuple[Any, Any | None]:
@@ -98,7 +96,7 @@ class GlobalTables:
             pending: list[ChangelogRecord] = []
             for batch in self._restorer.read(changelog, start, end):
                 pending.extend(batch)
-                if len(pending) >= _RESTORE_CHUNK_RECORDS:
+                if len(pending) >= RESTORE_CHUNK_RECORDS:
                     restored += store.apply(changelog.partition, pending)
                     pending = []
             restored += store.apply(changelog.partition, pending, end_offset=end)

@@ -184,8 +184,9 @@ def build_task_graph(
     forwarders: dict[str, _Forwarder] = {}
 
     def forwarder_for(store_name: str) -> _Forwarder | None:
-        owner = nodes[topology.stores[store_name].owner]
-        if forwards_store_updates(owner) and stores_of(owner)[0] == store_name and children_of(owner):
+        spec = topology.stores[store_name]
+        owner = nodes[spec.owner]
+        if forwards_store_updates(owner, spec) and stores_of(owner)[0] == store_name and children_of(owner):
             forwarders[store_name] = _Forwarder()
             return forwarders[store_name]
         return None
