@@ -502,6 +502,12 @@ async def test_a_second_coordinator_on_the_same_log_has_the_same_state_and_fence
     assert fenced.error_code == Errors.NotCoordinatorError.errno
     assert first.runners[group_shard(g, 3)].state is ShardState.FAILED
     assert (await call(first, describe(g))).groups[0].error_code == Errors.NotCoordinatorError.errno
+    # FindCoordinator must not send clients back to it: the fenced shard's groups are not
+    # served here, the others (not fenced yet: nothing was written) still are.
+    reason = first.unavailable_reason(g)
+    assert reason is not None and f"shard {group_shard(g, 3)}" in reason and "fenced" in reason.lower()
+    assert [first.unavailable_reason(other) for other in group_ids[1:]] == [None, None]
+    assert not first.is_ready()
     # The second one serves the members with the ids and epochs they had.
     a, _ = members[g]
     assert (await call(second, heartbeat(g, a.member_id, a.member_epoch))).error_code == 0

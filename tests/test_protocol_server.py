@@ -454,6 +454,23 @@ async def test_find_coordinator_answers_with_this_server_for_groups_only():
         await client.close()
 
 
+@async_test
+async def test_find_coordinator_does_not_name_this_server_for_a_group_it_no_longer_serves():
+    """A group whose shard another coordinator took over is COORDINATOR_NOT_AVAILABLE here, with
+    the reason, so a client moves on to the next address it has instead of being sent back."""
+    lost = {"b": "shard 1 was taken over by another coordinator"}
+    async with serving(node_id=3, group_unavailable=lost.get) as server:
+        client = await Client.connect(server)
+        batch = await client.call(m.FindCoordinatorRequest(version=4, key_type=0, coordinator_keys=["a", "b"]))
+        assert [(c.key, c.error_code, c.node_id, c.port, c.error_message) for c in batch.coordinators] == [
+            ("a", 0, 3, server.port, None),
+            ("b", Errors.CoordinatorNotAvailableError.errno, -1, -1, lost["b"]),
+        ]
+        single = await client.call(m.FindCoordinatorRequest(version=3, key="b", key_type=0))
+        assert (single.error_code, single.error_message) == (Errors.CoordinatorNotAvailableError.errno, lost["b"])
+        await client.close()
+
+
 # --- standard tooling ----------------------------------------------------------------------------
 
 

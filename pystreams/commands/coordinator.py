@@ -502,7 +502,14 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
     advertised_host, advertised_port = settings.advertised or (None, None)
     subscriptions.configure(max_bytes=settings.regex_cache_bytes, max_pattern_bytes=settings.regex_max_bytes)
     server = KafkaProtocolServer(
-        host, port, coordinator.handle, limits=settings.limits, security=settings.security, advertised_host=advertised_host, advertised_port=advertised_port
+        host,
+        port,
+        coordinator.handle,
+        limits=settings.limits,
+        security=settings.security,
+        advertised_host=advertised_host,
+        advertised_port=advertised_port,
+        group_unavailable=coordinator.unavailable_reason,
     )
     _warn_if_open(settings)
     metrics = None

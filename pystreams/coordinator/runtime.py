@@ -609,6 +609,23 @@ class Coordinator:
     def shard_for(self, group_id: str) -> int:
         return group_shard(group_id, self.shard_count)
 
+    def unavailable_reason(self, group_id: str) -> str | None:
+        """Why this coordinator does not serve ``group_id`` (None: it does, or will once its
+        shard loaded). FindCoordinator answers such a group COORDINATOR_NOT_AVAILABLE rather
+        than this node: a shard fenced by another coordinator is never served here again, and
+        a client told "here" would be answered NOT_COORDINATOR for ever instead of trying the
+        next address it was given."""
+        if self._closing:
+            return "this coordinator is shutting down"
+        runner = self.runners[self.shard_for(group_id)]
+        if runner.state is ShardState.FAILED:
+            if isinstance(runner.failure, LogFencedError):
+                return f"shard {runner.shard_id} was taken over by another coordinator (fenced: {runner.failure})"
+            return f"shard {runner.shard_id} is not served here: {runner.failure}"
+        if runner.state is ShardState.CLOSED:
+            return f"shard {runner.shard_id} is closed"
+        return None
+
     async def handle(self, header: RequestHeader, request: ApiMessage) -> ApiMessage:
         """The ``KafkaProtocolServer`` handler: authorize, route, wait for durability, answer."""
         session = current_session()

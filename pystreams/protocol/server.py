@@ -193,10 +193,13 @@ class KafkaProtocolServer:
         advertised_host: str | None = None,
         advertised_port: int | None = None,
         cluster_id: str = "pystreams",
+        group_unavailable: Callable[[str], str | None] | None = None,
     ) -> None:
         """``port`` 0 binds a free port (see ``port``). The advertised address, given to clients in
         Metadata and FindCoordinator, defaults to the bound host and port; like Kafka's
-        ``advertised.listeners``, it must be given when binding a wildcard address."""
+        ``advertised.listeners``, it must be given when binding a wildcard address.
+        ``group_unavailable(group_id)``: why this server does not coordinate a group (None: it
+        does); FindCoordinator answers such a group COORDINATOR_NOT_AVAILABLE with the reason."""
         if advertised_host is None and host in _WILDCARD_HOSTS:
             raise ValueError(f"binding {host!r} needs an advertised_host that clients can reach")
         self._host = host
@@ -209,6 +212,7 @@ class KafkaProtocolServer:
         self._advertised_host = advertised_host
         self._advertised_port = advertised_port
         self.cluster_id = cluster_id
+        self._group_unavailable = group_unavailable
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         #: Set by close(): a connection cancelled from then on ends quietly.
@@ -328,19 +332,22 @@ class KafkaProtocolServer:
             topics=topics,
         )
 
-    def coordinator_for(self, key: str, key_type: int) -> BrokerAddress | None:
-        """Which node coordinates ``key``: this server for every group; None (answered with
-        COORDINATOR_NOT_AVAILABLE) for transactional ids and share groups, which it does not serve."""
+    def coordinator_for(self, key: str, key_type: int) -> BrokerAddress | str:
+        """Which node coordinates ``key``: this server for every group it serves; otherwise why
+        not (answered with COORDINATOR_NOT_AVAILABLE): a group whose shard this server lost,
+        transactional ids and share groups, which it does not serve."""
         if key_type != CoordinatorType.GROUP:
-            return None
+            return "this server coordinates consumer groups only"
+        if self._group_unavailable is not None and (reason := self._group_unavailable(key)) is not None:
+            return reason
         return self.address
 
     async def handle_find_coordinator(self, header: RequestHeader, request: ApiMessage) -> ApiMessage:
         not_available = Errors.CoordinatorNotAvailableError.errno
         if header.request_api_version < 4:
             node = self.coordinator_for(request.key, request.key_type)
-            if node is None:
-                return codec.error_response(header, not_available, None, request)
+            if isinstance(node, str):
+                return codec.error_response(header, not_available, node, request)
             return m.FindCoordinatorResponse(
                 throttle_time_ms=0,
                 error_code=0,
@@ -352,16 +359,11 @@ class KafkaProtocolServer:
         coordinators = []
         for key in request.coordinator_keys:
             node = self.coordinator_for(key, request.key_type)
-            coordinators.append(
-                m.FindCoordinatorResponse.Coordinator(
-                    key=key,
-                    node_id=node.node_id if node else -1,
-                    host=node.host if node else "",
-                    port=node.port if node else -1,
-                    error_code=0 if node else not_available,
-                    error_message=None,
-                )
-            )
+            if isinstance(node, str):
+                entry = m.FindCoordinatorResponse.Coordinator(key=key, node_id=-1, host="", port=-1, error_code=not_available, error_message=node)
+            else:
+                entry = m.FindCoordinatorResponse.Coordinator(key=key, node_id=node.node_id, host=node.host, port=node.port, error_code=0, error_message=None)
+            coordinators.append(entry)
         return m.FindCoordinatorResponse(throttle_time_ms=0, coordinators=coordinators)
 
     # --- connections -----------------------------------------------------------------------------
