@@ -429,6 +429,24 @@ async def test_nothing_listening_is_said_at_info_then_warning_and_given_up_after
 
 
 @async_test
+async def test_a_coordinator_named_by_find_coordinator_that_is_gone_is_the_one_said_to_be_unreachable() -> None:
+    """A node of a cluster may name a node that just stopped (until the shards moved): the
+    failure names that node, and who named it, not the node that answered."""
+    dead = free_port()
+    server = Server("127.0.0.1", 0, lambda header, request: asyncio.sleep(0))
+    server.coordinator_address = BrokerAddress(7, "127.0.0.1", dead)
+    await server.start()
+    port = server.port
+    try:
+        failed = await given_up_at(f"127.0.0.1:{port}", connect_timeout_ms=400)
+    finally:
+        await server.close()
+    assert f"nothing listens at 127.0.0.1:{dead}" in failed.message
+    assert f"named by FindCoordinator at 127.0.0.1:{port}" in failed.message
+    assert f"nothing listens at 127.0.0.1:{port}" not in failed.message
+
+
+@async_test
 async def test_a_kafka_broker_given_as_the_coordinator_is_named_as_one_at_once(
     kafka_bootstrap: str,
     caplog: pytest.LogCaptureFixture,

@@ -841,7 +841,13 @@ class MemberDriver:
                 if coordinator == address:
                     connection = bootstrap_connection
                 else:
-                    connection = await KafkaConnection.open(coordinator, self._client_id, timeout_s, self.security)
+                    try:
+                        connection = await KafkaConnection.open(coordinator, self._client_id, timeout_s, self.security)
+                    except (OSError, TimeoutError, ConnectionLost, HandshakeError) as exc:
+                        # Name the node FindCoordinator sent us to, not the one we asked (a node of a
+                        # cluster may name one that just stopped, until the shards have moved).
+                        named = _CoordinatorLookupError.at(coordinator, exc, timeout_s)
+                        raise _CoordinatorLookupError(f"{named} (named by FindCoordinator at {address[0]}:{address[1]})") from exc
                 if connection.server is not None and not connection.server.is_pystreams_coordinator:
                     connection.close()
                     raise _CoordinatorLookupError(
