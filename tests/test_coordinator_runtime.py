@@ -775,6 +775,17 @@ def test_every_coordinator_option_can_come_from_the_environment(monkeypatch: pyt
     assert (classic.config.classic_min_session_timeout_ms, classic.config.classic_max_group_size) == (1000, 50)
     with pytest.raises(SystemExit):
         parser.parse_args(["--migration-policy", "sideways"])
+    # A node of a coordinator cluster.
+    assert (settings.cluster, settings.node_id) == (False, 0)
+    monkeypatch.setenv("PYSTREAMS_CLUSTER", "true")
+    monkeypatch.setenv("PYSTREAMS_NODE_ID", "2")
+    monkeypatch.setenv("PYSTREAMS_CLUSTER_SESSION_TIMEOUT_MS", "6000")
+    parser = argparse.ArgumentParser()
+    command.configure(parser)
+    node = command.settings_from_args(parser.parse_args([]))
+    assert (node.cluster, node.node_id, node.cluster_session_timeout_ms) == (True, 2, 6000)
+    with pytest.raises(ValueError, match="--cluster .* needs --log kafka"):
+        command.settings_from_args(parser.parse_args(["--log", "memory"]))
 
 
 def test_the_kafka_log_needs_bootstrap_servers(monkeypatch: pytest.MonkeyPatch) -> None:

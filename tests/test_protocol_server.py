@@ -459,7 +459,7 @@ async def test_find_coordinator_does_not_name_this_server_for_a_group_it_no_long
     """A group whose shard another coordinator took over is COORDINATOR_NOT_AVAILABLE here, with
     the reason, so a client moves on to the next address it has instead of being sent back."""
     lost = {"b": "shard 1 was taken over by another coordinator"}
-    async with serving(node_id=3, group_unavailable=lost.get) as server:
+    async with serving(node_id=3, locate_group=lambda group: lost.get(group) or server.address) as server:
         client = await Client.connect(server)
         batch = await client.call(m.FindCoordinatorRequest(version=4, key_type=0, coordinator_keys=["a", "b"]))
         assert [(c.key, c.error_code, c.node_id, c.port, c.error_message) for c in batch.coordinators] == [

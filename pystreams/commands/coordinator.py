@@ -59,6 +59,25 @@ _CLUSTER_OPTIONS = [
         {"choices": ["kafka", "memory"]},
     ),
     EnvOption("--log-topic", "PYSTREAMS_LOG_TOPIC", DEFAULT_LOG_TOPIC, "the compacted topic of the record log; one partition per shard", {"metavar": "TOPIC"}),
+    EnvOption(
+        "--cluster",
+        "PYSTREAMS_CLUSTER",
+        None,
+        "share the shards with the other coordinators started with --cluster on the same log: each node serves the "
+        "shards the brokers' group membership gives it, and FindCoordinator on any node names a group's owner "
+        "(needs --log kafka and a distinct --node-id per node)",
+        {"action": "store_true"},
+    ),
+    EnvOption(
+        "--node-id", "PYSTREAMS_NODE_ID", "0", "this node's id in Metadata and FindCoordinator answers", {"type": options.non_negative_int, "metavar": "N"}
+    ),
+    EnvOption(
+        "--cluster-session-timeout-ms",
+        "PYSTREAMS_CLUSTER_SESSION_TIMEOUT_MS",
+        "10000",
+        "with --cluster: how long the brokers wait for a silent node before its shards move to the others",
+        {"type": options.positive_int, "metavar": "MS"},
+    ),
 ]
 
 _SERVER_OPTIONS = [
@@ -366,6 +385,9 @@ class CoordinatorSettings:
     broker_security: Any = None  # ClientSecurity
     regex_max_bytes: int = 4096
     regex_cache_bytes: int = 32 * 1024 * 1024
+    cluster: bool = False
+    node_id: int = 0
+    cluster_session_timeout_ms: int = 10_000
 
 
 def _parse(value: Any, convert: Any) -> Any:
@@ -388,6 +410,9 @@ def settings_from_args(
         raise ValueError(f"--log must be kafka or memory, got {log_kind!r}")
     if log_kind == "kafka" and not bootstrap:
         raise ValueError("--log kafka needs --bootstrap-servers (or PYSTREAMS_BOOTSTRAP_SERVERS)")
+    cluster = bool(getattr(args, "cluster", False)) and str(getattr(args, "cluster", "")).lower() not in ("0", "false", "no")
+    if cluster and log_kind != "kafka":
+        raise ValueError("--cluster shares the shards of a Kafka log: it needs --log kafka")
     session = _parse(args.session_timeout_ms, int)
     heartbeat = _parse(args.heartbeat_interval_ms, int)
 
@@ -451,6 +476,9 @@ def settings_from_args(
         ),
         regex_max_bytes=_parse(args.regex_max_bytes, options.positive_int),
         regex_cache_bytes=_parse(args.regex_cache_bytes, options.positive_int),
+        cluster=cluster,
+        node_id=_parse(getattr(args, "node_id", 0), options.non_negative_int),
+        cluster_session_timeout_ms=_parse(getattr(args, "cluster_session_timeout_ms", 10_000), options.positive_int),
     )
 
 
@@ -497,6 +525,7 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
         metadata_refresh_ms=settings.metadata_refresh_ms,
         queue_size=settings.event_queue_size,
         authorizer=settings.authorizer,
+        owned_shards=() if settings.cluster else None,  # a cluster node serves what the group gives it
     )
     host, port = settings.listen
     advertised_host, advertised_port = settings.advertised or (None, None)
@@ -509,13 +538,17 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
         security=settings.security,
         advertised_host=advertised_host,
         advertised_port=advertised_port,
-        group_unavailable=coordinator.unavailable_reason,
+        node_id=settings.node_id,
+        locate_group=lambda group_id: coordinator.unavailable_reason(group_id) or server.address,
     )
     _warn_if_open(settings)
     metrics = None
+    ownership = None
     try:
         await coordinator.start()
         await server.start()
+        if settings.cluster:
+            ownership = await _join_cluster(settings, coordinator, server, broker_config)
         if settings.metrics_port is not None:
             registry = coordinator_registry(coordinator, refusals=lambda: server.refusals, connections=lambda: server.connection_count)
             metrics = MetricsHttpServer(settings.metrics_host or host, settings.metrics_port, registry, coordinator.is_ready)
@@ -527,6 +560,10 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
             metrics_url = f"http://{metrics_host}:{metrics.port}/metrics"
         yield RunningCoordinator(coordinator, f"{address.host}:{address.port}", metrics_url)
     finally:
+        if ownership is not None:
+            # Release our shards and leave the group first: the other nodes take them over now
+            # rather than after a session timeout.
+            await ownership.stop()
         # Refuse new work and finish queued requests and appends while connections are still
         # open, so their answers go out; then close the sockets and the log.
         await coordinator.close()
@@ -536,6 +573,32 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
             await metrics.close()
         if isinstance(topic_source, ClusterMetadata):
             await loop.run_in_executor(None, topic_source.close)
+
+
+async def _join_cluster(settings: CoordinatorSettings, coordinator: Any, server: Any, broker_config: dict[str, Any]) -> Any:
+    """Join the coordinators' group; returns the running :class:`ShardOwnership`. FindCoordinator
+    and Metadata answer from the shard map from then on."""
+    from pystreams.coordinator.cluster import ClusterView, NodeInfo, ShardOwnership
+
+    await coordinator.log.open()  # the log topic exists before the group subscribes to it
+    view = ClusterView(coordinator.shard_for, lambda: server.address, coordinator.unavailable_reason)
+    server.set_cluster(locate_group=view.locate, cluster_nodes=view.nodes)
+    me = server.address
+    assert settings.bootstrap_servers
+    ownership = ShardOwnership(
+        settings.bootstrap_servers,
+        settings.log_topic,
+        NodeInfo(me.node_id, me.host, me.port),
+        loop=asyncio.get_running_loop(),
+        acquire=coordinator.acquire,
+        release=coordinator.release,
+        on_map=view.update,
+        session_timeout_ms=settings.cluster_session_timeout_ms,
+        heartbeat_interval_ms=max(100, settings.cluster_session_timeout_ms // 10),
+        client_config=broker_config,
+    )
+    ownership.start()
+    return ownership
 
 
 def _warn_if_open(settings: CoordinatorSettings) -> None:

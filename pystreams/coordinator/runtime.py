@@ -57,7 +57,7 @@ import enum
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -512,7 +512,11 @@ class Coordinator:
         shard_factory: Callable[[], GroupCoordinatorShard] | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
         authorizer: Authorizer | None = None,
+        owned_shards: Iterable[int] | None = None,
     ) -> None:
+        """``owned_shards``: the shards this coordinator serves from the start (default: all of
+        them, a coordinator of its own); a node of a cluster starts with none and is given them
+        with :meth:`acquire` / :meth:`release` (see ``cluster``)."""
         self.log = log
         self.config = config or CoordinatorConfig()
         #: None: every request is allowed (no authorizer configured, Kafka's default).
@@ -535,8 +539,9 @@ class Coordinator:
         self._metadata_task: asyncio.Task[None] | None = None
         self._closing = False
         factory = shard_factory or (lambda: GroupCoordinatorShard(self.config))
-        self.runners = [
-            ShardRunner(
+
+        def new_runner(shard_id: int) -> ShardRunner:
+            return ShardRunner(
                 shard_id,
                 log,
                 shard_factory=factory,
@@ -546,8 +551,11 @@ class Coordinator:
                 max_batch=max_batch,
                 metrics=self.metrics,
             )
-            for shard_id in range(self.shard_count)
-        ]
+
+        self._new_runner = new_runner
+        shards = range(self.shard_count) if owned_shards is None else sorted(set(owned_shards))
+        self._runners: dict[int, ShardRunner] = {shard_id: new_runner(shard_id) for shard_id in shards}
+        self._started = False
         self._routes: dict[int, Route] = {
             m.ConsumerGroupHeartbeatRequest.API_KEY: self._heartbeat,
             m.ConsumerGroupPrepareAssignmentRequest.API_KEY: self._single_group,
@@ -567,11 +575,43 @@ class Coordinator:
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    @property
+    def runners(self) -> list[ShardRunner]:
+        """The runners of the shards served here, in shard order."""
+        return [self._runners[shard_id] for shard_id in sorted(self._runners)]
+
+    @property
+    def served_shards(self) -> list[int]:
+        return sorted(self._runners)
+
     async def start(self) -> None:
         await self.log.open()
         self._metadata_task = asyncio.create_task(self._refresh_metadata_forever(), name="pystreams-coordinator-metadata")
+        self._started = True
         for runner in self.runners:
             runner.start()
+
+    async def acquire(self, shard_id: int) -> None:
+        """Serve ``shard_id`` from now on: claim its partition (fencing any other writer) and
+        load it. A shard already served (or loading) here is left as it is; one that failed
+        here (fenced) is loaded afresh."""
+        if self._closing or not 0 <= shard_id < self.shard_count:
+            return
+        current = self._runners.get(shard_id)
+        if current is not None and current.state not in (ShardState.FAILED, ShardState.CLOSED):
+            return
+        if current is not None:
+            await current.stop()
+        runner = self._runners[shard_id] = self._new_runner(shard_id)
+        if self._started:
+            runner.start()
+
+    async def release(self, shard_id: int) -> None:
+        """Stop serving ``shard_id``: answer what it queued, finish its append in flight, close
+        its writer. Requests for its groups are answered NOT_COORDINATOR from then on."""
+        runner = self._runners.pop(shard_id, None)
+        if runner is not None:
+            await runner.stop()
 
     async def wait_until_loaded(self) -> None:
         """Return once every shard is active; raise if one failed for good."""
@@ -617,7 +657,10 @@ class Coordinator:
         next address it was given."""
         if self._closing:
             return "this coordinator is shutting down"
-        runner = self.runners[self.shard_for(group_id)]
+        shard_id = self.shard_for(group_id)
+        runner = self._runners.get(shard_id)
+        if runner is None:
+            return f"shard {shard_id} is not served by this coordinator"
         if runner.state is ShardState.FAILED:
             if isinstance(runner.failure, LogFencedError):
                 return f"shard {runner.shard_id} was taken over by another coordinator (fenced: {runner.failure})"
@@ -697,8 +740,11 @@ class Coordinator:
         return answer
 
     async def _call(self, shard_id: int, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
+        runner = self._runners.get(shard_id)
+        if runner is None:
+            return codec.error_response(header, Errors.NotCoordinatorError.errno, f"shard {shard_id} is not served by this coordinator", request)
         try:
-            return await self.runners[shard_id].submit(request, context)
+            return await runner.submit(request, context)
         except Errors.CoordinatorLoadInProgressError as error:
             code = while_loading(request)
             return codec.error_response(header, code, str(error.args[0]) if code and error.args else None, request)
@@ -781,7 +827,9 @@ class Coordinator:
         return await self._split(header, request, context, "resources", lambda resource: resource.resource_name, "responses")
 
     async def _list_groups(self, header: RequestHeader, request: ApiMessage, context: RequestContext) -> ApiMessage:
-        responses = await asyncio.gather(*(self._call(shard_id, header, request, context) for shard_id in range(self.shard_count)))
+        # The groups of the shards served here: Kafka's ListGroups is per broker too, and admin
+        # clients ask every node that Metadata lists.
+        responses = await asyncio.gather(*(self._call(shard_id, header, request, context) for shard_id in self.served_shards))
         # As Kafka: the groups of every shard that answered, and the first error of those that did not.
         error = next((response.error_code for response in responses if response.error_code), 0)
         groups = [group for response in responses for group in (response.groups or [])]

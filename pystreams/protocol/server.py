@@ -38,7 +38,7 @@ import concurrent.futures
 import contextvars
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import kafka.errors as Errors
@@ -193,13 +193,16 @@ class KafkaProtocolServer:
         advertised_host: str | None = None,
         advertised_port: int | None = None,
         cluster_id: str = "pystreams",
-        group_unavailable: Callable[[str], str | None] | None = None,
+        locate_group: Callable[[str], BrokerAddress | str] | None = None,
+        cluster_nodes: Callable[[], Sequence[BrokerAddress]] | None = None,
     ) -> None:
         """``port`` 0 binds a free port (see ``port``). The advertised address, given to clients in
         Metadata and FindCoordinator, defaults to the bound host and port; like Kafka's
         ``advertised.listeners``, it must be given when binding a wildcard address.
-        ``group_unavailable(group_id)``: why this server does not coordinate a group (None: it
-        does); FindCoordinator answers such a group COORDINATOR_NOT_AVAILABLE with the reason."""
+        ``locate_group(group_id)``: the node that coordinates a group, or why none does now
+        (FindCoordinator answers that COORDINATOR_NOT_AVAILABLE with the reason); default: this
+        server for every group. ``cluster_nodes()``: every coordinator node, for Metadata
+        (default: this server alone)."""
         if advertised_host is None and host in _WILDCARD_HOSTS:
             raise ValueError(f"binding {host!r} needs an advertised_host that clients can reach")
         self._host = host
@@ -212,7 +215,8 @@ class KafkaProtocolServer:
         self._advertised_host = advertised_host
         self._advertised_port = advertised_port
         self.cluster_id = cluster_id
-        self._group_unavailable = group_unavailable
+        self._locate_group = locate_group
+        self._cluster_nodes = cluster_nodes
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         #: Set by close(): a connection cancelled from then on ends quietly.
@@ -273,6 +277,11 @@ class KafkaProtocolServer:
             raise RuntimeError("server not started")
         return self._server.sockets[0].getsockname()[1]
 
+    def set_cluster(self, *, locate_group: Callable[[str], BrokerAddress | str], cluster_nodes: Callable[[], Sequence[BrokerAddress]]) -> None:
+        """Answer FindCoordinator and Metadata for a cluster of coordinators from now on (the
+        node's own address is known only once it listens)."""
+        self._locate_group, self._cluster_nodes = locate_group, cluster_nodes
+
     @property
     def address(self) -> BrokerAddress:
         """This server as clients should reach it."""
@@ -306,8 +315,9 @@ class KafkaProtocolServer:
         )
 
     async def handle_metadata(self, header: RequestHeader, request: ApiMessage) -> ApiMessage:
-        """This server as the only broker and the controller; it hosts no topics, so each
-        requested topic is UNKNOWN_TOPIC_OR_PARTITION (all topics: an empty list)."""
+        """Every coordinator node as a broker (this server alone unless it is one of a cluster),
+        this server as the controller; it hosts no topics, so each requested topic is
+        UNKNOWN_TOPIC_OR_PARTITION (all topics: an empty list)."""
         me = self.address
         unknown = Errors.UnknownTopicOrPartitionError.errno
         topics = []
@@ -324,22 +334,28 @@ class KafkaProtocolServer:
                     partitions=[],
                 )
             )
+        nodes = list(self._cluster_nodes()) if self._cluster_nodes is not None else []
+        if all(node.node_id != me.node_id for node in nodes):
+            nodes.append(me)
         return m.MetadataResponse(
             throttle_time_ms=0,
-            brokers=[m.MetadataResponse.MetadataResponseBroker(node_id=me.node_id, host=me.host, port=me.port, rack=None)],
+            brokers=[
+                m.MetadataResponse.MetadataResponseBroker(node_id=n.node_id, host=n.host, port=n.port, rack=None)
+                for n in sorted(nodes, key=lambda n: n.node_id)
+            ],
             cluster_id=self.cluster_id,
             controller_id=me.node_id,
             topics=topics,
         )
 
     def coordinator_for(self, key: str, key_type: int) -> BrokerAddress | str:
-        """Which node coordinates ``key``: this server for every group it serves; otherwise why
-        not (answered with COORDINATOR_NOT_AVAILABLE): a group whose shard this server lost,
-        transactional ids and share groups, which it does not serve."""
+        """Which node coordinates ``key`` (see ``locate_group``); otherwise why none does, answered
+        with COORDINATOR_NOT_AVAILABLE: a group whose shard has no owner now, transactional ids
+        and share groups, which no node serves."""
         if key_type != CoordinatorType.GROUP:
             return "this server coordinates consumer groups only"
-        if self._group_unavailable is not None and (reason := self._group_unavailable(key)) is not None:
-            return reason
+        if self._locate_group is not None:
+            return self._locate_group(key)
         return self.address
 
     async def handle_find_coordinator(self, header: RequestHeader, request: ApiMessage) -> ApiMessage:

@@ -1,0 +1,334 @@
+"""Coordinator nodes that share the shards: which node owns which partition of the record log.
+
+Ownership is decided through the Kafka cluster itself, not by a protocol of our own. Every
+``pystreams coordinator --cluster`` node joins one classic consumer group of the brokers
+(``<log topic>.coordinators``) subscribed to the log topic; the brokers' group membership notices
+a node that stops (its session times out) or leaves (LeaveGroup on a graceful stop), and the
+group's leader spreads the log's partitions — the shards — over the nodes with
+:class:`ShardAssignor`:
+
+* balanced (each node ``shards // nodes`` or one more) and sticky (a node keeps what it owns up to
+  its share), so a node joining or leaving moves only the shards it must;
+* a shard moves in two rounds, as KIP-429's cooperative protocol moves a partition: in the first
+  its old owner loses it and releases it (answers what it queued, finishes its append, closes its
+  writer), in the second its new owner claims it. The claim fences any writer still left (a node
+  that stopped answering), exactly as a single coordinator's restart does, so two nodes never
+  both write a shard, whatever the timing;
+* every node's assignment carries the whole :class:`ShardMap` (shard → node, node → address), so
+  every node answers FindCoordinator for any group with the same owner and lists every node in
+  Metadata. A shard between owners has none: FindCoordinator answers COORDINATOR_NOT_AVAILABLE
+  and clients retry.
+
+:func:`plan_shards` is the rule, sans-IO; :class:`ShardAssignor` is kafka-python's glue around it;
+:class:`ShardOwnership` runs the group member on a thread of its own and hands the changes to
+the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor, RebalanceProtocol
+from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NodeInfo", "ShardAssignor", "ShardMap", "ShardOwnership", "plan_shards"]
+
+#: The assignor's protocol name in the coordinators' group.
+PROTOCOL_NAME = "pystreams-shards"
+
+
+class NodeInfo(msgspec.Struct, frozen=True, array_like=True):
+    """A coordinator node as clients reach it."""
+
+    node_id: int
+    host: str
+    port: int
+
+
+class ShardMap(msgspec.Struct, frozen=True, array_like=True):
+    """Who serves each shard: ``owners[shard]`` is a node id, or None while the shard moves."""
+
+    generation: int
+    owners: tuple[int | None, ...]
+    nodes: tuple[NodeInfo, ...]
+
+    def owner(self, shard: int) -> NodeInfo | None:
+        node_id = self.owners[shard] if 0 <= shard < len(self.owners) else None
+        if node_id is None:
+            return None
+        return next((node for node in self.nodes if node.node_id == node_id), None)
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_node = msgspec.msgpack.Decoder(NodeInfo).decode
+_decode_map = msgspec.msgpack.Decoder(ShardMap).decode
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlan:
+    """``final``: where every shard goes; ``now``: what each member may own in this round (a
+    shard moving between two members is nobody's until its old owner released it)."""
+
+    final: dict[str, list[int]]
+    now: dict[str, list[int]]
+
+
+def plan_shards(shard_count: int, members: Iterable[str], owned: Mapping[str, Collection[int]]) -> ShardPlan:
+    """Balanced and sticky: each member gets ``shard_count // len(members)`` shards or one more
+    (those already owning the most get the extra ones), keeping what it owns up to that; the
+    rest go to whoever is below its share, lowest shard first. Deterministic for the same
+    input, whoever leads."""
+    names = sorted(set(members))
+    if not names:
+        return ShardPlan({}, {})
+    current: dict[int, str] = {}
+    for member in sorted(owned, key=lambda m: (-len(owned[m]), m)):
+        if member in names:
+            for shard in sorted(owned[member]):
+                if 0 <= shard < shard_count:
+                    current.setdefault(shard, member)  # a shard claimed twice stays with the first
+    base, extra = divmod(shard_count, len(names))
+    by_holding = sorted(names, key=lambda m: (-sum(1 for owner in current.values() if owner == m), m))
+    quota = {member: base + (1 if rank < extra else 0) for rank, member in enumerate(by_holding)}
+    final: dict[str, list[int]] = {member: [] for member in names}
+    free: list[int] = []
+    for shard in range(shard_count):
+        owner = current.get(shard)
+        if owner is not None and len(final[owner]) < quota[owner]:
+            final[owner].append(shard)
+        else:
+            free.append(shard)
+    for shard in free:
+        member = next(m for m in names if len(final[m]) < quota[m])
+        final[member].append(shard)
+    now = {member: [s for s in shards if current.get(s) in (None, member)] for member, shards in final.items()}
+    return ShardPlan(final, now)
+
+
+def shard_map(generation: int, plan: ShardPlan, nodes: Mapping[str, NodeInfo], shard_count: int) -> ShardMap:
+    owners: list[int | None] = [None] * shard_count
+    for member, shards in plan.now.items():
+        for shard in shards:
+            owners[shard] = nodes[member].node_id
+    listed = sorted({node.node_id: node for node in nodes.values()}.values(), key=lambda node: node.node_id)
+    return ShardMap(generation, tuple(owners), tuple(listed))
+
+
+# --- kafka-python's side ----------------------------------------------------------------------
+
+
+class ShardAssignor(AbstractPartitionAssignor):
+    """The coordinators' group assignor: :func:`plan_shards` over the log topic's partitions,
+    moving cooperatively; every assignment carries the whole :class:`ShardMap`."""
+
+    name = PROTOCOL_NAME
+    version = 1  # ConsumerProtocolSubscription v1 carries OwnedPartitions (KIP-429)
+
+    def __init__(self, node: NodeInfo, on_map: Callable[[ShardMap, list[int]], None]) -> None:
+        self.node = node
+        self._on_map = on_map
+        self.owned: list[int] = []
+        self._generation = 0
+
+    def supported_protocols(self) -> list[Any]:
+        return [RebalanceProtocol.COOPERATIVE]
+
+    def metadata(self, topics: Iterable[str]) -> Any:
+        topics = sorted(topics)
+        owned = [ConsumerProtocolSubscription.TopicPartition(topic=topics[0], partitions=sorted(self.owned))] if topics and self.owned else []
+        return ConsumerProtocolSubscription(version=self.version, topics=topics, user_data=_encode(self.node), owned_partitions=owned)
+
+    def assign(self, cluster: Any, members: Iterable[Any]) -> dict[str, Any]:
+        members = list(members)
+        topics = sorted({topic for member in members for topic in member.metadata.topics})
+        if len(topics) != 1:
+            raise ValueError(f"the coordinators' group must follow one log topic, not {topics}")
+        [topic] = topics
+        shard_count = len(cluster.partitions_for_topic(topic) or ())
+        nodes: dict[str, NodeInfo] = {}
+        owned: dict[str, list[int]] = {}
+        for member in members:
+            try:
+                nodes[member.member_id] = _decode_node(member.metadata.user_data)
+            except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as error:
+                log.error("coordinator group member %s sent unreadable node metadata (%s): it gets no shard", member.member_id, error)
+                continue
+            owned[member.member_id] = [p for tp in (member.metadata.owned_partitions or ()) if tp.topic == topic for p in tp.partitions]
+        ids = [node.node_id for node in nodes.values()]
+        if len(set(ids)) != len(ids):
+            log.error("coordinator nodes share a node id (%s): FindCoordinator cannot tell them apart; give each its own --node-id", sorted(ids))
+        self._generation += 1
+        plan = plan_shards(shard_count, nodes, owned)
+        mapped = _encode(shard_map(self._generation, plan, nodes, shard_count))
+        assignments = {
+            member.member_id: ConsumerProtocolAssignment(self.version, [(topic, sorted(plan.now.get(member.member_id, [])))], mapped) for member in members
+        }
+        log.info("coordinator shards: %s", {nodes[m].node_id: shards for m, shards in plan.final.items()})
+        return assignments
+
+    def on_assignment(self, assignment: Any, generation: int) -> None:
+        self.owned = sorted(p for tp in assignment.partitions() for p in [tp.partition])
+        try:
+            mapped = _decode_map(assignment.user_data)
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as error:
+            log.error("the coordinators' group leader sent an unreadable shard map (%s); keeping the last one", error)
+            return
+        self._on_map(mapped, self.owned)
+
+
+class ShardOwnership:
+    """One coordinator node's membership of the coordinators' group, on a thread of its own.
+
+    ``acquire(shard)`` / ``release(shard)`` are coroutine functions run on ``loop``; a release
+    is waited for (up to ``release_timeout_s``) before the group moves on, so the shard's new
+    owner claims it once it is let go. ``on_map`` gets every new :class:`ShardMap`.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        node: NodeInfo,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        acquire: Callable[[int], Any],
+        release: Callable[[int], Any],
+        on_map: Callable[[ShardMap], None],
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 1_000,
+        release_timeout_s: float = 10.0,
+        client_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.group_id = f"{topic}.coordinators"
+        self._bootstrap = bootstrap_servers
+        self._topic = topic
+        self.node = node
+        self._loop = loop
+        self._acquire, self._release, self._on_map = acquire, release, on_map
+        self._session_timeout_ms = session_timeout_ms
+        self._heartbeat_interval_ms = heartbeat_interval_ms
+        self._release_timeout_s = release_timeout_s
+        self._client_config = dict(client_config or {})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pystreams-shard-ownership", daemon=True)
+        self.failure: BaseException | None = None
+        self.map: ShardMap | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Leave the group (the others take the shards over at once), after releasing ours."""
+        self._stop.set()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, self._session_timeout_ms / 1000 + 10)
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def _on_loop(self, coroutine_function: Callable[[int], Any], shard: int, *, wait: bool) -> None:
+        future = asyncio.run_coroutine_threadsafe(coroutine_function(shard), self._loop)
+        if wait:
+            try:
+                future.result(self._release_timeout_s)
+            except (TimeoutError, concurrent.futures.TimeoutError):
+                log.warning("shard %d: not released within %.0f s; its next owner's claim fences it", shard, self._release_timeout_s)
+            except Exception:
+                log.exception("shard %d: releasing it failed", shard)
+
+    def _mapped(self, mapped: ShardMap, owned: list[int]) -> None:
+        self.map = mapped
+        self._loop.call_soon_threadsafe(self._on_map, mapped)
+
+    def _run(self) -> None:
+        from kafka import KafkaConsumer
+        from kafka.consumer.subscription_state import ConsumerRebalanceListener
+
+        ownership = self
+
+        class Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked: Any) -> None:
+                for tp in sorted(revoked):
+                    log.info("shard %d: moving to another coordinator; releasing it", tp.partition)
+                    ownership._on_loop(ownership._release, tp.partition, wait=True)
+
+            def on_partitions_assigned(self, assigned: Any) -> None:
+                consumer.pause(*assigned)  # the group decides ownership; the shards read their own partitions
+                for tp in sorted(assigned):
+                    log.info("shard %d: assigned to this coordinator; claiming it", tp.partition)
+                    ownership._on_loop(ownership._acquire, tp.partition, wait=False)
+
+        consumer: Any = None
+        try:
+            consumer = KafkaConsumer(
+                bootstrap_servers=self._bootstrap,
+                group_id=self.group_id,
+                client_id=f"pystreams-coordinator-{self.node.node_id}",
+                enable_auto_commit=False,
+                partition_assignment_strategy=[ShardAssignor(self.node, self._mapped)],
+                session_timeout_ms=self._session_timeout_ms,
+                heartbeat_interval_ms=self._heartbeat_interval_ms,
+                max_poll_interval_ms=max(self._session_timeout_ms, 30_000),
+                **self._client_config,
+            )
+            consumer.subscribe([self._topic], listener=Listener())
+            while not self._stop.is_set():
+                consumer.poll(timeout_ms=200)
+        except Exception as error:  # the node can no longer take part: it says so and serves nothing new
+            self.failure = error
+            log.exception("coordinator group membership failed")
+        finally:
+            if consumer is not None:
+                try:
+                    owned = sorted(consumer.assignment())
+                    for tp in owned:
+                        self._on_loop(self._release, tp.partition, wait=True)
+                    consumer.close()  # LeaveGroup: the other nodes take the shards over now
+                except Exception:
+                    log.warning("leaving the coordinators' group failed", exc_info=True)
+
+
+class ClusterView:
+    """What a node of the cluster tells clients, from the latest :class:`ShardMap`: the node
+    that coordinates a group (FindCoordinator) and every node (Metadata)."""
+
+    def __init__(self, shard_for: Callable[[str], int], me: Callable[[], Any], served_here: Callable[[str], str | None]) -> None:
+        """``me()``: this node's address (a ``BrokerAddress``); ``served_here(group)``: why this
+        node does not serve a group it owns by the map (None: it does, or is loading it)."""
+        self._shard_for, self._me, self._served_here = shard_for, me, served_here
+        self.map: ShardMap | None = None
+        self.changed = asyncio.Event()
+
+    def update(self, mapped: ShardMap) -> None:
+        if self.map is None or mapped.generation != self.map.generation or mapped != self.map:
+            log.info("shard map: %s", {shard: owner for shard, owner in enumerate(mapped.owners)})
+        self.map = mapped
+        self.changed.set()
+
+    def locate(self, group_id: str) -> Any:
+        from pystreams.protocol.server import BrokerAddress
+
+        shard = self._shard_for(group_id)
+        if self.map is None:
+            return "this coordinator has not joined the coordinators' group yet"
+        owner = self.map.owner(shard)
+        if owner is None:
+            return f"shard {shard} is moving between coordinators"
+        me = self._me()
+        if owner.node_id == me.node_id:
+            return self._served_here(group_id) or me
+        return BrokerAddress(owner.node_id, owner.host, owner.port)
+
+    def nodes(self) -> list[Any]:
+        from pystreams.protocol.server import BrokerAddress
+
+        if self.map is None:
+            return []
+        return [BrokerAddress(node.node_id, node.host, node.port) for node in self.map.nodes]

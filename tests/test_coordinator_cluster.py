@@ -1,0 +1,230 @@
+"""Coordinator nodes sharing the shards (``coordinator/cluster.py``): the placement rule, the
+assignor's wire, a node taking and giving up shards, and what FindCoordinator answers."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from types import SimpleNamespace
+
+import kafka.errors as Errors
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
+
+from pystreams.coordinator.cluster import ClusterView, NodeInfo, ShardAssignor, ShardMap, plan_shards
+from pystreams.coordinator.log import MemoryLog
+from pystreams.coordinator.runtime import Coordinator, ShardState, StaticTopics, group_shard
+from pystreams.protocol import messages as m
+from pystreams.protocol.server import BrokerAddress
+
+TOPIC = "__pystreams_groups"
+
+
+# --- the placement rule ---------------------------------------------------------------------------
+
+
+def test_shards_spread_evenly_over_new_nodes():
+    plan = plan_shards(8, ["b", "a", "c"], {})
+    assert sorted(len(shards) for shards in plan.final.values()) == [2, 3, 3]
+    assert sorted(s for shards in plan.final.values() for s in shards) == list(range(8))
+    assert plan.now == plan.final  # nothing is owned: nothing waits for a release
+
+
+def test_a_joining_node_takes_shards_only_after_their_owner_released_them():
+    owned = {"a": [0, 1, 2, 3]}
+    plan = plan_shards(4, ["a", "b"], owned)
+    assert len(plan.final["a"]) == len(plan.final["b"]) == 2
+    assert set(plan.final["a"]) <= {0, 1, 2, 3}  # a keeps two of its own
+    assert plan.now["b"] == []  # round one: b gets nothing yet ...
+    assert plan.now["a"] == plan.final["a"]  # ... a keeps two and lets two go
+    after = plan_shards(4, ["a", "b"], {"a": plan.now["a"]})  # round two, after the release
+    assert after.now == after.final == plan.final
+
+
+def test_a_departed_nodes_shards_go_to_the_others_at_once_and_nobody_else_moves():
+    owned = {"a": [0, 3], "b": [1, 4], "c": [2, 5]}
+    plan = plan_shards(6, ["a", "b"], owned)
+    assert plan.now == plan.final
+    assert set(plan.final["a"]) >= {0, 3} and set(plan.final["b"]) >= {1, 4}
+    assert sorted(plan.final["a"] + plan.final["b"]) == list(range(6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    shard_count=st.integers(1, 16),
+    members=st.sets(st.sampled_from("abcdef"), min_size=1),
+    owned=st.dictionaries(st.sampled_from("abcdefg"), st.sets(st.integers(0, 20), max_size=8), max_size=7),
+)
+def test_every_plan_is_complete_balanced_sticky_and_never_hands_over_an_unreleased_shard(shard_count, members, owned):
+    plan = plan_shards(shard_count, members, {k: sorted(v) for k, v in owned.items()})
+    placed = [s for shards in plan.final.values() for s in shards]
+    assert sorted(placed) == list(range(shard_count))  # every shard, once
+    sizes = [len(plan.final[mb]) for mb in members]
+    assert max(sizes) - min(sizes) <= 1
+    holder = {}
+    for member in sorted(owned, key=lambda mb: (-len(owned[mb]), mb)):
+        if member in members:
+            for shard in sorted(owned[member]):
+                if shard < shard_count:
+                    holder.setdefault(shard, member)
+    for member, shards in plan.now.items():
+        assert set(shards) <= set(plan.final[member])
+        for shard in shards:
+            assert holder.get(shard) in (None, member), "a shard still held elsewhere was handed over"
+    # Sticky: a member keeps min(what it held, its share) of its shards.
+    for member in members:
+        held = [s for s, h in holder.items() if h == member]
+        assert len(set(held) & set(plan.final[member])) == min(len(held), len(plan.final[member]))
+
+
+# --- the assignor's wire ------------------------------------------------------------------------
+
+
+def member(member_id: str, node: NodeInfo, owned: list[int]):
+    assignor = ShardAssignor(node, lambda mapped, shards: None)
+    assignor.owned = owned
+    return SimpleNamespace(member_id=member_id, metadata=assignor.metadata({TOPIC}))
+
+
+def test_the_assignor_gives_every_node_its_shards_and_the_whole_map():
+    cluster = SimpleNamespace(partitions_for_topic=lambda topic: set(range(4)) if topic == TOPIC else None)
+    one, two = NodeInfo(1, "h1", 9001), NodeInfo(2, "h2", 9002)
+    leader = ShardAssignor(one, lambda mapped, shards: None)
+    assignments = leader.assign(cluster, [member("m1", one, [0, 1, 2, 3]), member("m2", two, [])])
+    # Round one: m1 keeps two shards; the two it gives up belong to nobody until released.
+    seen = {}
+    for member_id, assignment in assignments.items():
+        decoded = ConsumerProtocolAssignment.decode(assignment.encode())
+        node = one if member_id == "m1" else two
+        received = ShardAssignor(node, lambda mapped, shards, member_id=member_id: seen.__setitem__(member_id, (mapped, shards)))
+        received.on_assignment(decoded, 1)
+    (map_one, shards_one), (map_two, shards_two) = seen["m1"], seen["m2"]
+    assert map_one == map_two and len(shards_one) == 2 and shards_two == []
+    assert [map_one.owners[s] for s in shards_one] == [1, 1]
+    assert sorted(s for s, owner in enumerate(map_one.owners) if owner is None) == sorted(set(range(4)) - set(shards_one))
+    assert map_one.nodes == (one, two)
+
+
+def test_unreadable_node_metadata_gets_no_shard_and_the_others_are_served():
+    cluster = SimpleNamespace(partitions_for_topic=lambda topic: set(range(2)))
+    one = NodeInfo(1, "h1", 9001)
+    garbage = SimpleNamespace(member_id="bad", metadata=ConsumerProtocolSubscription(version=1, topics=[TOPIC], user_data=b"\xff\x00", owned_partitions=[]))
+    assignments = ShardAssignor(one, lambda mapped, shards: None).assign(cluster, [member("m1", one, []), garbage])
+    assert sorted(p for _, parts in assignments["m1"].assigned_partitions for p in parts) == [0, 1]
+    assert [p for _, parts in assignments["bad"].assigned_partitions for p in parts] == []
+
+
+def test_a_shard_map_round_trips_and_names_no_owner_for_a_moving_shard():
+    mapped = ShardMap(3, (1, None), (NodeInfo(1, "h", 1),))
+    assert mapped.owner(0) == NodeInfo(1, "h", 1)
+    assert mapped.owner(1) is None and mapped.owner(7) is None
+
+
+# --- a node taking and giving up shards -----------------------------------------------------------
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def heartbeat(group: str) -> m.ConsumerGroupHeartbeatRequest:
+    return m.ConsumerGroupHeartbeatRequest(
+        group_id=group, member_id="", member_epoch=0, rebalance_timeout_ms=5_000, subscribed_topic_names=["t"], topic_partitions=[], server_assignor="uniform"
+    )
+
+
+VERSIONS = {m.ConsumerGroupHeartbeatRequest: 0, m.ListGroupsRequest: 5}
+
+
+async def call(coordinator: Coordinator, request):
+    from kafka.protocol.api_header import RequestHeader
+
+    version = request.API_VERSION = VERSIONS[type(request)]
+    header = RequestHeader(request_api_key=request.API_KEY, request_api_version=version, correlation_id=1, client_id="test")
+    return await asyncio.wait_for(coordinator.handle(header, request), 10)
+
+
+def groups_on(shard: int, count: int = 4) -> str:
+    return next(f"group-{i}" for i in range(10_000) if group_shard(f"group-{i}", count) == shard)
+
+
+def test_a_node_serves_only_what_it_acquired_and_a_released_shard_is_loaded_by_the_next_owner():
+    async def scenario():
+        log = MemoryLog(4)
+        topics = StaticTopics({})
+        first = Coordinator(log, topic_source=topics, owned_shards=())
+        second = Coordinator(log, topic_source=topics, owned_shards=())
+        await first.start()
+        await second.start()
+        g0, g1 = groups_on(0), groups_on(1)
+        refused = await call(first, heartbeat(g0))
+        assert refused.error_code == Errors.NotCoordinatorError.errno
+        assert "not served by this coordinator" in first.unavailable_reason(g0)
+        await first.acquire(0)
+        await first.acquire(1)
+        await first.wait_until_loaded()
+        joined = await call(first, heartbeat(g0))
+        assert joined.error_code == 0 and joined.member_epoch >= 1
+        assert first.served_shards == [0, 1] and first.unavailable_reason(g1) is None
+        # The shard moves: released here, acquired there, with the member it had.
+        await first.release(0)
+        assert (await call(first, heartbeat(g0))).error_code == Errors.NotCoordinatorError.errno
+        await second.acquire(0)
+        await second.wait_until_loaded()
+        again = await call(
+            second,
+            m.ConsumerGroupHeartbeatRequest(group_id=g0, member_id=joined.member_id, member_epoch=joined.member_epoch, rebalance_timeout_ms=5_000),
+        )
+        assert again.error_code == 0 and again.member_epoch == joined.member_epoch
+        listed = await call(first, m.ListGroupsRequest())
+        assert listed.groups == []  # shard 1 holds no group; shard 0 is the second node's now
+        await first.close()
+        await second.close()
+
+    run(scenario())
+
+
+def test_acquiring_a_shard_another_node_fenced_here_loads_it_afresh():
+    async def scenario():
+        log = MemoryLog(2)
+        first = Coordinator(log, topic_source=StaticTopics({}), owned_shards=[0])
+        await first.start()
+        await first.wait_until_loaded()
+        thief = await log.claim(0)
+        g0 = groups_on(0, 2)
+        assert (await call(first, heartbeat(g0))).error_code == Errors.NotCoordinatorError.errno
+        assert first.runners[0].state is ShardState.FAILED
+        await thief.close()
+        await first.acquire(0)  # the group gave it back: claim and load again
+        await first.wait_until_loaded()
+        assert (await call(first, heartbeat(g0))).error_code == 0
+        await first.close()
+
+    run(scenario())
+
+
+# --- what FindCoordinator answers -----------------------------------------------------------------
+
+
+def test_every_node_names_the_same_owner_and_none_while_a_shard_moves():
+    me = BrokerAddress(2, "h2", 9002)
+    reasons: dict[str, str | None] = collections.defaultdict(lambda: None)
+    view = ClusterView(lambda group: int(group[-1]), lambda: me, lambda group: reasons[group])
+    assert "not joined" in view.locate("g0")
+    view.update(ShardMap(1, (1, 2, None), (NodeInfo(1, "h1", 9001), NodeInfo(2, "h2", 9002))))
+    assert view.locate("g0") == BrokerAddress(1, "h1", 9001)
+    assert view.locate("g1") == me
+    assert "moving" in view.locate("g2")
+    reasons["g1"] = "shard 1 was taken over by another coordinator"
+    assert view.locate("g1") == reasons["g1"]
+    assert view.nodes() == [BrokerAddress(1, "h1", 9001), BrokerAddress(2, "h2", 9002)]
+
+
+@pytest.mark.parametrize("value", [b"", b"\x93\x01", b"\xc1" * 10])
+def test_an_unreadable_shard_map_keeps_the_last_one(value):
+    seen = []
+    assignor = ShardAssignor(NodeInfo(1, "h", 1), lambda mapped, shards: seen.append(mapped))
+    assignor.on_assignment(ConsumerProtocolAssignment(1, [(TOPIC, [0])], value), 1)
+    assert seen == [] and assignor.owned == [0]

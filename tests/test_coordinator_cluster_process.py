@@ -1,0 +1,159 @@
+"""A cluster of coordinator processes (``pystreams coordinator --cluster``) under a word-count
+fleet, on the embedded broker: the shards spread over the nodes through the brokers' group
+membership, every node names the same owner, and the count stays exact while the node owning
+the app's group stops gracefully, comes back, and the other one is SIGKILLed — no worker is
+fenced, none restarts, nothing is counted twice."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from worker_support import Workers, fleet_of, listening, wait_for
+
+from pystreams.broker import EmbeddedBroker, free_port
+from pystreams.client.driver import KafkaConnection
+from pystreams.commands.dev import LatestValueReader, count_words, ensure_input_topics, produce_lines
+from pystreams.coordinator.runtime import group_shard
+from pystreams.protocol import messages as m
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = ROOT / "examples" / "wordcount.py"
+CORPUS = (ROOT / "examples" / "data" / "corpus.txt").read_text(encoding="utf-8").splitlines()
+GROUP = "wordcount"
+SHARDS = 4
+NODE_ARGS = ("--heartbeat-interval-ms", "300", "--session-timeout-ms", "6000", "--metadata-refresh-ms", "500", "--cluster-session-timeout-ms", "4000")
+
+
+class CoordinatorCluster:
+    def __init__(self, bootstrap: str, tmp_path: Path) -> None:
+        self.bootstrap, self.tmp_path = bootstrap, tmp_path
+        self.ports = {1: free_port(), 2: free_port()}
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: int) -> None:
+        with (self.tmp_path / f"coordinator-{node}.log").open("ab") as log:
+            self.processes[node] = subprocess.Popen(
+                [sys.executable, "-m", "pystreams", "coordinator", "--log", "kafka", "--bootstrap-servers", self.bootstrap]
+                + ["--shards", str(SHARDS), "--cluster", "--node-id", str(node), "--listen", f"127.0.0.1:{self.ports[node]}", *NODE_ARGS],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(lambda: listening(self.ports[node]), 20, f"coordinator {node} to listen")
+
+    @property
+    def addresses(self) -> str:
+        return ",".join(f"127.0.0.1:{port}" for port in self.ports.values())
+
+    def owners(self, node: int) -> tuple[list[int], list[int]]:
+        """What ``node`` answers: the node id owning each shard (-1: none now) and the nodes Metadata lists."""
+        groups = [next(f"g{i}" for i in range(1000) if group_shard(f"g{i}", SHARDS) == shard) for shard in range(SHARDS)]
+
+        async def ask() -> tuple[list[int], list[int]]:
+            connection = await KafkaConnection.open(("127.0.0.1", self.ports[node]), "test", 5.0, None)
+            try:
+                found = await connection.send(m.FindCoordinatorRequest(key_type=0, coordinator_keys=groups), 4, 5.0)
+                metadata = await connection.send(m.MetadataRequest(topics=[]), 12, 5.0)
+            finally:
+                connection.close()
+            return [c.node_id if c.error_code == 0 else -1 for c in found.coordinators], sorted(b.node_id for b in metadata.brokers)
+
+        try:
+            return asyncio.run(ask())
+        except (OSError, TimeoutError):
+            return [], []
+
+    def settled(self, nodes: list[int]) -> bool:
+        """Every shard has an owner among ``nodes``, each of them owns some, and all agree."""
+        answers = [self.owners(node) for node in nodes]
+        first = answers[0][0]
+        return all(a == answers[0] for a in answers) and len(first) == SHARDS and set(first) == set(nodes) and answers[0][1] == nodes
+
+    def owner_of_group(self, node: int) -> int:
+        return self.owners(node)[0][group_shard(GROUP, SHARDS)]
+
+    def log(self, node: int) -> str:
+        return (self.tmp_path / f"coordinator-{node}.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Iterator[tuple[str, CoordinatorCluster, Workers]]:
+    broker = EmbeddedBroker(port=None)
+    broker.start()
+    cluster = CoordinatorCluster(broker.bootstrap_servers, tmp_path)
+    try:
+        ensure_input_topics(broker.bootstrap_servers, ["text-lines"], partitions=4)
+        cluster.start(1)
+        cluster.start(2)
+        yield from ((broker.bootstrap_servers, cluster, w) for w in fleet_of(Workers(broker.bootstrap_servers, cluster.addresses, tmp_path, APP)))
+    finally:
+        cluster.stop()
+        broker.stop()
+
+
+def counts_until(reader: LatestValueReader, done: Callable[[dict[str, int]], bool], timeout_s: float) -> dict[str, int]:
+    deadline = time.monotonic() + timeout_s
+    counts: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        counts = reader.read_more(0.3)
+        if done(counts):
+            return counts
+    return counts
+
+
+def test_a_word_count_stays_exact_while_its_coordinator_node_stops_returns_and_the_other_is_killed(
+    fleet: tuple[str, CoordinatorCluster, Workers],
+) -> None:
+    bootstrap, cluster, workers = fleet
+    wait_for(lambda: cluster.settled([1, 2]), 60, "the two coordinators to share the shards")
+    quarters = [CORPUS[i * len(CORPUS) // 4 : (i + 1) * len(CORPUS) // 4] for i in range(4)]
+    workers.start()
+    workers.start()
+    reader = LatestValueReader(bootstrap, "word-counts")
+
+    def feed_and_check(upto: int, what: str) -> None:
+        produce_lines(bootstrap, "text-lines", quarters[upto])
+        expected = dict(count_words([line for quarter in quarters[: upto + 1] for line in quarter]))
+        counts = counts_until(reader, lambda c: c == expected, 60)
+        assert counts == expected, f"{what}: " + str({w: (counts.get(w), n) for w, n in expected.items() if counts.get(w) != n}) + workers.log_tails()
+
+    try:
+        feed_and_check(0, "two workers, two coordinators")
+        # The node serving the app's group stops gracefully: it hands its shards over and leaves.
+        owner = cluster.owner_of_group(1)
+        other = 2 if owner == 1 else 1
+        cluster.processes[owner].send_signal(signal.SIGTERM)
+        assert cluster.processes[owner].wait(30) == 0
+        wait_for(lambda: cluster.settled([other]), 30, "the remaining coordinator to serve every shard")
+        feed_and_check(1, "after a graceful stop of the group's coordinator")
+        # It comes back: the shards spread over both again, one at a time.
+        cluster.start(owner)
+        wait_for(lambda: cluster.settled([1, 2]), 60, "the shards to spread again")
+        feed_and_check(2, "after the coordinator came back")
+        # Now the other node dies without a word: its shards move once the brokers notice.
+        victim = cluster.owner_of_group(owner)
+        cluster.processes[victim].send_signal(signal.SIGKILL)
+        cluster.processes[victim].wait(10)
+        survivor = 2 if victim == 1 else 1
+        wait_for(lambda: cluster.settled([survivor]), 60, "the survivor to take over every shard")
+        feed_and_check(3, "after the group's coordinator was killed")
+    finally:
+        reader.close()
+    logs = "".join(workers.log(i) for i in range(2))
+    assert "lost tasks" not in logs and "fenced" not in logs.lower(), workers.log_tails()
+    assert workers.stop_all() == [0, 0]
+    assert "taken over" not in cluster.log(survivor)  # the survivor was never fenced itself
