@@ -1,0 +1,204 @@
+"""Heartbeats over TCP against a cluster of 1 and 2 coordinator processes (``--cluster`` on the
+Kafka log of the embedded broker, 4 shards), and how long a shard move takes.
+
+* **heartbeats** — simulated members (5 per group, one TCP connection each) find their group's
+  coordinator with FindCoordinator, join, then heartbeat in a closed loop, as in
+  ``benchmarks/coordinator.py``. The load comes from ``--loaders`` processes of their own so that
+  one Python load generator does not cap what two coordinators serve. Reported per cluster size:
+  heartbeats/s, p50/p99, and the ratio to one node. On a 2-core machine the loaders and the
+  nodes share the cores: the ratio says how much a second process adds *here*, not on a fleet.
+* **move** — a node stopped with SIGTERM (it releases its shards and leaves the group): seconds
+  until FindCoordinator on the survivor names it for every shard; then a node SIGKILLed: seconds
+  from the kill until the survivor serves every shard, with the brokers' session timeout
+  (``--cluster-session-timeout-ms``) printed beside it.
+
+Prints one JSON document.
+
+    python benchmarks/coordinator_cluster.py [--duration S] [--concurrency N] [--loaders P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+from coordinator import HEARTBEAT_ERROR_AT, MEMBERS_PER_GROUP, SimulatedMember, closed_loop
+
+from pystreams.broker import EmbeddedBroker, free_port
+from pystreams.client.driver import KafkaConnection
+from pystreams.coordinator.runtime import group_shard
+from pystreams.protocol import messages as m
+
+SHARDS = 4
+SESSION_TIMEOUT_MS = 4_000
+
+
+class Node:
+    def __init__(self, bootstrap: str, topic: str, node_id: int) -> None:
+        self.node_id, self.port = node_id, free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pystreams", "coordinator", "--log", "kafka", "--bootstrap-servers", bootstrap, "--log-topic", topic]
+            + ["--shards", str(SHARDS), "--cluster", "--node-id", str(node_id), "--listen", f"127.0.0.1:{self.port}"]
+            + ["--session-timeout-ms", "60000", "--cluster-session-timeout-ms", str(SESSION_TIMEOUT_MS), "--log-level", "WARNING"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self, signum: int = signal.SIGKILL) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+            self.process.wait(30)
+
+
+def probe_groups() -> list[str]:
+    return [next(f"probe-{i}" for i in range(1000) if group_shard(f"probe-{i}", SHARDS) == shard) for shard in range(SHARDS)]
+
+
+async def owners(port: int, groups: list[str]) -> list[int]:
+    """The node id FindCoordinator on ``port`` names for each group (-1: none now)."""
+    try:
+        connection = await KafkaConnection.open(("127.0.0.1", port), "bench", 5.0, None)
+    except OSError:
+        return []
+    try:
+        found = await connection.send(m.FindCoordinatorRequest(key_type=0, coordinator_keys=groups), 4, 5.0)
+    finally:
+        connection.close()
+    return [c.node_id if c.error_code == 0 else -1 for c in found.coordinators]
+
+
+async def loading(port: int, groups: list[str]) -> bool:
+    """Whether a node still loads one of ``groups``' shards (ConsumerGroupDescribe says so)."""
+    connection = await KafkaConnection.open(("127.0.0.1", port), "bench", 5.0, None)
+    try:
+        described = await connection.send(m.ConsumerGroupDescribeRequest(group_ids=groups), 0, 5.0)
+    finally:
+        connection.close()
+    return any(group.error_code == 14 for group in described.groups)  # COORDINATOR_LOAD_IN_PROGRESS
+
+
+async def settled(nodes: list[Node], timeout_s: float = 120) -> float:
+    """Seconds until every node names an owner among ``nodes`` for every shard, all the same,
+    and each owner has loaded its shards."""
+    started, groups, ids = time.monotonic(), probe_groups(), {n.node_id for n in nodes}
+    while time.monotonic() - started < timeout_s:
+        answers = [await owners(node.port, groups) for node in nodes]
+        if all(a == answers[0] for a in answers) and len(answers[0]) == SHARDS and set(answers[0]) == ids:
+            mine = {node.port: [g for g, owner in zip(groups, answers[0], strict=True) if owner == node.node_id] for node in nodes}
+            if not any([await loading(port, owned) for port, owned in mine.items()]):
+                return time.monotonic() - started
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"the cluster did not settle on nodes {sorted(ids)}")
+
+
+def load(args: tuple[dict[int, int], int, str, float, multiprocessing.Queue]) -> None:
+    """One load generator process: its members, routed to their groups' nodes, in a closed loop."""
+    ports, count, prefix, duration_s, results = args
+
+    async def run() -> dict:
+        members = [SimulatedMember(f"{prefix}-{i // MEMBERS_PER_GROUP}") for i in range(count)]
+        any_port = next(iter(ports.values()))
+        routes = {}
+        for member in members:
+            if member.group_id not in routes:
+                [owner] = await owners(any_port, [member.group_id])
+                routes[member.group_id] = ports[owner]
+        await asyncio.gather(*(member.connect(("127.0.0.1", routes[member.group_id])) for member in members))
+        for member in members:
+            await member.join()
+        for member in members:
+            await member.settle()
+        try:
+            return await closed_loop(members, [member.heartbeat_frame() for member in members], HEARTBEAT_ERROR_AT, duration_s, 1.0)
+        finally:
+            for member in members:
+                member.close()
+
+    results.put(asyncio.run(run()))
+
+
+async def bench_heartbeats(bootstrap: str, node_count: int, concurrency: int, loaders: int, duration_s: float) -> dict:
+    topic = f"__pystreams_groups_cluster_{uuid.uuid4().hex[:8]}"
+    nodes = [Node(bootstrap, topic, node_id) for node_id in range(1, node_count + 1)]
+    try:
+        await settled(nodes)
+        ports = {node.node_id: node.port for node in nodes}
+        results: multiprocessing.Queue = multiprocessing.Queue()
+        context = multiprocessing.get_context("fork")
+        processes = [context.Process(target=load, args=((ports, concurrency // loaders, f"hb-{node_count}-{i}", duration_s, results),)) for i in range(loaders)]
+        for process in processes:
+            process.start()
+        runs = [results.get(timeout=300) for _ in processes]
+        for process in processes:
+            process.join()
+        return {
+            "nodes": node_count,
+            "concurrency": concurrency,
+            "per_second": sum(run["per_second"] for run in runs),
+            "p50_ms": round(statistics.median(run["p50_ms"] for run in runs), 3),
+            "p99_ms": max(run["p99_ms"] for run in runs),
+            "errors": sum(run["errors"] for run in runs),
+        }
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+async def bench_moves(bootstrap: str) -> dict:
+    topic = f"__pystreams_groups_cluster_{uuid.uuid4().hex[:8]}"
+    nodes = [Node(bootstrap, topic, 1), Node(bootstrap, topic, 2)]
+    try:
+        await settled(nodes)
+        nodes[0].stop(signal.SIGTERM)
+        graceful = await settled(nodes[1:])
+        nodes[0] = Node(bootstrap, topic, 1)
+        spread_again = await settled(nodes)
+        nodes[1].stop(signal.SIGKILL)
+        killed = await settled(nodes[:1])
+        return {
+            "graceful_stop_to_survivor_serving_every_shard_s": round(graceful, 2),
+            "restarted_node_to_shards_spread_again_s": round(spread_again, 2),
+            "sigkill_to_survivor_serving_every_shard_s": round(killed, 2),
+            "cluster_session_timeout_ms": SESSION_TIMEOUT_MS,
+        }
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+async def main_async(args: argparse.Namespace) -> dict:
+    broker = EmbeddedBroker().start()
+    try:
+        runs = [await bench_heartbeats(broker.bootstrap_servers, n, args.concurrency, args.loaders, args.duration) for n in (1, 2)]
+        return {
+            "benchmark": "coordinator_cluster",
+            "cpus": os.cpu_count(),
+            "shards": SHARDS,
+            "heartbeats": runs,
+            "ratio_2_nodes_over_1": round(runs[1]["per_second"] / runs[0]["per_second"], 2),
+            "moves": await bench_moves(broker.bootstrap_servers),
+        }
+    finally:
+        broker.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per closed-loop run")
+    parser.add_argument("--concurrency", type=int, default=200, help="simulated members in all (5 per group)")
+    parser.add_argument("--loaders", type=int, default=2, help="load generator processes")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main_async(args)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
