@@ -119,6 +119,11 @@ def test_a_word_count_stays_exact_while_its_coordinator_node_stops_returns_and_t
     fleet: tuple[str, CoordinatorCluster, Workers],
 ) -> None:
     bootstrap, cluster, workers = fleet
+    for node in (1, 2):
+        # A node says it is ready once the group gave it shards and it loaded them.
+        wait_for(lambda node=node: "coordinator ready" in cluster.log(node), 60, f"coordinator {node} to be ready")
+        log = cluster.log(node)
+        assert log.index("shard map") < log.index("coordinator ready") and "loaded" in log[: log.index("coordinator ready")]
     wait_for(lambda: cluster.settled([1, 2]), 60, "the two coordinators to share the shards")
     quarters = [CORPUS[i * len(CORPUS) // 4 : (i + 1) * len(CORPUS) // 4] for i in range(4)]
     workers.start()

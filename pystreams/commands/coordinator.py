@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -490,6 +491,9 @@ class RunningCoordinator:
     coordinator: Any  # pystreams.coordinator.runtime.Coordinator
     address: str  # HOST:PORT clients bootstrap at
     metrics_url: str | None
+    #: Returns once the shards this node serves are loaded (a node of a cluster: once it was
+    #: given its shards and loaded them); raises if one failed for good.
+    wait_until_loaded: Callable[[], Awaitable[None]] | None = None
 
 
 @contextlib.asynccontextmanager
@@ -547,18 +551,22 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
     try:
         await coordinator.start()
         await server.start()
+        ready: Callable[[], bool] = coordinator.is_ready
+        wait_until_loaded = coordinator.wait_until_loaded
         if settings.cluster:
-            ownership = await _join_cluster(settings, coordinator, server, broker_config)
+            ownership, view = await _join_cluster(settings, coordinator, server, broker_config)
+            ready = lambda: coordinator.is_ready() and ownership.serving()  # noqa: E731
+            wait_until_loaded = functools.partial(_wait_for_shards, coordinator, view, ownership)
         if settings.metrics_port is not None:
             registry = coordinator_registry(coordinator, refusals=lambda: server.refusals, connections=lambda: server.connection_count)
-            metrics = MetricsHttpServer(settings.metrics_host or host, settings.metrics_port, registry, coordinator.is_ready)
+            metrics = MetricsHttpServer(settings.metrics_host or host, settings.metrics_port, registry, ready)
             await metrics.start()
         address = server.address
         metrics_url = None
         if metrics is not None:
             metrics_host = settings.metrics_host or advertised_host or host
             metrics_url = f"http://{metrics_host}:{metrics.port}/metrics"
-        yield RunningCoordinator(coordinator, f"{address.host}:{address.port}", metrics_url)
+        yield RunningCoordinator(coordinator, f"{address.host}:{address.port}", metrics_url, wait_until_loaded)
     finally:
         if ownership is not None:
             # Release our shards and leave the group first: the other nodes take them over now
@@ -575,7 +583,7 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
             await loop.run_in_executor(None, topic_source.close)
 
 
-async def _join_cluster(settings: CoordinatorSettings, coordinator: Any, server: Any, broker_config: dict[str, Any]) -> Any:
+async def _join_cluster(settings: CoordinatorSettings, coordinator: Any, server: Any, broker_config: dict[str, Any]) -> tuple[Any, Any]:
     """Join the coordinators' group; returns the running :class:`ShardOwnership`. FindCoordinator
     and Metadata answer from the shard map from then on."""
     from pystreams.coordinator.cluster import ClusterView, NodeInfo, ShardOwnership
@@ -598,7 +606,25 @@ async def _join_cluster(settings: CoordinatorSettings, coordinator: Any, server:
         client_config=broker_config,
     )
     ownership.start()
-    return ownership
+    return ownership, view
+
+
+async def _wait_for_shards(coordinator: Any, view: Any, ownership: Any) -> None:
+    """A node of a cluster is loaded once the group gave it its shards and it loaded them."""
+    me = ownership.node.node_id
+    while True:
+        if ownership.failure is not None:
+            raise RuntimeError(f"joining the coordinators' group failed: {ownership.failure}")
+        mapped = view.map
+        if mapped is not None:
+            mine = {shard for shard, owner in enumerate(mapped.owners) if owner == me}
+            if mine <= set(coordinator.served_shards):
+                await coordinator.wait_until_loaded()
+                return
+        view.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await view.changed.wait()
 
 
 def _warn_if_open(settings: CoordinatorSettings) -> None:
@@ -625,7 +651,7 @@ def _install_stop_signals(stop: asyncio.Event) -> None:
 
 async def wait_loaded_or_stopped(running: RunningCoordinator, stop: asyncio.Event) -> bool:
     """True once every shard is loaded; False if asked to stop first. Raises if a shard failed."""
-    loaded = asyncio.ensure_future(running.coordinator.wait_until_loaded())
+    loaded = asyncio.ensure_future((running.wait_until_loaded or running.coordinator.wait_until_loaded)())
     stopped = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({loaded, stopped}, return_when=asyncio.FIRST_COMPLETED)

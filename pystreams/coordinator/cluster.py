@@ -226,6 +226,10 @@ class ShardOwnership:
     def start(self) -> None:
         self._thread.start()
 
+    def serving(self) -> bool:
+        """Whether this node takes part: a member of the group, with a shard map."""
+        return self._thread.is_alive() and self.failure is None and self.map is not None
+
     async def stop(self) -> None:
         """Leave the group (the others take the shards over at once), after releasing ours."""
         self._stop.set()
