@@ -7,6 +7,7 @@ fenced, none restarts, nothing is counted twice."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -105,6 +106,10 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, CoordinatorCluster, Workers]]:
         broker.stop()
 
 
+def tool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pystreams", *args], capture_output=True, text=True, timeout=60)
+
+
 def counts_until(reader: LatestValueReader, done: Callable[[dict[str, int]], bool], timeout_s: float) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
     counts: dict[str, int] = {}
@@ -138,6 +143,16 @@ def test_a_word_count_stays_exact_while_its_coordinator_node_stops_returns_and_t
 
     try:
         feed_and_check(0, "two workers, two coordinators")
+        # The admin tools pointed at the node that does not own the group reach the one that does.
+        owner = cluster.owner_of_group(1)
+        elsewhere = f"127.0.0.1:{cluster.ports[2 if owner == 1 else 1]}"
+        described = tool("groups", "--describe", GROUP, "--json", "--coordinator", elsewhere)
+        assert described.returncode == 0, described.stderr
+        assert json.loads(described.stdout)["group_id"] == GROUP and len(json.loads(described.stdout)["members"]) == 2
+        listed = tool("groups", "--list", "--json", "--coordinator", elsewhere)
+        assert listed.returncode == 0 and GROUP in [g["group_id"] for g in json.loads(listed.stdout)], listed.stderr
+        configs = tool("configs", "--group", GROUP, "--describe", "--coordinator", elsewhere)
+        assert configs.returncode == 0 and "consumer.session.timeout.ms" in configs.stdout, configs.stderr
         # The node serving the app's group stops gracefully: it hands its shards over and leaves.
         owner = cluster.owner_of_group(1)
         other = 2 if owner == 1 else 1

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         return fail("configs", str(error), 2)
     try:
-        with connect(args) as client:
+        with connect(args, group=args.group) as client:
             if args.describe:
                 return _describe(args, client)
             return _alter(args, client, alterations)

@@ -41,9 +41,10 @@ MEMBER_TYPES = {-1: "unknown", 0: "classic", 1: "consumer"}
 def add_coordinator_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--coordinator",
-        metavar="HOST:PORT",
+        metavar="HOST:PORT[,HOST:PORT...]",
         default=os.environ.get(COORDINATOR_ENV, DEFAULT_COORDINATOR),
-        help=f"the pystreams coordinator to ask (default: {DEFAULT_COORDINATOR}, env {COORDINATOR_ENV})",
+        help=f"the pystreams coordinator to ask, or several nodes of a cluster: the tools ask the node that owns the group "
+        f"(FindCoordinator), and --list asks every node (default: {DEFAULT_COORDINATOR}, env {COORDINATOR_ENV})",
     )
     parser.add_argument("--timeout-s", type=float, default=10.0, metavar="S", help="give up on a connection or an answer after this long (default: 10)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -57,13 +58,65 @@ def parse_host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def connect(args: argparse.Namespace):
-    """A connected ``KafkaProtocolClient`` (raises ValueError / ProtocolClientError)."""
-    from pystreams.protocol.client import KafkaProtocolClient
+def connect(args: argparse.Namespace, *, group: str | None = None):
+    """A connected ``KafkaProtocolClient`` (raises ValueError / ProtocolClientError): to the
+    first node of ``--coordinator`` that answers, or with ``group`` to the node that coordinates
+    it, as FindCoordinator on those nodes names it (a coordinator cluster)."""
+    from pystreams.protocol.client import KafkaProtocolClient, ProtocolClientError
 
-    host, port = parse_host_port(args.coordinator)
+    addresses = [parse_host_port(text) for text in args.coordinator.split(",") if text.strip()]
+    if not addresses:
+        raise ValueError("--coordinator names no HOST:PORT")
     security = options.client_security_from_args(args)
-    return KafkaProtocolClient(host, port, client_id="pystreams-cli", timeout_s=args.timeout_s, security=security).connect()
+
+    def client_for(host: str, port: int) -> KafkaProtocolClient:
+        return KafkaProtocolClient(host, port, client_id="pystreams-cli", timeout_s=args.timeout_s, security=security).connect()
+
+    failures: list[str] = []
+    for host, port in addresses:
+        try:
+            client = client_for(host, port)
+        except ProtocolClientError as error:
+            failures.append(str(error))
+            continue
+        if group is None:
+            return client
+        owner = _owner_of(client, group)
+        if isinstance(owner, str):
+            failures.append(f"{host}:{port}: {owner}")
+            client.close()
+            continue
+        node_id, owner_address = owner
+        if node_id == this_node(client)[0]:
+            return client  # by id: its advertised address may not be reachable from here (a port-forward)
+        client.close()
+        try:
+            return client_for(*owner_address)
+        except ProtocolClientError as error:
+            failures.append(f"{owner_address[0]}:{owner_address[1]} (named by {host}:{port}): {error}")
+    raise ProtocolClientError("; ".join(failures))
+
+
+def _owner_of(client, group: str) -> tuple[int, tuple[str, int]] | str:
+    """The node (id, address) FindCoordinator on ``client`` names for ``group``, or why none."""
+    from kafka.protocol.metadata.find_coordinator import CoordinatorType
+
+    from pystreams.protocol import messages as m
+
+    response = client.send(m.FindCoordinatorRequest(key_type=CoordinatorType.GROUP, coordinator_keys=[group]), 4)
+    (entry,) = response.coordinators
+    if entry.error_code:
+        return error_text(entry.error_code, entry.error_message)
+    return entry.node_id, (entry.host, entry.port)
+
+
+def this_node(client) -> tuple[int, dict[int, tuple[str, int]]]:
+    """From Metadata on ``client``: its own node id (a coordinator names itself the controller)
+    and every coordinator node by id (one, unless it is a cluster)."""
+    from pystreams.protocol import messages as m
+
+    response = client.send(m.MetadataRequest(topics=[]))
+    return response.controller_id, {broker.node_id: (broker.host, broker.port) for broker in response.brokers}
 
 
 def error_text(code: int, message: str | None) -> str:
@@ -127,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     from pystreams.protocol.client import ProtocolClientError
 
     try:
-        with connect(args) as client:
+        with connect(args, group=None if args.list else args.describe) as client:
             if args.list:
                 return _list(args, client)
             return _describe(args, client)
@@ -161,10 +214,26 @@ def _list(args: argparse.Namespace, client) -> int:
 
     types = [value.lower() for value in _csv(args.type, GROUP_TYPES, "group type")]
     states = _csv(args.state, GROUP_STATES, "group state")
-    response = client.send(m.ListGroupsRequest(states_filter=states, types_filter=types))
-    if response.error_code:
-        return fail("groups", error_text(response.error_code, None))
-    groups = sorted(response.groups or [], key=lambda group: group.group_id)
+    from pystreams.protocol.client import KafkaProtocolClient
+
+    # A node lists the groups of the shards it serves (Kafka's ListGroups is per broker too):
+    # ask every node Metadata lists, as Kafka's admin client does.
+    listed: dict[str, Any] = {}
+    me, nodes = this_node(client)
+    for node_id, (host, port) in sorted(nodes.items()):
+        if node_id == me:
+            node = client
+        else:
+            node = KafkaProtocolClient(host, port, client_id="pystreams-cli", timeout_s=client.timeout_s, security=client.security)
+        try:
+            response = node.send(m.ListGroupsRequest(states_filter=states, types_filter=types))
+        finally:
+            if node is not client:
+                node.close()
+        if response.error_code:
+            return fail("groups", f"{host}:{port}: {error_text(response.error_code, None)}")
+        listed.update((group.group_id, group) for group in response.groups or [])
+    groups = sorted(listed.values(), key=lambda group: group.group_id)
     if args.json:
         print_json([{"group_id": g.group_id, "group_type": g.group_type, "group_state": g.group_state, "protocol_type": g.protocol_type} for g in groups])
     elif groups:
