@@ -11,12 +11,11 @@ import json
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from worker_support import Workers, fleet_of, listening, wait_for
+from worker_support import Workers, counts_until, fleet_of, listening, wait_for
 
 from pystreams.broker import EmbeddedBroker, free_port
 from pystreams.client.driver import KafkaConnection
@@ -108,16 +107,6 @@ def fleet(tmp_path: Path) -> Iterator[tuple[str, CoordinatorCluster, Workers]]:
 
 def tool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pystreams", *args], capture_output=True, text=True, timeout=60)
-
-
-def counts_until(reader: LatestValueReader, done: Callable[[dict[str, int]], bool], timeout_s: float) -> dict[str, int]:
-    deadline = time.monotonic() + timeout_s
-    counts: dict[str, int] = {}
-    while time.monotonic() < deadline:
-        counts = reader.read_more(0.3)
-        if done(counts):
-            return counts
-    return counts
 
 
 def test_a_word_count_stays_exact_while_its_coordinator_node_stops_returns_and_the_other_is_killed(

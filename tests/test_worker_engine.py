@@ -647,6 +647,19 @@ def test_wall_clock_punctuation_fires_without_records(kafka_bootstrap: str, tmp_
     assert all(t >= started for t in ticks) and ticks == sorted(ticks)
 
 
+def hourly_committing_engine(resolved: Any, bootstrap: str, tmp_path: Path, offsets: OffsetStore) -> TaskEngine:
+    """A started engine whose commit interval (an hour) never comes in a test: every commit it
+    makes is one the rule under test asked for."""
+    engine = TaskEngine(
+        resolved,
+        EngineConfig(bootstrap, tmp_path / "state", commit_interval_ms=3_600_000, poll_timeout_ms=50),
+        committed_offsets=offsets.fetch,
+        commit_offsets=offsets.commit,
+    )
+    engine.start()
+    return engine
+
+
 def test_a_started_task_commits_its_first_records_at_once_then_at_the_interval(
     kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]
 ) -> None:
@@ -661,13 +674,7 @@ def test_a_started_task_commits_its_first_records_at_once_then_at_the_interval(
     app.topic(source, key=serdes.Text(), value=serdes.Text()).count(store="counts").to(sink)
     resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
     offsets = OffsetStore()
-    engine = TaskEngine(
-        resolved,
-        EngineConfig(kafka_bootstrap, tmp_path / "state", commit_interval_ms=3_600_000, poll_timeout_ms=50),
-        committed_offsets=offsets.fetch,
-        commit_offsets=offsets.commit,
-    )
-    engine.start()
+    engine = hourly_committing_engine(resolved, kafka_bootstrap, tmp_path, offsets)
 
     def poll_until(done: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + WAIT_S
@@ -710,13 +717,7 @@ def test_a_downstream_task_commits_its_first_records_at_once_too(kafka_bootstrap
     resolved = resolve_against_cluster(app.topology(), kafka_bootstrap)
     assert len({task.subtopology for task in resolved.tasks}) == 2
     offsets = OffsetStore()
-    engine = TaskEngine(
-        resolved,
-        EngineConfig(kafka_bootstrap, tmp_path / "state", commit_interval_ms=3_600_000, poll_timeout_ms=50),
-        committed_offsets=offsets.fetch,
-        commit_offsets=offsets.commit,
-    )
-    engine.start()
+    engine = hourly_committing_engine(resolved, kafka_bootstrap, tmp_path, offsets)
     try:
         engine.add_tasks(resolved.tasks)
         produce(kafka_bootstrap, source, [(b"1", b"fox dog fox", None)])

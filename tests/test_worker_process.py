@@ -14,11 +14,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from worker_support import Cluster, Workers, fleet_of, wait_for
+from worker_support import Cluster, Workers, counts_until, fleet_of, wait_for
 
 from pystreams.commands.dev import (
     CHECK_OK_PREFIX,
@@ -51,16 +51,6 @@ def workers(cluster: tuple[str, str], tmp_path: Path) -> Iterator[Workers]:
     yield from fleet_of(Workers(*cluster, tmp_path, APP))
 
 
-def _counts_until(reader: LatestValueReader, done: Callable[[dict[str, int]], bool], timeout_s: float) -> dict[str, int]:
-    deadline = time.monotonic() + timeout_s
-    counts: dict[str, int] = {}
-    while time.monotonic() < deadline:
-        counts = reader.read_more(0.3)
-        if done(counts):
-            return counts
-    return counts
-
-
 def test_scale_out_and_graceful_stop_count_exactly(cluster: tuple[str, str], workers: Workers) -> None:
     bootstrap, _ = cluster
     half = len(CORPUS) // 2
@@ -72,7 +62,7 @@ def test_scale_out_and_graceful_stop_count_exactly(cluster: tuple[str, str], wor
     reader = LatestValueReader(bootstrap, "word-counts")
     try:
         # Two workers count the first half exactly.
-        counts = _counts_until(reader, lambda c: c == expected_first, 25)
+        counts = counts_until(reader, lambda c: c == expected_first, 25)
         assert counts == dict(expected_first), "two workers did not count the first half exactly\n" + workers.log_tails()
         # Scale out mid-stream, then stop one of the first two gracefully (commit + leave -1).
         workers.start()
@@ -81,7 +71,7 @@ def test_scale_out_and_graceful_stop_count_exactly(cluster: tuple[str, str], wor
         wait_for(lambda: "started tasks" in workers.log(2), 25, "the third worker to start tasks")
         workers.processes[0].send_signal(signal.SIGTERM)
         assert workers.processes[0].wait(20) == 0
-        counts = _counts_until(reader, lambda c: c == expected, 25)
+        counts = counts_until(reader, lambda c: c == expected, 25)
         assert counts == dict(expected), {w: (counts.get(w), n) for w, n in expected.items() if counts.get(w) != n}
     finally:
         reader.close()
@@ -103,11 +93,11 @@ def test_sigkill_reprocesses_at_most_the_uncommitted_records(cluster: tuple[str,
     produce_lines(bootstrap, "text-lines", CORPUS[:half])
     reader = LatestValueReader(bootstrap, "word-counts")
     try:
-        _counts_until(reader, lambda c: sum(c.values()) > 0, 25)
+        counts_until(reader, lambda c: sum(c.values()) > 0, 25)
         workers.processes[1].send_signal(signal.SIGKILL)
         assert workers.processes[1].wait(10) == -signal.SIGKILL
         produce_lines(bootstrap, "text-lines", CORPUS[half:])
-        counts = _counts_until(reader, lambda c: all(c.get(w, 0) >= n for w, n in expected.items()), 30)
+        counts = counts_until(reader, lambda c: all(c.get(w, 0) >= n for w, n in expected.items()), 30)
     finally:
         reader.close()
     short = {w: (counts.get(w, 0), n) for w, n in expected.items() if counts.get(w, 0) < n}

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
@@ -170,6 +171,17 @@ class Workers:
                 process.kill()
                 codes.append(process.wait())
         return codes
+
+
+def counts_until(reader: Any, done: Callable[[dict[str, int]], bool], timeout_s: float) -> dict[str, int]:
+    """Read ``reader`` (a ``LatestValueReader``) until ``done(counts)`` or the timeout; the last counts."""
+    deadline = time.monotonic() + timeout_s
+    counts: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        counts = reader.read_more(0.3)
+        if done(counts):
+            return counts
+    return counts
 
 
 def fleet_of(workers: Workers) -> Iterator[Workers]:
