@@ -292,14 +292,23 @@ def test_lint_fails_when_a_setting_goes_missing(rendered, mutation: str) -> None
 # -- what each overlay promises ------------------------------------------------------------------------
 
 
-def test_coordinator_has_one_replica_probes_and_metrics(rendered) -> None:
+def test_coordinators_are_one_plain_replica_or_a_cluster_with_probes_and_metrics(rendered) -> None:
     for target in TARGETS:
         objects = rendered[target]
         coordinator = _find(objects, "StatefulSet", COORDINATOR)
-        assert coordinator["spec"]["replicas"] == 1  # every process claims every shard
         container = coordinator["spec"]["template"]["spec"]["containers"][0]
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
         env = _env(container)
+        budget = _find(objects, "PodDisruptionBudget", COORDINATOR)["spec"]
+        if target == "prod":
+            # Three nodes sharing the shards, each with its ordinal as node id; one may be down.
+            assert coordinator["spec"]["replicas"] == 3 and env["PYSTREAMS_CLUSTER"] == "true"
+            assert env["PYSTREAMS_NODE_ID"] == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+            assert budget == {"minAvailable": 2, "selector": budget["selector"]}
+            assert coordinator["spec"].get("podManagementPolicy", "OrderedReady") == "OrderedReady"  # one node at a time
+        else:
+            assert coordinator["spec"]["replicas"] == 1 and "PYSTREAMS_CLUSTER" not in env  # a plain one claims every shard
+            assert budget["maxUnavailable"] == 1
         assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
         assert str(ports[container["readinessProbe"]["httpGet"]["port"]]) == env["PYSTREAMS_METRICS_PORT"]
         for probe in ("livenessProbe", "startupProbe"):
@@ -308,7 +317,6 @@ def test_coordinator_has_one_replica_probes_and_metrics(rendered) -> None:
         service = _find(objects, "Service", COORDINATOR)
         assert {p["name"] for p in service["spec"]["ports"]} == {"kafka", "metrics"}
         assert _config(objects, "pystreams-worker-config")["PYSTREAMS_COORDINATOR"] == f"{COORDINATOR}:{ports['kafka']}"
-        assert any(o["kind"] == "PodDisruptionBudget" and o["metadata"]["name"] == COORDINATOR for o in objects)
 
 
 def test_dev_overlay_runs_the_broker_and_one_worker(rendered) -> None:
