@@ -306,6 +306,8 @@ class MiniKubelet:
         labels.update(
             {
                 "statefulset.kubernetes.io/pod-name": pod_name,
+                # The StatefulSet controller's ordinal label (Kubernetes 1.28+).
+                **({"apps.kubernetes.io/pod-index": str(ordinal)} if spec_owner["kind"] == "StatefulSet" else {}),
                 # What the PodTopologyLabels admission copies from the node at binding.
                 "topology.kubernetes.io/zone": zone,
             }

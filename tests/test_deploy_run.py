@@ -4,8 +4,10 @@ the embedded broker.
 
 * dev overlay: the broker pod, the topics Job, the coordinator and one worker come up as
   rendered, and the worker counts what it is sent.
-* prod overlay (three workers, one standby, warm-ups, zones): with input flowing, a rolling
-  restart of every worker keeps every count exact and at least one worker ready; a pod deleted
+* prod overlay (three coordinators sharing the shards, three workers, one standby, warm-ups,
+  zones): with input flowing, a rolling restart of the coordinators loses no member's tasks and
+  keeps every count exact; a rolling restart of every worker keeps every count exact and at
+  least one worker ready; a pod deleted
   and recreated with its volume restores from its checkpoint, not from the beginning; scaling
   3 -> 5 -> 3 loses nothing, and standbys sit in another zone than their actives.
 """
@@ -228,8 +230,11 @@ def test_prod_overlay_rolls_restores_and_scales_with_exact_counts(tmp_path: Path
         reader = LatestValueReader(broker.bootstrap_servers, OUTPUT)
         with running(kubelet):
             try:
-                coordinator = kubelet.start_pod(COORDINATOR, 0)
-                kubelet.wait_ready([coordinator.name], 60, what="the coordinator")
+                coordinators = int(kubelet.find("StatefulSet", COORDINATOR)["spec"]["replicas"])
+                assert coordinators == 3
+                for ordinal in range(coordinators):  # OrderedReady: each ready before the next starts
+                    coordinator = kubelet.start_pod(COORDINATOR, ordinal)
+                    kubelet.wait_ready([coordinator.name], 90, what=f"coordinator {ordinal}")
                 for ordinal in range(replicas):  # podManagementPolicy: Parallel
                     kubelet.start_pod(WORKER, ordinal)
                 measured["fleet_ready_s"] = round(kubelet.wait_ready(workers, 120, what="three workers"), 1)
@@ -238,6 +243,24 @@ def test_prod_overlay_rolls_restores_and_scales_with_exact_counts(tmp_path: Path
                 # Ready is per pod; the group settles after: warm-ups move actives onto the
                 # workers that joined after the first assignment (measured, not required).
                 measured["fleet_every_worker_active_s"] = _seconds_until_spread(kubelet, workers, 30)
+
+                # 0. Rolling restart of the coordinators, highest ordinal first, each ready before
+                # the next: a leaving node hands its shards to the others, the members keep their
+                # ids and epochs, so no group rebalances and every count stays exact.
+                coordinator_rolls = []
+                for ordinal in reversed(range(coordinators)):
+                    name = f"{COORDINATOR}-{ordinal}"
+                    code, stop_s = kubelet.delete_pod(name)
+                    assert code == 0, kubelet.pods[name].log()[-3000:]
+                    kubelet.start_pod(COORDINATOR, ordinal)
+                    ready_s = kubelet.wait_ready([name], 120, what=f"{name} after its restart")
+                    coordinator_rolls.append({"pod": name, "stop_s": round(stop_s, 2), "ready_again_s": round(ready_s, 2)})
+                measured["coordinator_rolling_restart"] = coordinator_rolls
+                feed.pause()
+                _await_counts(reader, feed.sent, 90, "after the coordinators' rolling restart", kubelet)
+                for name in workers:
+                    assert "lost tasks" not in kubelet.pods[name].log(), kubelet.pods[name].log()[-3000:]
+                feed.start()
 
                 # 1. Rolling restart, highest ordinal first, each pod ready before the next.
                 rolls = []
