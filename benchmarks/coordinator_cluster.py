@@ -11,10 +11,15 @@ Kafka log of the embedded broker, 4 shards), and how long a shard move takes.
   until FindCoordinator on the survivor names it for every shard; then a node SIGKILLed: seconds
   from the kill until the survivor serves every shard, with the brokers' session timeout
   (``--cluster-session-timeout-ms``) printed beside it.
+* **fail-over at scale** — ``--groups`` groups of 5 simulated members each (over TCP, many
+  requests in flight on one connection per node), one committed offset per group; the node
+  owning the most groups is SIGKILLed. Then: seconds until every one of its groups answers a
+  heartbeat of its first member, with the member id and epoch it had, on the survivor; how many
+  members were fenced instead (target 0); how many committed offsets were lost (must be 0).
 
 Prints one JSON document.
 
-    python benchmarks/coordinator_cluster.py [--duration S] [--concurrency N] [--loaders P]
+    python benchmarks/coordinator_cluster.py [--duration S] [--concurrency N] [--loaders P] [--groups G]
 """
 
 from __future__ import annotations
@@ -43,12 +48,12 @@ SESSION_TIMEOUT_MS = 4_000
 
 
 class Node:
-    def __init__(self, bootstrap: str, topic: str, node_id: int) -> None:
+    def __init__(self, bootstrap: str, topic: str, node_id: int, *, member_session_ms: int = 60_000) -> None:
         self.node_id, self.port = node_id, free_port()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "pystreams", "coordinator", "--log", "kafka", "--bootstrap-servers", bootstrap, "--log-topic", topic]
             + ["--shards", str(SHARDS), "--cluster", "--node-id", str(node_id), "--listen", f"127.0.0.1:{self.port}"]
-            + ["--session-timeout-ms", "60000", "--cluster-session-timeout-ms", str(SESSION_TIMEOUT_MS), "--log-level", "WARNING"],
+            + ["--session-timeout-ms", str(member_session_ms), "--cluster-session-timeout-ms", str(SESSION_TIMEOUT_MS), "--log-level", "WARNING"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -175,6 +180,123 @@ async def bench_moves(bootstrap: str) -> dict:
             node.stop()
 
 
+HB = m.ConsumerGroupHeartbeatRequest
+FENCING = {25, 110}  # UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH
+
+
+async def bench_failover(bootstrap: str, group_count: int) -> dict:
+    from pystreams.cluster import ClusterMetadata, TopicSpec
+
+    with ClusterMetadata(bootstrap) as cluster:  # a topic the coordinators know: joins wait for no metadata
+        cluster.ensure_topics([TopicSpec("t", 1)])
+    topic = f"__pystreams_groups_cluster_{uuid.uuid4().hex[:8]}"
+    # The simulated members heartbeat only when measured: their sessions must outlast the set-up
+    # (a member whose session expired would be counted as fenced).
+    nodes = [Node(bootstrap, topic, node_id, member_session_ms=900_000) for node_id in (1, 2)]
+    connections: dict[int, KafkaConnection] = {}
+    try:
+        await settled(nodes)
+        for node in nodes:
+            connections[node.node_id] = await KafkaConnection.open(("127.0.0.1", node.port), "bench", 30.0, None)
+        groups = [f"failover-{i}" for i in range(group_count)]
+        found = await connections[1].send(m.FindCoordinatorRequest(key_type=0, coordinator_keys=groups), 4, 30.0)
+        owner = {c.key: c.node_id for c in found.coordinators}
+        members: dict[str, list[tuple[str, int]]] = {}
+        gate = asyncio.Semaphore(200)
+
+        async def join_group(group: str) -> None:
+            async with gate:
+                connection, joined = connections[owner[group]], []
+                for _ in range(MEMBERS_PER_GROUP):
+                    request = HB(group_id=group, member_id="", member_epoch=0, rebalance_timeout_ms=30_000, subscribed_topic_names=["t"], topic_partitions=[])
+                    response = await connection.send(request, 0, 30.0)
+                    assert response.error_code == 0, response
+                    joined.append((response.member_id, response.member_epoch))
+                # One more heartbeat each: the epoch each member holds now.
+                for index, (member_id, epoch) in enumerate(joined):
+                    response = await connection.send(HB(group_id=group, member_id=member_id, member_epoch=epoch, topic_partitions=[]), 0, 30.0)
+                    assert response.error_code == 0, response
+                    joined[index] = (member_id, response.member_epoch)
+                member_id, epoch = joined[0]
+                commit = m.OffsetCommitRequest(
+                    group_id=group,
+                    generation_id_or_member_epoch=epoch,
+                    member_id=member_id,
+                    topics=[
+                        m.OffsetCommitRequest.OffsetCommitRequestTopic(
+                            name="t",
+                            partitions=[
+                                m.OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition(
+                                    partition_index=0, committed_offset=1000 + len(group), committed_leader_epoch=-1, committed_metadata=""
+                                )
+                            ],
+                        )
+                    ],
+                )
+                committed = await connection.send(commit, 9, 30.0)
+                assert committed.topics[0].partitions[0].error_code == 0, committed
+                members[group] = joined
+
+        started = time.monotonic()
+        await asyncio.gather(*(join_group(group) for group in groups))
+        setup_s = time.monotonic() - started
+        counts = {node.node_id: sum(1 for g in groups if owner[g] == node.node_id) for node in nodes}
+        victim = max(counts, key=lambda node_id: counts[node_id])
+        survivor = next(node for node in nodes if node.node_id != victim)
+        moved = [g for g in groups if owner[g] == victim]
+        connections.pop(victim).close()
+        killed_at = time.monotonic()
+        next(node for node in nodes if node.node_id == victim).stop(signal.SIGKILL)
+        pending, fenced, served_at = set(moved), 0, {}
+        connection = connections[survivor.node_id]
+        while pending and time.monotonic() - killed_at < 120:
+            batch = sorted(pending)
+            found = await connection.send(m.FindCoordinatorRequest(key_type=0, coordinator_keys=batch), 4, 30.0)
+            here = [c.key for c in found.coordinators if c.error_code == 0 and c.node_id == survivor.node_id]
+
+            async def beat(group: str) -> None:
+                nonlocal fenced
+                member_id, epoch = members[group][0]
+                async with gate:
+                    response = await connection.send(HB(group_id=group, member_id=member_id, member_epoch=epoch, topic_partitions=[]), 0, 30.0)
+                if response.error_code == 0 or response.error_code in FENCING:
+                    fenced += response.error_code in FENCING
+                    served_at[group] = time.monotonic() - killed_at
+                    pending.discard(group)
+
+            await asyncio.gather(*(beat(group) for group in here))
+            if pending:
+                await asyncio.sleep(0.05)
+        fetch = m.OffsetFetchRequest(
+            groups=[
+                m.OffsetFetchRequest.OffsetFetchRequestGroup(
+                    group_id=g, topics=[m.OffsetFetchRequest.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name="t", partition_indexes=[0])]
+                )
+                for g in moved
+            ],
+            require_stable=False,
+        )
+        fetched = await connection.send(fetch, 8, 30.0)
+        lost = sum(1 for g in fetched.groups if g.topics[0].partitions[0].committed_offset != 1000 + len(g.group_id))
+        return {
+            "groups": group_count,
+            "members": group_count * MEMBERS_PER_GROUP,
+            "setup_s": round(setup_s, 1),
+            "groups_on_killed_node": len(moved),
+            "kill_to_every_group_served_s": round(max(served_at.values(), default=float("nan")), 2),
+            "kill_to_first_group_served_s": round(min(served_at.values(), default=float("nan")), 2),
+            "cluster_session_timeout_ms": SESSION_TIMEOUT_MS,
+            "groups_not_served_within_120_s": len(pending),
+            "members_fenced": fenced,
+            "offsets_lost": lost,
+        }
+    finally:
+        for connection in connections.values():
+            connection.close()
+        for node in nodes:
+            node.stop()
+
+
 async def main_async(args: argparse.Namespace) -> dict:
     broker = EmbeddedBroker().start()
     try:
@@ -186,6 +308,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             "heartbeats": runs,
             "ratio_2_nodes_over_1": round(runs[1]["per_second"] / runs[0]["per_second"], 2),
             "moves": await bench_moves(broker.bootstrap_servers),
+            "failover": await bench_failover(broker.bootstrap_servers, args.groups),
         }
     finally:
         broker.stop()
@@ -196,6 +319,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per closed-loop run")
     parser.add_argument("--concurrency", type=int, default=200, help="simulated members in all (5 per group)")
     parser.add_argument("--loaders", type=int, default=2, help="load generator processes")
+    parser.add_argument("--groups", type=int, default=1000, help="groups in the fail-over run (5 members each)")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
 

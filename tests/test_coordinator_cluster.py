@@ -212,7 +212,7 @@ def test_every_node_names_the_same_owner_and_none_while_a_shard_moves():
     me = BrokerAddress(2, "h2", 9002)
     reasons: dict[str, str | None] = collections.defaultdict(lambda: None)
     view = ClusterView(lambda group: int(group[-1]), lambda: me, lambda group: reasons[group])
-    assert "not joined" in view.locate("g0")
+    assert "not in the coordinators' group" in view.locate("g0")
     view.update(ShardMap(1, (1, 2, None), (NodeInfo(1, "h1", 9001), NodeInfo(2, "h2", 9002))))
     assert view.locate("g0") == BrokerAddress(1, "h1", 9001)
     assert view.locate("g1") == me
@@ -228,3 +228,121 @@ def test_an_unreadable_shard_map_keeps_the_last_one(value):
     assignor = ShardAssignor(NodeInfo(1, "h", 1), lambda mapped, shards: seen.append(mapped))
     assignor.on_assignment(ConsumerProtocolAssignment(1, [(TOPIC, [0])], value), 1)
     assert seen == [] and assignor.owned == [0]
+
+
+# --- review findings: readiness, double claims, duplicates, self-healing ------------------------
+
+
+def test_a_node_is_ready_only_once_every_shard_has_an_owner_and_it_serves_its_own():
+    me = BrokerAddress(2, "h2", 9002)
+    view = ClusterView(lambda group: 0, lambda: me, lambda group: None)
+    nodes = (NodeInfo(1, "h1", 9001), NodeInfo(2, "h2", 9002))
+    served: set[int] = set()
+    assert not view.settled_here(served.__contains__)  # no map yet
+    view.update(ShardMap(1, (1, 1, None, None), nodes))  # round one of a join: nothing for node 2 yet
+    assert view.mine() == set() and not view.settled_here(served.__contains__)
+    view.update(ShardMap(2, (1, 1, 2, 2), nodes))
+    assert not view.settled_here(served.__contains__)  # its shards are not loaded yet
+    served |= {2, 3}
+    assert view.settled_here(served.__contains__)
+    view.update(ShardMap(3, (1, 1, 1, 1), (nodes[0],)))  # more nodes than it needs: none of its own
+    assert view.settled_here(served.__contains__)
+
+
+def test_a_shard_two_members_claim_is_handed_to_nobody_until_one_lets_go():
+    plan = plan_shards(2, ["a", "b"], {"a": [0, 1], "b": [1]})
+    assert 1 not in plan.now["a"] and 1 not in plan.now["b"]
+    assert sorted(plan.final["a"] + plan.final["b"]) == [0, 1]
+
+
+def test_the_subscription_claims_what_the_consumer_holds_now_not_its_last_assignment():
+    held = [0, 1]
+    assignor = ShardAssignor(NodeInfo(1, "h", 1), lambda mapped, shards: None, owned_now=lambda: held)
+    assignor.owned = [0, 1, 2]  # its last assignment; the group has since evicted it from 2
+    [claimed] = assignor.metadata({TOPIC}).owned_partitions
+    assert claimed.partitions == [0, 1]
+    held.clear()  # evicted (partitions lost): it claims nothing when it rejoins
+    assert assignor.metadata({TOPIC}).owned_partitions == []
+
+
+def test_a_second_node_with_a_taken_id_gets_no_shard_and_stops():
+    from pystreams.coordinator.cluster import DuplicateNodeId, ShardOwnership
+
+    cluster = SimpleNamespace(partitions_for_topic=lambda topic: set(range(4)))
+    first, second = NodeInfo(1, "h1", 9001), NodeInfo(1, "h2", 9002)
+    assignments = ShardAssignor(first, lambda mapped, shards: None).assign(cluster, [member("m1", first, [0, 1, 2, 3]), member("m2", second, [])])
+    assert [p for _, parts in assignments["m2"].assigned_partitions for p in parts] == []
+    received: list[ShardMap] = []
+    ShardAssignor(second, lambda m_, shards: received.append(m_)).on_assignment(ConsumerProtocolAssignment.decode(assignments["m2"].encode()), 1)
+    [mapped] = received
+    assert mapped.nodes == (first,)
+    loop = asyncio.new_event_loop()
+    try:
+        ownership = ShardOwnership("unused:9092", TOPIC, second, loop=loop, release=None, served=list, on_map=lambda m_: None)
+        ownership._mapped(mapped, [])
+        assert isinstance(ownership.failure, DuplicateNodeId) and "--node-id" in str(ownership.failure)
+        assert ownership.map is None  # it never publishes a map that names another node as itself
+    finally:
+        loop.close()
+
+
+class SlowClaimLog(MemoryLog):
+    """A memory log whose claims wait until ``go`` is set: a shard stays loading meanwhile."""
+
+    def __init__(self, partitions: int) -> None:
+        super().__init__(partitions)
+        self.go = asyncio.Event()
+
+    async def claim(self, partition: int):
+        await self.go.wait()
+        return await super().claim(partition)
+
+
+def test_a_shard_released_while_loading_leaves_the_node_healthy_and_can_come_back():
+    async def scenario():
+        log = SlowClaimLog(2)
+        node = Coordinator(log, topic_source=StaticTopics({}), owned_shards=())
+        await node.start()
+        await node.acquire(0)
+        await asyncio.sleep(0.05)
+        assert not node.serves(0) and node.runners[0].state is ShardState.LOADING
+        await node.release(0)  # it moved away before it loaded
+        assert node.served_shards == [] and node.is_ready()
+        log.go.set()
+        await node.acquire(0)
+        await node.wait_until_loaded()
+        assert node.serves(0)
+        await node.close()
+
+    run(scenario())
+
+
+def test_keep_serving_takes_its_shards_gives_up_the_others_and_reloads_one_fenced_here():
+    from pystreams.coordinator.cluster import keep_serving
+
+    async def scenario():
+        log = MemoryLog(2)
+        node = Coordinator(log, topic_source=StaticTopics({}), owned_shards=[1])
+        await node.start()
+        me = BrokerAddress(7, "h", 1)
+        view = ClusterView(node.shard_for, lambda: me, node.unavailable_reason)
+        keeper = asyncio.create_task(keep_serving(view, node, recheck_s=0.05))
+        view.update(ShardMap(1, (7, 3), (NodeInfo(3, "o", 2), NodeInfo(7, "h", 1))))
+
+        async def until(condition, what):
+            async with asyncio.timeout(10):
+                while not condition():
+                    await asyncio.sleep(0.02)
+
+        await until(lambda: node.serves(0) and node.served_shards == [0], "shard 0 served, shard 1 given up")
+        thief = await log.claim(0)  # a late writer fences this node's shard 0
+        g0 = groups_on(0, 2)
+        assert (await call(node, heartbeat(g0))).error_code == Errors.NotCoordinatorError.errno
+        await thief.close()
+        await until(lambda: node.serves(0), "shard 0 reloaded: the map still gives it to this node")
+        assert (await call(node, heartbeat(g0))).error_code == 0
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+        await node.close()
+
+    run(scenario())

@@ -786,6 +786,15 @@ def test_every_coordinator_option_can_come_from_the_environment(monkeypatch: pyt
     assert (node.cluster, node.node_id, node.cluster_session_timeout_ms) == (True, 2, 6000)
     with pytest.raises(ValueError, match="--cluster .* needs --log kafka"):
         command.settings_from_args(parser.parse_args(["--log", "memory"]))
+    monkeypatch.setenv("PYSTREAMS_CLUSTER", "off")
+    parser = argparse.ArgumentParser()
+    command.configure(parser)
+    assert command.settings_from_args(parser.parse_args([])).cluster is False
+    monkeypatch.setenv("PYSTREAMS_CLUSTER", "maybe")
+    parser = argparse.ArgumentParser()
+    command.configure(parser)
+    with pytest.raises(ValueError, match="PYSTREAMS_CLUSTER.* must be true or false"):
+        command.settings_from_args(parser.parse_args([]))
 
 
 def test_the_kafka_log_needs_bootstrap_servers(monkeypatch: pytest.MonkeyPatch) -> None:

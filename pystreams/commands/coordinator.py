@@ -396,6 +396,18 @@ def _parse(value: Any, convert: Any) -> Any:
     return convert(value) if isinstance(value, str) else value
 
 
+def _flag(value: Any, name: str) -> bool:
+    """A switch given on the command line (True) or in the environment (a word)."""
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    word = str(value).strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
 def settings_from_args(
     args: argparse.Namespace, *, bootstrap_servers: str | None = None, log: str | None = None, log_topic: str | None = None
 ) -> CoordinatorSettings:
@@ -411,7 +423,7 @@ def settings_from_args(
         raise ValueError(f"--log must be kafka or memory, got {log_kind!r}")
     if log_kind == "kafka" and not bootstrap:
         raise ValueError("--log kafka needs --bootstrap-servers (or PYSTREAMS_BOOTSTRAP_SERVERS)")
-    cluster = bool(getattr(args, "cluster", False)) and str(getattr(args, "cluster", "")).lower() not in ("0", "false", "no")
+    cluster = _flag(getattr(args, "cluster", None), "--cluster (PYSTREAMS_CLUSTER)")
     if cluster and log_kind != "kafka":
         raise ValueError("--cluster shares the shards of a Kafka log: it needs --log kafka")
     session = _parse(args.session_timeout_ms, int)
@@ -547,16 +559,16 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
     )
     _warn_if_open(settings)
     metrics = None
-    ownership = None
+    cluster_node: _ClusterNode | None = None
     try:
         await coordinator.start()
         await server.start()
         ready: Callable[[], bool] = coordinator.is_ready
         wait_until_loaded = coordinator.wait_until_loaded
         if settings.cluster:
-            ownership, view = await _join_cluster(settings, coordinator, server, broker_config)
-            ready = lambda: coordinator.is_ready() and ownership.serving()  # noqa: E731
-            wait_until_loaded = functools.partial(_wait_for_shards, coordinator, view, ownership)
+            cluster_node = await _join_cluster(settings, coordinator, server, broker_config)
+            ready = functools.partial(cluster_node.ready, coordinator)
+            wait_until_loaded = functools.partial(_wait_for_shards, coordinator, cluster_node)
         if settings.metrics_port is not None:
             registry = coordinator_registry(coordinator, refusals=lambda: server.refusals, connections=lambda: server.connection_count)
             metrics = MetricsHttpServer(settings.metrics_host or host, settings.metrics_port, registry, ready)
@@ -568,10 +580,8 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
             metrics_url = f"http://{metrics_host}:{metrics.port}/metrics"
         yield RunningCoordinator(coordinator, f"{address.host}:{address.port}", metrics_url, wait_until_loaded)
     finally:
-        if ownership is not None:
-            # Release our shards and leave the group first: the other nodes take them over now
-            # rather than after a session timeout.
-            await ownership.stop()
+        if cluster_node is not None:
+            await cluster_node.stop()
         # Refuse new work and finish queued requests and appends while connections are still
         # open, so their answers go out; then close the sockets and the log.
         await coordinator.close()
@@ -583,10 +593,30 @@ async def running_coordinator(settings: CoordinatorSettings) -> AsyncIterator[Ru
             await loop.run_in_executor(None, topic_source.close)
 
 
-async def _join_cluster(settings: CoordinatorSettings, coordinator: Any, server: Any, broker_config: dict[str, Any]) -> tuple[Any, Any]:
-    """Join the coordinators' group; returns the running :class:`ShardOwnership`. FindCoordinator
-    and Metadata answer from the shard map from then on."""
-    from pystreams.coordinator.cluster import ClusterView, NodeInfo, ShardOwnership
+@dataclass
+class _ClusterNode:
+    """A node's part in a coordinator cluster: its group membership, its view of the shard
+    map and the task that serves what the map gives it."""
+
+    ownership: Any  # ShardOwnership
+    view: Any  # ClusterView
+    keeper: asyncio.Task[None]
+
+    def ready(self, coordinator: Any) -> bool:
+        return self.ownership.serving() and self.view.settled_here(coordinator.serves)
+
+    async def stop(self) -> None:
+        # Release the shards and leave the group first: the other nodes take them over now
+        # rather than after a session timeout.
+        self.keeper.cancel()
+        await asyncio.gather(self.keeper, return_exceptions=True)
+        await self.ownership.stop()
+
+
+async def _join_cluster(settings: CoordinatorSettings, coordinator: Any, server: Any, broker_config: dict[str, Any]) -> _ClusterNode:
+    """Join the coordinators' group. FindCoordinator and Metadata answer from the shard map
+    from then on, and the node serves the shards the map gives it."""
+    from pystreams.coordinator.cluster import ClusterView, NodeInfo, ShardOwnership, keep_serving
 
     await coordinator.log.open()  # the log topic exists before the group subscribes to it
     view = ClusterView(coordinator.shard_for, lambda: server.address, coordinator.unavailable_reason)
@@ -598,33 +628,25 @@ async def _join_cluster(settings: CoordinatorSettings, coordinator: Any, server:
         settings.log_topic,
         NodeInfo(me.node_id, me.host, me.port),
         loop=asyncio.get_running_loop(),
-        acquire=coordinator.acquire,
         release=coordinator.release,
+        served=lambda: coordinator.served_shards,
         on_map=view.update,
         session_timeout_ms=settings.cluster_session_timeout_ms,
         heartbeat_interval_ms=max(100, settings.cluster_session_timeout_ms // 10),
         client_config=broker_config,
     )
+    keeper = asyncio.create_task(keep_serving(view, coordinator), name="pystreams-coordinator-shards")
     ownership.start()
-    return ownership, view
+    return _ClusterNode(ownership, view, keeper)
 
 
-async def _wait_for_shards(coordinator: Any, view: Any, ownership: Any) -> None:
-    """A node of a cluster is loaded once the group gave it its shards and it loaded them."""
-    me = ownership.node.node_id
-    while True:
-        if ownership.failure is not None:
-            raise RuntimeError(f"joining the coordinators' group failed: {ownership.failure}")
-        mapped = view.map
-        if mapped is not None:
-            mine = {shard for shard, owner in enumerate(mapped.owners) if owner == me}
-            if mine <= set(coordinator.served_shards):
-                await coordinator.wait_until_loaded()
-                return
-        view.changed.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(0.2):
-                await view.changed.wait()
+async def _wait_for_shards(coordinator: Any, node: _ClusterNode) -> None:
+    """A node of a cluster is loaded once it has a map in which every shard has an owner and it
+    serves its own (a node that joins gets its shards only in a second round)."""
+    while not node.ready(coordinator):
+        if node.ownership.failure is not None:
+            raise RuntimeError(f"this node cannot take part in the coordinator cluster: {node.ownership.failure}")
+        await asyncio.sleep(0.1)
 
 
 def _warn_if_open(settings: CoordinatorSettings) -> None:

@@ -81,14 +81,20 @@ def connect(args: argparse.Namespace, *, group: str | None = None):
             continue
         if group is None:
             return client
-        owner = _owner_of(client, group)
+        try:
+            owner = _owner_of(client, group)
+            here = not isinstance(owner, str) and owner[0] == this_node(client)[0]
+        except ProtocolClientError as error:
+            client.close()
+            failures.append(str(error))
+            continue
         if isinstance(owner, str):
             failures.append(f"{host}:{port}: {owner}")
             client.close()
             continue
+        if here:
+            return client  # known by id: its advertised address may not be reachable from here (a port-forward)
         node_id, owner_address = owner
-        if node_id == this_node(client)[0]:
-            return client  # by id: its advertised address may not be reachable from here (a port-forward)
         client.close()
         try:
             return client_for(*owner_address)
@@ -214,24 +220,27 @@ def _list(args: argparse.Namespace, client) -> int:
 
     types = [value.lower() for value in _csv(args.type, GROUP_TYPES, "group type")]
     states = _csv(args.state, GROUP_STATES, "group state")
-    from pystreams.protocol.client import KafkaProtocolClient
+    from pystreams.protocol.client import KafkaProtocolClient, ProtocolClientError
 
     # A node lists the groups of the shards it serves (Kafka's ListGroups is per broker too):
-    # ask every node Metadata lists, as Kafka's admin client does.
+    # ask every node Metadata lists, as Kafka's admin client does. A node that does not answer
+    # is said, and the list is then partial (exit status 1).
     listed: dict[str, Any] = {}
+    missing: list[str] = []
     me, nodes = this_node(client)
     for node_id, (host, port) in sorted(nodes.items()):
-        if node_id == me:
-            node = client
-        else:
-            node = KafkaProtocolClient(host, port, client_id="pystreams-cli", timeout_s=client.timeout_s, security=client.security)
+        node = client if node_id == me else KafkaProtocolClient(host, port, client_id="pystreams-cli", timeout_s=client.timeout_s, security=client.security)
         try:
             response = node.send(m.ListGroupsRequest(states_filter=states, types_filter=types))
+        except ProtocolClientError as error:
+            missing.append(f"node {node_id} ({error})")
+            continue
         finally:
             if node is not client:
                 node.close()
         if response.error_code:
-            return fail("groups", f"{host}:{port}: {error_text(response.error_code, None)}")
+            missing.append(f"node {node_id} at {host}:{port}: {error_text(response.error_code, None)}")
+            continue
         listed.update((group.group_id, group) for group in response.groups or [])
     groups = sorted(listed.values(), key=lambda group: group.group_id)
     if args.json:
@@ -240,6 +249,8 @@ def _list(args: argparse.Namespace, client) -> int:
         print_table(("GROUP", "TYPE", "STATE", "PROTOCOL-TYPE"), ((g.group_id, g.group_type, g.group_state, g.protocol_type) for g in groups))
     else:
         print("no groups")
+    if missing:
+        return fail("groups", "the list lacks the groups of " + "; ".join(missing))
     return 0
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -40,7 +41,7 @@ from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, Consume
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NodeInfo", "ShardAssignor", "ShardMap", "ShardOwnership", "plan_shards"]
+__all__ = ["ClusterView", "DuplicateNodeId", "NodeInfo", "ShardAssignor", "ShardMap", "ShardOwnership", "keep_serving", "plan_shards"]
 
 #: The assignor's protocol name in the coordinators' group.
 PROTOCOL_NAME = "pystreams-shards"
@@ -91,11 +92,13 @@ def plan_shards(shard_count: int, members: Iterable[str], owned: Mapping[str, Co
     if not names:
         return ShardPlan({}, {})
     current: dict[int, str] = {}
+    claimants: dict[int, set[str]] = {}
     for member in sorted(owned, key=lambda m: (-len(owned[m]), m)):
         if member in names:
             for shard in sorted(owned[member]):
                 if 0 <= shard < shard_count:
                     current.setdefault(shard, member)  # a shard claimed twice stays with the first
+                    claimants.setdefault(shard, set()).add(member)
     base, extra = divmod(shard_count, len(names))
     by_holding = sorted(names, key=lambda m: (-sum(1 for owner in current.values() if owner == m), m))
     quota = {member: base + (1 if rank < extra else 0) for rank, member in enumerate(by_holding)}
@@ -110,7 +113,9 @@ def plan_shards(shard_count: int, members: Iterable[str], owned: Mapping[str, Co
     for shard in free:
         member = next(m for m in names if len(final[m]) < quota[m])
         final[member].append(shard)
-    now = {member: [s for s in shards if current.get(s) in (None, member)] for member, shards in final.items()}
+    # A shard is handed over only once nobody else holds it: not even a member that claims it
+    # by mistake (say, one the group evicted and that has not noticed yet).
+    now = {member: [s for s in shards if claimants.get(s, {member}) == {member}] for member, shards in final.items()}
     return ShardPlan(final, now)
 
 
@@ -133,9 +138,12 @@ class ShardAssignor(AbstractPartitionAssignor):
     name = PROTOCOL_NAME
     version = 1  # ConsumerProtocolSubscription v1 carries OwnedPartitions (KIP-429)
 
-    def __init__(self, node: NodeInfo, on_map: Callable[[ShardMap, list[int]], None]) -> None:
+    def __init__(self, node: NodeInfo, on_map: Callable[[ShardMap, list[int]], None], owned_now: Callable[[], Iterable[int]] | None = None) -> None:
+        """``owned_now()``: the shards this member holds now (its consumer's assignment, empty
+        once the group evicted it); without it, those of its last assignment."""
         self.node = node
         self._on_map = on_map
+        self._owned_now = owned_now
         self.owned: list[int] = []
         self._generation = 0
 
@@ -144,7 +152,8 @@ class ShardAssignor(AbstractPartitionAssignor):
 
     def metadata(self, topics: Iterable[str]) -> Any:
         topics = sorted(topics)
-        owned = [ConsumerProtocolSubscription.TopicPartition(topic=topics[0], partitions=sorted(self.owned))] if topics and self.owned else []
+        held = sorted(self._owned_now()) if self._owned_now is not None else self.owned
+        owned = [ConsumerProtocolSubscription.TopicPartition(topic=topics[0], partitions=held)] if topics and held else []
         return ConsumerProtocolSubscription(version=self.version, topics=topics, user_data=_encode(self.node), owned_partitions=owned)
 
     def assign(self, cluster: Any, members: Iterable[Any]) -> dict[str, Any]:
@@ -163,9 +172,15 @@ class ShardAssignor(AbstractPartitionAssignor):
                 log.error("coordinator group member %s sent unreadable node metadata (%s): it gets no shard", member.member_id, error)
                 continue
             owned[member.member_id] = [p for tp in (member.metadata.owned_partitions or ()) if tp.topic == topic for p in tp.partitions]
-        ids = [node.node_id for node in nodes.values()]
-        if len(set(ids)) != len(ids):
-            log.error("coordinator nodes share a node id (%s): FindCoordinator cannot tell them apart; give each its own --node-id", sorted(ids))
+        # Two nodes with one id cannot both be named: the one already holding shards (then the
+        # lowest member id) keeps it, the other gets nothing and, seeing its id with another
+        # address in the map, stops (ShardOwnership).
+        by_id: dict[int, str] = {}
+        for member_id in sorted(nodes, key=lambda m: (-len(owned[m]), m)):
+            kept = by_id.setdefault(nodes[member_id].node_id, member_id)
+            if kept != member_id:
+                log.error("coordinator node id %d is used twice (%s and %s): the second gets no shard", nodes[member_id].node_id, kept, member_id)
+                del nodes[member_id], owned[member_id]
         self._generation += 1
         plan = plan_shards(shard_count, nodes, owned)
         mapped = _encode(shard_map(self._generation, plan, nodes, shard_count))
@@ -176,7 +191,7 @@ class ShardAssignor(AbstractPartitionAssignor):
         return assignments
 
     def on_assignment(self, assignment: Any, generation: int) -> None:
-        self.owned = sorted(p for tp in assignment.partitions() for p in [tp.partition])
+        self.owned = sorted(tp.partition for tp in assignment.partitions())
         try:
             mapped = _decode_map(assignment.user_data)
         except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as error:
@@ -185,12 +200,20 @@ class ShardAssignor(AbstractPartitionAssignor):
         self._on_map(mapped, self.owned)
 
 
+class DuplicateNodeId(Exception):
+    """Another coordinator node of the cluster uses this node's id."""
+
+
 class ShardOwnership:
     """One coordinator node's membership of the coordinators' group, on a thread of its own.
 
-    ``acquire(shard)`` / ``release(shard)`` are coroutine functions run on ``loop``; a release
-    is waited for (up to ``release_timeout_s``) before the group moves on, so the shard's new
-    owner claims it once it is let go. ``on_map`` gets every new :class:`ShardMap`.
+    ``release(shard)`` is a coroutine function run on ``loop``. The group waits for the
+    releases of a round (run together, each bounded by ``release_timeout_s``, a third of the
+    session so that the membership is not lost meanwhile) before it moves on, so a shard's new
+    owner claims it once it is let go. ``on_map`` gets every new :class:`ShardMap` (None when
+    this node is out of the group); :func:`keep_serving` acquires what the map gives this node.
+    A membership that fails (the brokers unreachable, say) releases every shard and joins again
+    after a pause; one that finds its node id taken stops for good (``failure``).
     """
 
     def __init__(
@@ -200,26 +223,28 @@ class ShardOwnership:
         node: NodeInfo,
         *,
         loop: asyncio.AbstractEventLoop,
-        acquire: Callable[[int], Any],
         release: Callable[[int], Any],
-        on_map: Callable[[ShardMap], None],
+        served: Callable[[], Iterable[int]],
+        on_map: Callable[[ShardMap | None], None],
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 1_000,
-        release_timeout_s: float = 10.0,
         client_config: Mapping[str, Any] | None = None,
+        retry_backoff_s: float = 2.0,
     ) -> None:
         self.group_id = f"{topic}.coordinators"
         self._bootstrap = bootstrap_servers
         self._topic = topic
         self.node = node
         self._loop = loop
-        self._acquire, self._release, self._on_map = acquire, release, on_map
+        self._release, self._served, self._on_map = release, served, on_map
         self._session_timeout_ms = session_timeout_ms
         self._heartbeat_interval_ms = heartbeat_interval_ms
-        self._release_timeout_s = release_timeout_s
+        self._release_timeout_s = session_timeout_ms / 1000 / 3
         self._client_config = dict(client_config or {})
+        self._retry_backoff_s = retry_backoff_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pystreams-shard-ownership", daemon=True)
+        #: Why this node stopped taking part for good (its node id is taken); None otherwise.
         self.failure: BaseException | None = None
         self.map: ShardMap | None = None
 
@@ -237,46 +262,73 @@ class ShardOwnership:
 
     # -- the thread ------------------------------------------------------------------------------
 
-    def _on_loop(self, coroutine_function: Callable[[int], Any], shard: int, *, wait: bool) -> None:
-        future = asyncio.run_coroutine_threadsafe(coroutine_function(shard), self._loop)
-        if wait:
-            try:
-                future.result(self._release_timeout_s)
-            except (TimeoutError, concurrent.futures.TimeoutError):
-                log.warning("shard %d: not released within %.0f s; its next owner's claim fences it", shard, self._release_timeout_s)
-            except Exception:
-                log.exception("shard %d: releasing it failed", shard)
+    def _release_now(self, shards: Iterable[int]) -> None:
+        """Release ``shards`` together on the loop; wait (bounded) for them."""
+        shards = sorted(set(shards))
+        if not shards:
+            return
 
-    def _mapped(self, mapped: ShardMap, owned: list[int]) -> None:
+        async def release_all() -> None:
+            await asyncio.gather(*(self._release(shard) for shard in shards))
+
+        future = asyncio.run_coroutine_threadsafe(release_all(), self._loop)
+        try:
+            future.result(self._release_timeout_s)
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            log.warning("shards %s: not released within %.1f s; their next owners' claims fence them", shards, self._release_timeout_s)
+        except Exception:
+            log.exception("shards %s: releasing them failed", shards)
+
+    def _publish(self, mapped: ShardMap | None) -> None:
         self.map = mapped
         self._loop.call_soon_threadsafe(self._on_map, mapped)
 
+    def _mapped(self, mapped: ShardMap, owned: list[int]) -> None:
+        me = next((node for node in mapped.nodes if node.node_id == self.node.node_id), None)
+        if me is not None and me != self.node:
+            # Stop for good (the thread leaves the group); the command sees ``failure``.
+            self.failure = DuplicateNodeId(f"node id {self.node.node_id} is taken by the coordinator at {me.host}:{me.port}: give each node its own --node-id")
+            log.error("%s", self.failure)
+            self._stop.set()
+            return
+        self._publish(mapped)
+
     def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._member()
+            except Exception:
+                log.exception("coordinator group membership failed; releasing every shard and joining again in %.0f s", self._retry_backoff_s)
+                self._leave_quietly()
+                self._stop.wait(self._retry_backoff_s)
+
+    def _leave_quietly(self) -> None:
+        self._publish(None)
+        self._release_now(self._served())
+
+    def _member(self) -> None:
         from kafka import KafkaConsumer
         from kafka.consumer.subscription_state import ConsumerRebalanceListener
 
         ownership = self
+        consumer: Any = None
 
         class Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked: Any) -> None:
-                for tp in sorted(revoked):
-                    log.info("shard %d: moving to another coordinator; releasing it", tp.partition)
-                    ownership._on_loop(ownership._release, tp.partition, wait=True)
+                log.info("shards %s: moving to other coordinators; releasing them", sorted(tp.partition for tp in revoked))
+                ownership._release_now(tp.partition for tp in revoked)
 
             def on_partitions_assigned(self, assigned: Any) -> None:
                 consumer.pause(*assigned)  # the group decides ownership; the shards read their own partitions
-                for tp in sorted(assigned):
-                    log.info("shard %d: assigned to this coordinator; claiming it", tp.partition)
-                    ownership._on_loop(ownership._acquire, tp.partition, wait=False)
 
-        consumer: Any = None
+        assignor = ShardAssignor(self.node, self._mapped, owned_now=lambda: [tp.partition for tp in consumer.assignment()])
         try:
             consumer = KafkaConsumer(
                 bootstrap_servers=self._bootstrap,
                 group_id=self.group_id,
                 client_id=f"pystreams-coordinator-{self.node.node_id}",
                 enable_auto_commit=False,
-                partition_assignment_strategy=[ShardAssignor(self.node, self._mapped)],
+                partition_assignment_strategy=[assignor],
                 session_timeout_ms=self._session_timeout_ms,
                 heartbeat_interval_ms=self._heartbeat_interval_ms,
                 max_poll_interval_ms=max(self._session_timeout_ms, 30_000),
@@ -285,15 +337,10 @@ class ShardOwnership:
             consumer.subscribe([self._topic], listener=Listener())
             while not self._stop.is_set():
                 consumer.poll(timeout_ms=200)
-        except Exception as error:  # the node can no longer take part: it says so and serves nothing new
-            self.failure = error
-            log.exception("coordinator group membership failed")
         finally:
             if consumer is not None:
                 try:
-                    owned = sorted(consumer.assignment())
-                    for tp in owned:
-                        self._on_loop(self._release, tp.partition, wait=True)
+                    self._release_now(tp.partition for tp in consumer.assignment())
                     consumer.close()  # LeaveGroup: the other nodes take the shards over now
                 except Exception:
                     log.warning("leaving the coordinators' group failed", exc_info=True)
@@ -310,18 +357,30 @@ class ClusterView:
         self.map: ShardMap | None = None
         self.changed = asyncio.Event()
 
-    def update(self, mapped: ShardMap) -> None:
-        if self.map is None or mapped.generation != self.map.generation or mapped != self.map:
-            log.info("shard map: %s", {shard: owner for shard, owner in enumerate(mapped.owners)})
+    def update(self, mapped: ShardMap | None) -> None:
+        if mapped != self.map:
+            log.info("shard map: %s", None if mapped is None else {shard: owner for shard, owner in enumerate(mapped.owners)})
         self.map = mapped
         self.changed.set()
+
+    def mine(self) -> set[int] | None:
+        """The shards the map gives this node (None: no map)."""
+        if self.map is None:
+            return None
+        me = self._me().node_id
+        return {shard for shard, owner in enumerate(self.map.owners) if owner == me}
+
+    def settled_here(self, serves: Callable[[int], bool]) -> bool:
+        """Ready: a map in which every shard has an owner, and this node serves its own."""
+        mine = self.mine()
+        return mine is not None and self.map is not None and None not in self.map.owners and all(serves(shard) for shard in mine)
 
     def locate(self, group_id: str) -> Any:
         from pystreams.protocol.server import BrokerAddress
 
         shard = self._shard_for(group_id)
         if self.map is None:
-            return "this coordinator has not joined the coordinators' group yet"
+            return "this coordinator is not in the coordinators' group now"
         owner = self.map.owner(shard)
         if owner is None:
             return f"shard {shard} is moving between coordinators"
@@ -336,3 +395,24 @@ class ClusterView:
         if self.map is None:
             return []
         return [BrokerAddress(node.node_id, node.host, node.port) for node in self.map.nodes]
+
+
+async def keep_serving(view: ClusterView, coordinator: Any, *, recheck_s: float = 1.0) -> None:
+    """Serve what the map gives this node, and only that: acquire each of its shards that is
+    not served here (new, or failed here — fenced by a late writer, say), release any other.
+    Runs until cancelled; wakes on every map and every ``recheck_s``."""
+    while True:
+        view.changed.clear()
+        mine = view.mine()
+        if mine is not None:
+            for shard in range(coordinator.shard_count):
+                try:
+                    if shard in mine:
+                        await coordinator.acquire(shard)
+                    elif shard in coordinator.served_shards:
+                        await coordinator.release(shard)
+                except Exception:
+                    log.exception("shard %d: taking or giving it up failed; trying again", shard)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(recheck_s):
+                await view.changed.wait()

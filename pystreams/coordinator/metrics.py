@@ -192,7 +192,8 @@ class CoordinatorCollector(Collector):
         by_classic_state: dict[str, int] = {}
         classic_members = 0
         by_partition_state = {"loading": 0, "active": 0, "failed": 0}
-        quarantined = handler_failures = 0
+        quarantined = 0
+        handler_failures = coordinator.retired_handler_failures
         for runner in coordinator.runners:
             if runner.state is ShardState.ACTIVE:
                 by_partition_state["active"] += 1
@@ -279,7 +280,7 @@ class CoordinatorCollector(Collector):
         yield CounterMetricFamily(
             OWN_PREFIX + "shard_reloads",
             "Shards reloaded from the log after a failed append.",
-            value=sum(runner.reload_count for runner in coordinator.runners),
+            value=coordinator.retired_reloads + sum(runner.reload_count for runner in coordinator.runners),
         )
         yield _gauge("quarantined_groups", "Groups not served because a record of theirs cannot be replayed.", [({}, quarantined)], prefix=OWN_PREFIX)
         yield _gauge("connections", "Open client connections.", [({}, self._connections())], prefix=OWN_PREFIX)

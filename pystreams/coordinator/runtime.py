@@ -556,6 +556,11 @@ class Coordinator:
         shards = range(self.shard_count) if owned_shards is None else sorted(set(owned_shards))
         self._runners: dict[int, ShardRunner] = {shard_id: new_runner(shard_id) for shard_id in shards}
         self._started = False
+        #: One acquire or release of a shard at a time (each may wait on a runner stopping).
+        self._shard_locks: dict[int, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
+        #: Counts of runners no longer served here, so that the totals never go down.
+        self.retired_reloads = 0
+        self.retired_handler_failures = 0
         self._routes: dict[int, Route] = {
             m.ConsumerGroupHeartbeatRequest.API_KEY: self._heartbeat,
             m.ConsumerGroupPrepareAssignmentRequest.API_KEY: self._single_group,
@@ -595,23 +600,39 @@ class Coordinator:
         """Serve ``shard_id`` from now on: claim its partition (fencing any other writer) and
         load it. A shard already served (or loading) here is left as it is; one that failed
         here (fenced) is loaded afresh."""
-        if self._closing or not 0 <= shard_id < self.shard_count:
+        if not 0 <= shard_id < self.shard_count:
             return
-        current = self._runners.get(shard_id)
-        if current is not None and current.state not in (ShardState.FAILED, ShardState.CLOSED):
-            return
-        if current is not None:
-            await current.stop()
-        runner = self._runners[shard_id] = self._new_runner(shard_id)
-        if self._started:
-            runner.start()
+        async with self._shard_locks[shard_id]:
+            current = self._runners.get(shard_id)
+            if self._closing or (current is not None and current.state not in (ShardState.FAILED, ShardState.CLOSED)):
+                return
+            if current is not None:
+                await current.stop()
+                self._retire(current)
+            if self._closing:  # closed while the failed runner stopped: nothing new starts
+                return
+            runner = self._runners[shard_id] = self._new_runner(shard_id)
+            if self._started:
+                runner.start()
 
     async def release(self, shard_id: int) -> None:
         """Stop serving ``shard_id``: answer what it queued, finish its append in flight, close
         its writer. Requests for its groups are answered NOT_COORDINATOR from then on."""
-        runner = self._runners.pop(shard_id, None)
-        if runner is not None:
-            await runner.stop()
+        async with self._shard_locks[shard_id]:
+            runner = self._runners.pop(shard_id, None)
+            if runner is not None:
+                await runner.stop()
+                self._retire(runner)
+
+    def _retire(self, runner: ShardRunner) -> None:
+        self.retired_reloads += runner.reload_count
+        if runner.shard is not None:
+            self.retired_handler_failures += runner.shard.handler_failures
+
+    def serves(self, shard_id: int) -> bool:
+        """Whether ``shard_id`` is loaded and served here now."""
+        runner = self._runners.get(shard_id)
+        return runner is not None and runner.state is ShardState.ACTIVE
 
     async def wait_until_loaded(self) -> None:
         """Return once every shard is active; raise if one failed for good."""
