@@ -326,7 +326,8 @@ def test_keep_serving_takes_its_shards_gives_up_the_others_and_reloads_one_fence
         await node.start()
         me = BrokerAddress(7, "h", 1)
         view = ClusterView(node.shard_for, lambda: me, node.unavailable_reason)
-        keeper = asyncio.create_task(keep_serving(view, node, recheck_s=0.05))
+        held = {0, 1}
+        keeper = asyncio.create_task(keep_serving(view, node, lambda: held, recheck_s=0.05, refence_backoff_s=0.3))
         view.update(ShardMap(1, (7, 3), (NodeInfo(3, "o", 2), NodeInfo(7, "h", 1))))
 
         async def until(condition, what):
@@ -341,6 +342,14 @@ def test_keep_serving_takes_its_shards_gives_up_the_others_and_reloads_one_fence
         await thief.close()
         await until(lambda: node.serves(0), "shard 0 reloaded: the map still gives it to this node")
         assert (await call(node, heartbeat(g0))).error_code == 0
+        # Evicted from the group (it no longer holds shard 0), its map is stale: once fenced
+        # there, it does not take the shard back, whatever the map says.
+        held.clear()
+        usurper = await log.claim(0)
+        assert (await call(node, heartbeat(g0))).error_code == Errors.NotCoordinatorError.errno
+        await asyncio.sleep(0.6)  # past the back-off
+        assert not node.serves(0) and node.served_shards == []  # released: not the map's any more
+        await usurper.close()
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
         await node.close()

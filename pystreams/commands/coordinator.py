@@ -635,7 +635,10 @@ async def _join_cluster(settings: CoordinatorSettings, coordinator: Any, server:
         heartbeat_interval_ms=max(100, settings.cluster_session_timeout_ms // 10),
         client_config=broker_config,
     )
-    keeper = asyncio.create_task(keep_serving(view, coordinator), name="pystreams-coordinator-shards")
+    keeper = asyncio.create_task(
+        keep_serving(view, coordinator, lambda: ownership.held, refence_backoff_s=settings.cluster_session_timeout_ms / 1000),
+        name="pystreams-coordinator-shards",
+    )
     ownership.start()
     return _ClusterNode(ownership, view, keeper)
 

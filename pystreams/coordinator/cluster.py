@@ -247,6 +247,9 @@ class ShardOwnership:
         #: Why this node stopped taking part for good (its node id is taken); None otherwise.
         self.failure: BaseException | None = None
         self.map: ShardMap | None = None
+        #: The shards the group gives this node now: set with each assignment, emptied of what
+        #: is revoked or lost (an evicted node's map is stale until it joins again; this is not).
+        self.held: frozenset[int] = frozenset()
 
     def start(self) -> None:
         self._thread.start()
@@ -281,6 +284,8 @@ class ShardOwnership:
 
     def _publish(self, mapped: ShardMap | None) -> None:
         self.map = mapped
+        if mapped is None:
+            self.held = frozenset()
         self._loop.call_soon_threadsafe(self._on_map, mapped)
 
     def _mapped(self, mapped: ShardMap, owned: list[int]) -> None:
@@ -291,6 +296,7 @@ class ShardOwnership:
             log.error("%s", self.failure)
             self._stop.set()
             return
+        self.held = frozenset(owned)
         self._publish(mapped)
 
     def _run(self) -> None:
@@ -315,8 +321,10 @@ class ShardOwnership:
 
         class Listener(ConsumerRebalanceListener):
             def on_partitions_revoked(self, revoked: Any) -> None:
-                log.info("shards %s: moving to other coordinators; releasing them", sorted(tp.partition for tp in revoked))
-                ownership._release_now(tp.partition for tp in revoked)
+                gone = {tp.partition for tp in revoked}
+                ownership.held = ownership.held - gone
+                log.info("shards %s: moving to other coordinators (or lost with the membership); releasing them", sorted(gone))
+                ownership._release_now(gone)
 
             def on_partitions_assigned(self, assigned: Any) -> None:
                 consumer.pause(*assigned)  # the group decides ownership; the shards read their own partitions
@@ -397,17 +405,31 @@ class ClusterView:
         return [BrokerAddress(node.node_id, node.host, node.port) for node in self.map.nodes]
 
 
-async def keep_serving(view: ClusterView, coordinator: Any, *, recheck_s: float = 1.0) -> None:
-    """Serve what the map gives this node, and only that: acquire each of its shards that is
-    not served here (new, or failed here — fenced by a late writer, say), release any other.
-    Runs until cancelled; wakes on every map and every ``recheck_s``."""
+async def keep_serving(
+    view: ClusterView, coordinator: Any, held: Callable[[], Collection[int]], *, recheck_s: float = 1.0, refence_backoff_s: float = 10.0
+) -> None:
+    """Serve what the group gives this node, and only that: acquire each of its shards that is
+    not served here, release any other. A shard is this node's when the map names it and the
+    group membership holds it now (``held()``: an evicted node's map is stale until it joins
+    again). A shard that failed here — fenced by a late writer — is loaded again, but only
+    ``refence_backoff_s`` after it failed: a node that does not know yet that it was evicted
+    must not fence the rightful owner back and forth. Runs until cancelled; wakes on every map
+    and every ``recheck_s``."""
+    failed_since: dict[int, float] = {}
     while True:
         view.changed.clear()
         mine = view.mine()
         if mine is not None:
+            mine &= set(held())
+            now = asyncio.get_running_loop().time()
             for shard in range(coordinator.shard_count):
                 try:
                     if shard in mine:
+                        if coordinator.failed(shard):
+                            since = failed_since.setdefault(shard, now)
+                            if now - since < refence_backoff_s:
+                                continue
+                        failed_since.pop(shard, None)
                         await coordinator.acquire(shard)
                     elif shard in coordinator.served_shards:
                         await coordinator.release(shard)

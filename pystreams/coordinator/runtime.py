@@ -629,6 +629,11 @@ class Coordinator:
         if runner.shard is not None:
             self.retired_handler_failures += runner.shard.handler_failures
 
+    def failed(self, shard_id: int) -> bool:
+        """Whether ``shard_id``'s runner here failed for good (fenced, or a log it cannot use)."""
+        runner = self._runners.get(shard_id)
+        return runner is not None and runner.state in (ShardState.FAILED, ShardState.CLOSED)
+
     def serves(self, shard_id: int) -> bool:
         """Whether ``shard_id`` is loaded and served here now."""
         runner = self._runners.get(shard_id)
