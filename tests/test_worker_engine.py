@@ -17,6 +17,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
 from pystreams.state import RestoreProgress, TopicPartition
+from pystreams.topology.ir import TaskId
 from pystreams.topology.windows import Windowed
 
 from pystreams import serdes
@@ -331,7 +332,6 @@ def test_clicks_windowed_matches_hand_computed_windows_with_grace(kafka_bootstra
     try:
         # 7 clicks read, then 7 through each of the two repartition topics.
         run_until(engine, lambda: engine.records_processed >= 21, "the clicks")
-        from pystreams.topology.ir import TaskId
 
         assert engine.tasks[TaskId(1, 0)].ctx.late_records_dropped == 1
     finally:
@@ -736,10 +736,14 @@ def test_a_downstream_task_commits_its_first_records_at_once_too(kafka_bootstrap
         engine.close()
 
 
-def test_an_idle_engine_thread_runs_a_command_without_waiting_out_its_poll(kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str]) -> None:
-    """A stream thread with no tasks yet waits in its poll; the command that brings its first
-    tasks (or a query, or stop) wakes it. With a ten-minute poll timeout, only the wake can
-    answer inside the test's bound."""
+@pytest.mark.parametrize("with_task", [False, True], ids=["idle", "fetching-for-a-task"])
+def test_an_engine_thread_runs_a_command_without_waiting_out_its_poll(
+    kafka_bootstrap: str, tmp_path: Path, unique_topic: Callable[[str], str], with_task: bool
+) -> None:
+    """A stream thread waits in its poll: with no tasks, for commands; with tasks and no input,
+    for records. The command that brings its first tasks, revokes some in a rebalance, a query
+    or stop must not wait the poll out. With a ten-minute poll timeout, only the wake (idle) or
+    the fetch's command checks (fetching) can answer inside the test's bound."""
     import asyncio
 
     from pystreams.worker.engine_thread import EngineThread
@@ -760,13 +764,16 @@ def test_an_idle_engine_thread_runs_a_command_without_waiting_out_its_poll(kafka
             on_failure=lambda error: None,
         )
         await asyncio.wait_for(thread.start(), WAIT_S)
-        await asyncio.sleep(0.2)  # the thread is inside its idle poll now
+        if with_task:
+            await asyncio.wait_for(thread.call(lambda: engine.add_tasks([TaskId(0, 0)])), WAIT_S)
+        await asyncio.sleep(0.2)  # the thread is inside its poll now
+        assert bool(engine.tasks) is with_task
         polls_before = engine.counters.polls
         answer = await asyncio.wait_for(thread.call(lambda: 41 + 1), WAIT_S)
         await asyncio.wait_for(thread.stop(WAIT_S), WAIT_S)
-        assert not thread.alive, "stop did not wake the idle poll"
+        assert not thread.alive, "stop did not end the poll"
         return polls_before, answer
 
     polls_before, answer = asyncio.run(scenario())
     assert answer == 42
-    assert polls_before >= 1  # the command did wait in a poll, and was woken out of it
+    assert polls_before >= 1  # the command did wait in a poll, and was let in before its end
