@@ -35,7 +35,7 @@ class CountingSink:
     def __init__(self) -> None:
         self.records = 0
 
-    def send(self, topic: str, partition: int, key: bytes, value: bytes | None) -> None:
+    def send(self, topic: str, partition: int, key: bytes, value: bytes | None, timestamp: int | None = None) -> None:
         self.records += 1
 
 

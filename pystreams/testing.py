@@ -113,7 +113,7 @@ class _DriverSender:
     def send_with_headers(self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]) -> None:
         self._driver._written(topic, key, value, None, tuple(headers))
 
-    def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> _Delivered:
+    def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None, timestamp_ms: int | None = None) -> _Delivered:
         offset = self._changelog_offsets.get((topic, partition), 0)
         self._changelog_offsets[(topic, partition)] = offset + 1
         return _Delivered(offset)

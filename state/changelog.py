@@ -21,6 +21,8 @@ class ChangelogRecord(NamedTuple):
     offset: int
     key: bytes
     value: bytes | None
+    #: The record's timestamp: a timestamped store's row timestamp (-1: none).
+    timestamp: int = -1
 
 
 class ChangelogSink(Protocol):
@@ -29,7 +31,10 @@ class ChangelogSink(Protocol):
     The runtime implements it with a kafka-python producer; offsets of written records come
     back to the state layer through ``TaskState.checkpoint(written_offsets)``."""
 
-    def send(self, topic: str, partition: int, key: bytes, value: bytes | None) -> None: ...
+    def send(self, topic: str, partition: int, key: bytes, value: bytes | None, timestamp: int | None = None) -> None:
+        """``timestamp``: the record's (a timestamped store's row timestamp); None: the
+        producer's clock."""
+        ...
 
 
 class ChangelogReader(Protocol):

@@ -3,7 +3,11 @@
 JSON (msgspec), written atomically — temporary file, fsync, rename, fsync of the directory —
 so a crash leaves either the old or the new checkpoint, never a torn one:
 
-    {"version": 1, "offsets": [{"topic": "app-counts-changelog", "partition": 3, "offset": 1042}]}
+    {"version": 2, "offsets": [{"topic": "app-counts-changelog", "partition": 3, "offset": 1042}]}
+
+The version is also the format of the stores beside it: version 1 stores kept no row
+timestamps in tables (timestamped.py), so a version 1 directory is rebuilt from its changelogs,
+whose layout did not change.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import msgspec
 from .changelog import TopicPartition
 from .errors import CheckpointCorruptedError
 
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
 
 
 class _CheckpointOffset(msgspec.Struct, forbid_unknown_fields=True):
@@ -49,6 +53,8 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[TopicPartition, int] |
         checkpoint = _decoder.decode(data)
     except msgspec.DecodeError as error:
         raise CheckpointCorruptedError(f"{path} is not a valid checkpoint: {error}") from error
+    if checkpoint.version < CHECKPOINT_VERSION:
+        raise CheckpointCorruptedError(f"{path} was written by an older pystreams (version {checkpoint.version}: table rows without timestamps)")
     if checkpoint.version != CHECKPOINT_VERSION:
         raise CheckpointCorruptedError(f"{path} has unsupported version {checkpoint.version}")
     offsets: dict[TopicPartition, int] = {}

@@ -64,7 +64,7 @@ class GlobalStore:
         batch = self._db.new_batch()
         put, delete = batch.put, batch.delete
         skipped = 0
-        for _, key, value in records:
+        for _, key, value, _ in records:
             if key is None:
                 skipped += 1
             elif value is None:

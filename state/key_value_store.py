@@ -114,7 +114,7 @@ class KeyValueStore(CachedStore[KeyValueChange]):
             return 0, -1
         put = batch.put
         delete = batch.delete
-        for _, key, value in sorted(records, key=_record_key):
+        for _, key, value, _ in sorted(records, key=_record_key):
             if value is None:
                 delete(key)
             else:

@@ -17,10 +17,10 @@ class InMemoryChangelog:
         self._written_since_taken: dict[TopicPartition, int] = {}
 
     # ChangelogSink
-    def send(self, topic: str, partition: int, key: bytes, value: bytes | None) -> None:
+    def send(self, topic: str, partition: int, key: bytes, value: bytes | None, timestamp: int | None = None) -> None:
         changelog = TopicPartition(topic, partition)
         offset = self._end_offsets.get(changelog, 0)
-        self._records.setdefault(changelog, []).append(ChangelogRecord(offset, key, value))
+        self._records.setdefault(changelog, []).append(ChangelogRecord(offset, key, value, -1 if timestamp is None else timestamp))
         self._end_offsets[changelog] = offset + 1
         self._written_since_taken[changelog] = offset
 

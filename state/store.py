@@ -89,13 +89,17 @@ class CachedStore(Generic[ChangeT]):
         batch = self._db.new_batch()
         self._stage_changes(batch, changes)
         self._db.write(batch)
+        self._log_changes(changes, stamps)
+        self.changelog_records_sent += len(changes)
+        if self._forward is not None:
+            self._forward(self._changes(changes, old_values, stamps))
+
+    def _log_changes(self, changes: CachedChanges, stamps: Stamps | None) -> None:
+        """Send each change to the changelog (the record's timestamp: the producer's)."""
         topic, partition = self.changelog
         send = self._sink.send
         for key, value in changes.items():
             send(topic, partition, key, value)
-        self.changelog_records_sent += len(changes)
-        if self._forward is not None:
-            self._forward(self._changes(changes, old_values, stamps))
 
     def _stage_changes(self, batch: WriteBatch, changes: CachedChanges) -> None:
         # Key order: RocksDB inserts a sorted batch into its memtable much faster.
@@ -152,7 +156,7 @@ class CachedStore(Generic[ChangeT]):
         count = 0
         last_offset = -1
         stage = self._stage
-        for last_offset, key, value in records:  # noqa: B007  (the loop leaves the last one)
+        for last_offset, key, value, _ in records:  # noqa: B007  (the loop leaves the last one)
             stage(batch, key, value)
             count += 1
         return count, last_offset

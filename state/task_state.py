@@ -37,6 +37,7 @@ from .session_store import SessionChange, SessionStore
 from .store import CachedStore, Forward
 from .task_directory import CHECKPOINT_FILE, TaskDirectory, application_path, check_name
 from .task_storage import RocksDBTaskStorage, StateWipe, TaskStorage
+from .timestamped import TimestampedKeyValueStore, TimestampedWindowStore
 from .versioned_store import VersionedStore
 from .window_store import WindowChange, WindowStore
 
@@ -108,8 +109,11 @@ class TaskState:
         forward: Forward[KeyValueChange] | None = None,
         send_old_values: bool = False,
         record_clock: RecordClock | None = None,
+        timestamped: bool = False,
     ) -> KeyValueStore:
-        return self._open_store(KeyValueStore, name, cache_limits=cache_limits, forward=forward, send_old_values=send_old_values, record_clock=record_clock)
+        """``timestamped``: a table's store, each row with its timestamp (timestamped.py)."""
+        kind = TimestampedKeyValueStore if timestamped else KeyValueStore
+        return self._open_store(kind, name, cache_limits=cache_limits, forward=forward, send_old_values=send_old_values, record_clock=record_clock)
 
     def versioned_store(
         self,
@@ -132,9 +136,12 @@ class TaskState:
         forward: Forward[WindowChange] | None = None,
         send_old_values: bool = False,
         record_clock: RecordClock | None = None,
+        timestamped: bool = False,
     ) -> WindowStore:
+        """``timestamped``: a windowed aggregation's store, each window with its timestamp."""
+        kind = TimestampedWindowStore if timestamped else WindowStore
         return self._open_store(
-            WindowStore, name, retention_ms=retention_ms, cache_limits=cache_limits, forward=forward, send_old_values=send_old_values, record_clock=record_clock
+            kind, name, retention_ms=retention_ms, cache_limits=cache_limits, forward=forward, send_old_values=send_old_values, record_clock=record_clock
         )
 
     def session_store(

@@ -128,7 +128,7 @@ class TimeIndexedStore(CachedStore[ChangeT], Retention):
         stage = self._stage
         observe = self._observe
         time_of = self._time_bytes
-        for last_offset, key, value in records:  # noqa: B007  (the loop leaves the last one)
+        for last_offset, key, value, _ in records:  # noqa: B007  (the loop leaves the last one)
             count += 1
             if observe(decode_timestamp(time_of(key))):
                 stage(batch, key, value)

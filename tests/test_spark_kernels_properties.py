@@ -4,9 +4,9 @@
 Inputs are random records on several partitions, with timestamps out of order and many
 records late, cut into random micro-batches. The driver processes them one by one in the order
 a Spark micro-batch applies them (``operators.ORDER_COLUMNS``: each partition in offset
-order, partitions merged by timestamp). Tables are compared as final tables (latest value per
-key; Spark emits per micro-batch, the driver per record), streams as multisets of records with
-their timestamps.
+order, partitions merged by timestamp). Tables are compared as final tables (latest value and
+its timestamp per key; Spark emits per micro-batch, the driver per record), streams as
+multisets of records with their timestamps.
 """
 
 from __future__ import annotations
@@ -297,12 +297,15 @@ def decoded(rows: list[tuple[bytes | None, bytes | None, int]], key_serde: Any, 
 
 
 def final_table(records: list[tuple[Any, Any, int]]) -> dict[Any, Any]:
+    """Each key's latest value with its timestamp: both runtimes stamp a table's row alike
+    (the largest timestamp folded into an aggregate, a session's end, ...), however often
+    they emit it."""
     table: dict[Any, Any] = {}
-    for key, value, _ in records:
+    for key, value, timestamp in records:
         if value is None:
             table.pop(key, None)
         else:
-            table[key] = value
+            table[key] = (value, timestamp)
     return table
 
 

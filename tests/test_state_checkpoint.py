@@ -48,17 +48,26 @@ def test_stale_temporary_from_a_crash_is_ignored_and_overwritten(tmp_path):
     [
         b"\x00\x01garbage",
         b"{}",
-        b'{"version": 1}',
-        b'{"version": 2, "offsets": []}',
-        b'{"version": 1, "offsets": [{"topic": "t", "partition": 0, "offset": 1}, {"topic": "t", "partition": 0, "offset": 2}]}',
-        b'{"version": 1, "offsets": [{"topic": "", "partition": 0, "offset": 1}]}',
-        b'{"version": 1, "offsets": [{"topic": "t", "partition": -1, "offset": 1}]}',
-        b'{"version": 1, "offsets": [{"topic": "t", "partition": 0, "offset": "1"}]}',
-        b'{"version": 1, "offsets": [{"topic": "t", "partition": 0, "offset": 1, "extra": 0}]}',
+        b'{"version": 2}',
+        b'{"version": 3, "offsets": []}',
+        b'{"version": 2, "offsets": [{"topic": "t", "partition": 0, "offset": 1}, {"topic": "t", "partition": 0, "offset": 2}]}',
+        b'{"version": 2, "offsets": [{"topic": "", "partition": 0, "offset": 1}]}',
+        b'{"version": 2, "offsets": [{"topic": "t", "partition": -1, "offset": 1}]}',
+        b'{"version": 2, "offsets": [{"topic": "t", "partition": 0, "offset": "1"}]}',
+        b'{"version": 2, "offsets": [{"topic": "t", "partition": 0, "offset": 1, "extra": 0}]}',
     ],
 )
 def test_untrustworthy_contents_are_rejected(tmp_path, content):
     path = tmp_path / ".checkpoint"
     path.write_bytes(content)
     with pytest.raises(CheckpointCorruptedError):
+        read_checkpoint(path)
+
+
+def test_a_checkpoint_of_an_older_store_layout_is_refused_so_the_stores_are_rebuilt(tmp_path):
+    """Version 1 stores kept table rows without timestamps; their changelogs are the same, so
+    the task rebuilds them from there (the storage wipes on this error)."""
+    path = tmp_path / ".checkpoint"
+    path.write_bytes(b'{"version": 1, "offsets": [{"topic": "t", "partition": 0, "offset": 1}]}')
+    with pytest.raises(CheckpointCorruptedError, match="older pystreams"):
         read_checkpoint(path)

@@ -72,7 +72,7 @@ def test_checkpoint_is_written_at_commit_and_read_back(tmp_path):
     assert checkpoint == {COUNTS: changelog.end_offset(COUNTS), WINDOWS: changelog.end_offset(WINDOWS)}
     assert checkpoint[COUNTS] > 0
     raw = json.loads((tmp_path / APP / TASK / ".checkpoint").read_bytes())
-    assert raw["version"] == 1
+    assert raw["version"] == 2
     state, counts, windows = open_task(tmp_path, changelog)
     assert state.restore_positions() == checkpoint
     assert state.wipes == []
@@ -455,7 +455,7 @@ def test_flush_repeats_until_a_store_written_by_another_stores_forward_is_flushe
     state.flush()
     assert len(buffer.cache) == 0
     assert buffer.get(b"k") == b"v"
-    assert [(key, value) for _, key, value in changelog.records(TopicPartition(f"{APP}-a-buffer-changelog", PARTITION))] == [(b"k", b"v")]
+    assert [(key, value) for _, key, value, _ in changelog.records(TopicPartition(f"{APP}-a-buffer-changelog", PARTITION))] == [(b"k", b"v")]
     state.close()
 
 

@@ -197,14 +197,19 @@ def test_wordcount_counts_exactly_survives_restart_and_rebuilds_from_changelog(k
         assert engine.store_contents("counts") == expected_counts(CORPUS + more)
         assert any(p.done and p.restored_records > 0 for p in progress)
         assert all(p.lag == 0 for p in progress if p.done)
-        produce(kafka_bootstrap, "text-lines", [(b"last", b"zebra fox", None)])
+        # An out-of-order line (timestamp 1 s): the counts it changes keep the largest
+        # timestamp folded into them, restored with each row from its changelog record.
+        produce(kafka_bootstrap, "text-lines", [(b"last", b"zebra fox", 1_000)])
         run_until(engine, lambda: engine.records_processed >= 3, "the last line")
         assert engine.records_processed == 3
     finally:
         engine.close()
-    counts = latest_by_key(read_all(kafka_bootstrap, "word-counts"), serdes.Text(), serdes.Int())
+    output = read_all(kafka_bootstrap, "word-counts")
+    counts = latest_by_key(output, serdes.Text(), serdes.Int())
     assert counts == expected_counts(CORPUS + more + ["zebra fox"])
     assert counts["zebra"] == 2 and counts["fox"] == expected_counts(CORPUS)["fox"] + 4
+    zebras = [record for record in output if record.key == b"zebra"]
+    assert zebras[-1].timestamp == zebras[-2].timestamp > 1_000, "the restored row's timestamp was lost"
 
 
 # -- packed repartition records -----------------------------------------------------------------

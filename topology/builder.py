@@ -66,6 +66,7 @@ from .ir import (
     Topology,
     changes_key,
     is_source,
+    rows_carry_timestamps,
     stores_of,
     topics_of,
 )
@@ -353,6 +354,7 @@ def _place_stores(app_id: str, nodes: dict[str, Node], stores: dict[str, Store])
             subtopology=home,
             changelog_topic=changelog_topic(app_id, name) if store.logging else None,
             readers=tuple(user for user in users[name] if user != store.owner),
+            timestamped=rows_carry_timestamps(nodes[store.owner], store),
         )
     return placed
 

@@ -135,7 +135,7 @@ from uuid import UUID
 from pystreams.serdes import Serde
 
 from .suppress import Suppression
-from .windows import AggregationWindow, JoinWindow, Window
+from .windows import AggregationWindow, JoinWindow, SlidingWindow, Window
 
 
 class EmitStrategy(enum.StrEnum):
@@ -763,6 +763,21 @@ def topics_of(node: Node) -> tuple[str, ...]:
             return ()
 
 
+def rows_carry_timestamps(owner: Node, store: Store) -> bool:
+    """Whether ``store`` keeps each row with its timestamp (Kafka Streams' timestamped
+    stores): a table's rows and an aggregation's results, whose timestamps later results are
+    computed from (an aggregation's is the largest folded into it, a table–table join's the
+    later of its rows'). A sliding window keeps its newest timestamp in its value, a session
+    is stamped with its end, and a versioned table keeps every version's: none needs it."""
+    if store.history_ms is not None or store.kind is StoreKind.SESSION:
+        return False
+    if isinstance(owner, AggregationNode | CogroupNode):
+        return store.name == owner.store and not isinstance(owner.window, SlidingWindow)
+    if isinstance(owner, TableSourceNode | TableFilterNode | TableMapValuesNode | TableJoinNode | TableAggregateNode | FkJoinNode):
+        return store.name == owner.store
+    return False
+
+
 def stores_of(node: Node) -> tuple[str, ...]:
     """Stores the node reads or writes. The owner is ``Store.owner``."""
     match node:
@@ -820,6 +835,8 @@ class Store:
     history_ms: int | None = None
     #: False: no changelog, the store starts empty on every new owner.
     logging: bool = True
+    #: Each row kept with its timestamp (``rows_carry_timestamps``; set by the builder).
+    timestamped: bool = False
     changelog_topic: str | None = None
     subtopology: int = -1
     readers: tuple[str, ...] = ()

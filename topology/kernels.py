@@ -390,6 +390,27 @@ def fixed_window_key(window: TumblingWindow | HoppingWindow | SlidingWindow, key
     return Windowed(key, start, start + window.size_ms)
 
 
+def session_result_timestamp(end: int) -> int:
+    """A session's result is stamped with the session's end, its newest record's timestamp
+    (Kafka Streams' KStreamSessionWindowAggregate), whichever record last changed it."""
+    return end
+
+
+def windowed_result(window: Any, stored: bytes | None, end: int, kept_timestamp: int | None) -> tuple[bytes | None, int | None]:
+    """A windowed table's flushed row as its record: (value bytes, timestamp), as Kafka
+    Streams stamps it. A sliding window's stored value carries its newest record timestamp
+    first, which stamps it; a session is stamped with its end; a tumbling or hopping window
+    with the timestamp its store kept (the largest folded into it)."""
+    if isinstance(window, SlidingWindow):
+        if stored is None:
+            return None, kept_timestamp
+        newest, aggregate = unpack(stored)
+        return aggregate, newest
+    if isinstance(window, SessionWindow):
+        return stored, session_result_timestamp(end)
+    return stored, kept_timestamp
+
+
 def table_value_reader(window: Any) -> Callable[[bytes | None], bytes | None] | None:
     """How a windowed table's store value becomes the table's value bytes: None when it is
     them already; a sliding window's store value carries its newest record timestamp first."""
@@ -572,6 +593,26 @@ class WindowBytes(Protocol):
     def put(self, key: bytes, window_start: int, value: bytes | None) -> bool: ...
 
     def fetch(self, key: bytes, time_from: int, time_to: int) -> Iterable[tuple[int, bytes]]: ...
+
+
+class TimestampedKeyValueBytes(KeyValueBytes, Protocol):
+    """A table's store (``rows_carry_timestamps``): each row with its timestamp."""
+
+    def get_timestamped(self, key: bytes) -> tuple[bytes, int] | None: ...
+
+    def put_timestamped(self, key: bytes, value: bytes | None, timestamp: int) -> None: ...
+
+
+class TimestampedWindowBytes(WindowBytes, Protocol):
+    """A tumbling or hopping aggregation's store: each window with its timestamp."""
+
+    def get_timestamped(self, key: bytes, window_start: int) -> tuple[bytes, int] | None: ...
+
+    def put_timestamped(self, key: bytes, window_start: int, value: bytes | None, timestamp: int) -> bool: ...
+
+    def fetch_all_timestamped(self, time_from: int, time_to: int) -> Iterable[tuple[Any, int]]:
+        """(window with ``key``, ``window_start`` and ``value``, its timestamp), by start."""
+        ...
 
 
 class SessionBytes(Protocol):
@@ -868,7 +909,7 @@ def _table_source(node: TableSourceNode, wiring: NodeWiring) -> Emit:
         if key is None:
             dropped()  # a table has no row for a null key
             return
-        keep(key, value)
+        keep(key, value, timestamp)
 
     return table_source
 
@@ -920,26 +961,27 @@ def _derived_table(node: TableViewNode, wiring: NodeWiring) -> Emit:
 
     def materialized(key: Any, value: Any, timestamp: int) -> None:
         if key is not None:  # a table has no row for a null key
-            keep(key, table_view_value(node, key, value))
+            keep(key, table_view_value(node, key, value), timestamp)
 
     return materialized
 
 
-def _row_keeper(store_name: str, wiring: NodeWiring) -> Callable[[Any, Any], None]:
-    """Writes a materialized table's row for a key (None deletes it); writes nothing for a
-    tombstone of a key the table never held, so its flush sends none (Kafka Streams' cached
-    table stores: no old value and no new value, nothing forwarded)."""
+def _row_keeper(store_name: str, wiring: NodeWiring) -> Callable[[Any, Any, int], None]:
+    """Writes a materialized table's row for a key (None deletes it) as of a timestamp, which
+    its flush forwards it with; writes nothing for a tombstone of a key the table never held,
+    so its flush sends none (Kafka Streams' cached table stores: no old value and no new
+    value, nothing forwarded)."""
     spec = wiring.specs[store_name]
     key_bytes = spec.key_serde.serialize
     value_bytes = spec.value_serde.serialize
     store = wiring.stores[store_name]
-    get, put = store.get, store.put
+    get, put = store.get, store.put_timestamped
 
-    def keep(key: Any, row: Any) -> None:
+    def keep(key: Any, row: Any, timestamp: int) -> None:
         stored_key = key_bytes(key)
         if row is None and get(stored_key) is None:
             return
-        put(stored_key, value_bytes(row))
+        put(stored_key, value_bytes(row), timestamp)
 
     return keep
 
@@ -1008,11 +1050,35 @@ def table_row_reader(store_name: str, view: tuple[TableViewNode, ...], wiring: N
     return row
 
 
+def table_row_and_time_reader(store_name: str, view: tuple[TableViewNode, ...], wiring: NodeWiring) -> Callable[[Any], tuple[Any, int | None]]:
+    """``table_row_reader`` with the row's timestamp (None: no row, or its store keeps none —
+    a versioned table's or a suppression's): what a table–table or foreign-key join stamps
+    its result with (Kafka Streams' timestamped value getter). A step computed on read keeps
+    the stored row's timestamp."""
+    get_timestamped = getattr(wiring.stores[store_name], "get_timestamped", None)
+    if get_timestamped is None:
+        row_of = table_row_reader(store_name, view, wiring)
+        return lambda key: (row_of(key), None)
+    spec = wiring.specs[store_name]
+    key_bytes = spec.key_serde.serialize
+    value_of = spec.value_serde.deserialize
+    through = table_view_reader(view) if view else None
+
+    def row_and_time(key: Any) -> tuple[Any, int | None]:
+        stored = get_timestamped(key_bytes(key))
+        if stored is None:
+            return None, None  # a step computed on read has no row for no row either
+        value = value_of(stored[0])
+        return (value if through is None else through(key, value)), stored[1]
+
+    return row_and_time
+
+
 def _table_join_side(node: TableJoinSideNode, wiring: NodeWiring) -> Emit:
     """On an update of its table, reads the other table's row and sends the join's row for
     the key (joined with ``fn(key, left, right)``), a tombstone, or nothing."""
     fn, how, side = node.fn, node.how, node.side
-    other_row_of = table_row_reader(node.other_store, node.other_view, wiring)
+    other_row_of = table_row_and_time_reader(node.other_store, node.other_view, wiring)
     forward = wiring.forward
     dropped = null_key_counter(wiring)
 
@@ -1020,10 +1086,13 @@ def _table_join_side(node: TableJoinSideNode, wiring: NodeWiring) -> Emit:
         if key is None:
             dropped()  # a table has no row for a null key
             return
-        rows = table_join_update(how, side, value, other_row_of(key))
+        other_row, other_timestamp = other_row_of(key)
+        rows = table_join_update(how, side, value, other_row)
         if rows is NO_CHANGE:
             return
-        forward(key, None if rows is None else fn(key, *cast(tuple[Any, Any], rows)), timestamp)
+        # Kafka Streams' KTableKTable*Join: the later of the update's and the other row's.
+        at = timestamp if other_timestamp is None or timestamp >= other_timestamp else other_timestamp
+        forward(key, None if rows is None else fn(key, *cast(tuple[Any, Any], rows)), at)
 
     return table_join_side
 
@@ -1036,7 +1105,7 @@ def _table_join(node: TableJoinNode, wiring: NodeWiring) -> Emit:
     keep = _row_keeper(node.store, wiring)
 
     def table_join(key: Any, value: Any, timestamp: int) -> None:
-        keep(key, value)
+        keep(key, value, timestamp)
 
     return table_join
 
@@ -1119,7 +1188,7 @@ def _table_aggregate(node: TableAggregateNode, wiring: NodeWiring) -> Emit:
     key_bytes = spec.key_serde.serialize
     value_bytes, value_of = spec.value_serde.serialize, spec.value_serde.deserialize
     store = wiring.stores[node.store]
-    get, put = store.get, store.put
+    get, put = store.get_timestamped, store.put_timestamped
 
     def table_aggregate(key: Any, change: Any, timestamp: int) -> None:
         if key is None or change is None:
@@ -1127,10 +1196,12 @@ def _table_aggregate(node: TableAggregateNode, wiring: NodeWiring) -> Emit:
         new, old = change
         stored_key = key_bytes(key)
         stored = get(stored_key)
-        accumulator = table_aggregate_value(node, key, None if stored is None else value_of(stored), new, old)
+        accumulator = table_aggregate_value(node, key, None if stored is None else value_of(stored[0]), new, old)
         if accumulator is None and stored is None:
             return
-        put(stored_key, value_bytes(accumulator))
+        # Kafka Streams' KTableAggregate: the largest timestamp folded in (subtractions too).
+        at = timestamp if stored is None or timestamp >= stored[1] else stored[1]
+        put(stored_key, value_bytes(accumulator), at)
 
     return table_aggregate
 
@@ -1172,7 +1243,7 @@ def _fk_subscriptions(node: FkSubscriptionsNode, wiring: NodeWiring) -> Emit:
     says; a None foreign key (a left join's) is answered at once, never kept."""
     store = wiring.stores[node.store]
     put = store.put
-    foreign_row_of = table_row_reader(node.foreign_store, node.foreign_view, wiring)
+    foreign_row_of = table_row_and_time_reader(node.foreign_store, node.foreign_view, wiring)
     foreign_key_bytes = wiring.specs[node.foreign_store].key_serde.serialize
     subscription_bytes = cast(fk.SubscriptionSerde, wiring.specs[node.store].value_serde)
     primary_key_bytes = subscription_bytes.key.serialize
@@ -1190,9 +1261,12 @@ def _fk_subscriptions(node: FkSubscriptionsNode, wiring: NodeWiring) -> Emit:
             return
         stored_key = fk.subscription_key(cast(bytes, foreign_key_bytes(foreign_key)), cast(bytes, primary_key_bytes(subscription.primary_key)))
         put(stored_key, subscription_bytes.serialize(subscription) if instruction in keep else None)
-        answered, row = fk.answers(instruction, foreign_row_of(foreign_key))
+        foreign_row, foreign_timestamp = foreign_row_of(foreign_key)
+        answered, row = fk.answers(instruction, foreign_row)
         if answered:
-            forward(subscription.primary_key, fk.SubscriptionResponse(subscription.hash, row), timestamp)
+            # Kafka Streams' SubscriptionJoinProcessor: the later of the subscription's and the row's.
+            at = timestamp if foreign_timestamp is None or timestamp >= foreign_timestamp else foreign_timestamp
+            forward(subscription.primary_key, fk.SubscriptionResponse(subscription.hash, row), at)
 
     return fk_subscriptions
 
@@ -1234,7 +1308,7 @@ def _fk_join(node: FkJoinNode, wiring: NodeWiring) -> Emit:
             return  # a stale answer
         row = fk.joined_row(left_join, fn, key, current, response.foreign_value)
         if keep is not None:
-            keep(key, row)
+            keep(key, row, timestamp)
         else:
             forward(key, row, timestamp)
 
@@ -1263,15 +1337,16 @@ def _aggregation(node: AggregationNode, wiring: NodeWiring) -> Emit:
     assert node.emitted_store is not None, f"emit-final aggregation {node.name!r} has no emitted store"
     key_of = key_serde.deserialize
     closed_by: Callable[[int], int]
-    closed_between: Callable[[int, int], Iterable[tuple[Windowed, bytes]]]
+    closed_between: Callable[[int, int], Iterable[tuple[Windowed, bytes, int]]]
     if isinstance(window, SessionWindow):
         gap, grace = window.gap_ms, window.grace_ms
 
         def session_closed_by(stream_time: int) -> int:
             return session_close_time(stream_time, grace, gap)
 
-        def sessions_closed_between(before: int, now: int) -> Iterable[tuple[Windowed, bytes]]:
-            return [(Windowed(key_of(s.key), s.start, s.end), s.value) for s in store.fetch_all_ending(*newly_closed_session_ends(before, now))]
+        def sessions_closed_between(before: int, now: int) -> Iterable[tuple[Windowed, bytes, int]]:
+            ending = store.fetch_all_ending(*newly_closed_session_ends(before, now))
+            return [(Windowed(key_of(s.key), s.start, s.end), s.value, session_result_timestamp(s.end)) for s in ending]
 
         closed_by, closed_between = session_closed_by, sessions_closed_between
     else:
@@ -1280,11 +1355,11 @@ def _aggregation(node: AggregationNode, wiring: NodeWiring) -> Emit:
         def window_closed_by(stream_time: int) -> int:
             return close_time(stream_time, fixed.grace_ms)
 
-        def windows_closed_between(before: int, now: int) -> Iterable[tuple[Windowed, bytes]]:
+        def windows_closed_between(before: int, now: int) -> Iterable[tuple[Windowed, bytes, int]]:
             starts = newly_closed_window_starts(fixed, before, now)
             if starts is None:
                 return ()
-            return [(fixed_window_key(fixed, key_of(w.key), w.window_start), w.value) for w in store.fetch_all(*starts)]
+            return [(fixed_window_key(fixed, key_of(w.key), w.window_start), w.value, at) for w, at in store.fetch_all_timestamped(*starts)]
 
         closed_by, closed_between = window_closed_by, windows_closed_between
     return _emit_final(node, wiring.stores[node.emitted_store], task, clock, wiring.forward, aggregate, closed_by, closed_between)
@@ -1298,7 +1373,7 @@ def _emit_final(
     forward: Emit,
     aggregate: Emit,
     closed_by: Callable[[int], int],
-    closed_between: Callable[[int, int], Iterable[tuple[Windowed, bytes]]],
+    closed_between: Callable[[int, int], Iterable[tuple[Windowed, bytes, int]]],
 ) -> Emit:
     """Emit-final (KIP-825): when a record moves the node's stream time, every window (session)
     it closes is read from the store and forwarded once, oldest first, before the record is
@@ -1332,7 +1407,8 @@ def _emit_final(
             if closed_now > closed_up_to:
                 finals = closed_between(closed_up_to, closed_now)
                 closed_up_to = closed_now
-                _forward_each(forward, ((windowed, value_of(data), timestamp) for windowed, data in finals), task)
+                # Each final result keeps its own timestamp (KIP-825), not the closing record's.
+                _forward_each(forward, ((windowed, value_of(data), at) for windowed, data, at in finals), task)
         aggregate(key, value, timestamp)
 
     return aggregate_final
@@ -1362,10 +1438,10 @@ def _aggregation_functions(
     return (node.fn, Aggregator.of(node).first, key_serde.serialize, node.value_serde.serialize, node.value_serde.deserialize)
 
 
-def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serde: Any, dropped: Callable[[], None]) -> Emit:
+def _key_value_aggregation(node: AggregationNode, store: TimestampedKeyValueBytes, key_serde: Any, dropped: Callable[[], None]) -> Emit:
     fn, first, key_bytes, value_bytes, value_of = _aggregation_functions(node, key_serde)
-    get = store.get
-    put = store.put
+    get = store.get_timestamped
+    put = store.put_timestamped
 
     def aggregate(key: Any, value: Any, timestamp: int) -> None:
         if key is None or value is None:  # record_skipper, inlined: this is the hottest stateful path
@@ -1374,7 +1450,12 @@ def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serd
             return
         stored_key = key_bytes(key)
         previous = get(stored_key)
-        put(stored_key, value_bytes(first(key, value) if previous is None else fn(value_of(previous), key, value)))
+        if previous is None:
+            put(stored_key, value_bytes(first(key, value)), timestamp)
+            return
+        # Kafka Streams' KStreamAggregate: the result carries the largest timestamp folded in.
+        row, at = previous
+        put(stored_key, value_bytes(fn(value_of(row), key, value)), timestamp if timestamp > at else at)
 
     return aggregate
 
@@ -1382,7 +1463,7 @@ def _key_value_aggregation(node: AggregationNode, store: KeyValueBytes, key_serd
 def _windowed_aggregation(
     node: AggregationNode,
     window: TumblingWindow | HoppingWindow,
-    store: WindowBytes,
+    store: TimestampedWindowBytes,
     key_serde: Any,
     task: TaskPosition,
     clock: NodeClock,
@@ -1411,9 +1492,13 @@ def _windowed_aggregation(
         stored_key = key_bytes(key)
         for bounds in still_open:
             start = bounds.start_ms
-            previous = store.get(stored_key, start)
-            total = first(key, value) if previous is None else fn(value_of(previous), key, value)
-            store.put(stored_key, start, value_bytes(total))
+            previous = store.get_timestamped(stored_key, start)
+            if previous is None:
+                store.put_timestamped(stored_key, start, value_bytes(first(key, value)), timestamp)
+                continue
+            # Kafka Streams' KStreamWindowAggregate: the largest timestamp folded into the window.
+            row, at = previous
+            store.put_timestamped(stored_key, start, value_bytes(fn(value_of(row), key, value)), timestamp if timestamp > at else at)
 
     return aggregate_windowed
 

@@ -49,7 +49,8 @@ Where the runtimes still differ (``SparkPlan.warnings`` names the nodes concerne
   timestamp within a poll, Spark within a micro-batch; ties go to the table (or left) side on
   Spark and to the fetch order on a worker;
 * table updates are emitted once per micro-batch on Spark and once per commit on a worker
-  (folded per key), so intermediate values and output timestamps differ; final tables agree;
+  (folded per key), so intermediate values differ; final tables agree, their rows' timestamps
+  included (the kernels' rules: ``windowed_result``, timestamped stores);
 * processors: one instance per task per micro-batch (state lives only in its stores); ``close()``
   is not called; wall-clock punctuations fire only when a micro-batch runs, and not at all in a
   backfill (``available_now``), which runs without no-data batches so that it ends;
@@ -118,6 +119,7 @@ from pystreams.topology.kernels import sink_partitioner
 
 from .operators import (
     KEYED_COLUMNS,
+    KEYED_STATE_SCHEMA,
     LEFT_SIDE,
     ORDERED_ROWS,
     PROCESSOR_COLUMNS,
@@ -819,7 +821,7 @@ class _Builder:
         # No row for a null key, in a table or an aggregation (the kernels skip them too).
         rows = self._inputs(plan.inputs, KEYED_COLUMNS, by_task=False).where("key IS NOT NULL")
         step = dataclasses.replace(plan.step, errors=self.errors)
-        return rows.groupBy("key").applyInPandasWithState(keyed_update(step), ROWS, "value binary", "update", GroupStateTimeout.NoTimeout)
+        return rows.groupBy("key").applyInPandasWithState(keyed_update(step), ROWS, KEYED_STATE_SCHEMA, "update", GroupStateTimeout.NoTimeout)
 
     def task(self, plan: TaskPlan) -> Any:
         columns = PROCESSOR_COLUMNS if plan.step.processor is not None else TASK_COLUMNS

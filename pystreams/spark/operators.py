@@ -52,7 +52,7 @@ from pystreams.topology.kernels import (
     node_emit,
     partition_for_key,
     source_timestamp,
-    table_value_reader,
+    windowed_result,
 )
 from pystreams.topology.source_step import source_step
 from pystreams.topology.stores import typed
@@ -61,10 +61,13 @@ from pystreams.topology.windows import HoppingWindow, SessionWindow, SlidingWind
 from .record_errors import RecordErrors
 from .serdes import ShippedSerde
 from .state import (
+    STORE_FORMAT,
     GroupKeyStore,
     MapBackend,
     SparkKeyValueStore,
     SparkSessionStore,
+    SparkTimestampedKeyValueStore,
+    SparkTimestampedWindowStore,
     SparkWindowStore,
     TaskClocks,
     needs_sweep,
@@ -73,6 +76,9 @@ from .state import (
 #: A row a step emits: key bytes, value bytes (None: a tombstone), timestamp.
 OutputRow = tuple[bytes | None, bytes | None, int]
 ROWS = "key binary, value binary, ts long"
+#: A per-key step's state: its one row and the row's timestamp (None: not known). Before
+#: rows kept their timestamps it was "value binary": Spark refuses such a checkpoint's state.
+KEYED_STATE_SCHEMA = "value binary, timestamp long"
 #: Rows of a flow read from a source: the record's position, so stateful steps can replay a
 #: micro-batch in the worker's order, and the task (partition number) it belongs to.
 ORDERED_ROWS = ROWS + ", arrival long, origin long, seq long, offset long, task int"
@@ -380,10 +386,12 @@ class KeyedStep:
     errors: RecordErrors = field(default_factory=RecordErrors)
 
 
-def keyed_batch(step: KeyedStep, key_bytes: bytes, frame: Any, stored: bytes | None) -> tuple[GroupKeyStore, list[OutputRow]]:
+def keyed_batch(
+    step: KeyedStep, key_bytes: bytes, frame: Any, stored: bytes | None, stored_timestamp: int | None = None
+) -> tuple[GroupKeyStore, list[OutputRow]]:
     """One group's rows of one micro-batch (in worker order) through the kernels; the group's
     store after them, and the rows to emit."""
-    store = GroupKeyStore(stored)
+    store = GroupKeyStore(stored, stored_timestamp)
     out: list[OutputRow] = []
     key_out, value_out = step.out_key.serialize, step.out_value.serialize
 
@@ -414,7 +422,8 @@ def keyed_batch(step: KeyedStep, key_bytes: bytes, frame: Any, stored: bytes | N
         last_ts = max(last_ts, timestamp)
     if step.table is not None and store.changed:
         key_of_table = step.inputs[0][1].deserialize(key_bytes)
-        out.append((step.out_key.serialize(key_of_table), store.value, last_ts))
+        # The row's own timestamp (the largest folded into it), as the worker's store forwards it.
+        out.append((step.out_key.serialize(key_of_table), store.value, last_ts if store.timestamp is None else store.timestamp))
     return store, out
 
 
@@ -453,15 +462,15 @@ def keyed_update(step: KeyedStep) -> Callable[..., Iterator[Any]]:
     """``applyInPandasWithState``'s update function (state: the store's one value)."""
 
     def update(group_key: tuple[Any, ...], frames: Iterator[Any], state: Any) -> Iterator[Any]:
-        stored = state.get[0] if state.exists else None
-        store, out = keyed_batch(step, group_key[0], in_worker_order(frames, KEYED_COLUMNS), stored)
+        stored, stored_timestamp = state.get if state.exists else (None, None)
+        store, out = keyed_batch(step, group_key[0], in_worker_order(frames, KEYED_COLUMNS), stored, stored_timestamp)
         step.errors.flush()
         if store.changed:
             if store.value is None:
                 if state.exists:
                     state.remove()
             else:
-                state.update((store.value,))
+                state.update((store.value, store.timestamp))
         if out:
             yield _rows_frame(out)
 
@@ -527,11 +536,18 @@ class _OpenTask:
         for spec in step.stores:
             backend = backends[spec.name]
             if spec.kind is StoreKind.KEY_VALUE:
-                self.stores[spec.name] = SparkKeyValueStore(spec.name, backend)
+                self.stores[spec.name] = (
+                    SparkTimestampedKeyValueStore(spec.name, backend, position) if spec.timestamped else SparkKeyValueStore(spec.name, backend)
+                )
                 continue
             retention = spec.retention_ms or (spec.window.retention_ms if spec.window is not None else 0)
-            store_type = SparkWindowStore if spec.kind is StoreKind.WINDOW else SparkSessionStore
-            self.stores[spec.name] = store_type(spec.name, backend, retention, state.store_times.get(spec.name))
+            observed = state.store_times.get(spec.name)
+            if spec.kind is StoreKind.SESSION:
+                self.stores[spec.name] = SparkSessionStore(spec.name, backend, retention, observed)
+            elif spec.timestamped:
+                self.stores[spec.name] = SparkTimestampedWindowStore(spec.name, backend, retention, observed, position)
+            else:
+                self.stores[spec.name] = SparkWindowStore(spec.name, backend, retention, observed)
         specs = {spec.name: spec for spec in step.stores}
         typed_stores = {name: typed(store, specs[name]) for name, store in self.stores.items()}
         self.clocks = {name: NodeClock(observed) for name, observed in state.node_clocks.items()}
@@ -650,10 +666,12 @@ class _OpenTask:
         step, out = self.step, self.out
         table = step.table
         for name, store in self.stores.items():
-            changes = store.flush()
+            timestamped = isinstance(store, SparkTimestampedWindowStore | SparkTimestampedKeyValueStore)
+            changes = store.flush_timestamped() if timestamped else store.flush()
             if table is not None and name == table.store:
                 out.extend(self._table_rows(table, changes))
         state = TaskClocks(
+            store_format=STORE_FORMAT,
             stream_time=self.position.stream_time,
             node_clocks={name: clock.observed for name, clock in self.clocks.items()},
             store_times={name: store.observed_stream_time for name, store in self.stores.items() if not isinstance(store, SparkKeyValueStore)},
@@ -669,24 +687,27 @@ class _OpenTask:
         return state, out
 
     def _table_rows(self, table: AggregationNode | CogroupNode, changes: list[Any]) -> Iterator[OutputRow]:
-        """A windowed table's flushed changes as its records: ``Windowed`` keys, stored value
-        bytes (None: a session merged away; a sliding window's without its timestamp),
-        stamped with the stream time of the nodes writing the store."""
+        """A windowed table's flushed changes as its records: ``Windowed`` keys, value bytes
+        (None: a session merged away) and the timestamps the worker gives them
+        (``windowed_result``). A deleted window's record has the stream time of the nodes
+        writing the store."""
         key_of = self.step.inputs[0][1].deserialize
         out_key = self.step.out_key.serialize
         # The stream time of the nodes writing the store (a cogroup's inputs each have one).
         observed = [clock.observed for node, _, _ in self.step.inputs.values() if (clock := self.clocks.get(node.name)) and clock.observed is not None]
-        timestamp = max(observed, default=-1)
+        stream_time = max(observed, default=-1)
         window = table.window
-        table_value = table_value_reader(window) or _same
         for change in changes:
             if isinstance(window, SessionWindow):
-                key, start, end, value = change
-                yield out_key(Windowed(key_of(key), start, end)), value, timestamp
+                key, start, end, stored = change
+                windowed, kept = Windowed(key_of(key), start, end), None
             else:
                 assert isinstance(window, TumblingWindow | HoppingWindow | SlidingWindow)
-                key, start, value = change
-                yield out_key(fixed_window_key(window, key_of(key), start)), table_value(value), timestamp
+                key, start, stored, *kept_timestamp = change  # a timestamped store's changes carry it
+                windowed, kept = fixed_window_key(window, key_of(key), start), (kept_timestamp[0] if kept_timestamp else None)
+                end = start + window.size_ms
+            value, timestamp = windowed_result(window, stored, end, kept)
+            yield out_key(windowed), value, stream_time if timestamp is None else timestamp
 
 
 class TaskRunner:
@@ -708,7 +729,7 @@ class TaskRunner:
     ) -> tuple[TaskClocks, list[OutputRow], list[int]]:
         """One micro-batch of the task's rows, in worker order. Returns the state to keep, the
         rows to emit and the wall-clock due times newly scheduled."""
-        task = _OpenTask(self.step, partition, backends, state or TaskClocks())
+        task = _OpenTask(self.step, partition, backends, self._checked(state))
         task.process(frame)
         scheduled = self._wall_clock(task, now_ms)
         new_state, out = task.finish()
@@ -718,10 +739,23 @@ class TaskRunner:
         self, partition: int, backends: Mapping[str, MapBackend], state: TaskClocks | None, now_ms: int
     ) -> tuple[TaskClocks, list[OutputRow], list[int]]:
         """A processing-time timer: run the wall-clock punctuations due now."""
-        task = _OpenTask(self.step, partition, backends, state or TaskClocks())
+        task = _OpenTask(self.step, partition, backends, self._checked(state))
         fired = task.fire_wall_clock(now_ms) if self.step.wall_clock_timers else []
         new_state, out = task.finish()
         return new_state, out, fired
+
+    def _checked(self, state: TaskClocks | None) -> TaskClocks:
+        """The task's state, or a new one; an older pystreams' state of table stores (rows
+        without their timestamps) is refused: read as today's, its values would be garbage."""
+        if state is None:
+            return TaskClocks(store_format=STORE_FORMAT)
+        if state.store_format < STORE_FORMAT and any(spec.timestamped for spec in self.step.stores):
+            stores = ", ".join(spec.name for spec in self.step.stores if spec.timestamped)
+            raise ValueError(
+                f"the checkpoint's state of stores {stores} was written by an older pystreams, whose table rows kept no "
+                "timestamps; run the job on a new checkpoint (--checkpoint), which recomputes the tables from the topics"
+            )
+        return state
 
     def _wall_clock(self, task: _OpenTask, now_ms: int) -> list[int]:
         if not self.step.wall_clock_punctuations:

@@ -23,6 +23,7 @@ from pystreams.state.interface import KeyValueBytesStore, SessionBytesStore, Win
 from pystreams.state.keys import MAX_TIMESTAMP
 from pystreams.state.session_store import Session
 from pystreams.state.time_indexed import Retention
+from pystreams.state.timestamped import NO_TIMESTAMP, STAMP_BYTES, row_timestamp, stamped
 from pystreams.state.window_store import WindowedValue
 
 
@@ -100,6 +101,36 @@ class SparkKeyValueStore:
                 changes.append((key, value))
         self._dirty.clear()
         return changes
+
+
+class SparkTimestampedKeyValueStore(SparkKeyValueStore):
+    """A table's key-value store on Spark: each row kept as ``stamped(value, timestamp)``
+    (pystreams.state.timestamped's layout); reads see the value alone."""
+
+    def __init__(self, name: str, backend: MapBackend, clock: Any = None) -> None:
+        super().__init__(name, backend)
+        self._clock = clock
+
+    def get(self, key: bytes) -> bytes | None:
+        stored = super().get(key)
+        return None if stored is None else stored[STAMP_BYTES:]
+
+    def get_timestamped(self, key: bytes) -> tuple[bytes, int] | None:
+        stored = super().get(key)
+        return None if stored is None else (stored[STAMP_BYTES:], row_timestamp(stored))
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        self.put_timestamped(key, value, self._clock.timestamp if self._clock is not None else NO_TIMESTAMP)
+
+    def put_timestamped(self, key: bytes, value: bytes | None, timestamp: int) -> None:
+        super().put(key, None if value is None else stamped(value, timestamp))
+
+    def all(self) -> list[tuple[bytes, bytes]]:
+        return [(key, value[STAMP_BYTES:]) for key, value in super().all()]
+
+    def flush_timestamped(self) -> list[tuple[bytes, bytes | None, int | None]]:
+        """The changes as ``(key, value or None, row timestamp or None)``, oldest first."""
+        return [(key, None, None) if value is None else (key, value[STAMP_BYTES:], row_timestamp(value)) for key, value in super().flush()]
 
 
 class _TimedStore(Retention):
@@ -242,6 +273,45 @@ class SparkWindowStore(_TimedStore):
         return found
 
 
+class SparkTimestampedWindowStore(SparkWindowStore):
+    """A tumbling or hopping aggregation's store on Spark: each window's value kept as
+    ``stamped(value, timestamp)``; reads see the value alone."""
+
+    def __init__(self, name: str, backend: MapBackend, retention_ms: int, observed_stream_time: int | None, clock: Any = None) -> None:
+        super().__init__(name, backend, retention_ms, observed_stream_time)
+        self._clock = clock
+
+    def get(self, key: bytes, window_start: int) -> bytes | None:
+        stored = super().get(key, window_start)
+        return None if stored is None else stored[STAMP_BYTES:]
+
+    def get_timestamped(self, key: bytes, window_start: int) -> tuple[bytes, int] | None:
+        stored = super().get(key, window_start)
+        return None if stored is None else (stored[STAMP_BYTES:], row_timestamp(stored))
+
+    def put(self, key: bytes, window_start: int, value: bytes | None) -> bool:
+        return self.put_timestamped(key, window_start, value, self._clock.timestamp if self._clock is not None else NO_TIMESTAMP)
+
+    def put_timestamped(self, key: bytes, window_start: int, value: bytes | None, timestamp: int) -> bool:
+        return super().put(key, window_start, None if value is None else stamped(value, timestamp))
+
+    def fetch(self, key: bytes, time_from: int, time_to: int) -> Iterator[tuple[int, bytes]]:
+        return ((start, value[STAMP_BYTES:]) for start, value in super().fetch(key, time_from, time_to))
+
+    def fetch_all(self, time_from: int, time_to: int) -> list[WindowedValue]:
+        return [window._replace(value=window.value[STAMP_BYTES:]) for window in super().fetch_all(time_from, time_to)]
+
+    def fetch_all_timestamped(self, time_from: int, time_to: int) -> list[tuple[WindowedValue, int]]:
+        return [(window._replace(value=window.value[STAMP_BYTES:]), row_timestamp(window.value)) for window in super().fetch_all(time_from, time_to)]
+
+    def all(self) -> list[WindowedValue]:
+        return [window._replace(value=window.value[STAMP_BYTES:]) for window in super().all()]
+
+    def flush_timestamped(self) -> list[tuple[bytes, int, bytes | None, int | None]]:
+        """The changes as ``(key, window start, value or None, its timestamp or None)``."""
+        return [(key, start, None, None) if value is None else (key, start, value[STAMP_BYTES:], row_timestamp(value)) for key, start, value in super().flush()]
+
+
 class SparkSessionStore(_TimedStore):
     """Values per (key, session start, session end), retention on the end."""
 
@@ -301,18 +371,34 @@ class SparkSessionStore(_TimedStore):
 
 class GroupKeyStore:
     """The store of a node Spark runs per key (``applyInPandasWithState``): it only ever
-    holds the group's key, so the value is all there is."""
+    holds the group's key, so its row — the value and its timestamp (a table's row, an
+    aggregation's result: ``Store.timestamped``) — is all there is."""
 
-    def __init__(self, value: bytes | None) -> None:
+    def __init__(self, value: bytes | None, timestamp: int | None = None) -> None:
         self.value = value
+        #: The row's timestamp; None: not known (a plain put).
+        self.timestamp = timestamp
         self.changed = False
 
     def get(self, key: bytes) -> bytes | None:
         return self.value
 
     def put(self, key: bytes, value: bytes | None) -> None:
-        self.value = value
+        self.value, self.timestamp = value, None
         self.changed = True
+
+    def get_timestamped(self, key: bytes) -> tuple[bytes, int] | None:
+        if self.value is None:
+            return None
+        return self.value, NO_TIMESTAMP if self.timestamp is None else self.timestamp
+
+    def put_timestamped(self, key: bytes, value: bytes | None, timestamp: int) -> None:
+        self.value, self.timestamp = value, None if value is None else timestamp
+        self.changed = True
+
+
+#: 2: tumbling and hopping aggregations keep each window with its timestamp (``stamped``).
+STORE_FORMAT = 2
 
 
 class TaskClocks(msgspec.Struct, omit_defaults=True):
@@ -321,6 +407,9 @@ class TaskClocks(msgspec.Struct, omit_defaults=True):
     time, its windowed nodes' stream times, each store's newest time and how far it was last
     swept, and when each punctuation is next due."""
 
+    #: The layout of the task's stores (``STORE_FORMAT``); 1: before table rows kept their
+    #: timestamps (a state without the field).
+    store_format: int = 1
     stream_time: int | None = None
     node_clocks: dict[str, int | None] = {}
     store_times: dict[str, int | None] = {}

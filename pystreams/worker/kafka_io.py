@@ -112,7 +112,7 @@ class Sender(Protocol):
         (Kafka Streams' StreamPartitioner) instead of the producer's default."""
         ...
 
-    def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> Any:
+    def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None, timestamp_ms: int | None = None) -> Any:
         """Returns the send's future (``is_done``, ``failed()``, ``value.offset``)."""
         ...
 
@@ -187,8 +187,8 @@ class RecordSender:
             self._send(topic, key=key, value=value, timestamp_ms=timestamp_ms, partition=partitioner(key, count), headers=list(headers) if headers else None)
         )
 
-    def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None) -> Any:
-        future = self._send(topic, key=key, value=value, partition=partition)
+    def send_to_partition(self, topic: str, partition: int, key: bytes | None, value: bytes | None, timestamp_ms: int | None = None) -> Any:
+        future = self._send(topic, key=key, value=value, partition=partition, timestamp_ms=timestamp_ms)
         self._pending.append(future)
         return future
 
@@ -227,10 +227,10 @@ class ProducerChangelogSink:
         self._logged_topics = logged_topics
         self._last_send: dict[TopicPartition, Any] = {}
 
-    def send(self, topic: str, partition: int, key: bytes, value: bytes | None) -> None:
+    def send(self, topic: str, partition: int, key: bytes, value: bytes | None, timestamp: int | None = None) -> None:
         if topic not in self._logged_topics:
             return
-        self._last_send[TopicPartition(topic, partition)] = self._sender.send_to_partition(topic, partition, key, value)
+        self._last_send[TopicPartition(topic, partition)] = self._sender.send_to_partition(topic, partition, key, value, timestamp)
 
     def take_written_offsets(self) -> dict[TopicPartition, int]:
         """Offsets of the last record written per changelog since the previous call; call
@@ -312,7 +312,7 @@ class ChangelogRestorer:
             deadline = time.monotonic() + self._fetch_timeout_s
             stalled_since = time.monotonic()
             next_offset = records[-1].offset + 1
-            yield [ChangelogRecord(r.offset, r.key, r.value) for r in records if r.offset < end_offset]
+            yield [ChangelogRecord(r.offset, r.key, r.value, r.timestamp) for r in records if r.offset < end_offset]
 
     @staticmethod
     def _start(consumer: Any, tp: KafkaTopicPartition, offset: int | None) -> None:

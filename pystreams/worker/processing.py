@@ -65,7 +65,7 @@ from pystreams.topology.kernels import (
     guard,
     node_emit,
     sink_partitioner,
-    table_value_reader,
+    windowed_result,
 )
 from pystreams.topology.resolve import ResolvedTopology
 from pystreams.topology.stores import TypedStore, typed
@@ -150,14 +150,21 @@ def open_task_stores(
         if spec.kind is StoreKind.KEY_VALUE and spec.history_ms is not None:
             stores[store_name] = state.versioned_store(store_name, history_ms=spec.history_ms, cache_limits=cache_limits, record_clock=record_clock)
             continue
+        timestamped = spec.timestamped
         if spec.kind is StoreKind.KEY_VALUE:
-            stores[store_name] = state.key_value_store(store_name, cache_limits=cache_limits, forward=forward, record_clock=record_clock)
+            stores[store_name] = state.key_value_store(
+                store_name, cache_limits=cache_limits, forward=forward, record_clock=record_clock, timestamped=timestamped
+            )
             continue
         retention = spec.retention_ms or (spec.window.retention_ms if spec.window is not None else None)
         if retention is None:
             raise ValueError(f"store {store_name!r} has no retention")
-        open_store = state.window_store if spec.kind is StoreKind.WINDOW else state.session_store
-        stores[store_name] = open_store(store_name, retention_ms=retention, cache_limits=cache_limits, forward=forward, record_clock=record_clock)
+        if spec.kind is StoreKind.WINDOW:
+            stores[store_name] = state.window_store(
+                store_name, retention_ms=retention, cache_limits=cache_limits, forward=forward, record_clock=record_clock, timestamped=timestamped
+            )
+        else:
+            stores[store_name] = state.session_store(store_name, retention_ms=retention, cache_limits=cache_limits, forward=forward, record_clock=record_clock)
     return stores
 
 
@@ -390,17 +397,28 @@ def _table_forwarder(
 
         raw_key, key_object = window_raw_key, window_key_object
 
-    table_value = table_value_reader(window)
-    if table_value is not None:
-        # Sliding windows: the store value carries the window's newest record timestamp first.
-        forward_values = _table_forward(raw_key, key_object, raw_sinks, all_raw, guarded_children, send, send_partitioned, ctx, value_of)
-        reader = table_value
+    forward_changes = _table_forward(raw_key, key_object, raw_sinks, all_raw, guarded_children, send, send_partitioned, ctx, value_of)
+    if window is None:
+        return forward_changes
+    windowed = window
+    end_of = _change_end(windowed)
 
-        def forward_table_values(changes: list[Any]) -> None:
-            forward_values([change._replace(value=reader(change.value)) for change in changes])
+    def forward_windowed(changes: list[Any]) -> None:
+        results = []
+        for change in changes:
+            value, timestamp = windowed_result(windowed, change.value, end_of(change), change.timestamp)
+            results.append(change._replace(value=value, timestamp=timestamp))
+        forward_changes(results)
 
-        return forward_table_values
-    return _table_forward(raw_key, key_object, raw_sinks, all_raw, guarded_children, send, send_partitioned, ctx, value_of)
+    return forward_windowed
+
+
+def _change_end(window: Any) -> Callable[[Any], int]:
+    """Where a windowed store's change says its window ends."""
+    if isinstance(window, SessionWindow):
+        return lambda change: change.end
+    size = window.size_ms
+    return lambda change: change.window_start + size
 
 
 def _table_forward(

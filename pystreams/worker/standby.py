@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class _ReadOnlyChangelog:
     """A standby never writes its changelogs: the active does."""
 
-    def send(self, topic: str, partition: int, key: bytes, value: bytes | None) -> None:
+    def send(self, topic: str, partition: int, key: bytes, value: bytes | None, timestamp: int | None = None) -> None:
         raise RuntimeError(f"a standby replica wrote to {topic}-{partition}")
 
 
@@ -136,7 +136,7 @@ class StandbyUpdater:
             task = self._task_of.get(changelog)
             if task is None or not records:
                 continue
-            task.apply(changelog, [ChangelogRecord(r.offset, r.key, r.value) for r in records])
+            task.apply(changelog, [ChangelogRecord(r.offset, r.key, r.value, r.timestamp) for r in records])
             applied += len(records)
         return applied
 
