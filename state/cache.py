@@ -36,14 +36,28 @@ ABSENT: Final = _Absent.ABSENT
 CachedEntry = tuple[bytes, "bytes | None"]
 # Changes handed to the store's write path: key → latest value (None: delete), oldest first.
 CachedChanges = dict[bytes, "bytes | None"]
-#: Timestamp of the record that last wrote each key (stores that forward their changes).
-Stamps = dict[bytes, int]
+#: Record headers: (name, value bytes) pairs.
+Headers = tuple[tuple[str, "bytes | None"], ...]
+NO_HEADERS: Headers = ()
+
+
+class Stamps(dict[bytes, int]):
+    """The timestamp of the record that last wrote each key, and in ``headers`` its headers
+    when it had any (stores that forward their changes): Kafka Streams' cache keeps both, and
+    a table's update goes downstream with them."""
+
+    __slots__ = ("headers",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headers: dict[bytes, Headers] = {}
 
 
 class RecordClock(Protocol):
-    """The timestamp of the record being processed (the task's context)."""
+    """The record being processed (the task's context): its timestamp and headers."""
 
     timestamp: int
+    headers: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +77,7 @@ class CacheLimits:
 
 class _Unstamped:
     timestamp = 0
+    headers = NO_HEADERS
 
 
 _UNSTAMPED: Final = _Unstamped()
@@ -96,7 +111,7 @@ class RecordCache:
         self._group_suffix_bytes = group_suffix_bytes
         self._groups: dict[bytes, set[bytes]] | None = {} if group_suffix_bytes else None
         self._clock: RecordClock = clock if clock is not None else _UNSTAMPED
-        self._stamps: Stamps | None = {} if clock is not None else None
+        self._stamps: Stamps | None = Stamps() if clock is not None else None
         self.evicted_entries = 0
 
     def __len__(self) -> int:
@@ -120,7 +135,13 @@ class RecordCache:
         entries[key] = value
         stamps = self._stamps
         if stamps is not None:
-            stamps[key] = self._clock.timestamp
+            clock = self._clock
+            stamps[key] = clock.timestamp
+            headers = clock.headers
+            if headers:
+                stamps.headers[key] = tuple(headers)
+            elif stamps.headers:
+                stamps.headers.pop(key, None)
         if previous is ABSENT:
             self._bytes += len(key) + ENTRY_OVERHEAD_BYTES + (len(value) if value is not None else 0)
             if self._groups is not None:
@@ -163,7 +184,13 @@ class RecordCache:
             if groups is not None:
                 self._remove_from_group(groups, key)
         stamps = self._stamps
-        evicted_stamps = None if stamps is None else {key: stamps.pop(key) for key in evicted}
+        evicted_stamps = None
+        if stamps is not None:
+            evicted_stamps = Stamps()
+            for key in evicted:
+                evicted_stamps[key] = stamps.pop(key)
+                if stamps.headers and key in stamps.headers:
+                    evicted_stamps.headers[key] = stamps.headers.pop(key)
         self.evicted_entries += len(evicted)
         self._evict(evicted, evicted_stamps)
 
@@ -180,7 +207,7 @@ class RecordCache:
         if self._groups is not None:
             self._groups = {}
         if stamps is not None:
-            self._stamps = {}
+            self._stamps = Stamps()
         return drained, stamps
 
     def in_range(self, lower: bytes | None, upper: bytes | None) -> list[CachedEntry]:

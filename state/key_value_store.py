@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-from .cache import ABSENT, CachedChanges, Stamps
+from .cache import ABSENT, NO_HEADERS, CachedChanges, Headers, Stamps
 from .changelog import ChangelogRecord
 from .database import WriteBatch
 from .store import CachedStore
@@ -21,6 +21,8 @@ class KeyValueChange(NamedTuple):
     old_value: bytes | None
     #: The timestamp of the record that last wrote the key (None: the store has no clock).
     timestamp: int | None = None
+    #: That record's headers.
+    headers: Headers = NO_HEADERS
 
 
 _new_tuple = tuple.__new__
@@ -90,11 +92,15 @@ class KeyValueStore(CachedStore[KeyValueChange]):
         # per flush.
         if stamps is None:
             if old_values is None:
-                return [_new_tuple(KeyValueChange, (key, value, None, None)) for key, value in changes.items()]
-            return [_new_tuple(KeyValueChange, (key, value, old, None)) for (key, value), old in zip(changes.items(), old_values, strict=True)]
+                return [_new_tuple(KeyValueChange, (key, value, None, None, NO_HEADERS)) for key, value in changes.items()]
+            return [_new_tuple(KeyValueChange, (key, value, old, None, NO_HEADERS)) for (key, value), old in zip(changes.items(), old_values, strict=True)]
+        headers = stamps.headers
         if old_values is None:
-            return [_new_tuple(KeyValueChange, (key, value, None, stamps[key])) for key, value in changes.items()]
-        return [_new_tuple(KeyValueChange, (key, value, old, stamps[key])) for (key, value), old in zip(changes.items(), old_values, strict=True)]
+            return [_new_tuple(KeyValueChange, (key, value, None, stamps[key], headers.get(key, NO_HEADERS))) for key, value in changes.items()]
+        return [
+            _new_tuple(KeyValueChange, (key, value, old, stamps[key], headers.get(key, NO_HEADERS)))
+            for (key, value), old in zip(changes.items(), old_values, strict=True)
+        ]
 
     def _stage_changes(self, batch: WriteBatch, changes: CachedChanges) -> None:
         put = batch.put

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .cache import CachedChanges, Stamps
+from .cache import NO_HEADERS, CachedChanges, Headers, Stamps
 from .keys import (
     MAX_TIMESTAMP,
     SESSION_SUFFIX_BYTES,
@@ -30,6 +30,7 @@ class SessionChange(NamedTuple):
     value: bytes | None  # None: the session was removed (merged into another, usually)
     old_value: bytes | None  # only with send_old_values
     timestamp: int | None = None  # of the record that last wrote it (None: the store has no clock)
+    headers: Headers = NO_HEADERS  # that record's
 
 
 class Session(NamedTuple):
@@ -112,5 +113,8 @@ class SessionStore(TimeIndexedStore[SessionChange]):
         for index, (composite, value) in enumerate(changes.items()):
             key, start, end = split_session_key(composite)
             old = old_values[index] if old_values is not None else None
-            result.append(SessionChange(key, start, end, value, old, None if stamps is None else stamps[composite]))
+            if stamps is None:
+                result.append(SessionChange(key, start, end, value, old))
+            else:
+                result.append(SessionChange(key, start, end, value, old, stamps[composite], stamps.headers.get(composite, NO_HEADERS)))
         return result

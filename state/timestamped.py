@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
-from .cache import CachedChanges, CachedEntry, RecordClock, Stamps
+from .cache import ABSENT, CachedChanges, CachedEntry, RecordClock, Stamps
 from .changelog import ChangelogRecord
 from .database import WriteBatch
 from .key_value_store import KeyValueChange, KeyValueStore
@@ -94,7 +94,9 @@ class TimestampedKeyValueStore(_TimestampedRows, KeyValueStore):
 
     def get_timestamped(self, key: bytes) -> tuple[bytes, int] | None:
         """``(value, timestamp)`` of ``key``'s row, or None."""
-        stored = KeyValueStore.get(self, key)
+        stored = self._cache.get(key)  # KeyValueStore.get, inlined: an aggregation's every record
+        if stored is ABSENT:
+            stored = self._db.get(key)
         return None if stored is None else (stored[STAMP_BYTES:], _unpack_from(stored)[0])
 
     def put_if_absent(self, key: bytes, value: bytes) -> bytes | None:
@@ -109,11 +111,11 @@ class TimestampedKeyValueStore(_TimestampedRows, KeyValueStore):
 
     def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None, stamps: Stamps | None) -> list[KeyValueChange]:
         unstamped = []
-        for key, value, old, written_at in KeyValueStore._changes(self, changes, old_values, stamps):
+        for key, value, old, written_at, headers in KeyValueStore._changes(self, changes, old_values, stamps):
             if value is None:  # a deletion goes on with the deleting record's timestamp
-                row = _new_tuple(KeyValueChange, (key, None, None if old is None else old[STAMP_BYTES:], written_at))
+                row = _new_tuple(KeyValueChange, (key, None, None if old is None else old[STAMP_BYTES:], written_at, headers))
             else:
-                row = _new_tuple(KeyValueChange, (key, value[STAMP_BYTES:], None if old is None else old[STAMP_BYTES:], _unpack_from(value)[0]))
+                row = _new_tuple(KeyValueChange, (key, value[STAMP_BYTES:], None if old is None else old[STAMP_BYTES:], _unpack_from(value)[0], headers))
             unstamped.append(row)
         return unstamped
 
@@ -158,10 +160,10 @@ class TimestampedWindowStore(_TimestampedRows, WindowStore):
 
     def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None, stamps: Stamps | None) -> list[WindowChange]:
         unstamped = []
-        for key, window_start, value, old, written_at in WindowStore._changes(self, changes, old_values, stamps):
+        for key, window_start, value, old, written_at, headers in WindowStore._changes(self, changes, old_values, stamps):
             old_value = None if old is None else old[STAMP_BYTES:]
             if value is None:
-                unstamped.append(WindowChange(key, window_start, None, old_value, written_at))
+                unstamped.append(WindowChange(key, window_start, None, old_value, written_at, headers))
             else:
-                unstamped.append(WindowChange(key, window_start, value[STAMP_BYTES:], old_value, _unpack_from(value)[0]))
+                unstamped.append(WindowChange(key, window_start, value[STAMP_BYTES:], old_value, _unpack_from(value)[0], headers))
         return unstamped

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from .cache import CachedChanges, Stamps
+from .cache import NO_HEADERS, CachedChanges, Headers, Stamps
 from .keys import (
     MAX_TIMESTAMP,
     WINDOW_SUFFIX_BYTES,
@@ -27,6 +27,7 @@ class WindowChange(NamedTuple):
     value: bytes | None  # None: the window was deleted
     old_value: bytes | None  # only with send_old_values
     timestamp: int | None = None  # of the record that last wrote it (None: the store has no clock)
+    headers: Headers = NO_HEADERS  # that record's
 
 
 class WindowedValue(NamedTuple):
@@ -105,5 +106,8 @@ class WindowStore(TimeIndexedStore[WindowChange]):
         for index, (composite, value) in enumerate(changes.items()):
             key, window_start = split_window_key(composite)
             old = old_values[index] if old_values is not None else None
-            result.append(WindowChange(key, window_start, value, old, None if stamps is None else stamps[composite]))
+            if stamps is None:
+                result.append(WindowChange(key, window_start, value, old))
+            else:
+                result.append(WindowChange(key, window_start, value, old, stamps[composite], stamps.headers.get(composite, NO_HEADERS)))
         return result

@@ -1,7 +1,9 @@
 """Record headers on the test driver, as Kafka Streams keeps them: a record's headers go with
 everything derived from it through stateless steps, joins, a repartition and a processor
-(which may read and replace them) to the sink; a table's updates and a punctuation's
-forwards carry none. The packed repartition format keeps each entry's headers (format 2)."""
+(which may read and replace them) to the sink; a table's update carries the headers of the
+record that last wrote its row (Kafka Streams' cache keeps them with the row), and a
+punctuation's forwards carry none. The packed repartition format keeps each entry's headers
+(format 2)."""
 
 from __future__ import annotations
 
@@ -35,8 +37,29 @@ def test_headers_follow_a_record_through_stateless_steps_a_repartition_and_a_joi
         driver.pipe_input("orders", b"o1", serdes.Json().serialize({"id": "o1", "customer": "c1", "total": 5}), 2, headers=TRACE)
         orders_topic.pipe_input("o2", {"id": "o2", "customer": "c1", "total": 7}, timestamp=3)  # no headers
         assert read(driver, "shipped") == [("c1", "O1->OSLO", TRACE), ("c1", "O2->OSLO", ())]
-        # A table's update carries no record's headers.
+        # The table's update carries its own record's headers: it had none.
         assert read(driver, "customer-updates") == [("c1", "oslo", ())]
+
+
+def test_a_tables_update_carries_the_headers_of_the_record_that_last_wrote_its_row() -> None:
+    app = App("table-headers")
+    words = app.topic("words", value=serdes.Text())
+    split = words.flat_map_values(lambda key, line: line.split(), value=serdes.Text())
+    counts = app.count(split.group_by_key(), store="counts")
+    counts.to("counts")  # the table's bytes straight to the sink
+    counts.to_stream().map_values(lambda word, n: n * 10, value=serdes.Int()).to("tens")  # through a step
+    prices = app.table("prices", value=serdes.Int())
+    prices.to_stream().to("price-updates")
+    first, second = (("trace-id", b"t-1"),), (("trace-id", b"t-2"),)
+    with TopologyTestDriver(app) as driver:
+        driver.pipe_input("words", b"w", b"a a", 1, headers=first)  # folded in one commit: one update
+        driver.pipe_input("words", b"w", b"a", 2)  # the row's last writer had no headers
+        driver.pipe_input("words", b"w", b"a", 3, headers=second)
+        for topic, factor in (("counts", 1), ("tens", 10)):
+            assert read(driver, topic) == [("w", 2 * factor, first), ("w", 3 * factor, ()), ("w", 4 * factor, second)], topic
+        driver.pipe_input("prices", b"tea", serdes.Int().serialize(3), 4, headers=second)
+        driver.pipe_input("prices", b"tea", None, 5, headers=first)  # a delete goes with the deleting record's
+        assert read(driver, "price-updates") == [("tea", 3, second), ("tea", None, first)]
 
 
 class Stamp(Processor):

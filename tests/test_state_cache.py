@@ -66,6 +66,7 @@ def test_range_and_group_lookups_are_sorted():
 
 class Clock:
     timestamp = 0
+    headers: tuple = ()
 
 
 def test_a_clocked_cache_stamps_each_entry_with_its_last_writers_timestamp_in_write_order():
@@ -82,6 +83,23 @@ def test_a_clocked_cache_stamps_each_entry_with_its_last_writers_timestamp_in_wr
     assert evicted == [([b"d", b"c", b"e"], {b"d": 2, b"c": 3, b"e": 4})]
     assert cache.drain_stamped() == ({}, {})
     assert RecordCache(CacheLimits(), lambda changes, stamps: None).drain_stamped() == ({}, None)  # no clock: no stamps
+
+
+def test_a_clocked_cache_keeps_the_headers_of_each_entrys_last_writer_through_eviction():
+    clock, evicted = Clock(), []
+    cache = RecordCache(CacheLimits(max_entries=2, evict_to_fraction=0.0), lambda changes, stamps: evicted.append(dict(stamps.headers)), clock=clock)
+    traced = (("trace-id", b"t-1"),)
+    for key, headers in ((b"a", traced), (b"b", traced), (b"b", ())):  # b's last writer had none
+        clock.headers = headers
+        cache.put(key, b"v")
+    _, stamps = cache.drain_stamped()
+    assert stamps is not None and stamps.headers == {b"a": traced}
+    for key, headers in ((b"c", traced), (b"d", ()), (b"e", ())):  # the third key evicts all
+        clock.headers = headers
+        cache.put(key, b"v")
+    assert evicted == [{b"c": traced}]
+    _, stamps = cache.drain_stamped()
+    assert stamps is not None and stamps.headers == {}
 
 
 @pytest.mark.parametrize("limits", [dict(max_entries=0), dict(max_bytes=0), dict(evict_to_fraction=1.0)])

@@ -204,17 +204,17 @@ def build_task_graph(
     sender = ctx.sender
     repartition_topics = frozenset(topology.repartition_topics)
     send = sender.send
-    forward_send: Callable[[str, bytes | None, bytes | None, int | None], None]
+    forward_send: Callable[[str, bytes | None, bytes | None, int | None, Any], None]
     if repartition_topics:
         # Table forwarders may write several topics through one send; route per topic.
         repartition_sinks = {topic: sender.repartition_sink(topic) for topic in repartition_topics}
 
-        def send_any(topic: str, key: bytes | None, value: bytes | None, timestamp: int | None) -> None:
+        def send_any(topic: str, key: bytes | None, value: bytes | None, timestamp: int | None, headers: Any = ()) -> None:
             sink = repartition_sinks.get(topic)
             if sink is None:
-                send(topic, key, value, timestamp)
+                send(topic, key, value, timestamp, headers)
             else:
-                sink(key, value, timestamp if timestamp is not None else ctx.forward_timestamp(), ())
+                sink(key, value, timestamp if timestamp is not None else ctx.forward_timestamp(), headers)
 
         forward_send = send_any
     else:
@@ -345,7 +345,7 @@ def _table_forwarder(
     store_key_serde: Any,
     child_nodes: list[Node],
     children: Emit,
-    send: Callable[[str, bytes | None, bytes | None, int | None], None],
+    send: Callable[[str, bytes | None, bytes | None, int | None, Any], None],
     ctx: TaskContext,
     send_partitioned: Callable[..., None],
 ) -> Callable[[list[Any]], None]:
@@ -427,13 +427,15 @@ def _table_forward(
     raw_sinks: list[tuple[str, Callable[[bytes, int], int] | None]],
     all_raw: bool,
     guarded_children: Emit,
-    send: Callable[[str, bytes | None, bytes | None, int | None], None],
+    send: Callable[[str, bytes | None, bytes | None, int | None, Any], None],
     send_partitioned: Callable[..., None],
     ctx: TaskContext,
     value_of: Callable[[Any], Any],
 ) -> Callable[[list[Any]], None]:
     """The forward of a table's flushed changes: raw bytes straight to the sinks when every
-    child is a sink with the table's serdes, else deserialized to the children."""
+    child is a sink with the table's serdes, else deserialized to the children. Each change
+    goes with the headers of the record that last wrote its row (Kafka Streams' cache keeps
+    them with the row's record context)."""
     if all_raw:
         # table.to(topic): the store already holds the sink's bytes; skip deserialize/serialize.
         def forward_raw(changes: list[Any]) -> None:
@@ -445,20 +447,19 @@ def _table_forward(
                     timestamp = fallback
                 for topic, partitioner in raw_sinks:
                     if partitioner is None:
-                        send(topic, key, change.value, timestamp)
+                        send(topic, key, change.value, timestamp, change.headers)
                     else:  # a windowed key: placed by its user key, as the sink node would
-                        send_partitioned(topic, key, change.value, timestamp, partitioner)
+                        send_partitioned(topic, key, change.value, timestamp, partitioner, change.headers)
 
         return forward_raw
 
     def forward(changes: list[Any]) -> None:
         fallback = ctx.forward_timestamp()
-        # A table's update carries no record's headers: its cache keeps each key's timestamp,
-        # not the headers of the record that wrote it (Kafka Streams' cache keeps both).
-        headers, ctx.headers = ctx.headers, ()
+        headers = ctx.headers
         try:
             for change in changes:
                 timestamp = change.timestamp
+                ctx.headers = change.headers
                 try:
                     guarded_children(key_object(change), value_of(change.value), fallback if timestamp is None else timestamp)
                 except NodeFailure as failure:
