@@ -16,6 +16,7 @@ from coordinator_support import (
     target_member,
 )
 
+from pystreams.coordinator import records as r
 from pystreams.coordinator.consumer_group import GroupState
 from pystreams.protocol import messages as m
 from pystreams.protocol.errors import InvalidAssignmentError
@@ -70,6 +71,9 @@ def test_a_joiner_that_may_run_the_assignor_computes_its_own_join_at_once():
     joined = h.join("B", client_assignors=[assignor()])
     assert joined.should_compute_assignment, "the joiner computes, although A sorts first"
     assert h.shard.computations[GROUP].member_id == "B"
+    streams = [r.AssignorValue(name="streams", minimum_version=1, maximum_version=2, reason=0, version=2, metadata=b"meta")]
+    # A join's records, as when another member computes: B reaches the current target (empty).
+    assert_records(h.last_records, [member_metadata("B", 1, assignors=streams), group_epoch(2), current("B", 1, 0, "")])
     assert not h.heartbeat("A", 1, "foo-0,foo-1,foo-2,foo-3").should_compute_assignment
     # A joiner that cannot read every version in use does not compute: A still does.
     wide = h.join("C", client_assignors=[assignor(lo=2, hi=2)])
@@ -86,6 +90,8 @@ def test_a_joiner_whose_version_range_is_too_narrow_leaves_the_computation_to_on
     narrow = h.join("B", client_assignors=[assignor(lo=2, hi=2)])
     assert not narrow.should_compute_assignment
     assert h.shard.computations[GROUP].member_id == "A"
+    narrow_value = [r.AssignorValue(name="streams", minimum_version=2, maximum_version=2, reason=0, version=2, metadata=b"meta")]
+    assert_records(h.last_records, [member_metadata("B", 1, assignors=narrow_value), group_epoch(2), current("B", 1, 0, "")])
 
 
 def test_the_full_prepare_install_loop():
@@ -240,7 +246,6 @@ def test_a_reason_falling_back_to_zero_does_not_rebalance_again():
 
 
 def test_members_heartbeat_at_the_short_interval_while_the_target_is_computed_client_side():
-    from pystreams.coordinator import records as r
     from pystreams.coordinator.config import CoordinatorConfig
 
     h = Harness(CoordinatorConfig(heartbeat_interval_ms=5_000, rebalance_heartbeat_interval_ms=100))

@@ -8,8 +8,9 @@ import collections
 from types import SimpleNamespace
 
 import kafka.errors as Errors
+import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 
@@ -114,6 +115,49 @@ def test_unreadable_node_metadata_gets_no_shard_and_the_others_are_served():
     assignments = ShardAssignor(one, lambda mapped, shards: None).assign(cluster, [member("m1", one, []), garbage])
     assert sorted(p for _, parts in assignments["m1"].assigned_partitions for p in parts) == [0, 1]
     assert [p for _, parts in assignments["bad"].assigned_partitions for p in parts] == []
+
+
+_msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.text(max_size=300) | st.binary(max_size=16),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    max_leaves=16,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=1024), _msgpack_values.map(msgspec.msgpack.encode)))
+@example(msgspec.msgpack.encode([2, "h2", 9002]))  # a readable node: it gets its share
+@example(msgspec.msgpack.encode([2, "h2", 0]))
+@example(msgspec.msgpack.encode([2, "h2", 70_000]))
+@example(msgspec.msgpack.encode([2, "", 9002]))
+@example(msgspec.msgpack.encode([-1, "h2", 9002]))
+@example(msgspec.msgpack.encode([2**31, "h2", 9002]))
+@example(msgspec.msgpack.encode([3, [1, None, 2**40], [[1, "h1", 9001]]]))  # a map naming an impossible node id
+@example(msgspec.msgpack.encode([3, [2], [[2, "h2", 99_999]]]))  # a map naming an impossible port
+def test_any_bytes_as_node_metadata_or_as_a_shard_map_leave_the_cluster_serving(data: bytes):
+    """Hostile input: whatever a member sends as its node, or a leader as its map, the others
+    keep their shards and the receiver its last map; what is read is within FindCoordinator's
+    bounds (an int32 id, a host, a TCP port)."""
+    cluster = SimpleNamespace(partitions_for_topic=lambda topic: set(range(2)))
+    one = NodeInfo(1, "h1", 9001)
+    stranger = SimpleNamespace(member_id="z", metadata=ConsumerProtocolSubscription(version=1, topics=[TOPIC], user_data=data, owned_partitions=[]))
+    assignments = ShardAssignor(one, lambda mapped, shards: None).assign(cluster, [member("m1", one, []), stranger])
+    given_out = {member_id: sorted(p for _, parts in a.assigned_partitions for p in parts) for member_id, a in assignments.items()}
+    assert sorted(given_out["m1"] + given_out["z"]) == [0, 1]  # every shard has exactly one owner
+    if given_out["z"]:
+        node = msgspec.msgpack.decode(data, type=NodeInfo)  # only a readable node is given shards
+        assert node.node_id != one.node_id and 0 < node.port < 65_536 and node.host
+
+    last = ShardMap(1, (1, 1), (one,))
+    seen: list[ShardMap] = []
+    receiver = ShardAssignor(one, lambda mapped, shards: seen.append(mapped))
+    receiver.on_assignment(ConsumerProtocolAssignment(1, [(TOPIC, [0])], msgspec.msgpack.encode(last)), 1)
+    receiver.on_assignment(ConsumerProtocolAssignment(1, [(TOPIC, [0])], data), 2)
+    assert seen[0] == last and len(seen) <= 2
+    for mapped in seen:
+        for shard in range(-1, len(mapped.owners) + 1):
+            owner = mapped.owner(shard)
+            assert owner is None or (0 <= owner.node_id < 2**31 and 0 < owner.port < 65_536 and owner.host)
 
 
 def test_a_shard_map_round_trips_and_names_no_owner_for_a_moving_shard():

@@ -33,7 +33,7 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor, RebalanceProtocol
@@ -47,19 +47,26 @@ __all__ = ["ClusterView", "DuplicateNodeId", "NodeInfo", "ShardAssignor", "Shard
 PROTOCOL_NAME = "pystreams-shards"
 
 
+#: What a node may claim to be: FindCoordinator and Metadata answer these (int32 ids, a
+#: host name, a TCP port), so a node metadata or a shard map outside them is unreadable.
+NodeId = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+Host = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+Port = Annotated[int, msgspec.Meta(ge=1, le=65_535)]
+
+
 class NodeInfo(msgspec.Struct, frozen=True, array_like=True):
     """A coordinator node as clients reach it."""
 
-    node_id: int
-    host: str
-    port: int
+    node_id: NodeId
+    host: Host
+    port: Port
 
 
 class ShardMap(msgspec.Struct, frozen=True, array_like=True):
     """Who serves each shard: ``owners[shard]`` is a node id, or None while the shard moves."""
 
     generation: int
-    owners: tuple[int | None, ...]
+    owners: tuple[NodeId | None, ...]
     nodes: tuple[NodeInfo, ...]
 
     def owner(self, shard: int) -> NodeInfo | None:

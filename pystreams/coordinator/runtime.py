@@ -221,7 +221,7 @@ class ShardRunner:
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         context = dataclasses.replace(context, request_id=next(self._request_ids))
         await self._queue.put(_Request(request, context, future))
-        if self.state in (ShardState.FAILED, ShardState.CLOSED) and not future.done():
+        if self.finished and not future.done():
             future.set_exception(self._terminal_error())  # queued after the runner's last drain
         return await future
 
@@ -244,8 +244,14 @@ class ShardRunner:
             self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
 
+    @property
+    def finished(self) -> bool:
+        """Whether the runner ended for good (failed: fenced, or a log it cannot use; or
+        closed): it answers nothing more and its shard, served again here, needs a new one."""
+        return self.state in (ShardState.FAILED, ShardState.CLOSED)
+
     def _check_accepting(self) -> None:
-        if self._stopping or self.state in (ShardState.FAILED, ShardState.CLOSED):
+        if self._stopping or self.finished:
             raise self._terminal_error()
         if self.state is ShardState.LOADING:
             raise Errors.CoordinatorLoadInProgressError(f"shard {self.shard_id} is loading its groups")
@@ -604,7 +610,7 @@ class Coordinator:
             return
         async with self._shard_locks[shard_id]:
             current = self._runners.get(shard_id)
-            if self._closing or (current is not None and current.state not in (ShardState.FAILED, ShardState.CLOSED)):
+            if self._closing or (current is not None and not current.finished):
                 return
             if current is not None:
                 await current.stop()
@@ -632,7 +638,7 @@ class Coordinator:
     def failed(self, shard_id: int) -> bool:
         """Whether ``shard_id``'s runner here failed for good (fenced, or a log it cannot use)."""
         runner = self._runners.get(shard_id)
-        return runner is not None and runner.state in (ShardState.FAILED, ShardState.CLOSED)
+        return runner is not None and runner.finished
 
     def serves(self, shard_id: int) -> bool:
         """Whether ``shard_id`` is loaded and served here now."""
