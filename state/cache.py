@@ -130,14 +130,19 @@ class RecordCache:
         return self._entries.get(key, ABSENT)
 
     def put(self, key: bytes, value: bytes | None) -> None:
+        """Cache ``value`` (None: a delete), stamped with the clock's record."""
+        self.put_at(key, value, self._clock.timestamp)
+
+    def put_at(self, key: bytes, value: bytes | None, timestamp: int) -> None:
+        """Cache ``value`` stamped with ``timestamp`` (a timestamped store's row timestamp)
+        and the headers of the clock's record."""
         entries = self._entries
         previous: Any = entries.pop(key, ABSENT)  # re-inserting moves the key to the young end
         entries[key] = value
         stamps = self._stamps
         if stamps is not None:
-            clock = self._clock
-            stamps[key] = clock.timestamp
-            headers = clock.headers
+            stamps[key] = timestamp
+            headers = self._clock.headers
             if headers:
                 stamps.headers[key] = tuple(headers)
             elif stamps.headers:

@@ -16,6 +16,16 @@ from .errors import StateError
 log = logging.getLogger(__name__)
 
 ChangeT = TypeVar("ChangeT")
+
+
+class _NoRecord:
+    """The clock of a stamped store opened without one (a standby's): writes it never makes."""
+
+    timestamp = -1
+    headers = ()
+
+
+_NO_RECORD = _NoRecord()
 Forward = Callable[[list[ChangeT]], None]
 
 
@@ -26,6 +36,9 @@ class CachedStore(Generic[ChangeT]):
     # time index in the same database under another section byte.
     _SECTION = b""
     _GROUP_SUFFIX_BYTES = 0
+    #: Whether the cache stamps every entry, forwarding or not (a timestamped store keeps its
+    #: rows' timestamps there).
+    _STAMPED = False
 
     def __init__(
         self,
@@ -53,9 +66,10 @@ class CachedStore(Generic[ChangeT]):
         self._sink = sink
         self._forward = forward
         self._send_old_values = send_old_values
-        self._cache = RecordCache(
-            cache_limits, self._write_out, group_suffix_bytes=self._GROUP_SUFFIX_BYTES, clock=record_clock if forward is not None else None
-        )
+        clock = record_clock if forward is not None or self._STAMPED else None
+        if clock is None and self._STAMPED:
+            clock = _NO_RECORD
+        self._cache = RecordCache(cache_limits, self._write_out, group_suffix_bytes=self._GROUP_SUFFIX_BYTES, clock=clock)
         self._closed = False
 
     # -- cache ----------------------------------------------------------------------------
@@ -68,7 +82,11 @@ class CachedStore(Generic[ChangeT]):
         cached = self._cache.get(composite)
         if cached is not ABSENT:
             return cached
-        return self._db.get(self._SECTION + composite)
+        return self._value_of_stored(self._db.get(self._SECTION + composite))
+
+    def _value_of_stored(self, stored: bytes | None) -> bytes | None:
+        """Hook: a value as the database keeps it, as reads return it."""
+        return stored
 
     def flush(self) -> None:
         """Write every cached change to RocksDB in one batch, send each to the changelog and
@@ -87,12 +105,16 @@ class CachedStore(Generic[ChangeT]):
         if self._forward is not None and self._send_old_values:
             old_values = self._db.multi_get([section + key for key in changes])
         batch = self._db.new_batch()
-        self._stage_changes(batch, changes)
+        self._stage_changes(batch, self._stored_changes(changes, stamps))
         self._db.write(batch)
         self._log_changes(changes, stamps)
         self.changelog_records_sent += len(changes)
         if self._forward is not None:
             self._forward(self._changes(changes, old_values, stamps))
+
+    def _stored_changes(self, changes: CachedChanges, stamps: Stamps | None) -> CachedChanges:
+        """Hook: the changes as the database keeps them."""
+        return changes
 
     def _log_changes(self, changes: CachedChanges, stamps: Stamps | None) -> None:
         """Send each change to the changelog (the record's timestamp: the producer's)."""
@@ -131,7 +153,11 @@ class CachedStore(Generic[ChangeT]):
         if section:
             strip = len(section)
             stored = ((db_key[strip:], value) for db_key, value in stored)
-        return overlay(stored, cached)
+        return overlay(self._values_of_stored(stored), cached)
+
+    def _values_of_stored(self, stored: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        """Hook: scanned database entries as reads return them."""
+        return stored
 
     # -- restore --------------------------------------------------------------------------
 

@@ -183,4 +183,4 @@ class TimeIndexedStore(CachedStore[ChangeT], Retention):
         values = self._db.multi_get([PRIMARY_SECTION + key[TIMESTAMP_BYTES:] for key in index_keys])
         for key, value in zip(index_keys, values, strict=True):
             if value is not None:
-                yield key, value
+                yield key, self._value_of_stored(value)  # type: ignore[misc]

@@ -1,10 +1,17 @@
 """Stores whose rows carry a timestamp (Kafka Streams' ``TimestampedKeyValueStore`` and
 ``TimestampedWindowStore``, KIP-258): a table's rows, an aggregation's results.
 
-Each value is kept as ``ts(8 bytes, big-endian signed) + value`` in the cache and in RocksDB;
-reads (``get``, scans, queries) see the value alone, ``get_timestamped`` both. The changelog
-keeps Kafka Streams' layout: the plain value, with the row's timestamp as the record's
-timestamp, so a restore rebuilds the same rows and the changelog reads as any table's.
+Where the timestamp lives:
+
+* in the record cache, beside the plain value: the cache stamps every entry, here with the
+  row's timestamp, so the hot path (an aggregation reading and writing one row per record)
+  packs nothing;
+* in RocksDB, before the value: ``ts(8 bytes, big-endian signed) + value`` (``stamped``),
+  packed once per key per flush;
+* in the changelog, as Kafka Streams keeps it: the plain value, with the row's timestamp as
+  the record's, so a restore rebuilds the same rows and the changelog reads as any table's.
+
+Reads (``get``, scans, queries) see the value alone, ``get_timestamped`` both.
 
 Why rows need their timestamp: Kafka Streams stamps a result with the largest timestamp
 folded into it (an aggregation), or the later of the two rows joined (a table–table join), and
@@ -16,11 +23,11 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
-from .cache import ABSENT, CachedChanges, CachedEntry, RecordClock, Stamps
+from .cache import ABSENT, CachedChanges, Stamps
 from .changelog import ChangelogRecord
 from .database import WriteBatch
 from .key_value_store import KeyValueChange, KeyValueStore
-from .keys import TIMESTAMP_BYTES, split_window_key, window_key
+from .keys import window_key
 from .window_store import WindowChange, WindowedValue, WindowStore
 
 #: A row timestamp before its value.
@@ -34,7 +41,7 @@ _new_tuple = tuple.__new__
 
 
 def stamped(value: bytes, timestamp: int) -> bytes:
-    """How a row is kept: its timestamp, then its value."""
+    """How a row is kept outside the cache: its timestamp, then its value."""
     return _pack(timestamp) + value
 
 
@@ -44,28 +51,30 @@ def row_timestamp(stored: bytes) -> int:
 
 
 class _TimestampedRows:
-    """What both timestamped stores share: the clock that stamps a plain ``put``, values
-    stripped on every scan, and the changelog's layout on the way out and back in."""
+    """What both timestamped stores share: the database and changelog layouts on the way out
+    and back in, and stored values stripped on every read."""
 
-    _clock: RecordClock | None
+    _STAMPED = True
     changelog: Any
     _sink: Any
 
-    def _now(self) -> int:
-        return self._clock.timestamp if self._clock is not None else NO_TIMESTAMP
+    def _value_of_stored(self, stored: bytes | None) -> bytes | None:
+        return None if stored is None else stored[STAMP_BYTES:]
 
-    def _merged_scan(self, lower: bytes | None, upper: bytes | None, cached: list[CachedEntry]) -> Iterator[tuple[bytes, bytes]]:
-        for key, value in super()._merged_scan(lower, upper, cached):  # type: ignore[misc]
+    def _values_of_stored(self, stored: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        for key, value in stored:
             yield key, value[STAMP_BYTES:]
 
+    def _stored_changes(self, changes: CachedChanges, stamps: Stamps | None) -> CachedChanges:
+        assert stamps is not None, "a timestamped store's cache stamps every entry"
+        return {key: None if value is None else _pack(stamps[key]) + value for key, value in changes.items()}
+
     def _log_changes(self, changes: CachedChanges, stamps: Stamps | None) -> None:
+        assert stamps is not None, "a timestamped store's cache stamps every entry"
         topic, partition = self.changelog
         send = self._sink.send
         for key, value in changes.items():
-            if value is None:
-                send(topic, partition, key, None, stamps.get(key) if stamps else None)
-            else:
-                send(topic, partition, key, value[STAMP_BYTES:], _unpack_from(value)[0])
+            send(topic, partition, key, value, stamps[key])
 
     def _stage_restored(self, batch: WriteBatch, records: Iterable[ChangelogRecord]) -> tuple[int, int]:
         rows = [(offset, key, None if value is None else _pack(timestamp) + value, timestamp) for offset, key, value, timestamp in records]
@@ -73,97 +82,76 @@ class _TimestampedRows:
 
 
 class TimestampedKeyValueStore(_TimestampedRows, KeyValueStore):
-    """A table's key-value store: each row with the timestamp Kafka Streams gives it."""
+    """A table's key-value store: each row with the timestamp Kafka Streams gives it. A plain
+    ``put`` stamps the row with the timestamp of the record being processed."""
 
-    def __init__(self, *args: Any, record_clock: RecordClock | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, record_clock=record_clock, **kwargs)
-        self._clock = record_clock
-        #: A plain put stamps the row with the timestamp of the record being processed.
-        self.put = self._put_now
-
-    def _put_now(self, key: bytes, value: bytes | None) -> None:
-        self._cache.put(key, None if value is None else _pack(self._now()) + value)
-
-    def put_timestamped(self, key: bytes, value: bytes | None, timestamp: int) -> None:
-        """Store ``value`` (None deletes) as of ``timestamp``."""
-        self._cache.put(key, None if value is None else _pack(timestamp) + value)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Store ``value`` (None deletes) as of ``timestamp``: the cache's own method.
+        self.put_timestamped = self._cache.put_at
 
     def get(self, key: bytes) -> bytes | None:
-        stored = KeyValueStore.get(self, key)
+        cached = self._cache.get(key)
+        if cached is not ABSENT:
+            return cached
+        stored = self._db.get(key)
         return None if stored is None else stored[STAMP_BYTES:]
 
     def get_timestamped(self, key: bytes) -> tuple[bytes, int] | None:
         """``(value, timestamp)`` of ``key``'s row, or None."""
-        stored = self._cache.get(key)  # KeyValueStore.get, inlined: an aggregation's every record
-        if stored is ABSENT:
-            stored = self._db.get(key)
+        # The cache's dicts read here, not through its methods: an aggregation calls this for
+        # every record, and each Python call more costs it a few percent of its throughput.
+        cache = self._cache
+        cached = cache._entries.get(key, ABSENT)
+        if cached is not ABSENT:
+            return None if cached is None else (cached, cache._stamps[key])  # type: ignore[index]
+        stored = self._db.get(key)
         return None if stored is None else (stored[STAMP_BYTES:], _unpack_from(stored)[0])
 
-    def put_if_absent(self, key: bytes, value: bytes) -> bytes | None:
-        existing = self.get(key)
-        if existing is None:
-            self._put_now(key, value)
-        return existing
-
-    def put_all(self, entries: Iterable[tuple[bytes, bytes | None]]) -> None:
-        for key, value in entries:
-            self._put_now(key, value)
-
     def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None, stamps: Stamps | None) -> list[KeyValueChange]:
-        unstamped = []
-        for key, value, old, written_at, headers in KeyValueStore._changes(self, changes, old_values, stamps):
-            if value is None:  # a deletion goes on with the deleting record's timestamp
-                row = _new_tuple(KeyValueChange, (key, None, None if old is None else old[STAMP_BYTES:], written_at, headers))
-            else:
-                row = _new_tuple(KeyValueChange, (key, value[STAMP_BYTES:], None if old is None else old[STAMP_BYTES:], _unpack_from(value)[0], headers))
-            unstamped.append(row)
-        return unstamped
+        result = KeyValueStore._changes(self, changes, old_values, stamps)
+        if old_values is None:
+            return result
+        return [change._replace(old_value=None if change.old_value is None else change.old_value[STAMP_BYTES:]) for change in result]
 
 
 class TimestampedWindowStore(_TimestampedRows, WindowStore):
     """A windowed aggregation's store: each window's value with the largest timestamp folded
     into it."""
 
-    def __init__(self, *args: Any, record_clock: RecordClock | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, record_clock=record_clock, **kwargs)
-        self._clock = record_clock
-
-    def put(self, key: bytes, window_start: int, value: bytes | None) -> bool:
-        return self.put_timestamped(key, window_start, value, self._now())
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._put_at = self._cache.put_at
 
     def put_timestamped(self, key: bytes, window_start: int, value: bytes | None, timestamp: int) -> bool:
         """Store one window's value (None deletes it) as of ``timestamp``; False, dropping
         the write, when the window is already past retention."""
         if not self._observe(window_start):
             return False
-        self._cache.put(window_key(key, window_start), None if value is None else _pack(timestamp) + value)
+        self._put_at(window_key(key, window_start), value, timestamp)
         return True
-
-    def get(self, key: bytes, window_start: int) -> bytes | None:
-        stored = WindowStore.get(self, key, window_start)
-        return None if stored is None else stored[STAMP_BYTES:]
 
     def get_timestamped(self, key: bytes, window_start: int) -> tuple[bytes, int] | None:
         """``(value, timestamp)`` of one window of ``key``, or None."""
-        stored = WindowStore.get(self, key, window_start)
+        if window_start < self.min_live_time:
+            return None
+        composite = window_key(key, window_start)
+        cache = self._cache  # its dicts read directly, as in TimestampedKeyValueStore
+        cached = cache._entries.get(composite, ABSENT)
+        if cached is not ABSENT:
+            return None if cached is None else (cached, cache._stamps[composite])  # type: ignore[index]
+        stored = self._db.get(self._SECTION + composite)
         return None if stored is None else (stored[STAMP_BYTES:], _unpack_from(stored)[0])
-
-    def _scan_by_time(self, time_from: int, time_to: int) -> Iterator[tuple[bytes, bytes]]:
-        for index_key, value in WindowStore._scan_by_time(self, time_from, time_to):
-            yield index_key, value[STAMP_BYTES:]
 
     def fetch_all_timestamped(self, time_from: int, time_to: int) -> Iterator[tuple[WindowedValue, int]]:
         """``fetch_all`` with each window's timestamp (an emit-final result's)."""
-        for index_key, value in WindowStore._scan_by_time(self, time_from, time_to):
-            key, window_start = split_window_key(index_key[TIMESTAMP_BYTES:])
-            yield WindowedValue(key, window_start, value[STAMP_BYTES:]), _unpack_from(value)[0]
+        for window in self.fetch_all(time_from, time_to):
+            found = self.get_timestamped(window.key, window.window_start)
+            if found is not None:
+                yield window, found[1]
 
     def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None, stamps: Stamps | None) -> list[WindowChange]:
-        unstamped = []
-        for key, window_start, value, old, written_at, headers in WindowStore._changes(self, changes, old_values, stamps):
-            old_value = None if old is None else old[STAMP_BYTES:]
-            if value is None:
-                unstamped.append(WindowChange(key, window_start, None, old_value, written_at, headers))
-            else:
-                unstamped.append(WindowChange(key, window_start, value[STAMP_BYTES:], old_value, _unpack_from(value)[0], headers))
-        return unstamped
+        result = WindowStore._changes(self, changes, old_values, stamps)
+        if old_values is None:
+            return result
+        return [change._replace(old_value=None if change.old_value is None else change.old_value[STAMP_BYTES:]) for change in result]

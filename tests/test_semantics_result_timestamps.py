@@ -124,3 +124,26 @@ def test_a_rows_timestamp_survives_a_restore_and_its_changelog_holds_the_plain_v
     assert restored.get_timestamped(b"gone") is None
     assert list(restored.all()) == [(b"k", b"v1")]
     rebuilt.close()
+
+
+def test_a_windows_timestamp_survives_eviction_and_a_restore(tmp_path: Path) -> None:
+    from pystreams.state import CacheLimits
+
+    changelog = InMemoryChangelog()
+    state = TaskState(tmp_path, "app", "0_0", 0, changelog)
+    tiny = CacheLimits(max_entries=1, evict_to_fraction=0.0)  # every second write evicts the first
+    windows = state.window_store("per-10", retention_ms=1_000, cache_limits=tiny, timestamped=True)
+    assert windows.put_timestamped(b"k", 0, b"two", 7)
+    assert windows.put_timestamped(b"k", 10, b"one", 12)  # evicts [0, 10) to RocksDB, stamped
+    assert windows.get_timestamped(b"k", 0) == (b"two", 7)  # read back from the database
+    assert windows.get_timestamped(b"k", 10) == (b"one", 12)  # from the cache
+    assert [(w.window_start, w.value) for w in windows.fetch_all(0, 100)] == [(0, b"two"), (10, b"one")]
+    state.flush()
+    state.close()
+
+    rebuilt = TaskState(tmp_path / "elsewhere", "app", "0_0", 0, changelog)
+    restored = rebuilt.window_store("per-10", retention_ms=1_000, timestamped=True)
+    rebuilt.restore(changelog)
+    assert [(w.window_start, w.value, at) for w, at in restored.fetch_all_timestamped(0, 100)] == [(0, b"two", 7), (10, b"one", 12)]
+    assert list(restored.fetch(b"k", 0, 100)) == [(0, b"two"), (10, b"one")]
+    rebuilt.close()
