@@ -10,14 +10,20 @@ stamped with the row's timestamp."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 from typing import Any
 
-from pystreams.state import InMemoryChangelog, TaskState, TopicPartition
+import msgspec
+import pytest
+from pystreams.state import CacheLimits, InMemoryChangelog, TaskState, TopicPartition
+from pystreams.topology.resolve import resolve
 from pystreams.topology.windows import Windowed
+from spark_emulation import InputRecord, SparkEmulator
 
 from pystreams import serdes
 from pystreams.app import App, SessionWindow, SlidingWindow, TumblingWindow
+from pystreams.spark import compile_topology
 from pystreams.testing import TopologyTestDriver
 
 
@@ -127,8 +133,6 @@ def test_a_rows_timestamp_survives_a_restore_and_its_changelog_holds_the_plain_v
 
 
 def test_a_windows_timestamp_survives_eviction_and_a_restore(tmp_path: Path) -> None:
-    from pystreams.state import CacheLimits
-
     changelog = InMemoryChangelog()
     state = TaskState(tmp_path, "app", "0_0", 0, changelog)
     tiny = CacheLimits(max_entries=1, evict_to_fraction=0.0)  # every second write evicts the first
@@ -147,3 +151,18 @@ def test_a_windows_timestamp_survives_eviction_and_a_restore(tmp_path: Path) -> 
     assert [(w.window_start, w.value, at) for w, at in restored.fetch_all_timestamped(0, 100)] == [(0, b"two", 7), (10, b"one", 12)]
     assert list(restored.fetch(b"k", 0, 100)) == [(0, b"two"), (10, b"one")]
     rebuilt.close()
+
+
+def test_spark_stamps_table_rows_alike_and_refuses_a_checkpoint_whose_tables_kept_no_timestamps() -> None:
+    app = _counting(TumblingWindow(size=10, grace=100))
+    topology = app.topology()
+    emulator = SparkEmulator(compile_topology(topology), dict(resolve(topology, {"in": 1}).partitions))
+    out = emulator.run_batch([InputRecord("in", 0, b"a", b"x", 8), InputRecord("in", 0, b"a", b"x", 3)])
+    window = b"a" + struct.pack(">qq", 0, 10)
+    assert out["out"] == [(window, struct.pack(">q", 2), 8)]  # the largest folded in, as on a worker
+    # A task state written before rows kept timestamps (no store format): its window store's
+    # values would be read as stamped rows, so the task refuses it.
+    for task, state in emulator._task_states.items():
+        emulator._task_states[task] = msgspec.structs.replace(state, store_format=1)
+    with pytest.raises(ValueError, match=r"stores counts was written by an older pystreams.*new checkpoint"):
+        emulator.run_batch([InputRecord("in", 0, b"a", b"x", 9)])
