@@ -41,15 +41,17 @@ Headers = tuple[tuple[str, "bytes | None"], ...]
 NO_HEADERS: Headers = ()
 
 
-class Stamps(dict[bytes, int]):
-    """The timestamp of the record that last wrote each key, and in ``headers`` its headers
-    when it had any (stores that forward their changes): Kafka Streams' cache keeps both, and
-    a table's update goes downstream with them."""
+class Stamps:
+    """The timestamp of the record that last wrote each key (``times``), and in ``headers`` its
+    headers when it had any (stores that forward their changes): Kafka Streams' cache keeps
+    both, and a table's update goes downstream with them. Two plain dicts, not a dict
+    subclass: CPython specializes reads and writes of exact dicts only, and the cache writes a
+    timestamp for every record."""
 
-    __slots__ = ("headers",)
+    __slots__ = ("times", "headers")
 
     def __init__(self) -> None:
-        super().__init__()
+        self.times: dict[bytes, int] = {}
         self.headers: dict[bytes, Headers] = {}
 
 
@@ -94,7 +96,7 @@ class RecordCache:
     composite key minus its timestamp suffix), so window and session stores can find the
     cached entries of one user key without scanning the whole cache."""
 
-    __slots__ = ("_entries", "_bytes", "_limits", "_evict", "_groups", "_group_suffix_bytes", "_clock", "_stamps", "evicted_entries")
+    __slots__ = ("_entries", "_bytes", "_limits", "_evict", "_groups", "_group_suffix_bytes", "_clock", "_stamps", "_times", "evicted_entries")
 
     def __init__(
         self,
@@ -112,6 +114,8 @@ class RecordCache:
         self._groups: dict[bytes, set[bytes]] | None = {} if group_suffix_bytes else None
         self._clock: RecordClock = clock if clock is not None else _UNSTAMPED
         self._stamps: Stamps | None = Stamps() if clock is not None else None
+        #: ``_stamps.times``, held directly for the per-record path.
+        self._times: dict[bytes, int] | None = None if self._stamps is None else self._stamps.times
         self.evicted_entries = 0
 
     def __len__(self) -> int:
@@ -139,14 +143,14 @@ class RecordCache:
         entries = self._entries
         previous: Any = entries.pop(key, ABSENT)  # re-inserting moves the key to the young end
         entries[key] = value
-        stamps = self._stamps
-        if stamps is not None:
-            stamps[key] = timestamp
+        times = self._times
+        if times is not None:
+            times[key] = timestamp
             headers = self._clock.headers
             if headers:
-                stamps.headers[key] = tuple(headers)
-            elif stamps.headers:
-                stamps.headers.pop(key, None)
+                self._stamps.headers[key] = tuple(headers)  # type: ignore[union-attr]
+            elif self._stamps.headers:  # type: ignore[union-attr]
+                self._stamps.headers.pop(key, None)  # type: ignore[union-attr]
         if previous is ABSENT:
             self._bytes += len(key) + ENTRY_OVERHEAD_BYTES + (len(value) if value is not None else 0)
             if self._groups is not None:
@@ -193,7 +197,7 @@ class RecordCache:
         if stamps is not None:
             evicted_stamps = Stamps()
             for key in evicted:
-                evicted_stamps[key] = stamps.pop(key)
+                evicted_stamps.times[key] = stamps.times.pop(key)
                 if stamps.headers and key in stamps.headers:
                     evicted_stamps.headers[key] = stamps.headers.pop(key)
         self.evicted_entries += len(evicted)
@@ -213,6 +217,7 @@ class RecordCache:
             self._groups = {}
         if stamps is not None:
             self._stamps = Stamps()
+            self._times = self._stamps.times
         return drained, stamps
 
     def in_range(self, lower: bytes | None, upper: bytes | None) -> list[CachedEntry]:

@@ -96,9 +96,9 @@ class KeyValueStore(CachedStore[KeyValueChange]):
             return [_new_tuple(KeyValueChange, (key, value, old, None, NO_HEADERS)) for (key, value), old in zip(changes.items(), old_values, strict=True)]
         headers = stamps.headers
         if old_values is None:
-            return [_new_tuple(KeyValueChange, (key, value, None, stamps[key], headers.get(key, NO_HEADERS))) for key, value in changes.items()]
+            return [_new_tuple(KeyValueChange, (key, value, None, stamps.times[key], headers.get(key, NO_HEADERS))) for key, value in changes.items()]
         return [
-            _new_tuple(KeyValueChange, (key, value, old, stamps[key], headers.get(key, NO_HEADERS)))
+            _new_tuple(KeyValueChange, (key, value, old, stamps.times[key], headers.get(key, NO_HEADERS)))
             for (key, value), old in zip(changes.items(), old_values, strict=True)
         ]
 

@@ -116,5 +116,5 @@ class SessionStore(TimeIndexedStore[SessionChange]):
             if stamps is None:
                 result.append(SessionChange(key, start, end, value, old))
             else:
-                result.append(SessionChange(key, start, end, value, old, stamps[composite], stamps.headers.get(composite, NO_HEADERS)))
+                result.append(SessionChange(key, start, end, value, old, stamps.times[composite], stamps.headers.get(composite, NO_HEADERS)))
         return result

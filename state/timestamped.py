@@ -67,14 +67,14 @@ class _TimestampedRows:
 
     def _stored_changes(self, changes: CachedChanges, stamps: Stamps | None) -> CachedChanges:
         assert stamps is not None, "a timestamped store's cache stamps every entry"
-        return {key: None if value is None else _pack(stamps[key]) + value for key, value in changes.items()}
+        return {key: None if value is None else _pack(stamps.times[key]) + value for key, value in changes.items()}
 
     def _log_changes(self, changes: CachedChanges, stamps: Stamps | None) -> None:
         assert stamps is not None, "a timestamped store's cache stamps every entry"
         topic, partition = self.changelog
         send = self._sink.send
         for key, value in changes.items():
-            send(topic, partition, key, value, stamps[key])
+            send(topic, partition, key, value, stamps.times[key])
 
     def _stage_restored(self, batch: WriteBatch, records: Iterable[ChangelogRecord]) -> tuple[int, int]:
         rows = [(offset, key, None if value is None else _pack(timestamp) + value, timestamp) for offset, key, value, timestamp in records]
@@ -104,7 +104,7 @@ class TimestampedKeyValueStore(_TimestampedRows, KeyValueStore):
         cache = self._cache
         cached = cache._entries.get(key, ABSENT)
         if cached is not ABSENT:
-            return None if cached is None else (cached, cache._stamps[key])  # type: ignore[index]
+            return None if cached is None else (cached, cache._times[key])  # type: ignore[index]
         stored = self._db.get(key)
         return None if stored is None else (stored[STAMP_BYTES:], _unpack_from(stored)[0])
 
@@ -139,7 +139,7 @@ class TimestampedWindowStore(_TimestampedRows, WindowStore):
         cache = self._cache  # its dicts read directly, as in TimestampedKeyValueStore
         cached = cache._entries.get(composite, ABSENT)
         if cached is not ABSENT:
-            return None if cached is None else (cached, cache._stamps[composite])  # type: ignore[index]
+            return None if cached is None else (cached, cache._times[composite])  # type: ignore[index]
         stored = self._db.get(self._SECTION + composite)
         return None if stored is None else (stored[STAMP_BYTES:], _unpack_from(stored)[0])
 

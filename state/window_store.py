@@ -109,5 +109,5 @@ class WindowStore(TimeIndexedStore[WindowChange]):
             if stamps is None:
                 result.append(WindowChange(key, window_start, value, old))
             else:
-                result.append(WindowChange(key, window_start, value, old, stamps[composite], stamps.headers.get(composite, NO_HEADERS)))
+                result.append(WindowChange(key, window_start, value, old, stamps.times[composite], stamps.headers.get(composite, NO_HEADERS)))
         return result

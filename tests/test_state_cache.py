@@ -71,17 +71,18 @@ class Clock:
 
 def test_a_clocked_cache_stamps_each_entry_with_its_last_writers_timestamp_in_write_order():
     clock, evicted = Clock(), []
-    cache = RecordCache(CacheLimits(max_entries=2, evict_to_fraction=0.0), lambda changes, stamps: evicted.append((list(changes), stamps)), clock=clock)
+    cache = RecordCache(CacheLimits(max_entries=2, evict_to_fraction=0.0), lambda changes, stamps: evicted.append((list(changes), stamps.times)), clock=clock)
     for key, timestamp in ((b"a", 5), (b"b", 9), (b"a", 7)):
         clock.timestamp = timestamp
         cache.put(key, b"v")
     entries, stamps = cache.drain_stamped()
-    assert (list(entries), stamps) == ([b"b", b"a"], {b"b": 9, b"a": 7})
+    assert stamps is not None and (list(entries), stamps.times) == ([b"b", b"a"], {b"b": 9, b"a": 7})
     for key, timestamp in ((b"c", 1), (b"d", 2), (b"c", 3), (b"e", 4)):  # the third key evicts all
         clock.timestamp = timestamp
         cache.put(key, b"v")
     assert evicted == [([b"d", b"c", b"e"], {b"d": 2, b"c": 3, b"e": 4})]
-    assert cache.drain_stamped() == ({}, {})
+    entries, stamps = cache.drain_stamped()
+    assert entries == {} and stamps is not None and stamps.times == {}
     assert RecordCache(CacheLimits(), lambda changes, stamps: None).drain_stamped() == ({}, None)  # no clock: no stamps
 
 
