@@ -26,6 +26,7 @@ from typing import Any, cast
 from .cache import ABSENT, CachedChanges, Stamps
 from .changelog import ChangelogRecord
 from .database import WriteBatch
+from .errors import StoreCorruptedError
 from .key_value_store import KeyValueChange, KeyValueStore
 from .keys import window_key
 from .window_store import WindowChange, WindowedValue, WindowStore
@@ -45,9 +46,23 @@ def stamped(value: bytes, timestamp: int) -> bytes:
     return _pack(timestamp) + value
 
 
-def row_timestamp(stored: bytes) -> int:
-    """The timestamp of a row kept by :func:`stamped`."""
-    return cast(int, _unpack_from(stored)[0])
+def row_value(stored: bytes, store: str) -> bytes:
+    """The value of a row kept by :func:`stamped`; a row too short for its timestamp is a
+    corrupt store (rebuilt from its changelog), never a value read as empty."""
+    if len(stored) < STAMP_BYTES:
+        raise _short_row(stored, store)
+    return stored[STAMP_BYTES:]
+
+
+def split_row(stored: bytes, store: str) -> tuple[bytes, int]:
+    """``(value, timestamp)`` of a row kept by :func:`stamped` (see :func:`row_value`)."""
+    if len(stored) < STAMP_BYTES:
+        raise _short_row(stored, store)
+    return stored[STAMP_BYTES:], cast(int, _unpack_from(stored)[0])
+
+
+def _short_row(stored: bytes, store: str) -> StoreCorruptedError:
+    return StoreCorruptedError(f"store {store}: a timestamped row of {len(stored)} bytes cannot hold its {STAMP_BYTES}-byte timestamp")
 
 
 class _TimestampedRows:
@@ -55,15 +70,17 @@ class _TimestampedRows:
     and back in, and stored values stripped on every read."""
 
     _STAMPED = True
+    name: str
     changelog: Any
     _sink: Any
 
     def _value_of_stored(self, stored: bytes | None) -> bytes | None:
-        return None if stored is None else stored[STAMP_BYTES:]
+        return None if stored is None else row_value(stored, self.name)
 
     def _values_of_stored(self, stored: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        name = self.name
         for key, value in stored:
-            yield key, value[STAMP_BYTES:]
+            yield key, row_value(value, name)
 
     def _stored_changes(self, changes: CachedChanges, stamps: Stamps | None) -> CachedChanges:
         assert stamps is not None, "a timestamped store's cache stamps every entry"
@@ -95,7 +112,7 @@ class TimestampedKeyValueStore(_TimestampedRows, KeyValueStore):
         if cached is not ABSENT:
             return cached
         stored = self._db.get(key)
-        return None if stored is None else stored[STAMP_BYTES:]
+        return None if stored is None else row_value(stored, self.name)
 
     def get_timestamped(self, key: bytes) -> tuple[bytes, int] | None:
         """``(value, timestamp)`` of ``key``'s row, or None."""
@@ -106,13 +123,13 @@ class TimestampedKeyValueStore(_TimestampedRows, KeyValueStore):
         if cached is not ABSENT:
             return None if cached is None else (cached, cache._times[key])  # type: ignore[index]
         stored = self._db.get(key)
-        return None if stored is None else (stored[STAMP_BYTES:], _unpack_from(stored)[0])
+        return None if stored is None else split_row(stored, self.name)
 
     def _changes(self, changes: CachedChanges, old_values: list[bytes | None] | None, stamps: Stamps | None) -> list[KeyValueChange]:
         result = KeyValueStore._changes(self, changes, old_values, stamps)
         if old_values is None:
             return result
-        return [change._replace(old_value=None if change.old_value is None else change.old_value[STAMP_BYTES:]) for change in result]
+        return [change._replace(old_value=None if change.old_value is None else row_value(change.old_value, self.name)) for change in result]
 
 
 class TimestampedWindowStore(_TimestampedRows, WindowStore):
@@ -141,7 +158,7 @@ class TimestampedWindowStore(_TimestampedRows, WindowStore):
         if cached is not ABSENT:
             return None if cached is None else (cached, cache._times[composite])  # type: ignore[index]
         stored = self._db.get(self._SECTION + composite)
-        return None if stored is None else (stored[STAMP_BYTES:], _unpack_from(stored)[0])
+        return None if stored is None else split_row(stored, self.name)
 
     def fetch_all_timestamped(self, time_from: int, time_to: int) -> Iterator[tuple[WindowedValue, int]]:
         """``fetch_all`` with each window's timestamp (an emit-final result's)."""
@@ -154,4 +171,4 @@ class TimestampedWindowStore(_TimestampedRows, WindowStore):
         result = WindowStore._changes(self, changes, old_values, stamps)
         if old_values is None:
             return result
-        return [change._replace(old_value=None if change.old_value is None else change.old_value[STAMP_BYTES:]) for change in result]
+        return [change._replace(old_value=None if change.old_value is None else row_value(change.old_value, self.name)) for change in result]

@@ -166,3 +166,42 @@ def test_spark_stamps_table_rows_alike_and_refuses_a_checkpoint_whose_tables_kep
         emulator._task_states[task] = msgspec.structs.replace(state, store_format=1)
     with pytest.raises(ValueError, match=r"stores counts was written by an older pystreams.*new checkpoint"):
         emulator.run_batch([InputRecord("in", 0, b"a", b"x", 9)])
+
+
+class _Rows(dict[bytes, bytes]):
+    """A Spark state backend as a dict."""
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.pop(key, None)
+
+
+@pytest.mark.parametrize("short", [b"", b"\x00\x01\x02"])
+def test_a_stored_row_too_short_for_its_timestamp_is_a_corrupt_store_on_both_runtimes(tmp_path: Path, short: bytes) -> None:
+    """A row without its 8-byte timestamp (a damaged database or Spark state) is reported as
+    the store's corruption, naming the store; it is never read as an empty value, and never a
+    bare struct.error."""
+    from pystreams.state.errors import StoreCorruptedError
+
+    from pystreams.spark.state import SparkTimestampedKeyValueStore
+
+    state = TaskState(tmp_path, "app", "0_0", 0, InMemoryChangelog())
+    store = state.key_value_store("counts", timestamped=True)
+    store.put_timestamped(b"good", b"v", 100)
+    state.flush()
+    batch = store._db.new_batch()
+    batch.put(b"bad", short)
+    store._db.write(batch)
+    assert store.get_timestamped(b"good") == (b"v", 100)
+    for read in (lambda: store.get(b"bad"), lambda: store.get_timestamped(b"bad"), lambda: list(store.all())):
+        with pytest.raises(StoreCorruptedError, match="store counts: a timestamped row of"):
+            read()
+    state.close()
+
+    spark = SparkTimestampedKeyValueStore("counts", _Rows({b"good": struct.pack(">q", 100) + b"v", b"bad": short}))
+    assert spark.get_timestamped(b"good") == (b"v", 100)
+    for read in (lambda: spark.get(b"bad"), lambda: spark.get_timestamped(b"bad"), lambda: spark.all()):
+        with pytest.raises(StoreCorruptedError, match="store counts: a timestamped row of"):
+            read()

@@ -23,7 +23,7 @@ from pystreams.state.interface import KeyValueBytesStore, SessionBytesStore, Win
 from pystreams.state.keys import MAX_TIMESTAMP
 from pystreams.state.session_store import Session
 from pystreams.state.time_indexed import Retention
-from pystreams.state.timestamped import NO_TIMESTAMP, STAMP_BYTES, row_timestamp, stamped
+from pystreams.state.timestamped import NO_TIMESTAMP, row_value, split_row, stamped
 from pystreams.state.window_store import WindowedValue
 
 
@@ -113,11 +113,11 @@ class SparkTimestampedKeyValueStore(SparkKeyValueStore):
 
     def get(self, key: bytes) -> bytes | None:
         stored = super().get(key)
-        return None if stored is None else stored[STAMP_BYTES:]
+        return None if stored is None else row_value(stored, self.name)
 
     def get_timestamped(self, key: bytes) -> tuple[bytes, int] | None:
         stored = super().get(key)
-        return None if stored is None else (stored[STAMP_BYTES:], row_timestamp(stored))
+        return None if stored is None else split_row(stored, self.name)
 
     def put(self, key: bytes, value: bytes | None) -> None:
         self.put_timestamped(key, value, self._clock.timestamp if self._clock is not None else NO_TIMESTAMP)
@@ -126,11 +126,11 @@ class SparkTimestampedKeyValueStore(SparkKeyValueStore):
         super().put(key, None if value is None else stamped(value, timestamp))
 
     def all(self) -> list[tuple[bytes, bytes]]:
-        return [(key, value[STAMP_BYTES:]) for key, value in super().all()]
+        return [(key, row_value(value, self.name)) for key, value in super().all()]
 
     def flush_timestamped(self) -> list[tuple[bytes, bytes | None, int | None]]:
         """The changes as ``(key, value or None, row timestamp or None)``, oldest first."""
-        return [(key, None, None) if value is None else (key, value[STAMP_BYTES:], row_timestamp(value)) for key, value in super().flush()]
+        return [(key, None, None) if value is None else (key, *split_row(value, self.name)) for key, value in super().flush()]
 
 
 class _TimedStore(Retention):
@@ -283,11 +283,11 @@ class SparkTimestampedWindowStore(SparkWindowStore):
 
     def get(self, key: bytes, window_start: int) -> bytes | None:
         stored = super().get(key, window_start)
-        return None if stored is None else stored[STAMP_BYTES:]
+        return None if stored is None else row_value(stored, self.name)
 
     def get_timestamped(self, key: bytes, window_start: int) -> tuple[bytes, int] | None:
         stored = super().get(key, window_start)
-        return None if stored is None else (stored[STAMP_BYTES:], row_timestamp(stored))
+        return None if stored is None else split_row(stored, self.name)
 
     def put(self, key: bytes, window_start: int, value: bytes | None) -> bool:
         return self.put_timestamped(key, window_start, value, self._clock.timestamp if self._clock is not None else NO_TIMESTAMP)
@@ -296,20 +296,24 @@ class SparkTimestampedWindowStore(SparkWindowStore):
         return super().put(key, window_start, None if value is None else stamped(value, timestamp))
 
     def fetch(self, key: bytes, time_from: int, time_to: int) -> Iterator[tuple[int, bytes]]:
-        return ((start, value[STAMP_BYTES:]) for start, value in super().fetch(key, time_from, time_to))
+        return ((start, row_value(value, self.name)) for start, value in super().fetch(key, time_from, time_to))
 
     def fetch_all(self, time_from: int, time_to: int) -> list[WindowedValue]:
-        return [window._replace(value=window.value[STAMP_BYTES:]) for window in super().fetch_all(time_from, time_to)]
+        return [window._replace(value=row_value(window.value, self.name)) for window in super().fetch_all(time_from, time_to)]
 
     def fetch_all_timestamped(self, time_from: int, time_to: int) -> list[tuple[WindowedValue, int]]:
-        return [(window._replace(value=window.value[STAMP_BYTES:]), row_timestamp(window.value)) for window in super().fetch_all(time_from, time_to)]
+        return [
+            (window._replace(value=value), timestamp)
+            for window in super().fetch_all(time_from, time_to)
+            for value, timestamp in (split_row(window.value, self.name),)
+        ]
 
     def all(self) -> list[WindowedValue]:
-        return [window._replace(value=window.value[STAMP_BYTES:]) for window in super().all()]
+        return [window._replace(value=row_value(window.value, self.name)) for window in super().all()]
 
     def flush_timestamped(self) -> list[tuple[bytes, int, bytes | None, int | None]]:
         """The changes as ``(key, window start, value or None, its timestamp or None)``."""
-        return [(key, start, None, None) if value is None else (key, start, value[STAMP_BYTES:], row_timestamp(value)) for key, start, value in super().flush()]
+        return [(key, start, None, None) if value is None else (key, start, *split_row(value, self.name)) for key, start, value in super().flush()]
 
 
 class SparkSessionStore(_TimedStore):
