@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -35,6 +35,11 @@ from pystreams.topology.windows import Windowed
 
 class SerdeError(ValueError):
     """A value could not be serialized, or bytes could not be deserialized."""
+
+
+#: What decoding bytes with msgspec may raise: not the format, not the declared shape, or a
+#: string that is not UTF-8 (msgspec raises Python's own UnicodeDecodeError for that one).
+UNDECODABLE: Final = (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError)
 
 
 class Serde(ABC):
@@ -169,7 +174,7 @@ class Json(Serde):
     def _from_bytes(self, data: bytes) -> Any:
         try:
             return self._decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        except UNDECODABLE as error:
             raise SerdeError(f"bad JSON for {self.name}: {error}") from error
 
 
@@ -202,7 +207,7 @@ class Struct(Serde):
     def _from_bytes(self, data: bytes) -> Any:
         try:
             return self._decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        except UNDECODABLE as error:
             raise SerdeError(f"bad {self.format} for {self.name}: {error}") from error
 
 
@@ -262,7 +267,7 @@ class Change(Serde):
     def _from_bytes(self, data: bytes) -> tuple[Any, Any]:
         try:
             new, old = self._PAIR.decode(data)
-        except msgspec.DecodeError as error:
+        except (*UNDECODABLE, ValueError) as error:  # ValueError: not two items
             raise SerdeError(f"{self.name}: not a (new, old) pair: {error}") from None
         return self.inner.deserialize(new), self.inner.deserialize(old)
 

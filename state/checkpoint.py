@@ -18,6 +18,8 @@ from pathlib import Path
 
 import msgspec
 
+from pystreams.serdes import UNDECODABLE
+
 from .changelog import TopicPartition
 from .errors import CheckpointCorruptedError
 
@@ -51,7 +53,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[TopicPartition, int] |
         raise CheckpointCorruptedError(f"cannot read {path}: {error}") from error
     try:
         checkpoint = _decoder.decode(data)
-    except msgspec.DecodeError as error:
+    except UNDECODABLE as error:
         raise CheckpointCorruptedError(f"{path} is not a valid checkpoint: {error}") from error
     if checkpoint.version < CHECKPOINT_VERSION:
         raise CheckpointCorruptedError(f"{path} was written by an older pystreams (version {checkpoint.version}: table rows without timestamps)")

@@ -29,6 +29,8 @@ from typing import Any
 
 import msgspec
 
+from pystreams.serdes import UNDECODABLE
+
 from .errors import StateError
 from .key_value_store import KeyValueStore, _prefix_end, _successor
 
@@ -118,7 +120,7 @@ class VersionedStore(KeyValueStore):
             return []
         try:
             return _decode_history(stored)
-        except msgspec.DecodeError as error:
+        except UNDECODABLE as error:
             raise StateError(f"versioned store {self.name!r}: the history of key {key[:32]!r} is unreadable ({error})") from None
 
     def put_version(self, key: bytes, value: bytes | None, timestamp: int) -> VersionedPut:

@@ -134,6 +134,7 @@ _msgpack_values = st.recursive(
 @example(msgspec.msgpack.encode([2**31, "h2", 9002]))
 @example(msgspec.msgpack.encode([3, [1, None, 2**40], [[1, "h1", 9001]]]))  # a map naming an impossible node id
 @example(msgspec.msgpack.encode([3, [2], [[2, "h2", 99_999]]]))  # a map naming an impossible port
+@example(b"\x93\x00\xa1\x80")  # a host that is not UTF-8 (found by Hypothesis)
 def test_any_bytes_as_node_metadata_or_as_a_shard_map_leave_the_cluster_serving(data: bytes):
     """Hostile input: whatever a member sends as its node, or a leader as its map, the others
     keep their shards and the receiver its last map; what is read is within FindCoordinator's

@@ -259,3 +259,20 @@ def test_a_failure_after_any_emit_rolls_the_event_back_exactly(steps, fail_at):
         assert timers_of(h) == timers
         assert dict(h.shard.computations) == computations
     h.assert_replay_equals_live()  # whatever happened, the log and memory agree
+
+
+def test_a_stored_record_whose_strings_are_not_utf8_is_unreadable_not_a_crash() -> None:
+    """A key or value holding bytes that are not UTF-8 where a string belongs (msgspec raises
+    UnicodeDecodeError for those) loads as an UnreadableRecord, so its group is quarantined
+    and the shard still loads; before, the load failed and retried for ever."""
+    from pystreams.coordinator import records as r
+
+    key, value = r.encode(r.GroupMetadata("g", r.GroupMetadataValue(1)))
+    assert value is not None
+    bad_key = key.replace(b"\xa1g", b"\xa1\x80")
+    stored = r.read_stored(7, bad_key, value)
+    assert isinstance(stored, r.UnreadableRecord) and "does not decode" in stored.reason
+    offset_key, offset_value = r.encode(r.OffsetCommit("g", "t", 0, r.OffsetCommitValue(offset=1, commit_timestamp_ms=0, metadata="c")))
+    assert offset_value is not None and b"\xa1c" in offset_value
+    stored = r.read_stored(8, offset_key, offset_value.replace(b"\xa1c", b"\xa1\x80", 1))
+    assert isinstance(stored, r.UnreadableRecord) and "OffsetCommit" in stored.reason

@@ -47,3 +47,26 @@ def test_what_they_write_reads_back_and_every_truncation_is_a_serde_error_or_a_v
                 serde.deserialize(data[:cut])
             except SerdeError:
                 pass
+
+
+def test_strings_that_are_not_utf8_are_a_serde_error_in_every_msgspec_serde() -> None:
+    """msgspec raises Python's UnicodeDecodeError, not its DecodeError, for a string that is
+    not UTF-8; a serde reports it as the bad input it is."""
+    import msgspec
+
+    class Row(msgspec.Struct):
+        name: str
+
+    cases = [
+        (serdes.Json(), b'"\x80"'),
+        (serdes.Struct(Row), b"\x81\xa4name\xa1\x80"),
+        (serdes.Struct(Row, format="json"), b'{"name": "\x80"}'),
+        (fk.ResponseSerde(serdes.Json()), b"\x92\xa1\x80\xc0"),
+    ]
+    for serde, data in cases:
+        try:
+            serde.deserialize(data)
+        except SerdeError as error:
+            assert serde.name in str(error)
+        else:
+            raise AssertionError(f"{serde.name} read {data!r}")

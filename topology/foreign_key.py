@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from pystreams.serdes import Serde, SerdeError
+from pystreams.serdes import UNDECODABLE, Serde, SerdeError
 
 
 class Instruction(enum.IntEnum):
@@ -162,7 +162,7 @@ class SubscriptionSerde(Serde):
         try:
             hashed, instruction, primary_key = _decode_subscription(data)
             return Subscription(hashed, Instruction(instruction), self.key.deserialize(primary_key))
-        except (msgspec.DecodeError, ValueError) as error:
+        except (*UNDECODABLE, ValueError) as error:
             raise SerdeError(f"{self.name}: not a subscription: {error}") from None
 
 
@@ -185,6 +185,6 @@ class ResponseSerde(Serde):
     def _from_bytes(self, data: bytes) -> SubscriptionResponse:
         try:
             hashed, foreign = _decode_response(data)
-        except msgspec.DecodeError as error:
+        except UNDECODABLE as error:
             raise SerdeError(f"{self.name}: not a response: {error}") from None
         return SubscriptionResponse(hashed, self.value.deserialize(foreign))

@@ -39,6 +39,8 @@ import msgspec
 from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor, RebalanceProtocol
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment, ConsumerProtocolSubscription
 
+from pystreams.serdes import UNDECODABLE
+
 log = logging.getLogger(__name__)
 
 __all__ = ["ClusterView", "DuplicateNodeId", "NodeInfo", "ShardAssignor", "ShardMap", "ShardOwnership", "keep_serving", "plan_shards"]
@@ -77,6 +79,8 @@ class ShardMap(msgspec.Struct, frozen=True, array_like=True):
 
 
 _encode = msgspec.msgpack.Encoder().encode
+#: What reading another node's bytes may raise (TypeError: user data that is not bytes).
+_UNREADABLE = (*UNDECODABLE, TypeError)
 _decode_node = msgspec.msgpack.Decoder(NodeInfo).decode
 _decode_map = msgspec.msgpack.Decoder(ShardMap).decode
 
@@ -175,7 +179,7 @@ class ShardAssignor(AbstractPartitionAssignor):
         for member in members:
             try:
                 nodes[member.member_id] = _decode_node(member.metadata.user_data)
-            except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as error:
+            except _UNREADABLE as error:
                 log.error("coordinator group member %s sent unreadable node metadata (%s): it gets no shard", member.member_id, error)
                 continue
             owned[member.member_id] = [p for tp in (member.metadata.owned_partitions or ()) if tp.topic == topic for p in tp.partitions]
@@ -201,7 +205,7 @@ class ShardAssignor(AbstractPartitionAssignor):
         self.owned = sorted(tp.partition for tp in assignment.partitions())
         try:
             mapped = _decode_map(assignment.user_data)
-        except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as error:
+        except _UNREADABLE as error:
             log.error("the coordinators' group leader sent an unreadable shard map (%s); keeping the last one", error)
             return
         self._on_map(mapped, self.owned)

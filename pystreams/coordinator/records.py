@@ -23,6 +23,8 @@ from uuid import UUID
 
 import msgspec
 
+from pystreams.serdes import UNDECODABLE
+
 #: The largest record (key + value) a shard writes. Kafka's default max.message.bytes is about
 #: 1 MiB per batch, and an append must fit: a larger record would fail every retry.
 MAX_RECORD_BYTES = 512 * 1024
@@ -348,12 +350,12 @@ def decode(key: bytes, value: bytes | None) -> Record:
     """The record stored as ``key`` and ``value``; RecordDecodeError if it is not one."""
     try:
         decoded_key = _key_decoder.decode(key)
-    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+    except UNDECODABLE as error:
         raise RecordDecodeError(f"the key does not decode: {error}") from None
     kind = _KIND_BY_KEY[type(decoded_key)]
     try:
         decoded_value = None if value is None else _value_decoders[kind].decode(value)
-    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+    except UNDECODABLE as error:
         raise RecordDecodeError(f"the value of a {kind.__name__} record does not decode: {error}") from None
     fields = (*msgspec.structs.astuple(decoded_key), decoded_value)  # one tuple: mypy cannot count a splat
     return kind(*fields)
@@ -363,7 +365,7 @@ def group_of_raw_key(key: bytes) -> str | None:
     """The group id in a key that does not decode as a record key, if it can be read at all."""
     try:
         fields = _lenient_key_decoder.decode(key)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except UNDECODABLE:
         return None
     group = fields.get("group_id")
     return group if isinstance(group, str) else None

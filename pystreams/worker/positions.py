@@ -38,6 +38,7 @@ from enum import StrEnum
 
 import msgspec
 
+from pystreams.serdes import UNDECODABLE
 from pystreams.state import TopicPartition
 from pystreams.topology.ir import TaskId
 from pystreams.topology.resolve import ResolvedTopology
@@ -110,7 +111,7 @@ def decode_position(key: bytes | None, value: bytes | None) -> tuple[TaskId, Pos
         return None
     try:
         record = _decoder.decode(value)
-    except msgspec.DecodeError as error:
+    except UNDECODABLE as error:
         raise UnreadablePositionError(f"position record of task {task_id} does not decode: {error}") from None
     if record.version != POSITION_RECORD_VERSION:
         raise UnreadablePositionError(f"position record of task {task_id} has unsupported version {record.version}")
