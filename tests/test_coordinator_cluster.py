@@ -400,3 +400,144 @@ def test_keep_serving_takes_its_shards_gives_up_the_others_and_reloads_one_fence
         await node.close()
 
     run(scenario())
+
+
+# --- hot standbys ---------------------------------------------------------------------------------
+
+
+def member_heartbeat(group: str, member_id: str, epoch: int) -> m.ConsumerGroupHeartbeatRequest:
+    return m.ConsumerGroupHeartbeatRequest(group_id=group, member_id=member_id, member_epoch=epoch, rebalance_timeout_ms=5_000)
+
+
+def replayed_from_scratch(log: MemoryLog, shard: int) -> dict:
+    from pystreams.coordinator.shard import GroupCoordinatorShard
+
+    fresh = GroupCoordinatorShard(Coordinator(log).config)
+    for record in log.records(shard):
+        fresh.replay(record)
+    return fresh.snapshot()
+
+
+async def caught_up(standby, log: MemoryLog, shard: int) -> None:
+    async with asyncio.timeout(10):
+        while standby.replayed < log.size(shard):
+            await asyncio.sleep(0.01)
+
+
+def test_a_hot_standby_takes_a_shard_over_replaying_only_what_it_had_not_read():
+    async def scenario():
+        log = MemoryLog(2)
+        owner = Coordinator(log, topic_source=StaticTopics({}), owned_shards=[0])
+        other = Coordinator(log, topic_source=StaticTopics({}), owned_shards=())
+        await owner.start()
+        await other.start()
+        await owner.wait_until_loaded()
+        await other.follow(0)
+        await other.follow(0)  # following twice keeps one standby
+        standby = other.standbys[0]
+        g0 = groups_on(0, 2)
+        first = await call(owner, heartbeat(g0))
+        await caught_up(standby, log, 0)
+        followed = standby.replayed
+        assert followed == log.size(0) > 0
+        second = await call(owner, heartbeat(g0))  # most likely still unread when the shard moves
+        await call(owner, member_heartbeat(g0, first.member_id, first.member_epoch))
+        written = log.size(0)
+        # The owner is gone without a word; the other node is given the shard.
+        await other.acquire(0)
+        await other.wait_until_loaded()
+        runner = other.runners[0]
+        # Every record replayed once: what the standby had read, then the rest from there.
+        assert runner.replayed_by_standby >= followed
+        assert runner.replayed_by_standby + runner.replayed_at_load == written
+        assert other.standbys == {}
+        # What the standby plus the tail hold is what a replay of the whole log holds.
+        assert runner.shard is not None and runner.shard.snapshot() == replayed_from_scratch(log, 0)
+        # Members keep their ids and epochs; the old owner is fenced at its next write.
+        kept = await call(other, member_heartbeat(g0, second.member_id, second.member_epoch))
+        assert kept.error_code == 0 and kept.member_epoch == second.member_epoch
+        assert (await call(owner, heartbeat(g0))).error_code == Errors.NotCoordinatorError.errno
+        await owner.close()
+        await other.close()
+
+    run(scenario())
+
+
+def test_a_standby_that_failed_is_dropped_and_the_takeover_replays_the_whole_log():
+    from pystreams.coordinator.log import LogFollower, LogPosition
+
+    class BrokenFollower(LogFollower):
+        partition = 0
+
+        async def poll(self):
+            raise OSError("the brokers are unreachable")
+
+        def position(self) -> LogPosition:
+            raise AssertionError("a failed standby's position must not be used")
+
+        async def close(self) -> None:
+            pass
+
+    class UnfollowableLog(MemoryLog):
+        def follow(self, partition: int) -> LogFollower:
+            return BrokenFollower()
+
+    async def scenario():
+        log = UnfollowableLog(2)
+        owner = Coordinator(log, topic_source=StaticTopics({}), owned_shards=[0])
+        other = Coordinator(log, topic_source=StaticTopics({}), owned_shards=())
+        await owner.start()
+        await other.start()
+        await owner.wait_until_loaded()
+        joined = await call(owner, heartbeat(groups_on(0, 2)))
+        await other.follow(0)
+        async with asyncio.timeout(10):
+            while other.standbys[0].failure is None:
+                await asyncio.sleep(0.01)
+        written = log.size(0)
+        await other.acquire(0)
+        await other.wait_until_loaded()
+        runner = other.runners[0]
+        assert (runner.replayed_by_standby, runner.replayed_at_load) == (0, written)
+        kept = await call(other, member_heartbeat(groups_on(0, 2), joined.member_id, joined.member_epoch))
+        assert kept.error_code == 0 and kept.member_epoch == joined.member_epoch
+        await owner.close()
+        await other.close()
+
+    run(scenario())
+
+
+def test_keep_serving_with_hot_standbys_follows_what_other_nodes_serve_and_takes_it_over():
+    from pystreams.coordinator.cluster import keep_serving
+
+    async def scenario():
+        log = MemoryLog(3)
+        node = Coordinator(log, topic_source=StaticTopics({}), owned_shards=[])
+        await node.start()
+        me = BrokerAddress(7, "h", 1)
+        view = ClusterView(node.shard_for, lambda: me, node.unavailable_reason)
+        held = {0}
+        keeper = asyncio.create_task(keep_serving(view, node, lambda: held, recheck_s=0.05, hot_standby=True))
+
+        async def until(condition):
+            async with asyncio.timeout(10):
+                while not condition():
+                    await asyncio.sleep(0.02)
+
+        view.update(ShardMap(1, (7, 3, 3), (NodeInfo(3, "o", 2), NodeInfo(7, "h", 1))))
+        await until(lambda: node.serves(0) and sorted(node.standbys) == [1, 2])
+        # Node 3 goes; shard 1 comes here and is taken over from its standby.
+        held.add(1)
+        view.update(ShardMap(2, (7, 7, 3), (NodeInfo(3, "o", 2), NodeInfo(7, "h", 1))))
+        await until(lambda: node.serves(1) and sorted(node.standbys) == [2])
+        assert node.runners[1].replayed_at_load == 0 and node.runners[1].load_count == 1
+        # Shard 0 moves away: released here, then followed.
+        held.discard(0)
+        view.update(ShardMap(3, (3, 7, 3), (NodeInfo(3, "o", 2), NodeInfo(7, "h", 1))))
+        await until(lambda: node.served_shards == [1] and sorted(node.standbys) == [0, 2])
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+        await node.close()
+        assert node.standbys == {}
+
+    run(scenario())

@@ -646,6 +646,65 @@ def test_kafka_log_drops_an_append_its_writer_died_in_the_middle_of(
     asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 2))
 
 
+def test_kafka_log_follower_reads_whole_appends_and_a_claim_resumes_where_it_stopped(
+    kafka_bootstrap: str,
+    unique_topic: Callable[[str], str],
+) -> None:
+    """A hot standby's reader: it sees committed appends of a partition it does not own, never
+    the unfinished append of a writer that died (shown by the embedded broker once aborted), and
+    a later claim reads on from its position: each record exactly once, the dead append never."""
+    from kafka import KafkaProducer
+
+    from pystreams.coordinator import records as r
+    from pystreams.coordinator.log import _FRAME, FRAME_HEADER, KafkaLog
+
+    topic = unique_topic("groups-log")
+    record_log = KafkaLog(kafka_bootstrap, 1, topic=topic)
+
+    async def followed(follower, count: int) -> list:
+        seen: list = []
+        async with asyncio.timeout(GUARD_S):
+            while len(seen) < count:
+                seen += await follower.poll()
+        return seen
+
+    async def scenario() -> None:
+        first = await record_log.claim(0)
+        await first.append(_records("a", 3))
+        await first.close()
+        dying = KafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=record_log.transactional_id(0))
+        follower = record_log.follow(0)
+        try:
+            await asyncio.to_thread(dying.init_transactions)
+            dying.begin_transaction()
+            for index, record in enumerate(_records("lost", 3)[:2]):  # 2 of an append of 3, never committed
+                key, value = r.encode(record)
+                dying.send(topic, key=key, value=value, partition=0, headers=[(FRAME_HEADER, _FRAME.pack(b"y" * 16, index, 3))])
+            await asyncio.to_thread(dying.flush)
+            assert await followed(follower, 3) == _records("a", 3)
+            second = await record_log.claim(0)  # aborts the dying append: Tansu now shows its 2 records
+            try:
+                for _ in range(5):
+                    assert await follower.poll() == []  # held as unfinished, never replayed
+                await second.append(_records("b", 2))
+                position = follower.position()
+                third = await record_log.claim(0)  # the standby's node takes the shard over
+                try:
+                    tail = [record async for chunk in third.read(position) for record in chunk]
+                    assert tail == _records("b", 2)
+                    whole = [record async for chunk in third.read() for record in chunk]
+                    assert whole == _records("a", 3) + _records("b", 2)
+                finally:
+                    await third.close()
+            finally:
+                await second.close()
+        finally:
+            await follower.close()
+            await asyncio.to_thread(dying.close, 1)
+
+    asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 2))
+
+
 def test_a_poison_record_in_the_log_quarantines_its_group_and_repair_releases_it(
     kafka_bootstrap: str,
     unique_topic: Callable[[str], str],

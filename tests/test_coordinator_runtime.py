@@ -783,7 +783,15 @@ def test_every_coordinator_option_can_come_from_the_environment(monkeypatch: pyt
     parser = argparse.ArgumentParser()
     command.configure(parser)
     node = command.settings_from_args(parser.parse_args([]))
-    assert (node.cluster, node.node_id, node.cluster_session_timeout_ms) == (True, 2, 6000)
+    assert (node.cluster, node.node_id, node.cluster_session_timeout_ms, node.hot_standby) == (True, 2, 6000, True)
+    assert command.settings_from_args(parser.parse_args(["--no-hot-standby"])).hot_standby is False
+    monkeypatch.setenv("PYSTREAMS_NO_HOT_STANDBY", "yes")
+    parser = argparse.ArgumentParser()
+    command.configure(parser)
+    assert command.settings_from_args(parser.parse_args([])).hot_standby is False
+    monkeypatch.delenv("PYSTREAMS_NO_HOT_STANDBY")
+    parser = argparse.ArgumentParser()
+    command.configure(parser)
     with pytest.raises(ValueError, match="--cluster .* needs --log kafka"):
         command.settings_from_args(parser.parse_args(["--log", "memory"]))
     monkeypatch.setenv("PYSTREAMS_CLUSTER", "off")

@@ -79,6 +79,14 @@ _CLUSTER_OPTIONS = [
         "with --cluster: how long the brokers wait for a silent node before its shards move to the others",
         {"type": options.positive_int, "metavar": "MS"},
     ),
+    EnvOption(
+        "--no-hot-standby",
+        "PYSTREAMS_NO_HOT_STANDBY",
+        None,
+        "with --cluster: do not follow the shards other nodes serve (by default each node replays them as they are "
+        "written, so that taking one over replays only its tail; this costs each node the others' replay work)",
+        {"action": "store_true"},
+    ),
 ]
 
 _SERVER_OPTIONS = [
@@ -389,6 +397,7 @@ class CoordinatorSettings:
     cluster: bool = False
     node_id: int = 0
     cluster_session_timeout_ms: int = 10_000
+    hot_standby: bool = True
 
 
 def _parse(value: Any, convert: Any) -> Any:
@@ -492,6 +501,7 @@ def settings_from_args(
         cluster=cluster,
         node_id=_parse(getattr(args, "node_id", 0), options.non_negative_int),
         cluster_session_timeout_ms=_parse(getattr(args, "cluster_session_timeout_ms", 10_000), options.positive_int),
+        hot_standby=not _flag(getattr(args, "no_hot_standby", None), "--no-hot-standby (PYSTREAMS_NO_HOT_STANDBY)"),
     )
 
 
@@ -636,7 +646,7 @@ async def _join_cluster(settings: CoordinatorSettings, coordinator: Any, server:
         client_config=broker_config,
     )
     keeper = asyncio.create_task(
-        keep_serving(view, coordinator, lambda: ownership.held, refence_backoff_s=settings.cluster_session_timeout_ms / 1000),
+        keep_serving(view, coordinator, lambda: ownership.held, refence_backoff_s=settings.cluster_session_timeout_ms / 1000, hot_standby=settings.hot_standby),
         name="pystreams-coordinator-shards",
     )
     ownership.start()

@@ -355,7 +355,7 @@ class ShardOwnership:
             )
             consumer.subscribe([self._topic], listener=Listener())
             while not self._stop.is_set():
-                consumer.poll(timeout_ms=200)
+                consumer.poll(timeout_ms=50)  # a rebalance the heartbeat noticed is joined on the next poll
         finally:
             if consumer is not None:
                 try:
@@ -417,15 +417,22 @@ class ClusterView:
 
 
 async def keep_serving(
-    view: ClusterView, coordinator: Any, held: Callable[[], Collection[int]], *, recheck_s: float = 1.0, refence_backoff_s: float = 10.0
+    view: ClusterView,
+    coordinator: Any,
+    held: Callable[[], Collection[int]],
+    *,
+    recheck_s: float = 1.0,
+    refence_backoff_s: float = 10.0,
+    hot_standby: bool = False,
 ) -> None:
     """Serve what the group gives this node, and only that: acquire each of its shards that is
     not served here, release any other. A shard is this node's when the map names it and the
     group membership holds it now (``held()``: an evicted node's map is stale until it joins
     again). A shard that failed here — fenced by a late writer — is loaded again, but only
     ``refence_backoff_s`` after it failed: a node that does not know yet that it was evicted
-    must not fence the rightful owner back and forth. Runs until cancelled; wakes on every map
-    and every ``recheck_s``."""
+    must not fence the rightful owner back and forth. With ``hot_standby``, every shard another
+    node serves is followed here, so that taking it over replays only its tail. Runs until
+    cancelled; wakes on every map and every ``recheck_s``."""
     failed_since: dict[int, float] = {}
     while True:
         view.changed.clear()
@@ -442,8 +449,11 @@ async def keep_serving(
                                 continue
                         failed_since.pop(shard, None)
                         await coordinator.acquire(shard)
-                    elif shard in coordinator.served_shards:
-                        await coordinator.release(shard)
+                    else:
+                        if shard in coordinator.served_shards:
+                            await coordinator.release(shard)
+                        if hot_standby:
+                            await coordinator.follow(shard)
                 except Exception:
                     log.exception("shard %d: taking or giving it up failed; trying again", shard)
         with contextlib.suppress(TimeoutError):

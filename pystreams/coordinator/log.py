@@ -36,8 +36,14 @@ Backends:
   ``end_offsets`` (ListOffsets LATEST is wrong on the embedded broker). Since the partition has
   just been claimed, nobody else writes to it and that watermark cannot move under us.
 
-Blocking kafka-python calls run on one worker thread per claimed partition, so the event loop
-never blocks and one slow partition never holds up another.
+**Followers.** ``follow(p)`` reads a partition another coordinator owns as it grows (committed
+records, whole appends), without claiming it: a hot standby replays them as they come. Its
+``position()`` — the next offset and, on the Kafka log, the append it has seen part of — lets the
+reader of a later claim go on from there (``read(resume=...)``), so that taking the shard over
+replays only the tail. The claim still fences the old owner first, so the tail is quiescent.
+
+Blocking kafka-python calls run on one worker thread per claimed or followed partition, so the
+event loop never blocks and one slow partition never holds up another.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import struct
@@ -63,6 +70,8 @@ __all__ = [
     "LogConfigurationError",
     "LogError",
     "LogFencedError",
+    "LogFollower",
+    "LogPosition",
     "MemoryLog",
     "PartitionLog",
     "RecordLog",
@@ -89,15 +98,25 @@ class LogConfigurationError(LogError):
     """The log exists but cannot be used as configured (e.g. a different partition count)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class LogPosition:
+    """Where a :class:`LogFollower` stopped: the next offset to read, and what it holds of an
+    append it has seen only part of (the Kafka log's assembler; None on the memory log)."""
+
+    next_offset: int
+    pending: Any = None
+
+
 class PartitionLog(abc.ABC):
     """The exclusive writer (and reader) of one claimed partition."""
 
     partition: int
 
     @abc.abstractmethod
-    def read(self) -> AsyncGenerator[list[r.Record | r.UnreadableRecord], None]:
+    def read(self, resume: LogPosition | None = None) -> AsyncGenerator[list[r.Record | r.UnreadableRecord], None]:
         """Every committed record of the partition, oldest first, in chunks; then stops. A stored
-        record that does not decode comes as an UnreadableRecord (offset, key bytes, reason)."""
+        record that does not decode comes as an UnreadableRecord (offset, key bytes, reason).
+        With ``resume`` (a follower's position), only what comes after what it read."""
 
     @abc.abstractmethod
     async def append(self, records: Sequence[r.Record]) -> None:
@@ -106,6 +125,24 @@ class PartitionLog(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release the writer; the log itself stays."""
+
+
+class LogFollower(abc.ABC):
+    """Reads a partition it does not own, as it grows: committed records, whole appends."""
+
+    partition: int
+
+    @abc.abstractmethod
+    async def poll(self) -> list[r.Record | r.UnreadableRecord]:
+        """What became readable since the last call (waiting briefly for it; maybe nothing)."""
+
+    @abc.abstractmethod
+    def position(self) -> LogPosition:
+        """Where the next poll would go on from; call it between polls."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop following."""
 
 
 class RecordLog(abc.ABC):
@@ -126,6 +163,10 @@ class RecordLog(abc.ABC):
     def scan(self, partition: int) -> AsyncIterator[list[r.Record | r.UnreadableRecord]]:
         """Read a partition without claiming it (a live owner keeps writing): for tools."""
         raise NotImplementedError(f"{type(self).__name__} cannot be scanned")
+
+    def follow(self, partition: int) -> LogFollower:
+        """Follow a partition without claiming it (a hot standby)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be followed")
 
     async def write_tombstones(self, partition: int, raw_keys: Sequence[bytes]) -> None:
         """Append a tombstone for each key, outside any claim (the repair tool's one write)."""
@@ -186,6 +227,10 @@ class MemoryLog(RecordLog):
         self._check_partition(partition)
         self._entries[partition].extend((key, None) for key in raw_keys)
 
+    def follow(self, partition: int) -> LogFollower:
+        self._check_partition(partition)
+        return _MemoryFollower(self, partition)
+
     def describe(self) -> str:
         return f"memory log, {self.partition_count} partitions"
 
@@ -200,11 +245,12 @@ class _MemoryPartition(PartitionLog):
         if self._owner._writer_epochs[self.partition] != self._epoch:
             raise LogFencedError(f"memory log partition {self.partition} was claimed by a newer writer")
 
-    async def read(self) -> AsyncGenerator[list[r.Record | r.UnreadableRecord], None]:
-        entries = list(self._owner._entries[self.partition])  # a stable view: appends may follow
+    async def read(self, resume: LogPosition | None = None) -> AsyncGenerator[list[r.Record | r.UnreadableRecord], None]:
+        first = 0 if resume is None else resume.next_offset
+        entries = self._owner._entries[self.partition][first:]  # a stable view: appends may follow
         chunk = self._owner._read_chunk
         for start in range(0, len(entries), chunk):
-            yield [r.read_stored(start + i, key, value) for i, (key, value) in enumerate(entries[start : start + chunk])]
+            yield [r.read_stored(first + start + i, key, value) for i, (key, value) in enumerate(entries[start : start + chunk])]
             await asyncio.sleep(0)  # a big log must not starve the other shards
 
     async def append(self, records: Sequence[r.Record]) -> None:
@@ -214,6 +260,27 @@ class _MemoryPartition(PartitionLog):
             await self._owner.before_append(self.partition, records)
         self._check_owner()  # claimed by someone else while the hook waited
         self._owner._entries[self.partition].extend(encoded)
+
+    async def close(self) -> None:
+        pass
+
+
+class _MemoryFollower(LogFollower):
+    """Memory appends are atomic: whatever is stored is whole."""
+
+    def __init__(self, owner: MemoryLog, partition: int) -> None:
+        self._owner = owner
+        self.partition = partition
+        self._next = 0
+
+    async def poll(self) -> list[r.Record | r.UnreadableRecord]:
+        await asyncio.sleep(0)
+        first, entries = self._next, self._owner._entries[self.partition][self._next :]
+        self._next += len(entries)
+        return [r.read_stored(first + i, key, value) for i, (key, value) in enumerate(entries)]
+
+    def position(self) -> LogPosition:
+        return LogPosition(self._next)
 
     async def close(self) -> None:
         pass
@@ -294,6 +361,10 @@ class KafkaLog(RecordLog):
             await handle.close()
             raise
         return handle
+
+    def follow(self, partition: int) -> LogFollower:
+        self._check_partition(partition)
+        return _KafkaFollower(self, partition)
 
     def transactional_id(self, partition: int) -> str:
         return f"{self.transactional_id_prefix}-{self.topic}-{partition}"
@@ -435,6 +506,9 @@ class _KafkaPartition(PartitionLog):
             transactional_id=self._owner.transactional_id(self.partition),
             enable_idempotence=True,
             linger_ms=0,
+            # kafka-python waits this long before its first FindCoordinator and its first
+            # InitProducerId: 100 ms each by default, most of what claiming a partition costs.
+            retry_backoff_ms=20,
             batch_size=1024 * 1024,  # an append (a target assignment, a group commit) in few batches
             max_block_ms=timeout_ms,
             request_timeout_ms=min(timeout_ms, 30_000),
@@ -469,7 +543,10 @@ class _KafkaPartition(PartitionLog):
                 producer.abort_transaction()
             raise LogError(f"log partition {self.partition}: append failed: {error!r}") from error
 
-    def _open_consumer(self) -> Any:
+    def _open_consumer(self, start_offset: int | None = None, fetch_max_wait_ms: int = 10) -> Any:
+        """A reader from ``start_offset`` (None: the beginning). A loader's fetches wait little
+        for data: at the end of the partition they return at once with the high watermark
+        that tells it it is done; a follower's wait longer, as it polls for ever."""
         from kafka import KafkaConsumer, TopicPartition
 
         consumer = KafkaConsumer(
@@ -479,15 +556,18 @@ class _KafkaPartition(PartitionLog):
             enable_auto_commit=False,
             isolation_level="read_committed",
             max_poll_records=10_000,
-            fetch_max_wait_ms=100,
+            fetch_max_wait_ms=fetch_max_wait_ms,
         )
         partition = TopicPartition(self._owner.topic, self.partition)
         consumer.assign([partition])
-        consumer.seek_to_beginning(partition)
+        if start_offset is None:
+            consumer.seek_to_beginning(partition)
+        else:
+            consumer.seek(partition, start_offset)
         return consumer, partition
 
     def _read_chunk(self, consumer: Any, partition: Any, assembler: _AppendAssembler) -> tuple[list[r.Record | r.UnreadableRecord], bool]:
-        batches = consumer.poll(timeout_ms=200)
+        batches = consumer.poll(timeout_ms=20)
         records: list[r.Record | r.UnreadableRecord] = []
         for message in batches.get(partition, ()):
             records.extend(assembler.add(message.offset, message.key, message.value, message.headers))
@@ -500,9 +580,12 @@ class _KafkaPartition(PartitionLog):
 
     # -- event-loop side ---------------------------------------------------------------------
 
-    async def read(self) -> AsyncGenerator[list[r.Record | r.UnreadableRecord], None]:
-        consumer, partition = await self._run(self._open_consumer, timeout_s=self._owner.append_timeout_s)
-        assembler = _AppendAssembler(self.partition)
+    async def read(self, resume: LogPosition | None = None) -> AsyncGenerator[list[r.Record | r.UnreadableRecord], None]:
+        # A new consumer even when resuming: its first high watermark comes from a fetch made
+        # after the claim, so the read cannot stop short of what the fenced owner wrote last.
+        start = None if resume is None else resume.next_offset
+        consumer, partition = await self._run(self._open_consumer, start, timeout_s=self._owner.append_timeout_s)
+        assembler = resume.pending if resume is not None and resume.pending is not None else _AppendAssembler(self.partition)
         deadline = time.monotonic() + self._owner.load_timeout_s
         try:
             while True:
@@ -534,6 +617,46 @@ class _KafkaPartition(PartitionLog):
             closer.start()
             await asyncio.get_running_loop().run_in_executor(None, closer.join, 10.0)
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class _KafkaFollower(LogFollower):
+    """A ``read_committed`` consumer of a partition another coordinator owns, on a worker thread
+    of its own, and the assembler that keeps an append until all of it has come."""
+
+    #: How long a poll waits for records: also how long a takeover waits for a poll to end.
+    POLL_MS = 100
+
+    def __init__(self, owner: KafkaLog, partition: int) -> None:
+        self.partition = partition
+        self._reader = _KafkaPartition(owner, partition)  # no producer: nobody is fenced
+        self._timeout_s = owner.append_timeout_s
+        self._assembler = _AppendAssembler(partition)
+        self._consumer: Any = None
+        self._topic_partition: Any = None
+        self._next = 0
+
+    async def poll(self) -> list[r.Record | r.UnreadableRecord]:
+        if self._consumer is None:
+            self._consumer, self._topic_partition = await self._reader._run(self._reader._open_consumer, None, self.POLL_MS, timeout_s=self._timeout_s)
+        return await self._reader._run(self._poll_once, timeout_s=self._timeout_s)
+
+    def _poll_once(self) -> list[r.Record | r.UnreadableRecord]:
+        batches = self._consumer.poll(timeout_ms=self.POLL_MS)
+        records: list[r.Record | r.UnreadableRecord] = []
+        for message in batches.get(self._topic_partition, ()):
+            records.extend(self._assembler.add(message.offset, message.key, message.value, message.headers))
+        self._next = self._consumer.position(self._topic_partition)
+        return records
+
+    def position(self) -> LogPosition:
+        return LogPosition(self._next, self._assembler)
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._reader._run(consumer.close, timeout_s=self._timeout_s)
+        await self._reader.close()
 
 
 def _close_quietly(producer: Any) -> None:

@@ -23,6 +23,13 @@ fail-over duties (``on_loaded``: re-arm session timers, re-check metadata and re
 a missing assignment) and appends what they generated. Until then its requests are answered
 COORDINATOR_LOAD_IN_PROGRESS. The ``partition-load-time`` metric covers claim to active.
 
+**Hot standbys.** A node of a cluster may *follow* shards it does not serve
+(:class:`ShardStandby`): a shard of its own replays the partition as the owner writes it. When
+the node is given the shard, its runner takes the standby over — claims the partition (fencing
+the old owner), replays only what the standby had not read yet, and runs the same fail-over
+duties. A standby that failed is dropped and the shard loads from the beginning, so a standby
+can make a takeover faster, never different.
+
 **When an append fails** the shard holds state the log does not have. The runner answers the
 whole batch with COORDINATOR_NOT_AVAILABLE (clients look the coordinator up again and retry),
 throws the shard away and *reloads it from the log* — the log is the truth, and the outcome of
@@ -71,7 +78,7 @@ from pystreams.coordinator.authorizer import PERMISSIONS, Authorizer
 from pystreams.coordinator.config import CoordinatorConfig
 from pystreams.coordinator.context import DEFERRED
 from pystreams.coordinator.errors import while_loading
-from pystreams.coordinator.log import LogConfigurationError, LogFencedError, PartitionLog, RecordLog
+from pystreams.coordinator.log import LogConfigurationError, LogFencedError, LogFollower, LogPosition, PartitionLog, RecordLog
 from pystreams.coordinator.metrics import CoordinatorMetrics, IdleTracker
 from pystreams.coordinator.shard import CoordinatorResult, GroupCoordinatorShard, HandlerFailed, RequestContext
 from pystreams.protocol import codec
@@ -159,6 +166,71 @@ def _not_coordinator(shard_id: int, why: str) -> Errors.BrokerResponseError:
     return Errors.NotCoordinatorError(f"shard {shard_id} {why}")
 
 
+class ShardStandby:
+    """A shard this node does not serve, kept current by replaying its partition as another
+    coordinator writes it (a hot standby); :meth:`take` hands it to the runner that takes the
+    shard over."""
+
+    #: How long an idle follower waits before it looks again (the Kafka log's poll waits too).
+    IDLE_S = 0.05
+
+    def __init__(self, shard_id: int, log: RecordLog, shard_factory: Callable[[], GroupCoordinatorShard]) -> None:
+        self.shard_id = shard_id
+        self._log = log
+        self._shard_factory = shard_factory
+        self.shard: GroupCoordinatorShard | None = None
+        #: Records replayed so far.
+        self.replayed = 0
+        self.failure: BaseException | None = None
+        self._follower: LogFollower | None = None
+        self._stopping = False
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.task is None:
+            self.task = asyncio.create_task(self._run(), name=f"pystreams-coordinator-standby-{self.shard_id}")
+
+    async def _run(self) -> None:
+        try:
+            self._follower = self._log.follow(self.shard_id)
+            shard = self._shard_factory()
+            self.shard = shard
+            while not self._stopping:
+                records = await self._follower.poll()
+                for record in records:
+                    shard.replay(record)
+                self.replayed += len(records)
+                if not records and not self._stopping:
+                    await asyncio.sleep(self.IDLE_S)
+        except Exception as error:  # the takeover loads from the beginning instead
+            log.warning("shard %d: its standby stopped (%r); taking it over will replay it whole", self.shard_id, error)
+            self.failure = error
+
+    async def take(self) -> tuple[GroupCoordinatorShard, LogPosition] | None:
+        """Stop following once the poll in progress is replayed; the shard and where its replay
+        stopped, or None if the standby failed (then nothing of it is usable)."""
+        self._stopping = True
+        try:
+            if self.task is not None:
+                await self.task
+            if self.failure is not None or self.shard is None or self._follower is None:
+                return None
+            return self.shard, self._follower.position()
+        finally:
+            await self.close()
+
+    async def close(self) -> None:
+        self._stopping = True
+        if self.task is not None and not self.task.done():
+            await asyncio.gather(self.task, return_exceptions=True)
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            try:
+                await follower.close()
+            except Exception:
+                log.warning("shard %d: closing its standby's reader failed", self.shard_id, exc_info=True)
+
+
 class ShardRunner:
     """One shard: an asyncio task, a bounded event queue, a claimed log partition."""
 
@@ -174,7 +246,10 @@ class ShardRunner:
         max_batch: int = 256,
         metrics: CoordinatorMetrics | None = None,
         reload_backoff_s: tuple[float, float] = (0.1, 5.0),
+        standby: ShardStandby | None = None,
     ) -> None:
+        """``standby``: a hot standby of this shard to take over (the first load replays only
+        what it had not read)."""
         if queue_size < 1 or max_batch < 1:
             raise ValueError("queue_size and max_batch must be >= 1")
         self.shard_id = shard_id
@@ -192,6 +267,10 @@ class ShardRunner:
         self.loaded = asyncio.Event()
         self.load_count = 0
         self.reload_count = 0
+        #: Records the last load replayed, and how many of them a standby had replayed before.
+        self.replayed_at_load = 0
+        self.replayed_by_standby = 0
+        self._standby = standby
         self.idle = IdleTracker()
         self._handle: PartitionLog | None = None
         self._pending_topics: Topics | None = None
@@ -293,6 +372,9 @@ class ShardRunner:
             self.loaded.clear()
             self._drain_queue(self._terminal_error)
             self._answer_deferred(self._terminal_error)
+            standby, self._standby = self._standby, None  # stopped before its first load
+            if standby is not None:
+                await standby.close()
             await self._release_handle()
 
     def _fail(self, error: BaseException) -> None:
@@ -324,10 +406,13 @@ class ShardRunner:
             started = time.monotonic()
             try:
                 await self._release_handle()
+                standby, self._standby = self._standby, None  # a retry loads from the beginning
+                taken = await standby.take() if standby is not None else None
                 self._handle = await self._log.claim(self.shard_id)
-                shard = self._shard_factory()
+                shard, resume = taken if taken is not None else (self._shard_factory(), None)
+                from_standby = standby.replayed if taken is not None and standby is not None else 0
                 replayed = 0
-                async with contextlib.aclosing(self._handle.read()) as chunks:
+                async with contextlib.aclosing(self._handle.read(resume)) as chunks:
                     async for chunk in chunks:
                         for record in chunk:
                             shard.replay(record)
@@ -360,10 +445,14 @@ class ShardRunner:
                 continue
             self.metrics.load_times.record((time.monotonic() - started - waited) * 1000)
             self.load_count += 1
+            self.replayed_at_load, self.replayed_by_standby = replayed, from_standby
             self.shard = shard
             self.state = ShardState.ACTIVE
             self.loaded.set()
-            log.info("shard %d loaded: %d records, %d groups", self.shard_id, replayed, len(shard.groups))
+            if from_standby:
+                log.info("shard %d loaded: %d records after the %d its standby replayed, %d groups", self.shard_id, replayed, from_standby, len(shard.groups))
+            else:
+                log.info("shard %d loaded: %d records, %d groups", self.shard_id, replayed, len(shard.groups))
             return True
         return False
 
@@ -546,7 +635,7 @@ class Coordinator:
         self._closing = False
         factory = shard_factory or (lambda: GroupCoordinatorShard(self.config))
 
-        def new_runner(shard_id: int) -> ShardRunner:
+        def new_runner(shard_id: int, standby: ShardStandby | None = None) -> ShardRunner:
             return ShardRunner(
                 shard_id,
                 log,
@@ -556,9 +645,13 @@ class Coordinator:
                 queue_size=queue_size,
                 max_batch=max_batch,
                 metrics=self.metrics,
+                standby=standby,
             )
 
         self._new_runner = new_runner
+        self._shard_factory = factory
+        #: Hot standbys of shards not served here, by shard.
+        self._standbys: dict[int, ShardStandby] = {}
         shards = range(self.shard_count) if owned_shards is None else sorted(set(owned_shards))
         self._runners: dict[int, ShardRunner] = {shard_id: new_runner(shard_id) for shard_id in shards}
         self._started = False
@@ -617,9 +710,32 @@ class Coordinator:
                 self._retire(current)
             if self._closing:  # closed while the failed runner stopped: nothing new starts
                 return
-            runner = self._runners[shard_id] = self._new_runner(shard_id)
+            runner = self._runners[shard_id] = self._new_runner(shard_id, self._standbys.pop(shard_id, None))
             if self._started:
                 runner.start()
+
+    async def follow(self, shard_id: int) -> None:
+        """Keep a hot standby of ``shard_id``, which another coordinator serves: taking it over
+        later (``acquire``) then replays only what the standby has not read yet."""
+        if not 0 <= shard_id < self.shard_count:
+            return
+        async with self._shard_locks[shard_id]:
+            if self._closing or not self._started or shard_id in self._runners or shard_id in self._standbys:
+                return
+            standby = self._standbys[shard_id] = ShardStandby(shard_id, self.log, self._shard_factory)
+            standby.start()
+
+    async def unfollow(self, shard_id: int) -> None:
+        """Drop the standby of ``shard_id``, if any."""
+        async with self._shard_locks[shard_id]:
+            standby = self._standbys.pop(shard_id, None)
+            if standby is not None:
+                await standby.close()
+
+    @property
+    def standbys(self) -> dict[int, ShardStandby]:
+        """The hot standbys kept here, by shard."""
+        return dict(self._standbys)
 
     async def release(self, shard_id: int) -> None:
         """Stop serving ``shard_id``: answer what it queued, finish its append in flight, close
@@ -666,7 +782,8 @@ class Coordinator:
         if self._metadata_task is not None:
             self._metadata_task.cancel()
             await asyncio.gather(self._metadata_task, return_exceptions=True)
-        await asyncio.gather(*(runner.stop() for runner in self.runners))
+        await asyncio.gather(*(runner.stop() for runner in self.runners), *(standby.close() for standby in self._standbys.values()))
+        self._standbys.clear()
         await self.log.close()
 
     async def __aenter__(self) -> Coordinator:
