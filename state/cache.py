@@ -77,12 +77,15 @@ class CacheLimits:
             raise ValueError("evict_to_fraction must be in [0, 1)")
 
 
-class _Unstamped:
-    timestamp = 0
+class _NoRecord:
+    """The clock of a cache that has none, or of a stamped store opened without one (a
+    standby's, which restores but never writes): no record is being processed."""
+
+    timestamp = -1
     headers = NO_HEADERS
 
 
-_UNSTAMPED: Final = _Unstamped()
+NO_RECORD: Final = _NoRecord()
 
 
 def _size(key: bytes, value: bytes | None) -> int:
@@ -112,7 +115,7 @@ class RecordCache:
         self._evict = evict
         self._group_suffix_bytes = group_suffix_bytes
         self._groups: dict[bytes, set[bytes]] | None = {} if group_suffix_bytes else None
-        self._clock: RecordClock = clock if clock is not None else _UNSTAMPED
+        self._clock: RecordClock = clock if clock is not None else NO_RECORD
         self._stamps: Stamps | None = Stamps() if clock is not None else None
         #: ``_stamps.times``, held directly for the per-record path.
         self._times: dict[bytes, int] | None = None if self._stamps is None else self._stamps.times

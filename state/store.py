@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from .cache import ABSENT, CachedChanges, CachedEntry, CacheLimits, RecordCache, RecordClock, Stamps
+from .cache import ABSENT, NO_RECORD, CachedChanges, CachedEntry, CacheLimits, RecordCache, RecordClock, Stamps
 from .changelog import ChangelogRecord, ChangelogSink, TopicPartition, changelog_topic_config
 from .database import OrderedBytesDatabase, WriteBatch
 from .errors import StateError
@@ -18,14 +18,6 @@ log = logging.getLogger(__name__)
 ChangeT = TypeVar("ChangeT")
 
 
-class _NoRecord:
-    """The clock of a stamped store opened without one (a standby's): writes it never makes."""
-
-    timestamp = -1
-    headers = ()
-
-
-_NO_RECORD = _NoRecord()
 Forward = Callable[[list[ChangeT]], None]
 
 
@@ -68,7 +60,7 @@ class CachedStore(Generic[ChangeT]):
         self._send_old_values = send_old_values
         clock = record_clock if forward is not None or self._STAMPED else None
         if clock is None and self._STAMPED:
-            clock = _NO_RECORD
+            clock = NO_RECORD
         self._cache = RecordCache(cache_limits, self._write_out, group_suffix_bytes=self._GROUP_SUFFIX_BYTES, clock=clock)
         self._closed = False
 
