@@ -355,7 +355,7 @@ class ShardOwnership:
             )
             consumer.subscribe([self._topic], listener=Listener())
             while not self._stop.is_set():
-                consumer.poll(timeout_ms=50)  # a rebalance the heartbeat noticed is joined on the next poll
+                consumer.poll(timeout_ms=200)
         finally:
             if consumer is not None:
                 try:
