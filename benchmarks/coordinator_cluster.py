@@ -158,15 +158,25 @@ async def bench_heartbeats(bootstrap: str, node_count: int, concurrency: int, lo
             node.stop()
 
 
+async def stable(nodes: list[Node]) -> None:
+    """Settled, and still settled after a quiet spell longer than a rebalance round, so that a
+    move measured next does not also wait out a round still under way (a joining node gets its
+    shards in a second round; the embedded broker holds each JoinGroup 2 s)."""
+    await settled(nodes)
+    await asyncio.sleep(3.0)
+    await settled(nodes)
+
+
 async def bench_moves(bootstrap: str) -> dict:
     topic = f"__pystreams_groups_cluster_{uuid.uuid4().hex[:8]}"
     nodes = [Node(bootstrap, topic, 1), Node(bootstrap, topic, 2)]
     try:
-        await settled(nodes)
+        await stable(nodes)
         nodes[0].stop(signal.SIGTERM)
         graceful = await settled(nodes[1:])
         nodes[0] = Node(bootstrap, topic, 1)
         spread_again = await settled(nodes)
+        await stable(nodes)
         nodes[1].stop(signal.SIGKILL)
         killed = await settled(nodes[:1])
         return {
