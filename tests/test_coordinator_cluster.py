@@ -524,13 +524,20 @@ def test_keep_serving_with_hot_standbys_follows_what_other_nodes_serve_and_takes
                 while not condition():
                     await asyncio.sleep(0.02)
 
+        other = Coordinator(log, topic_source=StaticTopics({}), owned_shards=[1])  # node 3, serving shard 1
+        await other.start()
+        await other.wait_until_loaded()
+        assert (await call(other, heartbeat(groups_on(1, 3)))).error_code == 0
         view.update(ShardMap(1, (7, 3, 3), (NodeInfo(3, "o", 2), NodeInfo(7, "h", 1))))
         await until(lambda: node.serves(0) and sorted(node.standbys) == [1, 2])
-        # Node 3 goes; shard 1 comes here and is taken over from its standby.
+        written = log.size(1)
+        await until(lambda: node.standbys[1].replayed == written > 0)
+        # Node 3 goes; shard 1 comes here and is taken over from its standby, replaying nothing again.
         held.add(1)
         view.update(ShardMap(2, (7, 7, 3), (NodeInfo(3, "o", 2), NodeInfo(7, "h", 1))))
         await until(lambda: node.serves(1) and sorted(node.standbys) == [2])
-        assert node.runners[1].replayed_at_load == 0 and node.runners[1].load_count == 1
+        taken = node.runners[1]
+        assert (taken.replayed_by_standby, taken.replayed_at_load, taken.load_count) == (written, 0, 1)
         # Shard 0 moves away: released here, then followed.
         held.discard(0)
         view.update(ShardMap(3, (3, 7, 3), (NodeInfo(3, "o", 2), NodeInfo(7, "h", 1))))
@@ -538,6 +545,7 @@ def test_keep_serving_with_hot_standbys_follows_what_other_nodes_serve_and_takes
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
         await node.close()
+        await other.close()
         assert node.standbys == {}
 
     run(scenario())

@@ -210,7 +210,7 @@ class MemoryLog(RecordLog):
 
     def records(self, partition: int) -> list[r.Record | r.UnreadableRecord]:
         """What the partition holds, decoded (for tests and tools)."""
-        return [r.read_stored(offset, key, value) for offset, (key, value) in enumerate(self._entries[partition])]
+        return _decoded(self._entries[partition], 0)
 
     def append_raw(self, partition: int, key: bytes, value: bytes | None) -> None:
         """Store bytes as they are, bypassing every check (tests of what replay tolerates)."""
@@ -250,7 +250,7 @@ class _MemoryPartition(PartitionLog):
         entries = self._owner._entries[self.partition][first:]  # a stable view: appends may follow
         chunk = self._owner._read_chunk
         for start in range(0, len(entries), chunk):
-            yield [r.read_stored(first + start + i, key, value) for i, (key, value) in enumerate(entries[start : start + chunk])]
+            yield _decoded(entries[start : start + chunk], first + start)
             await asyncio.sleep(0)  # a big log must not starve the other shards
 
     async def append(self, records: Sequence[r.Record]) -> None:
@@ -265,6 +265,10 @@ class _MemoryPartition(PartitionLog):
         pass
 
 
+def _decoded(entries: Sequence[tuple[bytes, bytes | None]], first_offset: int) -> list[r.Record | r.UnreadableRecord]:
+    return [r.read_stored(first_offset + i, key, value) for i, (key, value) in enumerate(entries)]
+
+
 class _MemoryFollower(LogFollower):
     """Memory appends are atomic: whatever is stored is whole."""
 
@@ -277,7 +281,7 @@ class _MemoryFollower(LogFollower):
         await asyncio.sleep(0)
         first, entries = self._next, self._owner._entries[self.partition][self._next :]
         self._next += len(entries)
-        return [r.read_stored(first + i, key, value) for i, (key, value) in enumerate(entries)]
+        return _decoded(entries, first)
 
     def position(self) -> LogPosition:
         return LogPosition(self._next)
