@@ -48,7 +48,7 @@ def stamped(value: bytes, timestamp: int) -> bytes:
 
 def row_value(stored: bytes, store: str) -> bytes:
     """The value of a row kept by :func:`stamped`; a row too short for its timestamp is a
-    corrupt store (rebuilt from its changelog), never a value read as empty."""
+    corrupt store (StoreCorruptedError, naming it), never a value read as empty."""
     if len(stored) < STAMP_BYTES:
         raise _short_row(stored, store)
     return stored[STAMP_BYTES:]
