@@ -76,11 +76,27 @@ class Serde(ABC):
     def __repr__(self) -> str:
         return f"<serde {self.name}>"
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # A serde of ours pickles as its constructor call: the codecs it holds (msgspec
+        # encoders, struct.Struct) do not pickle, and the Spark runtime ships nodes with their
+        # serdes. Any other pickles as Python pickles objects.
+        arguments = self._arguments()
+        if arguments is None:
+            return super().__reduce_ex__(protocol)
+        return type(self), arguments
+
+    def _arguments(self) -> tuple[Any, ...] | None:
+        """What the constructor was called with; None: not known (a user's serde class)."""
+        return None
+
 
 class Bytes(Serde):
     """Raw bytes, unchanged."""
 
     name = "bytes"
+
+    def _arguments(self) -> tuple[Any, ...]:
+        return ()
 
     def _to_bytes(self, value: Any) -> bytes:
         if not isinstance(value, bytes | bytearray | memoryview):
@@ -97,6 +113,9 @@ class Text(Serde):
     def __init__(self, encoding: str = "utf-8") -> None:
         "".encode(encoding)  # fail now on an unknown encoding, not on the first record
         self.encoding = encoding
+
+    def _arguments(self) -> tuple[Any, ...]:
+        return (self.encoding,)
 
     @property
     def name(self) -> str:
@@ -127,6 +146,9 @@ class Int(Serde):
             raise ValueError(f"Int serde size must be 2, 4 or 8 bytes, got {size}")
         self.size = size
         self._codec = struct.Struct(self._FORMATS[size])
+
+    def _arguments(self) -> tuple[Any, ...]:
+        return (self.size,)
 
     @property
     def name(self) -> str:
@@ -161,6 +183,9 @@ class Json(Serde):
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(type)
 
+    def _arguments(self) -> tuple[Any, ...]:
+        return (self.type,)
+
     @property
     def name(self) -> str:
         return "json" if self.type is Any else f"json:{_type_label(self.type)}"
@@ -194,6 +219,9 @@ class Struct(Serde):
         self._encoder = module.Encoder()
         self._decoder = module.Decoder(struct_type)
 
+    def _arguments(self) -> tuple[Any, ...]:
+        return (self.struct_type, self.format)
+
     @property
     def name(self) -> str:
         # The qualified name only: the module path depends on how an app file was loaded.
@@ -218,6 +246,9 @@ class WindowedKey(Serde):
 
     def __init__(self, inner: Serde) -> None:
         self.inner = inner
+
+    def _arguments(self) -> tuple[Any, ...]:
+        return (self.inner,)
 
     @property
     def name(self) -> str:
@@ -254,6 +285,9 @@ class Change(Serde):
     def __init__(self, inner: Serde) -> None:
         self.inner = inner
 
+    def _arguments(self) -> tuple[Any, ...]:
+        return (self.inner,)
+
     @property
     def name(self) -> str:
         return f"change({self.inner.name})"
@@ -280,6 +314,9 @@ class Inferred(Serde):
     def __init__(self, inner: Serde, initial: Any) -> None:
         self.inner = inner
         self._initial = initial
+
+    def _arguments(self) -> tuple[Any, ...]:
+        return (self.inner, self._initial)
 
     @property
     def name(self) -> str:

@@ -85,6 +85,7 @@ from .ir import (
     TaskId,
     ToStreamNode,
     is_materialized,
+    stores_of,
 )
 from .sliding import SlidingWindowValue, aggregate_bytes, is_late, lookup_bounds, pack, sliding_window_updates, unpack
 from .suppress import (
@@ -330,6 +331,25 @@ def forwards_store_updates(node: Node, store: Store) -> bool:
     if store.history_ms is not None:
         return False
     return is_materialized(node) and not (isinstance(node, AggregationNode) and node.emits_final)
+
+
+def table_output_store(node: Node, specs: Mapping[str, Store]) -> str | None:
+    """The store whose flushed changes are ``node``'s output (``forwards_store_updates``):
+    its first store, when it owns it (a cogroup's inputs write their table node's store)."""
+    names = stores_of(node)
+    if not names:
+        return None
+    spec = specs[names[0]]
+    return names[0] if spec.owner == node.name and forwards_store_updates(node, spec) else None
+
+
+def node_routes(node: Node, child_nodes: Sequence[Node], emits: Mapping[str, Emit]) -> dict[str, Emit]:
+    """A branch's children by the label each takes; a processor's by name (``forward(to=)``)."""
+    if isinstance(node, ProcessorNode):
+        return {child.name: emits[child.name] for child in child_nodes}
+    if not isinstance(node, BranchNode):
+        return {}
+    return {child.label: emits[child.name] for child in child_nodes if isinstance(child, BranchOutputNode)}
 
 
 def table_view_value(node: TableViewNode, key: Any, value: Any) -> Any:

@@ -40,16 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 from pystreams.state import CacheLimits, KeyValueChange, SessionChange, TaskState, WindowChange
 from pystreams.topology.ir import (
-    BranchNode,
     BranchOutputNode,
     MergeNode,
     Node,
-    ProcessorNode,
     SinkNode,
     SourceNode,
     StoreKind,
     TaskId,
-    stores_of,
     window_of,
 )
 from pystreams.topology.kernels import (
@@ -61,10 +58,11 @@ from pystreams.topology.kernels import (
     TaskPosition,
     fan_out,
     fixed_window_key,
-    forwards_store_updates,
     guard,
     node_emit,
+    node_routes,
     sink_partitioner,
+    table_output_store,
     windowed_result,
 )
 from pystreams.topology.resolve import ResolvedTopology
@@ -191,9 +189,8 @@ def build_task_graph(
     forwarders: dict[str, _Forwarder] = {}
 
     def forwarder_for(store_name: str) -> _Forwarder | None:
-        spec = topology.stores[store_name]
-        owner = nodes[spec.owner]
-        if forwards_store_updates(owner, spec) and stores_of(owner)[0] == store_name and children_of(owner):
+        owner = nodes[topology.stores[store_name].owner]
+        if table_output_store(owner, topology.stores) == store_name and children_of(owner):
             forwarders[store_name] = _Forwarder()
             return forwarders[store_name]
         return None
@@ -247,7 +244,7 @@ def build_task_graph(
             wiring = NodeWiring(
                 node=node,
                 forward=children,
-                routes=_routes(node, [nodes[c] for c in child_names], emits),
+                routes=node_routes(node, [nodes[c] for c in child_names], emits),
                 stores=readable_stores,
                 specs=store_specs,
                 typed_stores=typed_stores,
@@ -256,12 +253,12 @@ def build_task_graph(
                 shared=shared,
             )
             emit = node_emit(node, wiring)
-        stores = stores_of(node)
-        if stores and stores[0] in forwarders and topology.stores[stores[0]].owner == name:
+        output_store = table_output_store(node, topology.stores)
+        if output_store in forwarders:
             # The store's owner forwards its flushed changes (a cogroup's inputs write the
             # store its table node owns).
-            spec = topology.stores[stores[0]]
-            forwarders[stores[0]].target = _table_forwarder(
+            spec = topology.stores[output_store]
+            forwarders[output_store].target = _table_forwarder(
                 node,
                 spec.key_serde,
                 [nodes[c] for c in child_names],
@@ -287,15 +284,6 @@ def build_task_graph(
                 packed=topic in repartition_topics,
             )
     return graph
-
-
-def _routes(node: Node, child_nodes: list[Node], emits: Mapping[str, Emit]) -> dict[str, Emit]:
-    """A branch's children by the label each takes; a processor's by name (``forward(to=)``)."""
-    if isinstance(node, ProcessorNode):
-        return {child.name: emits[child.name] for child in child_nodes}
-    if not isinstance(node, BranchNode):
-        return {}
-    return {child.label: emits[child.name] for child in child_nodes if isinstance(child, BranchOutputNode)}
 
 
 # --------------------------------------------------------------------------- sinks
