@@ -17,11 +17,15 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+from pystreams.topology.kernels import partition_for_key
 
-from pystreams.spark.compiler import Flow, KeyedPlan, SourcePlan, SparkPlan, TaskPlan, UnionPlan, _same_serdes
+from pystreams.spark.compiler import Flow, KeyedPlan, SourcePlan, SparkPlan, SubtopologyPlan, TaskPlan, UnionPlan, _same_serdes
 from pystreams.spark.operators import (
+    GLOBAL_ARRIVAL,
     KEYED_COLUMNS,
     ORDERED_SCHEMA,
+    SOURCE_MASK,
+    SOURCE_SHIFT,
     FlowRun,
     TaskRunner,
     in_worker_order,
@@ -104,19 +108,85 @@ class SparkEmulator:
         self._task_states: dict[tuple[str, int], TaskClocks] = {}
         self._backends: dict[tuple[str, int, str], DictBackend] = {}
 
-    def run_batch(self, records: Iterable[InputRecord]) -> dict[str, list[Row]]:
-        """One micro-batch: what each sink topic receives."""
+    def _slices(self, records: Iterable[InputRecord]) -> dict[tuple[str, int], list[tuple[InputRecord, int]]]:
+        """Records by partition, each with its offset."""
         slices: dict[tuple[str, int], list[tuple[InputRecord, int]]] = {}
         for record in records:
             offset = self._offsets.get((record.topic, record.partition), 0)
             self._offsets[(record.topic, record.partition)] = offset + 1
             slices.setdefault((record.topic, record.partition), []).append((record, offset))
-        batch = _Batch(self, slices)
+        return slices
+
+    def run_batch(self, records: Iterable[InputRecord]) -> dict[str, list[Row]]:
+        """One micro-batch: what each sink topic receives."""
+        if self.plan.chained:
+            return self._run_chained(list(records))
+        batch = _Batch(self, self._slices(records))
         out: dict[str, list[Row]] = {}
         for sink in self.plan.sinks:
             frame = batch.rows(sink.input)
             out.setdefault(sink.topic, []).extend(zip(frame["key"], frame["value"], map(int, frame["ts"]), strict=True))
         return out
+
+    def _run_chained(self, records: list[InputRecord]) -> dict[str, list[Row]]:
+        """A micro-batch of every query of a chained plan, in round order, until the internal
+        topics stop growing: what each external topic receives."""
+        internal = set(self.plan.topology.internal_topics)
+        out: dict[str, list[Row]] = {}
+        pending = records
+        while pending:
+            for sub in self.plan.chained:
+                mine = [r for r in pending if r.topic in sub.topics]
+                pending = [r for r in pending if r.topic not in sub.topics]
+                for topic, key, value, ts in self._run_subtopology(sub, mine):
+                    if topic in internal:
+                        partition = 0 if key is None else partition_for_key(key, self.partition_counts[topic])
+                        pending.append(InputRecord(topic, partition, key, value, ts))
+                    else:
+                        out.setdefault(topic, []).append((key, value, ts))
+        return out
+
+    def _run_subtopology(self, sub: SubtopologyPlan, records: list[InputRecord]) -> list[tuple[str, bytes | None, bytes | None, int]]:
+        if not records:
+            return []
+        errors = sub.record_errors(self.plan.topology.errors, "")
+        run = sub.positions(errors)
+        batches = [
+            batch
+            for (topic, partition), slice_ in sorted(self._slices(records).items())
+            for batch in run_flow(iter([_source_batch(topic, partition, slice_)]), run)
+        ]
+        rows = _frame(batches)
+        if sub.step.global_sources:
+            # A global table's rows reach every task, before the batch's records (_to_every_task).
+            first_global = len(sub.step.sources)
+            is_global = ((rows["origin"].to_numpy(dtype="int64") >> SOURCE_SHIFT) & SOURCE_MASK) >= first_global
+            tasks = max(self.partition_counts[topic] for topic, _ in sub.step.sources)
+            copies = [rows[is_global].assign(task=task, arrival=GLOBAL_ARRIVAL) for task in range(tasks)]
+            rows = pd.concat([rows[~is_global], *copies], ignore_index=True)
+        runner = TaskRunner(dataclasses.replace(sub.step, errors=errors))
+        out: list[tuple[str, bytes | None, bytes | None, int]] = []
+        for task, group in rows.groupby("task", sort=True):
+            backends = {spec.name: self._backends.setdefault((sub.name, int(task), spec.name), DictBackend()) for spec in sub.step.stores}
+            state = self._task_states.get((sub.name, int(task)))
+            new_state, rows_out, _ = runner.process(int(task), in_worker_order([group], runner.columns), backends, state, self.now_ms)
+            self._task_states[(sub.name, int(task))] = new_state
+            out.extend(rows_out)
+        return out
+
+
+def _source_batch(topic: str, partition: int, records: list[tuple[InputRecord, int]]) -> pa.RecordBatch:
+    """Records of one partition as the Kafka source gives them to ``mapInArrow``."""
+    return pa.RecordBatch.from_pydict(
+        {
+            "key": pa.array([r.key for r, _ in records], pa.binary()),
+            "value": pa.array([r.value for r, _ in records], pa.binary()),
+            "ts": pa.array([r.timestamp for r, _ in records], pa.int64()),
+            "topic": pa.array([topic] * len(records), pa.string()),
+            "partition": pa.array([partition] * len(records), pa.int32()),
+            "offset": pa.array([offset for _, offset in records], pa.int64()),
+        }
+    )
 
 
 class _Batch:
@@ -153,17 +223,7 @@ class _Batch:
             for (topic, partition), records in sorted(self.slices.items()):
                 if topic not in base.topics:
                     continue
-                source_batch = pa.RecordBatch.from_pydict(
-                    {
-                        "key": pa.array([r.key for r, _ in records], pa.binary()),
-                        "value": pa.array([r.value for r, _ in records], pa.binary()),
-                        "ts": pa.array([r.timestamp for r, _ in records], pa.int64()),
-                        "topic": pa.array([topic] * len(records), pa.string()),
-                        "partition": pa.array([partition] * len(records), pa.int32()),
-                        "offset": pa.array([offset for _, offset in records], pa.int64()),
-                    }
-                )
-                batches.extend(run_flow(iter([source_batch]), run))
+                batches.extend(run_flow(iter([_source_batch(topic, partition, records)]), run))
             return _frame(batches) if batches else ORDERED_SCHEMA.empty_table().to_pandas()
         stateful = self.stateful(base)
         if not flow.steps and _same_serdes(flow):

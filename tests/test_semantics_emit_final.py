@@ -17,7 +17,7 @@ from pystreams import serdes, until_time_limit, until_window_closes
 from pystreams.app import App, HoppingWindow, Processor, SessionWindow, TumblingWindow
 from pystreams.queries import QueryError
 from pystreams.spark import compile_topology
-from pystreams.spark.compiler import SparkCompileError, TaskPlan
+from pystreams.spark.compiler import TaskPlan
 from pystreams.testing import TopologyTestDriver
 
 
@@ -282,15 +282,18 @@ def test_suppression_buffers_are_not_queryable() -> None:
         app.query("held-buffer", "a", endpoints="127.0.0.1:1")
 
 
-def test_spark_runs_emit_final_and_refuses_suppress_naming_the_node() -> None:
+def test_spark_runs_emit_final_in_one_query_and_suppress_in_its_sub_topologys_query() -> None:
     plan = compile_topology(count_app(TumblingWindow(size=10)).topology())
     assert plan.stateful_nodes == ("counts",)
     task_plan = plan.sinks[0].input.base
     assert isinstance(task_plan, TaskPlan)
     assert [store.name for store in task_plan.step.stores] == ["counts", "counts-emit-final"]
     assert task_plan.step.table is None  # the kernel forwards each final result, not the store's changes
-    with pytest.raises(SparkCompileError, match="node 'held' \\(suppress\\) cannot run on Spark: it buffers the updates of table 'counts'"):
-        compile_topology(suppressed_app(until_time_limit(10)).topology())
+    # A suppression is a second stateful step: the sub-topology runs per task, its buffer in
+    # Spark state (tests/test_spark_kernels_properties.py checks what it emits).
+    (query,) = compile_topology(suppressed_app(until_time_limit(10)).topology()).chained
+    assert {node.name for node in query.step.nodes} >= {"counts", "held"}
+    assert "held-buffer" in {store.name for store in query.step.stores}
 
 
 def test_until_window_closes_over_sliding_windows_emits_the_last_update_of_each_closed_window_once() -> None:

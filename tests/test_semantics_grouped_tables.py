@@ -142,14 +142,15 @@ def test_grouped_table_aggregations_need_a_subtractor_and_take_no_windows() -> N
         app.aggregate(events, initial=0, subtractor=lambda acc, key, value: acc)(lambda acc, key, value: acc)
 
 
-def test_spark_refuses_a_grouped_table_before_it_starts_naming_the_node() -> None:
+def test_spark_runs_a_grouped_table_as_two_queries_chained_through_its_repartition_topic() -> None:
     from pystreams.spark import compile_topology
-    from pystreams.spark.compiler import SparkCompileError
 
     app = App("spark-grouped")
-    app.table("in", value=serdes.Int()).group_by(lambda key, value: (key, value), value=serdes.Int(), name="regroup").count()
-    with pytest.raises(SparkCompileError, match="'regroup'"):
-        compile_topology(app.topology())
+    app.table("in", value=serdes.Int()).group_by(lambda key, value: (key, value), value=serdes.Int(), name="regroup").count().to_stream().to("out")
+    topology = app.topology()
+    regroup, count = compile_topology(topology).chained
+    (repartition,) = topology.repartition_topics
+    assert (regroup.topics, regroup.writes, count.topics, count.writes) == (("in",), (repartition,), (repartition,), ("out",))
 
 
 def test_a_grouped_aggregate_keeps_its_accumulator_in_the_app_default_serde_not_the_grouped_values() -> None:

@@ -1,5 +1,6 @@
-"""The Spark compiler without Spark: constructs it rejects (naming the node and the reason), the
-plan each kind of step gets (per key, or per task where stream time matters), the warnings, the
+"""The Spark compiler without Spark: constructs that run as one query per sub-topology (chained
+through internal topics), what it rejects (naming the node and the reason), the plan each kind
+of step gets in one query per sink (per key, or per task where stream time matters), the warnings, the
 Kafka source choice and the options each source gets, and the task stores Spark state holds."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from pystreams.topology.ir import StoreKind
 
 from pystreams import serdes
 from pystreams.app import App, Processor, TumblingWindow, kv_store, window_store
@@ -33,17 +35,20 @@ class Remember(Processor):
         self.context.forward(key, value)
 
 
-def test_a_processor_with_a_window_store_fails_naming_the_node_and_the_store() -> None:
+def test_a_processor_with_a_window_store_runs_as_its_sub_topology_per_task() -> None:
     app = App("windowed-processor")
     events = app.topic("events", value=serdes.Text())
     stores = [window_store("recent", size=timedelta(minutes=1))]
     app.processor(events, stores=stores, key_changing=False, name="remember")(Remember).to("out")
-    with pytest.raises(SparkCompileError, match="node 'remember' .*store 'recent' is a window store") as raised:
-        compile_topology(app.topology())
-    assert raised.value.nodes == ("remember",)
+    plan = compile_topology(app.topology())
+    assert not plan.sinks  # not one query per sink: one per sub-topology
+    (query,) = plan.chained
+    assert (query.topics, query.writes) == (("events",), ("out",))
+    assert [(store.name, store.kind) for store in query.step.stores] == [("recent", StoreKind.WINDOW)]
+    assert plan.source_topics == ("events",) and not plan.feedback_topics
 
 
-def test_a_processor_behind_a_repartition_fails_naming_the_node() -> None:
+def test_a_processor_behind_a_repartition_reads_the_repartition_topic_the_first_query_writes() -> None:
     app = App("rekeyed-processor")
     events = app.topic("events", value=serdes.Text())
 
@@ -52,11 +57,16 @@ def test_a_processor_behind_a_repartition_fails_naming_the_node() -> None:
         return value
 
     app.processor(by_value, stores=[kv_store("recent")], name="remember")(Remember).to("out")
-    with pytest.raises(SparkCompileError, match="node 'remember' .*not read straight from a source topic"):
-        compile_topology(app.topology())
+    topology = app.topology()
+    plan = compile_topology(topology)
+    (repartition,) = topology.repartition_topics
+    first, second = plan.chained
+    assert (first.topics, first.writes) == (("events",), (repartition,))
+    assert (second.topics, second.writes) == ((repartition,), ("out",))
+    assert plan.source_topics == ("events",) and not plan.feedback_topics
 
 
-def test_a_join_with_a_computed_table_fails_naming_the_join() -> None:
+def test_a_join_with_a_computed_table_runs_in_its_sub_topology_with_the_tables_store() -> None:
     app = App("join-counts")
     events = app.topic("events", value=serdes.Text())
     counts = app.count(events, store="counts")
@@ -66,7 +76,44 @@ def test_a_join_with_a_computed_table_fails_naming_the_join() -> None:
         return f"{value}:{count}"
 
     with_count.to("out")
-    with pytest.raises(SparkCompileError, match="node 'with_count' .*joins table 'counts', kept by 'counts' \\(count\\)"):
+    (query,) = compile_topology(app.topology()).chained
+    assert "with_count" in {node.name for node in query.step.nodes}
+    assert [store.name for store in query.step.stores] == ["counts"]
+
+
+def test_a_foreign_key_join_runs_its_sides_in_rounds_while_responses_come_back() -> None:
+    app = App("fk")
+    orders = app.table("orders", value=serdes.Json())
+    customers = app.table("customers", value=serdes.Text())
+    orders.join(customers, lambda key, order, city: city, foreign_key=lambda key, order: order["customer"], value=serdes.Text(), name="placed").to_stream().to(
+        "out"
+    )
+    topology = app.topology()
+    plan = compile_topology(topology)
+    left, right = plan.chained
+    assert "orders" in left.topics and "customers" in right.topics
+    subscriptions = next(t for t in left.writes if t in topology.repartition_topics)
+    (responses,) = plan.feedback_topics
+    assert subscriptions in right.topics and responses in right.writes and responses in left.topics
+    assert set(plan.source_topics) == {"orders", "customers"}
+
+
+def test_a_global_table_reaches_every_task_of_the_query_joining_it() -> None:
+    app = App("global")
+    cities = app.global_table("cities", value=serdes.Text())
+    app.topic("events", value=serdes.Text()).join(cities, lambda key, value, city: city, foreign_key=lambda key, value: value, name="city").to("out")
+    plan = compile_topology(app.topology())
+    (query,) = plan.chained
+    assert query.step.global_sources == (("cities", "cities"),) and query.topics == ("events", "cities")
+    assert "cities" in {store.name for store in query.step.stores}
+    assert set(plan.source_topics) == {"events", "cities"}
+
+
+def test_a_versioned_table_is_refused_naming_the_node() -> None:
+    app = App("versioned")
+    prices = app.table("prices", value=serdes.Int(), versioned=timedelta(minutes=5), name="prices")
+    app.topic("orders", value=serdes.Int()).join(prices, lambda key, n, price: n * price, name="priced").to("out")
+    with pytest.raises(SparkCompileError, match="node 'prices' .*versioned"):
         compile_topology(app.topology())
 
 

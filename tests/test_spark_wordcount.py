@@ -22,7 +22,7 @@ from pystreams import serdes
 from pystreams.app import load_app
 from pystreams.broker import EmbeddedBroker
 from pystreams.cluster import ClusterMetadata, TopicSpec
-from pystreams.spark import SparkCompileError, compile_topology
+from pystreams.spark import compile_topology
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WAIT_S = 60.0
@@ -134,20 +134,12 @@ def test_stop_mid_stream_and_restart_from_the_checkpoint(spark: Any, broker: str
     assert read_table(broker) == expected_counts(first + second + third)
 
 
-#: Examples using what the Spark compiler refuses yet (a foreign-key join): it must refuse them
-#: before Spark starts, naming the first node it cannot run.
-NOT_ON_SPARK_YET = {"shipping_labels.py": "label-subscribe"}
-
-
 def test_every_example_compiles() -> None:
     for example in sorted(EXAMPLES.glob("*.py")):
         topology = load_app(str(example)).topology()
-        if example.name in NOT_ON_SPARK_YET:
-            with pytest.raises(SparkCompileError, match=repr(NOT_ON_SPARK_YET[example.name])):
-                compile_topology(topology)
-            continue
         plan = compile_topology(topology, topics_matching=lambda pattern: ["clicks.eu", "clicks.us"])
-        assert {sink.topic for sink in plan.sinks} == set(topology.sink_topics), example.name
+        written = {sink.topic for sink in plan.sinks} | {topic for query in plan.chained for topic in query.writes}
+        assert written - set(topology.internal_topics) == set(topology.sink_topics), example.name
 
 
 WINDOWED_APP = """
@@ -262,18 +254,30 @@ app.count(by_count, store="values-per-count", name="values-per-count").to("value
 """
 
 
+VERSIONED_TABLE_APP = """
+import datetime
+import pystreams as ps
+
+app = ps.App("versioned")
+prices = app.table("prices", value=ps.serdes.Int(), versioned=datetime.timedelta(minutes=5), name="prices")
+app.topic("orders", value=ps.serdes.Int()).join(prices, lambda key, n, price: n * price, name="priced").to("out")
+"""
+
+
 def test_cli_reports_unsupported_nodes_without_starting_spark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pystreams.cli import main
 
-    app_file = tmp_path / "chained_app.py"
-    app_file.write_text(CHAINED_AGGREGATIONS_APP)
+    app_file = tmp_path / "versioned_app.py"
+    app_file.write_text(VERSIONED_TABLE_APP)
     assert main(["spark", str(app_file)]) == 1
-    assert "node 'values-per-count' (count) cannot run on Spark" in capsys.readouterr().err
+    assert "node 'prices' (table-source) cannot run on Spark" in capsys.readouterr().err
 
 
-def test_an_aggregation_of_an_aggregation_fails_at_compile_time_naming_the_node(tmp_path: Path) -> None:
+def test_an_aggregation_of_an_aggregation_runs_as_a_query_per_sub_topology(tmp_path: Path) -> None:
     app_file = tmp_path / "chained_app.py"
     app_file.write_text(CHAINED_AGGREGATIONS_APP)
-    with pytest.raises(SparkCompileError, match="node 'values-per-count' .*output of stateful step 'per-value'") as raised:
-        compile_topology(load_app(str(app_file)).topology())
-    assert raised.value.nodes == ("values-per-count",)
+    topology = load_app(str(app_file)).topology()
+    plan = compile_topology(topology)
+    written = [query.writes for query in plan.chained]
+    assert written == [("chained-by_value-repartition",), ("chained-by_count-repartition",), ("values-per-count",)]  # writers first
+    assert plan.warnings and "at-least-once" in plan.warnings[0]

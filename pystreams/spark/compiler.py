@@ -1,4 +1,5 @@
-"""Compile a pystreams topology into Spark Structured Streaming queries (one per sink).
+"""Compile a pystreams topology into Spark Structured Streaming queries (one per sink, or one
+per sub-topology).
 
 Spark runs the same kernels as the worker (``pystreams.topology.kernels``; see
 ``operators``), in the worker's record order, and judges lateness by the same per-task stream
@@ -29,15 +30,18 @@ time. The compiled plan, per node kind:
 Within a micro-batch every stateful step applies its rows in the worker's order: each input
 partition in offset order, partitions merged by timestamp (``operators.ORDER_COLUMNS``).
 
-What does not compile raises ``SparkCompileError`` naming the node and the reason, before Spark
-starts: two stateful steps on one sink's path (an aggregation of an aggregation, a join of an
-aggregated stream: Spark allows one arbitrary-state operator per query here); a stream–table
-join whose table is computed rather than read from a topic; a processor reading a repartition
-topic or a stateful step's output (its task, hence its stores and stream time, would not be a
-source partition), using a window or session store, or reading another node's store; a
-``suppress`` (it buffers a table's updates: a second stateful step). Emit-final windowed
-aggregations compile: the kernel reads each closed window from the task's Spark state (a scan
-of the task's windows when stream time closes some) and its stream time is kept there too.
+That *fused* plan (one query per sink) holds at most one stateful step on a sink's path: an
+aggregation of an aggregation, a join of an aggregated stream, a stream–table join of a
+computed table, a processor behind a repartition or with window stores, ``suppress``, and the
+table operators (materialized steps, a table's ``group_by``, table–table and foreign-key joins)
+do not fit it. Such a topology compiles to the *chained* plan instead: one query per
+sub-topology (``SubtopologyPlan``), each running its worker task graph per task
+(``subtopology``), chained through the app's internal topics, which the queries write and read
+as the workers do; a backfill runs them in rounds (``SparkJob._backfill_in_rounds``). Emit-final
+windowed aggregations compile fused: the kernel reads each closed window from the task's Spark
+state (a scan of the task's windows when stream time closes some) and its stream time is kept
+there too. What neither plan runs (a global-table join, a versioned table) raises
+``SparkCompileError`` naming the node and the reason, before Spark starts.
 
 Where the runtimes still differ (``SparkPlan.warnings`` names the nodes concerned):
 
@@ -66,14 +70,15 @@ import dataclasses
 import functools
 import logging
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pystreams.serdes import Bytes, Serde
 from pystreams.topology.errors import TopologyError
 from pystreams.topology.ir import (
     AggregateNode,
-    AggregationNode,
     BranchNode,
     BranchOutputNode,
     CogroupAggregateNode,
@@ -118,6 +123,7 @@ from pystreams.topology.ir import (
 from pystreams.topology.kernels import sink_partitioner
 
 from .operators import (
+    GLOBAL_ARRIVAL,
     KEYED_COLUMNS,
     KEYED_STATE_SCHEMA,
     LEFT_SIDE,
@@ -125,6 +131,8 @@ from .operators import (
     PROCESSOR_COLUMNS,
     RIGHT_SIDE,
     ROWS,
+    SOURCE_MASK,
+    SOURCE_SHIFT,
     STREAM_SIDE,
     TABLE_SIDE,
     TASK_COLUMNS,
@@ -140,6 +148,7 @@ from .operators import (
 from .record_errors import RecordErrors
 from .serdes import ShippedSerde, serde_recipe
 from .source_offsets import FAIL_ON_DATA_LOSS
+from .subtopology import TOPIC_ROWS, SubtopologyStep
 
 log = logging.getLogger(__name__)
 
@@ -225,15 +234,47 @@ class SinkPlan:
 
 
 @dataclass(frozen=True)
+class SubtopologyPlan:
+    """One query of a chained plan: a sub-topology run per task (``SubtopologyStep``),
+    reading ``topics`` (in the step's source order) and writing ``writes``, external topics
+    and internal ones alike."""
+
+    step: SubtopologyStep
+    topics: tuple[str, ...]
+    writes: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"subtopology-{self.step.subtopology}"
+
+    def record_errors(self, policies: Any, bootstrap_servers: str) -> RecordErrors:
+        return RecordErrors(policies, bootstrap_servers, self.topics, tuple(node for _, node in self.step.sources))
+
+    def positions(self, errors: RecordErrors) -> FlowRun:
+        """What gives its raw source rows their positions (``ORDERED_ROWS``), bytes unchanged."""
+        raw = ShippedSerde(Bytes())
+        sources = {topic: index for index, topic in enumerate(self.topics)}
+        return FlowRun(raw, raw, None, (), raw, raw, sources=sources, errors=errors, subtopology=self.step.subtopology)
+
+
+@dataclass(frozen=True)
 class SparkPlan:
     topology: Topology
+    #: The topics the app reads from other systems (a chained plan also reads its own
+    #: internal topics).
     source_topics: tuple[str, ...]
+    #: Fused plans: one query per sink.
     sinks: tuple[SinkPlan, ...]
     stateful_nodes: tuple[str, ...] = field(default=())
     #: Where this app's results on Spark may differ from a worker's, and why.
     warnings: tuple[str, ...] = field(default=())
     #: The source node reading each of ``source_topics``.
     source_nodes: tuple[str, ...] = field(default=())
+    #: Chained plans: one query per sub-topology, in the order a backfill runs them.
+    chained: tuple[SubtopologyPlan, ...] = field(default=())
+    #: Chained plans: internal topics a query writes for one that runs before it in a
+    #: backfill's round (a foreign-key join's responses): while they grow, another round runs.
+    feedback_topics: tuple[str, ...] = field(default=())
 
     @property
     def repartition_topics_of_tasks(self) -> tuple[str, ...]:
@@ -322,13 +363,7 @@ class _Compilation:
             return
         if isinstance(node, TableSourceNode) and self.topology.stores[node.store].history_ms is not None:
             raise _unsupported(node, "a versioned table (versioned=) does not compile to Spark yet; run this app on workers")
-        topics = list(node.topics)
-        if isinstance(node, SourceNode) and node.pattern is not None:
-            if self.topics_matching is None:
-                raise _unsupported(node, f"pattern source {node.pattern!r} needs the cluster's topic list")
-            topics = self.topics_matching(node.pattern)
-            if not topics:
-                raise _unsupported(node, f"no topic matches the pattern {node.pattern!r}")
+        topics = _source_topic_list(node, self.topics_matching)
         self.source_topics.extend(t for t in topics if t not in self.source_topics)
         self.source_nodes.update((t, node.name) for t in topics)
         key, value = _shipped(node, node.key_serde), _shipped(node, node.value_serde)
@@ -589,8 +624,108 @@ class _Compilation:
 
 def compile_topology(topology: Topology, *, topics_matching: Callable[[str], list[str]] | None = None) -> SparkPlan:
     """Check every node and build the plan. ``topics_matching(pattern)`` expands pattern
-    sources (the cluster's topics that fully match); without it, pattern sources fail."""
-    return _Compilation(topology, topics_matching).run()
+    sources (the cluster's topics that fully match); without it, pattern sources fail.
+
+    The fused plan (one query per sink, stateless steps vectorized, plain aggregations per
+    key) when the topology fits it; else the chained plan (one query per sub-topology, each
+    run per task as a worker runs it, chained through the app's internal topics). What neither
+    runs raises the chained compile's reason."""
+    try:
+        return _Compilation(topology, topics_matching).run()
+    except SparkCompileError as fused_refusal:
+        log.debug("not one query per sink (%s): one query per sub-topology", fused_refusal)
+    return _compile_chained(topology, topics_matching)
+
+
+#: Why a chained plan's results may differ from a worker's, beyond what every Spark job has.
+CHAINED_WARNING = (
+    "the app runs as one query per sub-topology, chained through its internal topics: a query that fails and "
+    "repeats a micro-batch writes that batch's rows to an internal topic again (Spark's Kafka sink is at-least-once), "
+    "which an aggregation downstream counts twice"
+)
+
+
+def _compile_chained(topology: Topology, topics_matching: Callable[[str], list[str]] | None) -> SparkPlan:
+    """One ``SubtopologyPlan`` per sub-topology; refuses what the Spark state cannot hold."""
+    if not topology.sink_topics:
+        raise SparkCompileError(f"topology {topology.app_id!r} writes no topic: nothing for a Spark query to do")
+    internal = set(topology.internal_topics)
+    external: dict[str, str] = {}  # topic -> its source node
+    plans = []
+    for sub in topology.subtopologies:
+        sources: list[tuple[str, str]] = []
+        for name in sub.source_nodes:
+            node = topology.source(name)
+            for topic in _source_topic_list(node, topics_matching):
+                sources.append((topic, name))
+                if topic not in internal:
+                    external.setdefault(topic, name)
+        stores = tuple(topology.stores[name] for name in sub.stores)
+        for store in stores:
+            if store.history_ms is not None:
+                owner = topology.nodes[store.owner]
+                raise _unsupported(
+                    owner, f"its store {store.name!r} is a versioned table (versioned=), which does not compile to Spark yet; run this app on workers"
+                )
+        nodes = tuple(topology.nodes[name] for name in sub.nodes)
+        for node in nodes:
+            _shipped(node, node.key_serde), _shipped(node, node.value_serde)  # refuses a serde that cannot travel
+        global_tables = [topology.global_tables[name] for name in dict.fromkeys(n.global_table for n in nodes if isinstance(n, StreamGlobalJoinNode))]
+        for table in global_tables:
+            if table.topic in {topic for topic, _ in sources}:
+                raise _unsupported(nodes[0], f"it reads topic {table.topic!r} both as a stream and as global table {table.name!r}")
+        global_sources = tuple((table.topic, table.name) for table in global_tables)
+        stores += tuple(table.store for table in global_tables)
+        step = SubtopologyStep(topology.app_id, sub.id, nodes, stores, tuple(sources), global_sources)
+        topics = tuple(topic for topic, _ in (*sources, *global_sources))
+        plans.append(SubtopologyPlan(step, topics, tuple(sub.sink_topics)))
+        external.update((table.topic, table.name) for table in global_tables)
+    ordered, feedback = _round_order(plans, internal)
+    stateful = tuple(name for plan in ordered for name in (s.owner for s in plan.step.stores))
+    log.warning("Spark: %s", CHAINED_WARNING)
+    return SparkPlan(
+        topology,
+        tuple(external),
+        (),
+        stateful_nodes=tuple(dict.fromkeys(stateful)),
+        warnings=(CHAINED_WARNING,),
+        source_nodes=tuple(external.values()),
+        chained=tuple(ordered),
+        feedback_topics=feedback,
+    )
+
+
+def _round_order(plans: list[SubtopologyPlan], internal: set[str]) -> tuple[list[SubtopologyPlan], tuple[str, ...]]:
+    """The queries in the order a backfill round runs them — every writer of an internal
+    topic before its readers, where the topics allow (a foreign-key join's run both ways) —
+    and the internal topics written for a query that ran earlier in the round."""
+    writers = {topic: plan for plan in plans for topic in plan.writes if topic in internal}
+    remaining = list(plans)
+    ordered: list[SubtopologyPlan] = []
+
+    def ready(plan: SubtopologyPlan, done: set[int]) -> bool:
+        return all(id(writers[t]) in done for t in plan.topics if t in writers and writers[t] is not plan)
+
+    while remaining:
+        done = {id(plan) for plan in ordered}
+        chosen = next((plan for plan in remaining if ready(plan, done)), remaining[0])  # a cycle: the lowest id first
+        ordered.append(chosen)
+        remaining.remove(chosen)
+    position = {id(plan): index for index, plan in enumerate(ordered)}
+    feedback = [topic for topic, writer in writers.items() for reader in ordered if topic in reader.topics and position[id(reader)] <= position[id(writer)]]
+    return ordered, tuple(dict.fromkeys(feedback))
+
+
+def _source_topic_list(node: SourceNode | TableSourceNode, topics_matching: Callable[[str], list[str]] | None) -> list[str]:
+    """The topics a source node reads: its named ones, or its pattern's matches now."""
+    if isinstance(node, SourceNode) and node.pattern is not None:
+        if topics_matching is None:
+            raise _unsupported(node, f"pattern source {node.pattern!r} needs the cluster's topic list")
+        topics = topics_matching(node.pattern)
+        if not topics:
+            raise _unsupported(node, f"no topic matches the pattern {node.pattern!r}")
+        return topics
+    return list(node.topics)
 
 
 def _with_serdes(flow: Flow, key: ShippedSerde, value: ShippedSerde, steps: tuple[Node, ...] = ()) -> Flow:
@@ -669,22 +804,11 @@ def _in_dependency_order(topology: Topology) -> list[Node]:
 
 
 def _user_objects(node: Node) -> tuple[Any, ...]:
-    """The user's functions and values a node holds."""
-    match node:
-        case SourceNode() | TableSourceNode():
-            return (node.timestamp_extractor,)
-        case AggregationNode():
-            return (node.fn, node.merger, node.initial)
-        case CogroupNode():
-            return (node.merger, node.initial)
-        case MapNode() | MapValuesNode() | FlatMapNode() | FlatMapValuesNode() | FilterNode() | PeekNode() | SelectKeyNode() | BranchNode():
-            return (node.fn,)
-        case TableFilterNode() | TableMapValuesNode():
-            return (node.fn,)
-        case StreamTableJoinNode() | StreamStreamJoinNode() | ProcessorNode():
-            return (node.fn,)
-        case _:
-            return ()
+    """The user's functions, values and types a node holds (its fields, and the types its
+    serdes build)."""
+    values = [getattr(node, f.name) for f in dataclasses.fields(node)]
+    types = [getattr(value, "struct_type", None) for value in values if isinstance(value, Serde)]
+    return tuple(value for value in (*values, *types) if value is not None)
 
 
 def _ship_app_modules(spark: Any, topology: Topology) -> None:
@@ -837,30 +961,46 @@ class _Builder:
 def cluster_partition_counts(bootstrap_servers: str, topology: Topology) -> dict[str, int]:
     """Partition counts of the cluster's topics and of the app's internal topics (as a worker
     would create them), which task steps behind a repartition group by."""
+    return dict(_resolved_against(bootstrap_servers, topology).partitions)
+
+
+def _resolved_against(bootstrap_servers: str, topology: Topology) -> Any:
     from pystreams.cluster import ClusterMetadata
     from pystreams.topology.resolve import resolve
 
     with ClusterMetadata(bootstrap_servers) as cluster:
         counts = {name: meta.num_partitions for name, meta in cluster.fetch_topics().items()}
-    return dict(resolve(topology, counts).partitions)
+    return resolve(topology, counts)
 
 
 # -- the query ------------------------------------------------------------------------------------
 
 
-def send_rows(producer: Any, rows: Iterable[tuple[str, bytes | None, bytes | None, int | None]], partitioner: Callable[[bytes, int], int] | None) -> None:
+def send_rows(
+    producer: Any,
+    rows: Iterable[tuple[str, bytes | None, bytes | None, int | None]],
+    partitioner: Callable[[bytes, int], int] | Mapping[str, Callable[[bytes, int], int]] | None,
+) -> None:
     """Send (topic, key, value, timestamp) rows; a keyed row goes to ``partitioner``'s partition
-    when there is one (a windowed sink's), else where the producer's default puts it."""
+    (one for every topic, or one per topic) when there is one (a windowed sink's), else where
+    the producer's default puts it."""
+    per_topic = partitioner if isinstance(partitioner, Mapping) else None
     for topic, key, value, ts in rows:
         partition = None
-        if partitioner is not None and key is not None:
-            partition = partitioner(key, len(producer.partitions_for(topic)))
+        place = per_topic.get(topic) if per_topic is not None else partitioner
+        if place is not None and key is not None:
+            partition = place(key, len(producer.partitions_for(topic)))  # type: ignore[operator]
         producer.send(topic, key=key, value=value, partition=partition, timestamp_ms=ts if ts is not None and ts >= 0 else None)
 
 
-def _write_batch_to_kafka(bootstrap_servers: str, partitioner: Callable[[bytes, int], int] | None = None) -> Callable[[Any, int], None]:
+def _write_batch_to_kafka(
+    bootstrap_servers: str,
+    partitioner: Callable[[bytes, int], int] | Mapping[str, Callable[[bytes, int], int]] | None = None,
+    on_written: Callable[[dict[str, int]], None] | None = None,
+) -> Callable[[Any, int], None]:
     """Each micro-batch's rows to Kafka; a key's partition is ``partitioner``'s (the sink's:
-    ``kernels.sink_partitioner``, the worker's rule) or the producer's default."""
+    ``kernels.sink_partitioner``, the worker's rule; or one per topic) or the producer's
+    default. ``on_written`` hears how many rows each topic got."""
 
     def produce(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -873,21 +1013,26 @@ def _write_batch_to_kafka(bootstrap_servers: str, partitioner: Callable[[bytes, 
             batch_size=262_144,
             acks="all",
         )
-        written = 0
+        written: dict[str, int] = {}
         try:
             for batch in batches:
                 columns = [batch.column(i).to_pylist() for i in range(4)]
                 send_rows(producer, zip(*columns, strict=True), partitioner)
-                written += batch.num_rows
+                for topic in columns[0]:
+                    written[topic] = written.get(topic, 0) + 1
             # Spark marks the batch done when foreachBatch returns: everything must be acked.
             producer.flush()
         finally:
             producer.close()
-        yield pa.RecordBatch.from_pydict({"written": [written]})
+        yield pa.RecordBatch.from_pydict(
+            {"topic": list(written), "written": list(written.values())}, schema=pa.schema([("topic", pa.string()), ("written", pa.int64())])
+        )
 
     def write(batch: Any, batch_id: int) -> None:
-        written = batch.mapInArrow(produce, "written long").groupBy().sum("written").collect()
-        log.debug("batch %s: %s records written", batch_id, written[0][0] if written else 0)
+        written = {row[0]: row[1] for row in batch.mapInArrow(produce, "topic string, written long").groupBy("topic").sum("written").collect()}
+        log.debug("batch %s: records written %s", batch_id, written)
+        if on_written is not None:
+            on_written(written)
 
     return write
 
@@ -932,7 +1077,8 @@ def cluster_pattern_matcher(bootstrap_servers: str) -> Callable[[str], list[str]
 @dataclass
 class SparkJob:
     """The compiled app: one streaming query per sink (Spark allows one arbitrary-state
-    operator per query), each checkpointed in its own sub-directory of the checkpoint."""
+    operator per query), or per sub-topology for a chained plan, each checkpointed in its own
+    sub-directory of the checkpoint."""
 
     plan: SparkPlan
     spark: Any
@@ -940,6 +1086,10 @@ class SparkJob:
     #: have no wall-clock timers: they would keep it running)
     build_writers: Callable[[bool], dict[str, Any]]
     queries: list[Any] = field(default_factory=list)
+    #: Chained plans: rows written to each topic by the queries of the current round.
+    written: dict[str, int] = field(default_factory=dict)
+    #: Chained backfills: how many rounds the last one ran.
+    rounds: int = 0
 
     @functools.cached_property
     def writers(self) -> dict[str, Any]:
@@ -958,14 +1108,47 @@ class SparkJob:
         previous = self.spark.conf.get(NO_DATA_BATCHES_CONF, None)
         self.spark.conf.set(NO_DATA_BATCHES_CONF, "false")
         try:
-            for writer in self.build_writers(True).values():
-                self.queries.append(writer.trigger(availableNow=True).start())
+            if self.plan.chained:
+                self._backfill_in_rounds()
+            else:
+                for writer in self.build_writers(True).values():
+                    self.queries.append(writer.trigger(availableNow=True).start())
         finally:
             if previous is None:
                 self.spark.conf.unset(NO_DATA_BATCHES_CONF)
             else:
                 self.spark.conf.set(NO_DATA_BATCHES_CONF, previous)
         return self.queries
+
+    def _backfill_in_rounds(self) -> None:
+        """Each query in turn up to the offsets there are when it starts, the writers of
+        internal topics before their readers, so one round takes every input through the
+        chain; while a query wrote to a topic another one read before (a foreign-key join's
+        responses), another round runs the queries with rows left to read. Raises the first
+        query's failure."""
+        reads = {sub.name: set(sub.topics) for sub in self.plan.chained}
+        unread: dict[str, set[str]] = {name: set() for name in reads}  # written since it last ran
+        for self.rounds in range(1, MAX_BACKFILL_ROUNDS + 1):
+            for name, writer in self.build_writers(True).items():
+                if self.rounds > 1 and not unread[name] & reads[name]:
+                    continue
+                self.written.clear()
+                started = time.monotonic()
+                query = writer.trigger(availableNow=True).start()
+                self.queries.append(query)
+                query.awaitTermination()
+                log.info("backfill round %d: %s wrote %s in %.1f s", self.rounds, name, dict(self.written) or "nothing", time.monotonic() - started)
+                unread[name].clear()
+                fed = {topic for topic, count in self.written.items() if count}
+                for topics in unread.values():
+                    topics.update(fed)
+            if not any(unread[name] & reads[name] for name in reads):
+                return
+        raise RuntimeError(f"the backfill still fed its internal topics {self.plan.feedback_topics} after {MAX_BACKFILL_ROUNDS} rounds")
+
+    def _count_written(self, written: Mapping[str, int]) -> None:
+        for topic, count in written.items():
+            self.written[topic] = self.written.get(topic, 0) + count
 
     def await_termination(self, timeout_s: float | None = None) -> bool:
         """Wait for every query to end; True if all did. Raises the first query's failure."""
@@ -1015,6 +1198,11 @@ def to_spark(
     source_format = source_format or choose_source_format(spark)
     counts = cluster_partition_counts(bootstrap_servers, topology) if plan.repartition_topics_of_tasks else {}
 
+    if plan.chained:
+        _create_internal_topics(bootstrap_servers, topology)
+        job = SparkJob(plan, spark, lambda backfill: _chained_writers(job, source_format, checkpoint, backfill, fail_on_data_loss, bootstrap_servers))
+        return job
+
     def writers(backfill: bool) -> dict[str, Any]:
         built = {}
         for sink in plan.sinks:
@@ -1032,3 +1220,74 @@ def to_spark(
         return built
 
     return SparkJob(plan, spark, writers)
+
+
+def _to_every_task(rows: Any, first_global_source: int, tasks: int) -> Any:
+    """A global table's rows (source index ``first_global_source`` and up) copied to each of
+    ``tasks`` tasks and ordered before the batch's other rows: every task holds the whole
+    table, current before it joins a record of the same micro-batch (a worker restores its
+    global tables before its tasks start)."""
+    from pyspark.sql import functions as F
+
+    source = F.shiftright(F.col("origin"), SOURCE_SHIFT).bitwiseAND(SOURCE_MASK)
+    table_rows = (
+        rows.where(source >= first_global_source)
+        .withColumn("task", F.explode(F.sequence(F.lit(0), F.lit(tasks - 1))))
+        .withColumn("arrival", F.lit(GLOBAL_ARRIVAL).cast("long"))
+    )
+    return rows.where(source < first_global_source).unionByName(table_rows)
+
+
+#: A chained backfill gives up after this many rounds (each round runs every query once).
+MAX_BACKFILL_ROUNDS = 50
+
+
+def _create_internal_topics(bootstrap_servers: str, topology: Topology) -> None:
+    """The internal topics a chained plan's queries write and read, as workers create them
+    (same names and partition counts); changelogs are not needed: Spark keeps the state."""
+    from pystreams.cluster import ClusterMetadata, TopicSpec
+    from pystreams.topology.ir import TopicRole
+
+    resolved = _resolved_against(bootstrap_servers, topology)
+    specs = [TopicSpec(t.name, t.partitions, configs=dict(t.config)) for t in resolved.topics_to_create() if t.role is TopicRole.REPARTITION]
+    if specs:
+        with ClusterMetadata(bootstrap_servers) as cluster:
+            cluster.ensure_topics(specs)
+
+
+def _chained_writers(job: SparkJob, source_format: str, checkpoint: str, backfill: bool, fail_on_data_loss: bool, bootstrap_servers: str) -> dict[str, Any]:
+    """A chained plan's queries, configured but not started, in round order: each reads its
+    sub-topology's topics raw (rows keep their positions), runs per task
+    (``transformWithStateInPandas`` over ``SubtopologyStep``) and writes every row to its
+    topic, a windowed sink's keys placed as the worker places them."""
+    from pathlib import Path
+
+    from pyspark.sql import functions as F
+
+    from .operators import ORDERED_ROWS, task_operator
+
+    plan, spark = job.plan, job.spark
+    topology = plan.topology
+    task_counts = _resolved_against(bootstrap_servers, topology).task_counts if any(sub.step.global_sources for sub in plan.chained) else {}
+    partitioners = {node.topic: place for node in topology.nodes.values() if isinstance(node, SinkNode) and (place := sink_partitioner(node)) is not None}
+    built: dict[str, Any] = {}
+    for sub in plan.chained:
+        errors = sub.record_errors(topology.errors, bootstrap_servers)
+        options = source_options(source_format, bootstrap_servers, sub.topics, fail_on_data_loss=fail_on_data_loss)
+        raw = spark.readStream.format(source_format).options(**options).load()
+        ts = F.unix_millis("timestamp") if source_format == "kafka" else F.col("timestamp")
+        raw = raw.select("key", "value", ts.alias("ts"), "topic", F.col("partition").cast("int").alias("partition"), "offset")
+        rows = raw.mapInArrow(functools.partial(run_flow, run=sub.positions(errors)), ORDERED_ROWS)
+        if sub.step.global_sources:
+            rows = _to_every_task(rows, len(sub.step.sources), task_counts[sub.step.subtopology])
+        step = dataclasses.replace(sub.step, wall_clock_timers=not backfill, errors=errors)
+        # The same time mode either way, so streaming runs and backfills share a checkpoint.
+        time_mode = "ProcessingTime" if step.wall_clock_punctuations else "None"
+        out = rows.groupBy("task").transformWithStateInPandas(task_operator(step), TOPIC_ROWS, "Update", time_mode)
+        built[sub.name] = (
+            out.writeStream.queryName(f"pystreams-{topology.app_id}-{sub.name}")
+            .foreachBatch(_write_batch_to_kafka(bootstrap_servers, partitioners, job._count_written))
+            .outputMode("update")
+            .option("checkpointLocation", str(Path(checkpoint) / sub.name))
+        )
+    return built

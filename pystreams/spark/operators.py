@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pystreams.topology.ir import (
     AggregationNode,
@@ -36,6 +36,7 @@ from pystreams.topology.ir import (
     Store,
     StoreKind,
     TaskId,
+    window_of,
 )
 from pystreams.topology.kernels import (
     Emit,
@@ -97,6 +98,9 @@ LEFT_SIDE, RIGHT_SIDE = 0, 1
 # ``seq`` (record index, 4 bits of merge input, 20 of place: a record that becomes more than a
 # million rows keeps the order of the first million).
 _SIDE_SHIFT, _SOURCE_SHIFT, _SOURCE_MASK, _PARTITION_MASK = 40, 16, (1 << 24) - 1, (1 << 16) - 1
+SOURCE_SHIFT, SOURCE_MASK = _SOURCE_SHIFT, _SOURCE_MASK
+#: The ``arrival`` of a global table's rows: before every record of the batch.
+GLOBAL_ARRIVAL = -(2**62)
 _RECORD_SHIFT, _LANE_SHIFT, _MAX_OUTPUT_INDEX = 24, 20, (1 << 20) - 1
 
 
@@ -517,40 +521,87 @@ class TaskStep:
 
     @property
     def wall_clock_punctuations(self) -> tuple[tuple[str, int], ...]:
-        match self.inputs[0][0]:
-            case ProcessorNode(punctuations=punctuations):
-                return tuple((p.method, p.interval_ms) for p in punctuations if p.type is PunctuationType.WALL_CLOCK_TIME)
-            case _:
-                return ()
+        return wall_clock_punctuations([self.inputs[0][0]])
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """What the task is given of its rows (``in_worker_order`` reads them)."""
+        return PROCESSOR_COLUMNS if self.processor is not None else TASK_COLUMNS
+
+    def open(self, partition: int, backends: Mapping[str, MapBackend], state: TaskClocks) -> _OpenTask:
+        return _OpenTask(self, partition, backends, state)
+
+    def rows_frame(self, rows: list[OutputRow]) -> Any:
+        return _rows_frame(rows)
+
+
+def wall_clock_punctuations(nodes: Iterable[Node]) -> tuple[tuple[str, int], ...]:
+    """The wall-clock punctuations of the processors among ``nodes``: (method, interval)."""
+    return tuple(
+        (p.method, p.interval_ms) for node in nodes if isinstance(node, ProcessorNode) for p in node.punctuations if p.type is PunctuationType.WALL_CLOCK_TIME
+    )
+
+
+def open_spark_stores(specs: Iterable[Store], backends: Mapping[str, MapBackend], state: TaskClocks, position: TaskPosition) -> dict[str, Any]:
+    """A task's stores over their Spark state (``backends``), each as the worker would open it:
+    key-value (timestamped for tables), window or session, with the retention and newest time
+    ``state`` keeps for it."""
+    stores: dict[str, Any] = {}
+    for spec in specs:
+        backend = backends[spec.name]
+        if spec.kind is StoreKind.KEY_VALUE:
+            if spec.history_ms is not None:
+                raise ValueError(f"store {spec.name!r} is versioned, which the Spark runtime does not keep")
+            stores[spec.name] = SparkTimestampedKeyValueStore(spec.name, backend, position) if spec.timestamped else SparkKeyValueStore(spec.name, backend)
+            continue
+        retention = spec.retention_ms or (spec.window.retention_ms if spec.window is not None else 0)
+        observed = state.store_times.get(spec.name)
+        if spec.kind is StoreKind.SESSION:
+            stores[spec.name] = SparkSessionStore(spec.name, backend, retention, observed)
+        elif spec.timestamped:
+            stores[spec.name] = SparkTimestampedWindowStore(spec.name, backend, retention, observed, position)
+        else:
+            stores[spec.name] = SparkWindowStore(spec.name, backend, retention, observed)
+    return stores
+
+
+def flushed_changes(store: Any) -> list[Any]:
+    """A store's flushed changes, with each row's timestamp where the store keeps one."""
+    timestamped = isinstance(store, SparkTimestampedWindowStore | SparkTimestampedKeyValueStore)
+    return store.flush_timestamped() if timestamped else store.flush()
+
+
+def table_records(
+    table: Node | AggregationNode | CogroupNode, key_of: Callable[[Any], Any], changes: Iterable[Any], stream_time: int
+) -> Iterator[tuple[Any, bytes | None, int]]:
+    """A table's flushed changes as its records — key objects (``Windowed`` for a windowed
+    table), value bytes (None: deleted, or a session merged away) and the timestamps the worker
+    gives them (a row's own; a windowed row's by ``windowed_result``); ``stream_time`` for a
+    change that carries none."""
+    window = window_of(cast(Node, table))
+    for change in changes:
+        if window is None:
+            key, value, *kept_timestamp = change
+            timestamp = kept_timestamp[0] if kept_timestamp else None
+            yield key_of(key), value, stream_time if timestamp is None else timestamp
+            continue
+        if isinstance(window, SessionWindow):
+            key, start, end, stored = change
+            windowed, kept = Windowed(key_of(key), start, end), None
+        else:
+            assert isinstance(window, TumblingWindow | HoppingWindow | SlidingWindow)
+            key, start, stored, *kept_timestamp = change  # a timestamped store's changes carry it
+            windowed, kept = fixed_window_key(window, key_of(key), start), (kept_timestamp[0] if kept_timestamp else None)
+            end = start + window.size_ms
+        value, timestamp = windowed_result(window, stored, end, kept)
+        yield windowed, value, stream_time if timestamp is None else timestamp
 
 
 class _OpenTask:
     """One task of a ``TaskStep`` opened over its state for one micro-batch (or timer)."""
 
     def __init__(self, step: TaskStep, partition: int, backends: Mapping[str, MapBackend], state: TaskClocks) -> None:
-        self.step = step
-        self.state = state
-        self.position = position = TaskPosition(step.app_id, TaskId(step.subtopology, partition))
-        position.stream_time = state.stream_time
-        self.stores: dict[str, Any] = {}
-        for spec in step.stores:
-            backend = backends[spec.name]
-            if spec.kind is StoreKind.KEY_VALUE:
-                self.stores[spec.name] = (
-                    SparkTimestampedKeyValueStore(spec.name, backend, position) if spec.timestamped else SparkKeyValueStore(spec.name, backend)
-                )
-                continue
-            retention = spec.retention_ms or (spec.window.retention_ms if spec.window is not None else 0)
-            observed = state.store_times.get(spec.name)
-            if spec.kind is StoreKind.SESSION:
-                self.stores[spec.name] = SparkSessionStore(spec.name, backend, retention, observed)
-            elif spec.timestamped:
-                self.stores[spec.name] = SparkTimestampedWindowStore(spec.name, backend, retention, observed, position)
-            else:
-                self.stores[spec.name] = SparkWindowStore(spec.name, backend, retention, observed)
-        specs = {spec.name: spec for spec in step.stores}
-        typed_stores = {name: typed(store, specs[name]) for name, store in self.stores.items()}
-        self.clocks = {name: NodeClock(observed) for name, observed in state.node_clocks.items()}
+        self._open(step, partition, backends, state)
         self.out: list[OutputRow] = []
         key_out, value_out = step.out_key.serialize, step.out_value.serialize
         out = self.out
@@ -558,25 +609,46 @@ class _OpenTask:
         def collect(key: Any, value: Any, timestamp: int) -> None:
             out.append((key_out(key), value_out(value), timestamp))
 
-        self.processors: list[ProcessorInstance] = []
         self.emits: dict[int, tuple[Emit, Callable[[Any], Any], Callable[[Any], Any]]] = {}
-        shared: dict[str, Any] = {}  # what the step's nodes share (NodeWiring.shared)
         for side, (node, key_serde, value_serde) in step.inputs.items():
-            wiring = NodeWiring(
-                node=node,
-                forward=collect,
-                stores=self.stores,
-                specs=specs,
-                typed_stores=typed_stores,
-                position=position,
-                processors=self.processors,
-                clocks=self.clocks,
-                shared=shared,
-            )
+            wiring = self._wiring(node, collect)
             self.emits[side] = (guard(node.name, node_emit(node, wiring)), key_serde.deserialize, value_serde.deserialize)
+        self._start_processors()
+
+    def _wiring(self, node: Node, forward: Emit, routes: Mapping[str, Emit] | None = None) -> NodeWiring:
+        """What ``node_emit`` needs to build ``node`` in this task."""
+        return NodeWiring(
+            node=node,
+            forward=forward,
+            routes=routes or {},
+            stores=self.stores,
+            specs=self.specs,
+            typed_stores=self.typed_stores,
+            position=self.position,
+            processors=self.processors,
+            clocks=self.clocks,
+            shared=self.shared,
+        )
+
+    def _open(self, step: Any, partition: int, backends: Mapping[str, MapBackend], state: TaskClocks) -> None:
+        """The task's position, stores (with their specs and typed views) and clocks over its
+        state."""
+        self.step = step
+        self.state = state
+        self.position = position = TaskPosition(step.app_id, TaskId(step.subtopology, partition))
+        position.stream_time = state.stream_time
+        self.stores = open_spark_stores(step.stores, backends, state, position)
+        self.specs = specs = {spec.name: spec for spec in step.stores}
+        self.typed_stores = {name: typed(store, specs[name]) for name, store in self.stores.items()}
+        self.clocks = {name: NodeClock(observed) for name, observed in state.node_clocks.items()}
+        self.processors: list[ProcessorInstance] = []
+        self.shared: dict[str, Any] = {}  # what the task's nodes share (NodeWiring.shared)
+
+    def _start_processors(self) -> None:
+        """Schedule the processors' punctuations where the state left them, then ``init`` them."""
         self.punctuations: list[ScheduledPunctuation] = [p for proc in self.processors for p in proc.punctuations]
         for scheduled in self.punctuations:
-            scheduled.next_due = state.due.get(scheduled.punctuation.method)
+            scheduled.next_due = self.state.due.get(scheduled.punctuation.method)
         for processor in self.processors:
             processor.init()
 
@@ -666,10 +738,13 @@ class _OpenTask:
         step, out = self.step, self.out
         table = step.table
         for name, store in self.stores.items():
-            timestamped = isinstance(store, SparkTimestampedWindowStore | SparkTimestampedKeyValueStore)
-            changes = store.flush_timestamped() if timestamped else store.flush()
+            changes = flushed_changes(store)
             if table is not None and name == table.store:
                 out.extend(self._table_rows(table, changes))
+        return self._kept_state(), out
+
+    def _kept_state(self) -> TaskClocks:
+        """The task's clocks after this batch (stores flushed), expired entries swept."""
         state = TaskClocks(
             store_format=STORE_FORMAT,
             stream_time=self.position.stream_time,
@@ -684,40 +759,28 @@ class _OpenTask:
             if needs_sweep(store, state.swept_to.get(name)):
                 store.expire_untouched()
                 state.swept_to[name] = store.min_live_time
-        return state, out
+        return state
 
     def _table_rows(self, table: AggregationNode | CogroupNode, changes: list[Any]) -> Iterator[OutputRow]:
-        """A windowed table's flushed changes as its records: ``Windowed`` keys, value bytes
-        (None: a session merged away) and the timestamps the worker gives them
-        (``windowed_result``). A deleted window's record has the stream time of the nodes
-        writing the store."""
+        """A windowed table's flushed changes as its records (``table_records``). A deleted
+        window's record has the stream time of the nodes writing the store."""
         key_of = self.step.inputs[0][1].deserialize
         out_key = self.step.out_key.serialize
         # The stream time of the nodes writing the store (a cogroup's inputs each have one).
         observed = [clock.observed for node, _, _ in self.step.inputs.values() if (clock := self.clocks.get(node.name)) and clock.observed is not None]
-        stream_time = max(observed, default=-1)
-        window = table.window
-        for change in changes:
-            if isinstance(window, SessionWindow):
-                key, start, end, stored = change
-                windowed, kept = Windowed(key_of(key), start, end), None
-            else:
-                assert isinstance(window, TumblingWindow | HoppingWindow | SlidingWindow)
-                key, start, stored, *kept_timestamp = change  # a timestamped store's changes carry it
-                windowed, kept = fixed_window_key(window, key_of(key), start), (kept_timestamp[0] if kept_timestamp else None)
-                end = start + window.size_ms
-            value, timestamp = windowed_result(window, stored, end, kept)
-            yield out_key(windowed), value, stream_time if timestamp is None else timestamp
+        for key, value, timestamp in table_records(table, key_of, changes, max(observed, default=-1)):
+            yield out_key(key), value, timestamp
 
 
 class TaskRunner:
     """Runs a ``TaskStep`` for one task over plain state: ``backends`` hold its stores,
     ``state`` the rest. Spark's operator (``task_operator``) and the tests call it alike."""
 
-    def __init__(self, step: TaskStep) -> None:
+    def __init__(self, step: TaskStep | Any) -> None:
+        """``step``: a ``TaskStep``, or any step that opens its tasks alike (``subtopology``)."""
         self.step = step
         #: What ``process`` reads of its rows (``in_worker_order``).
-        self.columns = PROCESSOR_COLUMNS if step.processor is not None else TASK_COLUMNS
+        self.columns = step.columns
 
     def process(
         self,
@@ -729,7 +792,7 @@ class TaskRunner:
     ) -> tuple[TaskClocks, list[OutputRow], list[int]]:
         """One micro-batch of the task's rows, in worker order. Returns the state to keep, the
         rows to emit and the wall-clock due times newly scheduled."""
-        task = _OpenTask(self.step, partition, backends, self._checked(state))
+        task = self.step.open(partition, backends, self._checked(state))
         task.process(frame)
         scheduled = self._wall_clock(task, now_ms)
         new_state, out = task.finish()
@@ -739,7 +802,7 @@ class TaskRunner:
         self, partition: int, backends: Mapping[str, MapBackend], state: TaskClocks | None, now_ms: int
     ) -> tuple[TaskClocks, list[OutputRow], list[int]]:
         """A processing-time timer: run the wall-clock punctuations due now."""
-        task = _OpenTask(self.step, partition, backends, self._checked(state))
+        task = self.step.open(partition, backends, self._checked(state))
         fired = task.fire_wall_clock(now_ms) if self.step.wall_clock_timers else []
         new_state, out = task.finish()
         return new_state, out, fired
@@ -788,7 +851,7 @@ class _MapStateBackend:
         return ((key[0], value[0]) for key, value in self.map_state.iterator())
 
 
-def task_operator(step: TaskStep) -> Any:
+def task_operator(step: TaskStep | Any) -> Any:
     """A ``StatefulProcessor`` for ``transformWithStateInPandas`` grouped by ``task``: each
     store is a ``MapState`` of key bytes -> bytes, the ``TaskClocks`` one ``ValueState``;
     wall-clock punctuations are processing-time timers.
@@ -833,7 +896,7 @@ def task_operator(step: TaskStep) -> Any:
                 self.handle.registerTimer(due)
             self.task_state.update((encode_task_clocks(state),))
             if out:
-                yield _rows_frame(out)
+                yield self.runner.step.rows_frame(out)
 
         def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
             now_ms = timerValues.getCurrentProcessingTimeInMs()

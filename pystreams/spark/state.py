@@ -85,8 +85,18 @@ class SparkKeyValueStore:
     def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         return ((k, v) for k, v in self.all() if (low is None or k >= low) and (high is None or k <= high))
 
+    def prefix_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Entries whose key starts with ``prefix``, in key order (a scan of every key: Spark's
+        ``MapState`` has no order to seek in)."""
+        return ((k, v) for k, v in self.all() if k.startswith(prefix))
+
     def approximate_count(self) -> int:
         return len(self.all())
+
+    @property
+    def has_changes(self) -> bool:
+        """Writes not flushed yet."""
+        return bool(self._dirty)
 
     def flush(self) -> list[tuple[bytes, bytes | None]]:
         """Write the changes to the backend; returns them, oldest write first."""
@@ -110,6 +120,9 @@ class SparkTimestampedKeyValueStore(SparkKeyValueStore):
     def __init__(self, name: str, backend: MapBackend, clock: Any = None) -> None:
         super().__init__(name, backend)
         self._clock = clock
+        #: When each deleted row was deleted: its tombstone goes on with that timestamp, as
+        #: the worker's cache forwards it.
+        self._deleted_at: dict[bytes, int] = {}
 
     def get(self, key: bytes) -> bytes | None:
         stored = super().get(key)
@@ -123,14 +136,22 @@ class SparkTimestampedKeyValueStore(SparkKeyValueStore):
         self.put_timestamped(key, value, self._clock.timestamp if self._clock is not None else NO_TIMESTAMP)
 
     def put_timestamped(self, key: bytes, value: bytes | None, timestamp: int) -> None:
+        if value is None:
+            self._deleted_at[key] = timestamp
         super().put(key, None if value is None else stamped(value, timestamp))
 
     def all(self) -> list[tuple[bytes, bytes]]:
         return [(key, row_value(value, self.name)) for key, value in super().all()]
 
     def flush_timestamped(self) -> list[tuple[bytes, bytes | None, int | None]]:
-        """The changes as ``(key, value or None, row timestamp or None)``, oldest first."""
-        return [(key, None, None) if value is None else (key, *split_row(value, self.name)) for key, value in super().flush()]
+        """The changes as ``(key, value or None, row timestamp or None)``, oldest first; a
+        deletion has the timestamp it was made with (None: not known)."""
+        deleted_at, self._deleted_at = self._deleted_at, {}
+        return [(key, None, _known(deleted_at.get(key))) if value is None else (key, *split_row(value, self.name)) for key, value in super().flush()]
+
+
+def _known(timestamp: int | None) -> int | None:
+    return None if timestamp is None or timestamp == NO_TIMESTAMP else timestamp
 
 
 class _TimedStore(Retention):
@@ -182,6 +203,11 @@ class _TimedStore(Retention):
     def _live(self, entries: dict[Any, bytes]) -> dict[Any, bytes]:
         live = self.min_live_time
         return {slot: value for slot, value in entries.items() if self._time_of(slot) >= live}
+
+    @property
+    def has_changes(self) -> bool:
+        """Writes not flushed yet."""
+        return bool(self._changes)
 
     def _flush(self) -> list[tuple[bytes, Any, bytes | None]]:
         """Write the touched keys back (without expired entries); the changes, oldest write
