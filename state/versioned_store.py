@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -95,27 +95,27 @@ def version_as_of(history: History, timestamp: int, observed: int | None, histor
     return found
 
 
-class VersionedStore(KeyValueStore):
-    """A key-value store of histories: write with ``put_version``, read the latest with
-    ``get`` (and ``range``/``prefix_scan``/``all``, which skip deleted keys) or a past value
-    with ``get_as_of``."""
+class VersionedHistories:
+    """The versioned store's rows over any key-value rows (``_read_row``/``_write_row``, in
+    the layout above): the worker's RocksDB store and the Spark runtime's share it."""
 
-    def __init__(self, *args: Any, history_ms: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if history_ms < 0:
-            raise ValueError("history_ms must not be negative")
-        self.history_ms = history_ms
-        self._warned_large = False
-        self._write = self._cache.put
-        self.put = self._refuse_plain_write
+    name: str
+    history_ms: int
+    _warned_large: bool = False
+
+    def _read_row(self, key: bytes) -> bytes | None:
+        raise NotImplementedError
+
+    def _write_row(self, key: bytes, value: bytes | None) -> None:
+        raise NotImplementedError
 
     @property
     def observed_stream_time(self) -> int | None:
-        stored = KeyValueStore.get(self, _META)
+        stored = self._read_row(_META)
         return None if stored is None else _decode_time(stored)
 
     def history(self, key: bytes) -> History:
-        stored = KeyValueStore.get(self, _KEYS + key)
+        stored = self._read_row(_KEYS + key)
         if stored is None:
             return []
         try:
@@ -139,9 +139,9 @@ class VersionedStore(KeyValueStore):
                 len(history),
                 len(encoded),
             )
-        self._write(_KEYS + key, encoded)
+        self._write_row(_KEYS + key, encoded)
         if observed is None or timestamp > observed:
-            self._write(_META, _TIME.encode(timestamp))
+            self._write_row(_META, _TIME.encode(timestamp))
         return outcome
 
     def get(self, key: bytes) -> bytes | None:
@@ -150,6 +150,35 @@ class VersionedStore(KeyValueStore):
 
     def get_as_of(self, key: bytes, timestamp: int) -> bytes | None:
         return version_as_of(self.history(key), timestamp, self.observed_stream_time, self.history_ms)
+
+    @staticmethod
+    def _latest(entries: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
+        """Each key's latest value, for rows under ``_KEYS`` (a deleted key has none)."""
+        for composite, stored in entries:
+            value = _decode_history(stored)[-1][1]
+            if value is not None:
+                yield composite[1:], value
+
+
+class VersionedStore(VersionedHistories, KeyValueStore):
+    """A key-value store of histories: write with ``put_version``, read the latest with
+    ``get`` (and ``range``/``prefix_scan``/``all``, which skip deleted keys) or a past value
+    with ``get_as_of``."""
+
+    def __init__(self, *args: Any, history_ms: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if history_ms < 0:
+            raise ValueError("history_ms must not be negative")
+        self.history_ms = history_ms
+        self._warned_large = False
+        self._write = self._cache.put
+        self.put = self._refuse_plain_write
+
+    def _read_row(self, key: bytes) -> bytes | None:
+        return KeyValueStore.get(self, key)
+
+    def _write_row(self, key: bytes, value: bytes | None) -> None:
+        self._write(key, value)
 
     def range(self, key_from: bytes | None, key_to: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         lower = _KEYS + key_from if key_from is not None else _KEYS
@@ -160,13 +189,6 @@ class VersionedStore(KeyValueStore):
         lower = _KEYS + prefix
         upper = _prefix_end(lower) or _KEYS_END
         return self._latest(self._merged_scan(lower, upper, self._cache.in_range(lower, upper)))
-
-    @staticmethod
-    def _latest(entries: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
-        for composite, stored in entries:
-            value = _decode_history(stored)[-1][1]
-            if value is not None:
-                yield composite[1:], value
 
     def _refuse_plain_write(self, key: bytes, value: bytes | None = None) -> None:
         raise StateError(f"versioned store {self.name!r} takes writes with a timestamp (put_version), not plain puts")

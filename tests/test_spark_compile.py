@@ -109,12 +109,26 @@ def test_a_global_table_reaches_every_task_of_the_query_joining_it() -> None:
     assert set(plan.source_topics) == {"events", "cities"}
 
 
-def test_a_versioned_table_is_refused_naming_the_node() -> None:
+def test_a_versioned_table_keeps_its_history_in_its_sub_topologys_query() -> None:
     app = App("versioned")
     prices = app.table("prices", value=serdes.Int(), versioned=timedelta(minutes=5), name="prices")
     app.topic("orders", value=serdes.Int()).join(prices, lambda key, n, price: n * price, name="priced").to("out")
-    with pytest.raises(SparkCompileError, match="node 'prices' .*versioned"):
+    (query,) = compile_topology(app.topology()).chained
+    (store,) = query.step.stores
+    assert store.history_ms == 5 * 60_000
+
+
+def test_what_no_plan_runs_is_refused_before_spark_starts() -> None:
+    app = App("nothing-out")
+    app.topic("events", value=serdes.Text()).filter(lambda key, value: True, name="kept")
+    with pytest.raises(SparkCompileError, match="writes no topic"):
         compile_topology(app.topology())
+    app = App("patterns")
+    app.topic(pattern="clicks\\..*", value=serdes.Text(), name="clicks").to("out")
+    with pytest.raises(SparkCompileError, match="node 'clicks' .*needs the cluster's topic list"):
+        compile_topology(app.topology())
+    with pytest.raises(SparkCompileError, match="node 'clicks' .*no topic matches"):
+        compile_topology(app.topology(), topics_matching=lambda pattern: [])
 
 
 # -- the Kafka source: the connector when its jar is there, else ours ------------------------------

@@ -216,3 +216,54 @@ def test_dedupe_processor_on_spark_matches_the_workers(spark: Any, tmp_path: Pat
     assert len(unique) == 40
     assert unique["e30"]["n"] == 1 and unique["e3"]["n"] == 3
     assert tables["spark"]["events-unique"] == tables["workers"]["events-unique"]
+
+
+# -- shipping_labels: a foreign-key join and a global table ------------------------------------
+
+
+def test_shipping_labels_on_spark_end_with_the_test_drivers_tables(spark: Any, tmp_path: Path) -> None:
+    """Chained queries on Spark against the worker's tasks in the test driver: customers
+    move, an order changes customer and another is deleted between two backfills."""
+    from pystreams.testing import TopologyTestDriver
+
+    app_path = str(EXAMPLES / "shipping_labels.py")
+    topology = load_app(app_path).topology()
+    order_serde, address_serde = topology.nodes["orders"].value_serde, topology.nodes["customers"].value_serde
+    order_type, address_type = order_serde.struct_type, address_serde.struct_type
+    text = serdes.Text()
+
+    def order(number: int, customer: int | None, ts: int) -> Record:
+        value = None if customer is None else order_serde.serialize(order_type(f"c{customer}", f"item-{number}"))
+        return ("orders", None, f"o{number}".encode(), value, ts)
+
+    def address(customer: int, city: str, ts: int) -> Record:
+        return ("customers", None, f"c{customer}".encode(), address_serde.serialize(address_type(f"{customer} Main St", city)), ts)
+
+    first = [
+        *(
+            ("carriers", None, city.encode(), text.serialize(carrier), BASE_MS + i)
+            for i, (city, carrier) in enumerate([("Oslo", "Posten"), ("Lima", "Serpost")])
+        ),
+        *(address(c, city, BASE_MS + MINUTE + c) for c, city in enumerate(["Oslo", "Lima", "Pune"])),
+        *(order(n, n % 4, BASE_MS + 2 * MINUTE + n) for n in range(10)),  # c3 is not known: a left join
+    ]
+    second = [address(1, "Oslo", BASE_MS + 10 * MINUTE), order(2, 0, BASE_MS + 11 * MINUTE), order(4, None, BASE_MS + 12 * MINUTE)]
+    outputs = ["order-shipping", "order-dispatch"]
+    with EmbeddedBroker() as broker:
+        bootstrap = broker.bootstrap_servers
+        create_topics(bootstrap, {"orders": 3, "customers": 2, "carriers": 1, **{topic: 2 for topic in outputs}})
+        for records in (first, second):
+            produce(bootstrap, records)
+            job = run_on_spark(load_app(app_path), spark, bootstrap, tmp_path / "checkpoint")
+            assert job.rounds == 2  # the labels come back with the responses
+        spark_tables = final_tables(bootstrap, outputs)
+
+    with TopologyTestDriver(load_app(app_path), partitions={"orders": 3, "customers": 2}) as driver:
+        for topic, _, key, value, timestamp in first + second:
+            driver.pipe_input(topic, key, value, timestamp)
+        driver_tables = {topic: driver.output_topic(topic, key=serdes.Bytes(), value=serdes.Bytes()).read_table() for topic in outputs}
+
+    labels = decoded(driver_tables["order-shipping"], text, topology.nodes["label"].value_serde)
+    assert labels["o1"].city == "Oslo" and labels["o2"].city == "Oslo" and labels["o3"].ship_to == "address pending"
+    assert "o4" not in labels  # deleted
+    assert spark_tables == driver_tables

@@ -278,6 +278,21 @@ def global_table_case(how: str) -> Case:
     return Case(app, {"orders": 2, "rates": 1}, {"orders"}, {"converted": "stream", "per-key": "table"}, {"rates": 0, "orders": 1}, batch_dependent=True)
 
 
+def versioned_case(grace: bool) -> Case:
+    """A stream joined with a versioned table as of each record's time (out-of-order table
+    updates included), with or without the join holding records for a grace period."""
+    app = App(f"versioned-{'grace' if grace else 'plain'}")
+    orders = app.topic("orders", value=serdes.Int())
+    prices = app.table("prices", value=serdes.Int(), versioned=30 * S)
+    options: dict[str, Any] = {"grace": 10 * S} if grace else {}
+    orders.join(prices, lambda key, n, price: n * (price if price is not None else -1), how="left", value=serdes.Int(), name="priced", **options).to("out")
+    prices.to_stream().to("price-updates")
+    # Which version a record meets depends on where the table's update lands in the batch.
+    return Case(
+        app, {"orders": 2, "prices": 2}, {"orders", "prices"}, {"out": "stream", "price-updates": "stream"}, {"prices": 0, "orders": 1}, batch_dependent=True
+    )
+
+
 class Dedupe(Processor):
     """Forwards a key's value the first time (per 30 s of stream time); every 20 s of stream
     time it forgets old keys and forwards how many it remembers. State only in its store."""
@@ -333,6 +348,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "suppress": suppress_case,
     "global-inner": lambda: global_table_case("inner"),
     "global-left": lambda: global_table_case("left"),
+    "versioned": lambda: versioned_case(False),
+    "versioned-grace": lambda: versioned_case(True),
 }
 
 # (topic number, key, value, partition draw, seconds from the previous record, new batch after?)

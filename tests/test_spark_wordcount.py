@@ -254,23 +254,21 @@ app.count(by_count, store="values-per-count", name="values-per-count").to("value
 """
 
 
-VERSIONED_TABLE_APP = """
-import datetime
+NO_OUTPUT_APP = """
 import pystreams as ps
 
-app = ps.App("versioned")
-prices = app.table("prices", value=ps.serdes.Int(), versioned=datetime.timedelta(minutes=5), name="prices")
-app.topic("orders", value=ps.serdes.Int()).join(prices, lambda key, n, price: n * price, name="priced").to("out")
+app = ps.App("no-output")
+app.topic("events", value=ps.serdes.Text()).filter(lambda key, value: True, name="kept")
 """
 
 
-def test_cli_reports_unsupported_nodes_without_starting_spark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_reports_what_spark_cannot_run_without_starting_spark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pystreams.cli import main
 
-    app_file = tmp_path / "versioned_app.py"
-    app_file.write_text(VERSIONED_TABLE_APP)
+    app_file = tmp_path / "no_output_app.py"
+    app_file.write_text(NO_OUTPUT_APP)
     assert main(["spark", str(app_file)]) == 1
-    assert "node 'prices' (table-source) cannot run on Spark" in capsys.readouterr().err
+    assert "topology 'no-output' writes no topic" in capsys.readouterr().err
 
 
 def test_an_aggregation_of_an_aggregation_runs_as_a_query_per_sub_topology(tmp_path: Path) -> None:

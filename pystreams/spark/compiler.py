@@ -40,8 +40,9 @@ sub-topology (``SubtopologyPlan``), each running its worker task graph per task
 as the workers do; a backfill runs them in rounds (``SparkJob._backfill_in_rounds``). Emit-final
 windowed aggregations compile fused: the kernel reads each closed window from the task's Spark
 state (a scan of the task's windows when stream time closes some) and its stream time is kept
-there too. What neither plan runs (a global-table join, a versioned table) raises
-``SparkCompileError`` naming the node and the reason, before Spark starts.
+there too. What neither plan runs (a serde that cannot travel to Spark's workers, a pattern
+without matching topics) raises ``SparkCompileError`` naming the node and the reason, before
+Spark starts.
 
 Where the runtimes still differ (``SparkPlan.warnings`` names the nodes concerned):
 
@@ -362,7 +363,7 @@ class _Compilation:
             self.set_flow(node, dataclasses.replace(flow, repartition_topic=topic))
             return
         if isinstance(node, TableSourceNode) and self.topology.stores[node.store].history_ms is not None:
-            raise _unsupported(node, "a versioned table (versioned=) does not compile to Spark yet; run this app on workers")
+            raise _unsupported(node, "a versioned table (versioned=) keeps a history per key, which only a per-task query holds")
         topics = _source_topic_list(node, self.topics_matching)
         self.source_topics.extend(t for t in topics if t not in self.source_topics)
         self.source_nodes.update((t, node.name) for t in topics)
@@ -450,7 +451,7 @@ class _Compilation:
                 "read from a topic (a computed table would be a second stateful step in one query)",
             )
         if node.grace_ms is not None:
-            raise _unsupported(node, "a stream-table join with a grace period does not compile to Spark yet; run this app on workers")
+            raise _unsupported(node, "a stream-table join with a grace period buffers records per task, which only a per-task query holds")
         store = _shipped_store(node, self.topology.stores[node.table_store])
         key, table_value = _shipped(node, store.key_serde), _shipped(node, store.value_serde)  # shipped already
         stream_flow = self.parent_flow(node)
@@ -592,7 +593,7 @@ class _Compilation:
                     "compile to Spark yet (a table on Spark is read from its topic by the stream-table join that uses it); run this app on workers",
                 )
             case StreamGlobalJoinNode():
-                raise _unsupported(node, "a join with a global table does not compile to Spark yet; run this app on workers")
+                raise _unsupported(node, "a join with a global table needs the whole table in every task, which only a per-task query holds")
             case SinkNode():
                 self.sink(node)
             case RepartitionNode():
@@ -661,12 +662,6 @@ def _compile_chained(topology: Topology, topics_matching: Callable[[str], list[s
                 if topic not in internal:
                     external.setdefault(topic, name)
         stores = tuple(topology.stores[name] for name in sub.stores)
-        for store in stores:
-            if store.history_ms is not None:
-                owner = topology.nodes[store.owner]
-                raise _unsupported(
-                    owner, f"its store {store.name!r} is a versioned table (versioned=), which does not compile to Spark yet; run this app on workers"
-                )
         nodes = tuple(topology.nodes[name] for name in sub.nodes)
         for node in nodes:
             _shipped(node, node.key_serde), _shipped(node, node.value_serde)  # refuses a serde that cannot travel

@@ -69,6 +69,7 @@ from .state import (
     SparkSessionStore,
     SparkTimestampedKeyValueStore,
     SparkTimestampedWindowStore,
+    SparkVersionedStore,
     SparkWindowStore,
     TaskClocks,
     needs_sweep,
@@ -551,7 +552,8 @@ def open_spark_stores(specs: Iterable[Store], backends: Mapping[str, MapBackend]
         backend = backends[spec.name]
         if spec.kind is StoreKind.KEY_VALUE:
             if spec.history_ms is not None:
-                raise ValueError(f"store {spec.name!r} is versioned, which the Spark runtime does not keep")
+                stores[spec.name] = SparkVersionedStore(spec.name, backend, spec.history_ms)
+                continue
             stores[spec.name] = SparkTimestampedKeyValueStore(spec.name, backend, position) if spec.timestamped else SparkKeyValueStore(spec.name, backend)
             continue
         retention = spec.retention_ms or (spec.window.retention_ms if spec.window is not None else 0)
@@ -749,12 +751,14 @@ class _OpenTask:
             store_format=STORE_FORMAT,
             stream_time=self.position.stream_time,
             node_clocks={name: clock.observed for name, clock in self.clocks.items()},
-            store_times={name: store.observed_stream_time for name, store in self.stores.items() if not isinstance(store, SparkKeyValueStore)},
+            store_times={
+                name: store.observed_stream_time for name, store in self.stores.items() if not isinstance(store, SparkKeyValueStore | SparkVersionedStore)
+            },
             swept_to=dict(self.state.swept_to),
             due={scheduled.punctuation.method: scheduled.next_due for scheduled in self.punctuations},
         )
         for name, store in self.stores.items():
-            if isinstance(store, SparkKeyValueStore) or store.observed_stream_time is None:
+            if isinstance(store, SparkKeyValueStore | SparkVersionedStore) or store.observed_stream_time is None:
                 continue
             if needs_sweep(store, state.swept_to.get(name)):
                 store.expire_untouched()

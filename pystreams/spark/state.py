@@ -24,6 +24,8 @@ from pystreams.state.keys import MAX_TIMESTAMP
 from pystreams.state.session_store import Session
 from pystreams.state.time_indexed import Retention
 from pystreams.state.timestamped import NO_TIMESTAMP, row_value, split_row, stamped
+from pystreams.state.versioned_store import _KEYS as _VERSIONED_KEYS
+from pystreams.state.versioned_store import VersionedHistories
 from pystreams.state.window_store import WindowedValue
 
 
@@ -148,6 +150,39 @@ class SparkTimestampedKeyValueStore(SparkKeyValueStore):
         deletion has the timestamp it was made with (None: not known)."""
         deleted_at, self._deleted_at = self._deleted_at, {}
         return [(key, None, _known(deleted_at.get(key))) if value is None else (key, *split_row(value, self.name)) for key, value in super().flush()]
+
+
+class SparkVersionedStore(VersionedHistories):
+    """A versioned table's store on Spark (KIP-889): the worker's rows and rules
+    (``state.versioned_store``) over a key-value store in Spark state."""
+
+    def __init__(self, name: str, backend: MapBackend, history_ms: int) -> None:
+        self.name = name
+        self.history_ms = history_ms
+        self._rows = SparkKeyValueStore(name, backend)
+
+    def _read_row(self, key: bytes) -> bytes | None:
+        return self._rows.get(key)
+
+    def _write_row(self, key: bytes, value: bytes | None) -> None:
+        self._rows.put(key, value)
+
+    def all(self) -> Iterator[tuple[bytes, bytes]]:
+        return self._latest((key, value) for key, value in self._rows.all() if key.startswith(_VERSIONED_KEYS))
+
+    def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        return ((k, v) for k, v in self.all() if (low is None or k >= low) and (high is None or k <= high))
+
+    def prefix_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return ((k, v) for k, v in self.all() if k.startswith(prefix))
+
+    @property
+    def has_changes(self) -> bool:
+        return self._rows.has_changes
+
+    def flush(self) -> list[tuple[bytes, bytes | None]]:
+        """Write back; a versioned table forwards on ``put_version``, not at a flush."""
+        return self._rows.flush()
 
 
 def _known(timestamp: int | None) -> int | None:
