@@ -5,8 +5,9 @@ embedded broker (the example's topic names are fixed). Spark runs as a backfill
 (``availableNow``) from a fresh checkpoint; the TaskEngine runs until every line and word is
 processed and committed. Rates are input lines per second and words per second (each word is
 one record through the aggregation). Session start-up is reported separately and is not part
-of the Spark rate; Spark is timed twice in one session (first and second query). Prints one
-JSON document.
+of the Spark rate; Spark is timed twice in one session (first and second query), then once more
+compiled to one query per sub-topology (the chained plan that apps with table operators get).
+Prints one JSON document.
 
     python benchmarks/spark.py [--lines N] [--partitions P]
 """
@@ -64,10 +65,11 @@ def run_task_engine(bootstrap: str, state_dir: Path, expected_records: int) -> f
         engine.close()
 
 
-def run_spark(spark: object, bootstrap: str, checkpoint: Path) -> float:
+def run_spark(spark: object, bootstrap: str, checkpoint: Path, *, per_subtopology: bool = False) -> float:
     from pystreams.spark import to_spark
 
-    job = to_spark(load_app(str(WORDCOUNT)), spark, bootstrap_servers=bootstrap, checkpoint=str(checkpoint))
+    app = load_app(str(WORDCOUNT))
+    job = to_spark(app, spark, bootstrap_servers=bootstrap, checkpoint=str(checkpoint), per_subtopology=per_subtopology)
     started = time.perf_counter()
     job.start(available_now=True)
     job.await_termination()  # raises if a query failed
@@ -115,6 +117,10 @@ def main() -> None:
             for run in ("first_query", "second_query"):
                 checkpoint = Path(scratch) / f"checkpoint-{run}"
                 results[f"spark_local2_python_source_{run}"] = rates(args.lines, words, run_spark(spark, spark_broker.bootstrap_servers, checkpoint))
+            # The same app as one query per sub-topology (the plan of apps with table operators):
+            # the worker's task graph per task, chained through the repartition topic.
+            seconds = run_spark(spark, spark_broker.bootstrap_servers, Path(scratch) / "checkpoint-chained", per_subtopology=True)
+            results["spark_local2_per_subtopology"] = rates(args.lines, words, seconds)
         finally:
             spark.stop()
         results["task_engine"] = rates(args.lines, words, run_task_engine(worker_broker.bootstrap_servers, Path(scratch) / "state", args.lines + words))

@@ -273,3 +273,14 @@ def test_task_clocks_survive_their_encoding() -> None:
     state = TaskClocks(stream_time=5, node_clocks={"n": 7}, store_times={"s": None}, swept_to={"s": 1}, due={"m": 9})
     assert decode_task_clocks(encode_task_clocks(state)) == state
     assert decode_task_clocks(encode_task_clocks(TaskClocks())) == TaskClocks()
+
+
+def test_any_app_can_run_as_one_query_per_sub_topology_on_request() -> None:
+    app = App("wordcount")
+    lines = app.topic("lines", value=serdes.Text())
+    words = lines.flat_map_values(lambda key, line: line.split(), name="words")
+    app.count(words.select_key(lambda key, word: word, key=serdes.Text(), name="by-word"), store="counts").to("counts")
+    topology = app.topology()
+    assert compile_topology(topology).sinks and not compile_topology(topology).chained
+    split, count = compile_topology(topology, per_subtopology=True).chained
+    assert (split.topics, count.writes) == (("lines",), ("counts",)) and split.writes == count.topics

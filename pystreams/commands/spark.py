@@ -109,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
     check_source_topics(args.bootstrap_servers, plan.source_topics)
     checkpoint = args.checkpoint or str(Path(".pystreams-spark") / topology.app_id)
     if args.fail_on_data_loss:
-        check_checkpoint(checkpoint, args.bootstrap_servers, plan.source_topics)
+        # A chained plan's queries also read the app's internal topics.
+        read = dict.fromkeys((*plan.source_topics, *(topic for query in plan.chained for topic in query.topics)))
+        check_checkpoint(checkpoint, args.bootstrap_servers, tuple(read))
     import pyspark  # noqa: F401  (missing: the CLI says which extra to install)
 
     check_java()

@@ -623,14 +623,16 @@ class _Compilation:
         return SparkPlan(self.topology, topics, sinks, tuple(self.stateful), tuple(dict.fromkeys(self.warnings)), tuple(self.source_nodes[t] for t in topics))
 
 
-def compile_topology(topology: Topology, *, topics_matching: Callable[[str], list[str]] | None = None) -> SparkPlan:
+def compile_topology(topology: Topology, *, topics_matching: Callable[[str], list[str]] | None = None, per_subtopology: bool = False) -> SparkPlan:
     """Check every node and build the plan. ``topics_matching(pattern)`` expands pattern
     sources (the cluster's topics that fully match); without it, pattern sources fail.
 
     The fused plan (one query per sink, stateless steps vectorized, plain aggregations per
-    key) when the topology fits it; else the chained plan (one query per sub-topology, each
-    run per task as a worker runs it, chained through the app's internal topics). What neither
-    runs raises the chained compile's reason."""
+    key) when the topology fits it; else, or with ``per_subtopology``, the chained plan (one
+    query per sub-topology, each run per task as a worker runs it, chained through the app's
+    internal topics). What neither runs raises the chained compile's reason."""
+    if per_subtopology:
+        return _compile_chained(topology, topics_matching)
     try:
         return _Compilation(topology, topics_matching).run()
     except SparkCompileError as fused_refusal:
@@ -1173,6 +1175,7 @@ def to_spark(
     checkpoint: str,
     source_format: str | None = None,
     fail_on_data_loss: bool = True,
+    per_subtopology: bool = False,
 ) -> SparkJob:
     """Compile ``app`` (a pystreams ``App`` or a ``Topology``) into streaming queries on
     ``spark``; ``job.start()`` runs them (``available_now=True``: a backfill that ends).
@@ -1181,6 +1184,7 @@ def to_spark(
     directory resumes exactly where the last completed micro-batch ended — unless its offsets do
     not fit the cluster's logs, which fails the query (``fail_on_data_loss``, Spark's
     ``failOnDataLoss``; False warns and reads on as Spark's Kafka source would).
+    ``per_subtopology``: one query per sub-topology even where one per sink would do.
     """
     from pathlib import Path
 
@@ -1188,7 +1192,7 @@ def to_spark(
 
     topology = app if isinstance(app, Topology) else app.topology()
     topology.errors.check()
-    plan = compile_topology(topology, topics_matching=cluster_pattern_matcher(bootstrap_servers))
+    plan = compile_topology(topology, topics_matching=cluster_pattern_matcher(bootstrap_servers), per_subtopology=per_subtopology)
     _ship_app_modules(spark, topology)
     source_format = source_format or choose_source_format(spark)
     counts = cluster_partition_counts(bootstrap_servers, topology) if plan.repartition_topics_of_tasks else {}

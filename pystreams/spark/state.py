@@ -14,6 +14,8 @@ it would see in the worker's RocksDB stores.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -53,6 +55,10 @@ class SparkKeyValueStore:
         self._backend = backend
         self._cache: dict[bytes, Any] = {}  # key bytes -> value bytes | None (absent) | _DELETED
         self._dirty: dict[bytes, None] = {}  # in order of the last write
+        #: Every entry in key order, read once and kept until the next write: scans between
+        #: writes (a foreign-key join's subscribers of each updated row) share one read.
+        self._ordered: list[tuple[bytes, bytes]] | None = None
+        self._ordered_keys: list[bytes] = []
 
     def get(self, key: bytes) -> bytes | None:
         if key not in self._cache:
@@ -64,6 +70,7 @@ class SparkKeyValueStore:
         self._cache[key] = _DELETED if value is None else value
         self._dirty.pop(key, None)
         self._dirty[key] = None
+        self._ordered = None
 
     def put_if_absent(self, key: bytes, value: bytes) -> bytes | None:
         existing = self.get(key)
@@ -75,22 +82,30 @@ class SparkKeyValueStore:
         self.put(key, None)
 
     def all(self) -> list[tuple[bytes, bytes]]:
-        merged = dict(self._backend.items())
-        for key in self._dirty:
-            value = self._cache[key]
-            if value is _DELETED:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
-        return sorted(merged.items())
+        if self._ordered is None:
+            merged = dict(self._backend.items())
+            for key in self._dirty:
+                value = self._cache[key]
+                if value is _DELETED:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+            self._ordered = sorted(merged.items())
+            self._ordered_keys = [key for key, _ in self._ordered]
+        return self._ordered
 
     def range(self, low: bytes | None, high: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-        return ((k, v) for k, v in self.all() if (low is None or k >= low) and (high is None or k <= high))
+        entries = self.all()
+        start = 0 if low is None else bisect.bisect_left(self._ordered_keys, low)
+        end = len(entries) if high is None else bisect.bisect_right(self._ordered_keys, high)
+        return iter(entries[start:end])
 
     def prefix_scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Entries whose key starts with ``prefix``, in key order (a scan of every key: Spark's
-        ``MapState`` has no order to seek in)."""
-        return ((k, v) for k, v in self.all() if k.startswith(prefix))
+        """Entries whose key starts with ``prefix``, in key order (Spark's ``MapState`` has no
+        order to seek in: the first scan after a write reads every key)."""
+        entries = self.all()
+        start = bisect.bisect_left(self._ordered_keys, prefix)
+        return itertools.takewhile(lambda entry: entry[0].startswith(prefix), itertools.islice(entries, start, None))
 
     def approximate_count(self) -> int:
         return len(self.all())
