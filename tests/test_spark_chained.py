@@ -6,6 +6,7 @@ tables are the test driver's — the worker's tasks on the same input.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,46 @@ def test_tables_joins_and_regroupings_on_spark_end_with_the_drivers_tables(spark
     assert expected["order-cities"]["o9"] == "1@None"
     assert expected["payment-tiers"] == {"p0": "0:gold", "p1": "1:bronze", "p2": "2:gold", "p3": "3:None", "p4": "4:gold", "p5": "5:bronze"}
     assert spark_tables == expected
+
+
+#: Two queries chained through a table's group_by repartition topic.
+REGROUP_APP = """
+from pystreams import serdes
+from pystreams.app import App
+
+app = App("regroup-streaming")
+prices = app.table("prices", value=serdes.Int())
+by_parity = prices.group_by(lambda key, price: ("even" if price % 2 == 0 else "odd", price), value=serdes.Int(), name="by-parity")
+by_parity.aggregate(0, lambda total, key, n: total + n, lambda total, key, n: total - n, value=serdes.Int(), store="sums").to_stream().to("sums")
+"""
+
+
+def test_chained_queries_stream_together_until_stopped(spark: Any, tmp_path: Path) -> None:
+    """Not a backfill: both queries run at once, the second reading what the first writes
+    while it runs, and the sums follow updates produced after the job started."""
+    from pystreams.spark import to_spark
+
+    app_file = tmp_path / "regroup.py"
+    app_file.write_text(REGROUP_APP)
+    with EmbeddedBroker() as broker:
+        bootstrap = broker.bootstrap_servers
+        with ClusterMetadata(bootstrap) as cluster:
+            cluster.ensure_topics([TopicSpec("prices", 2), TopicSpec("sums", 2)])
+        job = to_spark(load_app(str(app_file)), spark, bootstrap_servers=bootstrap, checkpoint=str(tmp_path / "checkpoint"))
+        assert len(job.start()) == 2
+        try:
+            producer = KafkaProducer(bootstrap_servers=bootstrap)
+            # p0..p5 = 0..5, then p1 becomes 11 and p2 is deleted: even 0+4 = 4, odd 11+3+5 = 19.
+            for key, value in [*((f"p{i}", i) for i in range(6)), ("p1", 11), ("p2", None)]:
+                producer.send("prices", key=TEXT.serialize(key), value=INT.serialize(value))
+                producer.flush()
+            producer.close()
+            deadline = time.monotonic() + 120
+            sums: dict[Any, Any] = {}
+            while time.monotonic() < deadline and sums != {"even": 4, "odd": 19}:
+                assert job.exception() is None
+                time.sleep(2)
+                sums = decoded(read_final_table(bootstrap, "sums"), TEXT, INT)
+        finally:
+            job.stop()
+    assert sums == {"even": 4, "odd": 19}

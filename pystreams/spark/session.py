@@ -48,7 +48,15 @@ def local_session(master: str = "local[2]", app_name: str = "pystreams", conf: M
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    jvm: Any = session.sparkContext._jvm
+    for name in ORDINARY_WARNINGS:
+        jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, jvm.org.apache.logging.log4j.Level.ERROR)
     return session
+
+
+#: Loggers whose warnings are ordinary events for us: the state server warns on every read of
+#: a key a ``MapState`` does not hold, which a store reads for each key it meets first.
+ORDINARY_WARNINGS = ("org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer",)
 
 
 #: Where Spark logs a failed task and a failed query, each with full JVM and Python stacks. A
