@@ -474,3 +474,17 @@ def test_spark_operators_write_what_the_test_driver_writes(name: str, raw: list[
                 assert final_table(spark_out[topic]) == final_table(driver_out), topic
             else:
                 assert multiset(spark_out[topic]) == multiset(driver_out), topic
+
+
+def test_a_chain_of_materialized_tables_emits_each_key_once_per_micro_batch() -> None:
+    """Tables flush at the end of a batch, as a worker's caches do at a commit: four updates of
+    a key reach the end of a table, a materialized filter and a materialized map as one record,
+    the last, with its timestamp."""
+    case = materialized_views_case()
+    topology = case.app.topology()
+    emulator = SparkEmulator(compile_topology(topology), resolve(topology, case.partitions).partitions)
+    key = serdes.Text().serialize("a")
+    partition = partition_for_key(key, 2)
+    batch = [InputRecord("prices", partition, key, serdes.Int().serialize(price), BASE_MS + i) for i, price in enumerate([1, 9, 3, 4])]
+    written = emulator.run_batch(batch)["doubled"]
+    assert [(serdes.Int().deserialize(value), ts) for _, value, ts in written] == [(8, BASE_MS + 3)]

@@ -179,7 +179,9 @@ class _OpenSubtopology(_OpenTask):
     def finish(self) -> tuple[TaskClocks, list[Any]]:
         """Flush the stores as a worker's commit does: each table's changes go to its
         children, which may change a table downstream, flushed in the next round."""
-        forwards = self.forwards
+        # In processing order (they were wired children first): an upstream table's changes
+        # reach a downstream one before that one flushes, so it emits once per batch.
+        forwards = dict(reversed(self.forwards.items()))
         for _ in range(_MAX_FLUSH_ROUNDS):
             pending = [name for name in forwards if self.stores[name].has_changes]
             if not pending:
