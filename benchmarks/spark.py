@@ -5,7 +5,7 @@ embedded broker (the example's topic names are fixed). Spark runs as a backfill
 (``availableNow``) from a fresh checkpoint; the TaskEngine runs until every line and word is
 processed and committed. Rates are input lines per second and words per second (each word is
 one record through the aggregation). Session start-up is reported separately and is not part
-of the Spark rate; Spark is timed twice in one session (first and second query), then once more
+of the Spark rate; Spark is timed twice in one session (first and second query), then twice
 compiled to one query per sub-topology (the chained plan that apps with table operators get).
 Prints one JSON document.
 
@@ -118,9 +118,12 @@ def main() -> None:
                 checkpoint = Path(scratch) / f"checkpoint-{run}"
                 results[f"spark_local2_python_source_{run}"] = rates(args.lines, words, run_spark(spark, spark_broker.bootstrap_servers, checkpoint))
             # The same app as one query per sub-topology (the plan of apps with table operators):
-            # the worker's task graph per task, chained through the repartition topic.
-            seconds = run_spark(spark, spark_broker.bootstrap_servers, Path(scratch) / "checkpoint-chained", per_subtopology=True)
-            results["spark_local2_per_subtopology"] = rates(args.lines, words, seconds)
+            # the worker's task graph per task, chained through the repartition topic. Its
+            # first run in a session also pays for its operator's start-up.
+            for run in ("first_query", "second_query"):
+                checkpoint = Path(scratch) / f"checkpoint-chained-{run}"
+                seconds = run_spark(spark, spark_broker.bootstrap_servers, checkpoint, per_subtopology=True)
+                results[f"spark_local2_per_subtopology_{run}"] = rates(args.lines, words, seconds)
         finally:
             spark.stop()
         results["task_engine"] = rates(args.lines, words, run_task_engine(worker_broker.bootstrap_servers, Path(scratch) / "state", args.lines + words))
