@@ -66,3 +66,43 @@ def test_a_metadata_refresh_cancelled_by_a_close_is_no_error(kafka_cluster_log: 
 def test_a_metadata_refresh_that_really_failed_is_still_an_error(kafka_cluster_log: _Recorder) -> None:
     refresh_failing_with(Errors.KafkaConnectionError("broker gone"))
     assert [(r.levelname, r.getMessage()) for r in kafka_cluster_log.records] == [("ERROR", "Metadata refresh: failed KafkaConnectionError: broker gone")]
+
+
+class _Transport:
+    """Stands in for kafka-python's transport as its read error's log record names it."""
+
+    def __init__(self, closed: bool) -> None:
+        self.closed = closed
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def __str__(self) -> str:
+        return f"<KafkaTCPTransport [none]{' (closed)' if self.closed else ''}>"
+
+
+def read_error(transport: _Transport) -> list[tuple[str, str]]:
+    """kafka-python's own log call for a failed socket read, through the commands' filter."""
+    logger = logging.getLogger("kafka.net.transport")
+    recorder = _Recorder()
+    recorder.addFilter(cancelled_by_close_is_debug)
+    saved_level = logger.level
+    logger.addHandler(recorder)
+    logger.setLevel(logging.WARNING)
+    try:
+        try:
+            raise OSError(9, "Bad file descriptor")
+        except OSError:
+            logger.exception("%s: Error receiving network data closing socket", transport)
+    finally:
+        logger.removeHandler(recorder)
+        logger.setLevel(saved_level)
+    return [(r.levelname, r.getMessage()) for r in recorder.records]
+
+
+def test_a_read_racing_the_close_of_its_own_transport_is_no_error() -> None:
+    assert read_error(_Transport(closed=True)) == []
+
+
+def test_a_read_failing_on_an_open_transport_is_still_an_error() -> None:
+    assert read_error(_Transport(closed=False)) == [("ERROR", "<KafkaTCPTransport [none]>: Error receiving network data closing socket")]

@@ -17,15 +17,26 @@ def configure_logging(level: str) -> None:
 
 
 def cancelled_by_close_is_debug(record: logging.LogRecord) -> bool:
-    """kafka-python logs ``ERROR kafka.cluster: Metadata refresh: failed Cancelled`` when one of
-    its clients is closed with a metadata request in flight: the close cancelled the request,
-    which is no error (operators grep for ERROR). Such a record is DEBUG, shown only when its
-    logger shows DEBUG."""
+    """What kafka-python logs as an ERROR when one of its clients is closed mid-request, which
+    is no error (operators grep for ERROR), becomes DEBUG, shown only when its logger shows
+    DEBUG:
+
+    * ``ERROR kafka.cluster: Metadata refresh: failed Cancelled``: the close cancelled a
+      metadata request in flight;
+    * ``ERROR kafka.net.transport: <... (closed)>: Error receiving network data``: the close
+      shut the socket while the transport's read task was about to read it."""
     if record.levelno < logging.ERROR or not record.name.startswith("kafka.") or not isinstance(record.args, tuple):
         return True
     from kafka.errors import Cancelled
 
-    if not any(isinstance(arg, Cancelled) for arg in record.args):
+    cancelled = any(isinstance(arg, Cancelled) for arg in record.args)
+    read_after_close = record.name == "kafka.net.transport" and any(_is_closed_transport(arg) for arg in record.args)
+    if not (cancelled or read_after_close):
         return True
     record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
     return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def _is_closed_transport(arg: object) -> bool:
+    is_closing = getattr(arg, "is_closing", None)
+    return callable(is_closing) and is_closing() is True
