@@ -4,6 +4,7 @@ for ERROR); ``test_coordinator_failover`` checks a coordinator process's whole l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -24,18 +25,26 @@ class _Recorder(logging.Handler):
         self.records.append(record)
 
 
-@pytest.fixture
-def kafka_cluster_log() -> Iterator[_Recorder]:
-    """kafka-python's ``kafka.cluster`` logger at the commands' level, through the filter."""
-    logger = logging.getLogger("kafka.cluster")
+@contextlib.contextmanager
+def filtered_log(name: str) -> Iterator[_Recorder]:
+    """kafka-python's logger ``name`` at the commands' level, through the filter."""
+    logger = logging.getLogger(name)
     recorder = _Recorder()
     recorder.addFilter(cancelled_by_close_is_debug)
     saved_level = logger.level
     logger.addHandler(recorder)
     logger.setLevel(logging.WARNING)
-    yield recorder
-    logger.removeHandler(recorder)
-    logger.setLevel(saved_level)
+    try:
+        yield recorder
+    finally:
+        logger.removeHandler(recorder)
+        logger.setLevel(saved_level)
+
+
+@pytest.fixture
+def kafka_cluster_log() -> Iterator[_Recorder]:
+    with filtered_log("kafka.cluster") as recorder:
+        yield recorder
 
 
 def refresh_failing_with(error: Exception) -> None:
@@ -83,20 +92,11 @@ class _Transport:
 
 def read_error(transport: _Transport) -> list[tuple[str, str]]:
     """kafka-python's own log call for a failed socket read, through the commands' filter."""
-    logger = logging.getLogger("kafka.net.transport")
-    recorder = _Recorder()
-    recorder.addFilter(cancelled_by_close_is_debug)
-    saved_level = logger.level
-    logger.addHandler(recorder)
-    logger.setLevel(logging.WARNING)
-    try:
+    with filtered_log("kafka.net.transport") as recorder:
         try:
             raise OSError(9, "Bad file descriptor")
         except OSError:
-            logger.exception("%s: Error receiving network data closing socket", transport)
-    finally:
-        logger.removeHandler(recorder)
-        logger.setLevel(saved_level)
+            logging.getLogger("kafka.net.transport").exception("%s: Error receiving network data closing socket", transport)
     return [(r.levelname, r.getMessage()) for r in recorder.records]
 
 

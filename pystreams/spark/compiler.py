@@ -1198,8 +1198,11 @@ def to_spark(
     counts = cluster_partition_counts(bootstrap_servers, topology) if plan.repartition_topics_of_tasks else {}
 
     if plan.chained:
-        _create_internal_topics(bootstrap_servers, topology)
-        job = SparkJob(plan, spark, lambda backfill: _chained_writers(job, source_format, checkpoint, backfill, fail_on_data_loss, bootstrap_servers))
+        # Resolved once: every round of a backfill builds its queries with the same task counts.
+        task_counts = _create_internal_topics(bootstrap_servers, topology)
+        job = SparkJob(
+            plan, spark, lambda backfill: _chained_writers(job, source_format, checkpoint, backfill, fail_on_data_loss, bootstrap_servers, task_counts)
+        )
         return job
 
     def writers(backfill: bool) -> dict[str, Any]:
@@ -1241,9 +1244,10 @@ def _to_every_task(rows: Any, first_global_source: int, tasks: int) -> Any:
 MAX_BACKFILL_ROUNDS = 50
 
 
-def _create_internal_topics(bootstrap_servers: str, topology: Topology) -> None:
+def _create_internal_topics(bootstrap_servers: str, topology: Topology) -> Mapping[int, int]:
     """The internal topics a chained plan's queries write and read, as workers create them
-    (same names and partition counts); changelogs are not needed: Spark keeps the state."""
+    (same names and partition counts); changelogs are not needed: Spark keeps the state.
+    Returns the task count of each sub-topology."""
     from pystreams.cluster import ClusterMetadata, TopicSpec
     from pystreams.topology.ir import TopicRole
 
@@ -1252,9 +1256,12 @@ def _create_internal_topics(bootstrap_servers: str, topology: Topology) -> None:
     if specs:
         with ClusterMetadata(bootstrap_servers) as cluster:
             cluster.ensure_topics(specs)
+    return resolved.task_counts
 
 
-def _chained_writers(job: SparkJob, source_format: str, checkpoint: str, backfill: bool, fail_on_data_loss: bool, bootstrap_servers: str) -> dict[str, Any]:
+def _chained_writers(
+    job: SparkJob, source_format: str, checkpoint: str, backfill: bool, fail_on_data_loss: bool, bootstrap_servers: str, task_counts: Mapping[int, int]
+) -> dict[str, Any]:
     """A chained plan's queries, configured but not started, in round order: each reads its
     sub-topology's topics raw (rows keep their positions), runs per task
     (``transformWithStateInPandas`` over ``SubtopologyStep``) and writes every row to its
@@ -1267,7 +1274,6 @@ def _chained_writers(job: SparkJob, source_format: str, checkpoint: str, backfil
 
     plan, spark = job.plan, job.spark
     topology = plan.topology
-    task_counts = _resolved_against(bootstrap_servers, topology).task_counts if any(sub.step.global_sources for sub in plan.chained) else {}
     partitioners = {node.topic: place for node in topology.nodes.values() if isinstance(node, SinkNode) and (place := sink_partitioner(node)) is not None}
     built: dict[str, Any] = {}
     for sub in plan.chained:
