@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pystreams.state import (
     CacheLimits,
     ChangelogRecord,
@@ -613,3 +615,35 @@ def test_session_start_after_end_is_rejected(store_backend):
     store = store_backend.session_store(retention_ms=10_000)
     with pytest.raises(ValueError):
         store.put(b"k", 10, 5, b"x")
+
+
+# -- versioned stores ------------------------------------------------------------------------
+
+_VERSION_WRITES = st.lists(st.tuples(st.sampled_from([b"a", b"b", b"c"]), st.one_of(st.none(), st.binary(max_size=3)), st.integers(0, 200)), max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(writes=_VERSION_WRITES, history_ms=st.integers(0, 80))
+def test_a_versioned_store_in_spark_state_answers_as_the_workers_does(tmp_path_factory: Any, writes: list[Any], history_ms: int) -> None:
+    """Every write's outcome, then every key's latest value and every as-of read (nulls,
+    out-of-order and too-old writes included), alike over RocksDB's layout in memory and over
+    Spark's MapState, before and after a flush."""
+    from pystreams.spark.state import SparkVersionedStore
+
+    memory = Backend("memory", tmp_path_factory.mktemp("versioned"), InMemoryChangelog())
+    try:
+        assert memory.state is not None
+        worker = memory.state.versioned_store("prices", history_ms=history_ms)
+        spark = SparkVersionedStore("prices", DictMapState(), history_ms)
+        for key, value, timestamp in writes:
+            assert spark.put_version(key, value, timestamp) == worker.put_version(key, value, timestamp)
+        for flushed in (False, True):
+            if flushed:
+                memory.flush()
+                spark.flush()
+            for key in (b"a", b"b", b"c"):
+                assert spark.get(key) == worker.get(key)
+                assert [spark.get_as_of(key, t) for t in range(-1, 205, 7)] == [worker.get_as_of(key, t) for t in range(-1, 205, 7)]
+            assert list(spark.all()) == list(worker.all())
+    finally:
+        memory.close()
