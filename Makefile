@@ -32,7 +32,7 @@ bench: $(STAMP)
 # profile (exit status 1 on any violation). A CI range that passes is a sample, not a proof.
 SOAK_SEEDS ?= 50000
 SOAK_FIRST_SEED ?= 1000000
-SOAK_PROFILES ?= steady churn chaos migration
+SOAK_PROFILES ?= steady churn chaos migration cluster
 soak: $(STAMP)
 	@status=0; for profile in $(SOAK_PROFILES); do \
 		$(VENV)/bin/pystreams sim --profile $$profile --seeds $(SOAK_SEEDS) --first-seed $(SOAK_FIRST_SEED) --jobs $$(nproc) || status=1; \

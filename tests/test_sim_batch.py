@@ -12,7 +12,7 @@ from pystreams.sim import run_seed
 from pystreams.sim.batch import run_chunk
 
 CHUNK = 100
-SEEDS_PER_PROFILE = {"steady": 400, "churn": 800, "chaos": 1_000, "migration": 400}
+SEEDS_PER_PROFILE = {"steady": 400, "churn": 800, "chaos": 1_000, "migration": 400, "cluster": 400}
 CHUNKS = [(profile, start) for profile, count in SEEDS_PER_PROFILE.items() for start in range(0, count, CHUNK)]
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from pystreams.sim.profiles import PROFILES
 from pystreams.sim.scenario import SeedResult, convergence_bound_ms, run_seed
 from pystreams.sim.world import Timing
 
@@ -57,13 +58,15 @@ class BatchSummary:
 
     def convergence(self) -> dict[str, int | None]:
         times = sorted(self.converged_after_ms)
+        profile = PROFILES.get(self.profile)
+        bound = convergence_bound_ms(Timing(), profile.nodes if profile is not None else 1)
         if not times:
-            return {"p50_ms": None, "p99_ms": None, "max_ms": None, "bound_ms": convergence_bound_ms(Timing())}
+            return {"p50_ms": None, "p99_ms": None, "max_ms": None, "bound_ms": bound}
         return {
             "p50_ms": times[len(times) // 2],
             "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))],
             "max_ms": times[-1],
-            "bound_ms": convergence_bound_ms(Timing()),
+            "bound_ms": bound,
         }
 
 

@@ -1,4 +1,6 @@
-"""The coordinator as a simulated node: the real shard, its durable record log, and fail-over.
+"""The group's shard as the simulation serves it: the real shard, its durable record log, and
+fail-over. With one coordinator node, the shard's life is the node's; with several
+(``pystreams.sim.cluster``), the shard moves between them and this holds it wherever it is.
 
 Every record a shard call produces is appended to the log before the response leaves (the
 runtime's contract with the shard). A *shadow* shard replays each record as it is appended:
@@ -12,7 +14,9 @@ as the connections holding them close (their members time out and retry).
 
 A fail-over kills the live shard (its timers and in-flight client-side computations die with
 it); after a load time a new shard replays the whole log, gets the topic metadata, and runs
-its fail-over duties (``on_loaded``). Until then requests get no answer.
+its fail-over duties (``on_loaded``). Until then requests get no answer. A release (a node
+giving the shard up to another) ends the live shard the same way, but its node stays up and
+answers the requests the shard held.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ from pystreams.coordinator.shard import CoordinatorResult, GroupCoordinatorShard
 
 
 class CoordinatorNode:
-    def __init__(self, config: CoordinatorConfig, new_member_id: Callable[[], str], deliver: Callable[[Any, object], None] | None = None) -> None:
+    def __init__(
+        self, config: CoordinatorConfig, new_member_id: Callable[[], str], deliver: Callable[[Any, object], None] | None = None, *, serving: bool = True
+    ) -> None:
         self.config = config
         self.new_member_id = new_member_id
         #: Called with (route, response) for every deferred request the shard answers later.
@@ -38,7 +44,8 @@ class CoordinatorNode:
         #: Deferred requests by the id the shard knows them by -> where the answer goes.
         self._deferred: dict[int, Any] = {}
         self.log: list[Record] = []
-        self.shard: GroupCoordinatorShard | None = self._new_shard()
+        #: The live shard; None while no node serves it (dead, moving or loading).
+        self.shard: GroupCoordinatorShard | None = self._new_shard() if serving else None
         self.shadow = self._new_shard()
         #: Bumped by every fail-over; messages to or from an older incarnation are lost.
         self.incarnation = 0
@@ -86,8 +93,8 @@ class CoordinatorNode:
             self._persist(self.shard.update_topics(self.topics, now_ms))
 
     def crash(self) -> list[Any]:
-        """The node dies: the live shard and everything it held in memory only are gone.
-        Returns the routes of the requests it was holding: their connections close."""
+        """The shard ends (its node dies, or gives it up): it and everything it held in memory
+        only are gone. Returns the routes of the requests it was holding."""
         assert self.shard is not None
         self.snapshot_at_death = self.shard.snapshot()
         self.shard = None

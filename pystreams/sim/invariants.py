@@ -143,7 +143,10 @@ class InvariantChecker:
         # A classic generation starts when the join phase ends and is written only at SyncGroup:
         # the live shard knows it first.
         live_groups = node.shard.groups if node.shard is not None else shadow_groups
-        now_source = (node.incarnation, self._group_life)
+        # An answer carries the epoch of the shard that wrote it, which with several nodes may
+        # have been released since (its node stays up and its answers still arrive).
+        answered_by = self.world.answer_shard_incarnation
+        now_source = (node.incarnation if answered_by is None else answered_by, self._group_life)
         for process in touched:
             if process.member is None:
                 continue

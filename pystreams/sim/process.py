@@ -16,7 +16,12 @@ The application part is small and deliberate:
   new incarnation (a new GroupMember; a static one keeps its instance id);
 * it speaks the group protocol its spec names: KIP-848 (``ConsumerGroupMember``) or classic
   (``ClassicGroupMember``, Kafka's consumer: JoinGroup / SyncGroup long polls, whose request
-  timeout is the rebalance timeout plus 5 s). A restart may switch it (online migration).
+  timeout is the rebalance timeout plus 5 s). A restart may switch it (online migration);
+* with several coordinator nodes, it finds the one serving its group as the client's driver
+  does: FindCoordinator to the nodes in turn (backing off after a failed lookup), requests held
+  until a node is found, and the node forgotten (its connection closed, failing what was in
+  flight on it) on NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE, a timed-out request, or a
+  connection that dies.
 
 A process's *own view* of what it owns is what its member would report as owned in its next
 heartbeat: ``owned_partitions`` (being processed) plus ``revoking_partitions`` (handed to the
@@ -36,6 +41,7 @@ from kafka.protocol.api_message import ApiMessage
 
 from pystreams.client.classic import ClassicGroupMember, ClassicMemberConfig
 from pystreams.client.common import GroupMember
+from pystreams.client.events import CoordinatorUnavailable
 from pystreams.client.member import (
     AssignmentAbandoned,
     AssignmentInstalled,
@@ -81,11 +87,20 @@ class ProcessSpec:
     classic_assignor: str | None = None
 
 
+#: Errors that send the driver looking for the coordinator again (its ``_COORDINATOR_MOVED``).
+_COORDINATOR_MOVED = (Errors.NotCoordinatorError.errno, Errors.CoordinatorNotAvailableError.errno)
+
+#: A failed lookup is retried after the retry back-off, doubled per failure up to this.
+MAX_LOOKUP_BACKOFF_MS = 1_000
+
+
 @dataclass
 class _Outstanding:
     request: ApiMessage | None  # None: a commit that was never sent
     kind: str  # "member" | "commit"
     revocation_id: int | None = None
+    #: The connection it went out on; None while it waits for a coordinator to be found.
+    connection: int | None = None
 
 
 class MemberProcess:
@@ -117,6 +132,16 @@ class MemberProcess:
         #: incarnations (also to one that stopped before the answer reached it), in the order
         #: first handed out: id -> rank.
         self.issued_member_ids: dict[str, int] = {}
+        #: With several coordinator nodes: the node it talks to, as (name, incarnation); None
+        #: until a lookup finds one. The connection number changes whenever it forgets the
+        #: node: answers that come over an older connection are lost.
+        self.coordinator: tuple[str, int] | None = None
+        self.connection = 0
+        self._lookup: int | None = None
+        self._lookup_tokens = itertools.count(1)
+        #: Lookups so far (which node to ask next) and failed ones in a row (the back-off).
+        self._lookups = len(world.processes)
+        self._failed_lookups = 0
 
     # ------------------------------------------------------------------ observation
 
@@ -231,6 +256,10 @@ class MemberProcess:
         self.wake_token += 1
         self.wake_at = None
         self.last_heartbeat_ok_ms = None
+        self.coordinator = None
+        self.connection += 1
+        self._lookup = None
+        self._failed_lookups = 0
         self.world.touched(self)
 
     # ------------------------------------------------------------------ driving the member
@@ -275,13 +304,75 @@ class MemberProcess:
             assert spec is not None  # the member only sends APIs of the registry
             request.API_VERSION = spec.max_version
         request_id = next(self._request_ids)
-        self._outstanding[request_id] = _Outstanding(request, kind, revocation_id)
+        outstanding = self._outstanding[request_id] = _Outstanding(request, kind, revocation_id)
         world = self.world
         timeout_ms = world.timing.request_timeout_ms
         if self.member is not None:
             timeout_ms = self.member.request_timeout_ms(request, timeout_ms)  # a JoinGroup waits longer
         world.at(world.now + timeout_ms, self._timed_out, self.incarnation, request_id)
-        world.send_to_coordinator(self, self.incarnation, request_id, request)
+        if world.cluster is not None and self.coordinator is None:
+            self._look_up()  # it goes out once a node is found
+            return
+        self._transmit(request_id, outstanding)
+
+    def _transmit(self, request_id: int, outstanding: _Outstanding) -> None:
+        assert outstanding.request is not None
+        outstanding.connection = self.connection
+        self.world.send_to_coordinator(self, self.incarnation, request_id, outstanding.request)
+
+    # ------------------------------------------------------------------ finding the coordinator (several nodes)
+
+    def _look_up(self) -> None:
+        """FindCoordinator to the next node (unless a lookup is under way)."""
+        world = self.world
+        cluster = world.cluster
+        if cluster is None or self._lookup is not None or self.coordinator is not None or self.member is None:
+            return
+        self._lookup = token = next(self._lookup_tokens)
+        name = cluster.names[self._lookups % len(cluster.names)]
+        self._lookups += 1
+        world.at(world.now + world.timing.request_timeout_ms, self.found, self.incarnation, token, None)
+        world.find_coordinator(self, self.incarnation, token, name)
+
+    def found(self, incarnation: int, token: int, coordinator: tuple[str, int] | None) -> None:
+        """A lookup ended: the node serving the group (connected), or None (an error, a node
+        that refused, or the lookup's timeout): try again after the back-off."""
+        if incarnation != self.incarnation or token != self._lookup or self.member is None:
+            return
+        self._lookup = None
+        world = self.world
+        if coordinator is None:
+            world.stats["cluster.lookups_failed"] += 1
+            delay = min(world.timing.retry_backoff_ms * 2 ** min(self._failed_lookups, 8), MAX_LOOKUP_BACKOFF_MS)
+            self._failed_lookups += 1
+            world.at(world.now + delay, self._look_up_again, incarnation)
+            return
+        world.stats["cluster.lookups"] += 1
+        self._failed_lookups = 0
+        self.coordinator = coordinator
+        for request_id, outstanding in list(self._outstanding.items()):
+            if outstanding.connection is None and outstanding.request is not None:
+                self._transmit(request_id, outstanding)
+
+    def _look_up_again(self, incarnation: int) -> None:
+        if incarnation == self.incarnation and any(o.connection is None for o in self._outstanding.values()):
+            self._look_up()
+
+    def _forget_coordinator(self) -> None:
+        """Close the connection to the node: what is in flight on it fails now, and the next
+        request looks the coordinator up again."""
+        if self.world.cluster is None or self.coordinator is None:
+            return
+        self.world.stats["cluster.coordinator_forgotten"] += 1
+        self.coordinator = None
+        closed, self.connection = self.connection, self.connection + 1
+        for request_id in [rid for rid, o in self._outstanding.items() if o.connection == closed]:
+            self._fail(request_id, "requests.connection_closed")
+
+    def connection_lost(self, incarnation: int, link: tuple) -> None:
+        """A request reached a node that is gone: its connection is refused."""
+        if incarnation == self.incarnation and link[2] == self.connection:
+            self._forget_coordinator()
 
     def on_answer(self, incarnation: int, request_id: int, request: ApiMessage, response: ApiMessage) -> None:
         if incarnation != self.incarnation or self.member is None:
@@ -297,6 +388,8 @@ class MemberProcess:
                 self.world.touched(self)
             return
         if outstanding.kind == "commit":
+            if any(p.error_code in _COORDINATOR_MOVED for t in response.topics for p in t.partitions):
+                self._forget_coordinator()
             self._commit_finished(outstanding)
             return
         if isinstance(response, m.ConsumerGroupInstallAssignmentResponse):
@@ -307,18 +400,32 @@ class MemberProcess:
         self._drain_events()
         self.world.touched(self)
 
-    def connection_closed(self, incarnation: int, request_id: int) -> None:
+    def connection_closed(self, incarnation: int, request_id: int, link: object) -> None:
         """The coordinator holding this request (a classic long poll) died: the request fails
         now rather than at its timeout, as a closed connection fails it."""
+        if isinstance(link, tuple) and incarnation == self.incarnation and link[2] == self.connection:
+            self._forget_coordinator()  # fails it with everything else on that connection
+            return
         self._timed_out(incarnation, request_id)
 
     def _timed_out(self, incarnation: int, request_id: int) -> None:
         if incarnation != self.incarnation or self.member is None:
             return
-        outstanding = self._outstanding.pop(request_id, None)
+        outstanding = self._outstanding.get(request_id)
         if outstanding is None:
             return
-        self.world.stats["requests.timed_out"] += 1
+        if outstanding.connection is not None and outstanding.connection == self.connection and self.coordinator is not None:
+            # The driver closes a connection on which a request timed out.
+            self.world.stats["requests.timed_out"] += 1
+            self._forget_coordinator()
+            return
+        self._fail(request_id, "requests.timed_out")
+
+    def _fail(self, request_id: int, stat: str) -> None:
+        outstanding = self._outstanding.pop(request_id, None)
+        if outstanding is None or self.member is None:
+            return
+        self.world.stats[stat] += 1
         if outstanding.kind == "commit":
             self._commit_finished(outstanding)
             return
@@ -343,6 +450,7 @@ class MemberProcess:
         if member is None:
             return
         world = self.world
+        unavailable = False
         for event in member.take_events():
             if isinstance(event, RevokePartitions):
                 world.stats["revocations"] += 1
@@ -376,6 +484,10 @@ class MemberProcess:
                 world.stats["assignor.installed"] += 1
             elif isinstance(event, AssignmentAbandoned):
                 world.stats[f"assignor.abandoned.{event.api}"] += 1
+            elif isinstance(event, CoordinatorUnavailable):
+                unavailable = True
+        if unavailable:
+            self._forget_coordinator()  # after the events: it fails requests, which make more
 
     def note_answer(self, response: object) -> None:
         """The coordinator answers one of this process's requests (any incarnation): keep the

@@ -11,6 +11,11 @@
 * ``migration`` — a fleet of classic members (Kafka's consumer, eager or cooperative) rolled to
   KIP-848 and back one process at a time (online migration both ways), under churn, a lossy
   network and coordinator fail-overs; server-side assignors.
+* ``cluster`` — three coordinator nodes share the group's shard: nodes are killed (the shard
+  waits for the brokers to notice) and restarted gracefully (the shard moves in two rounds), a
+  node that comes back may take the shard over, and members find the node that serves the group
+  with FindCoordinator and follow NOT_COORDINATOR; under churn, a lossy network, KIP-848 and
+  classic members (server-side assignors), or client-side assignors that misbehave.
 * ``hostile`` — chaos on a network that also duplicates and reorders a member's requests,
   which KIP-848 does not survive by design (see ``pystreams.sim.network``); for exploration.
 """
@@ -49,6 +54,12 @@ class Profile:
     classic: float = 0.0
     #: Processes restarted with the other group protocol, per second.
     protocol_flips_per_s: float = 0.0
+    #: Coordinator nodes sharing the shard (``pystreams.sim.cluster``); with one, the
+    #: coordinator fails over in place (``failovers_per_s``).
+    nodes: int = 1
+    #: Coordinator nodes SIGKILLed, and stopped gracefully, per second (each comes back).
+    node_kills_per_s: float = 0.0
+    node_stops_per_s: float = 0.0
 
 
 PROFILES: dict[str, Profile] = {
@@ -95,6 +106,24 @@ PROFILES["migration"] = Profile(
     client_side=0.0,
     classic=1.0,
     protocol_flips_per_s=1.0,
+)
+
+PROFILES["cluster"] = Profile(
+    name="cluster",
+    fault_ms=(4_000, 8_000),
+    network=NetworkFaults(min_delay_ms=1, max_delay_ms=30, drop=0.02, duplicate=0.02, straggle=0.02, straggle_max_ms=1_000),
+    calm_network=NetworkFaults(min_delay_ms=1, max_delay_ms=20),
+    churn_per_s=0.8,
+    topic_changes_per_s=0.3,
+    cuts_per_s=0.2,
+    misbehaviour=Misbehaviour(assignor=0.2, slow_revocation=0.1, restart_ms=(50, 1_500)),
+    client_side=0.4,
+    # Classic members (and flips between the protocols) in the seeds with server-side assignors.
+    classic=0.3,
+    protocol_flips_per_s=0.3,
+    nodes=3,
+    node_kills_per_s=0.4,
+    node_stops_per_s=0.4,
 )
 
 # Chaos on a network that also duplicates requests and lets one member's requests overtake each

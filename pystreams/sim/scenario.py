@@ -19,8 +19,9 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from pystreams.sim.cluster import ClusterTiming
 from pystreams.sim.invariants import Violation
-from pystreams.sim.process import ProcessSpec
+from pystreams.sim.process import MAX_LOOKUP_BACKOFF_MS, ProcessSpec
 from pystreams.sim.profiles import PROFILES, Profile
 from pystreams.sim.world import Simulation, Timing
 
@@ -31,11 +32,15 @@ BASE_TOPICS = ("orders", "payments")
 ROLL_PHASES = ((1, 1, 1), (1, 2, 1), (1, 2, 2))
 
 
-def convergence_bound_ms(timing: Timing) -> int:
+def convergence_bound_ms(timing: Timing, nodes: int = 1) -> int:
     """How long after faults stop the group may take to converge: a dead member's session, a
     slow revocation or computation hitting the rebalance timeout, the restarts they cause, and
-    the heartbeats in between."""
-    return 4 * timing.session_timeout_ms + 4 * timing.rebalance_timeout_ms + 10 * timing.heartbeat_interval_ms
+    the heartbeats in between; with several coordinator nodes, also the nodes' restarts, a move
+    of the shard, and the members' lookups backing off."""
+    bound = 4 * timing.session_timeout_ms + 4 * timing.rebalance_timeout_ms + 10 * timing.heartbeat_interval_ms
+    if nodes > 1:
+        bound += ClusterTiming().move_bound_ms() + MAX_LOOKUP_BACKOFF_MS
+    return bound
 
 
 @dataclass
@@ -93,14 +98,17 @@ class RandomScenario:
         name = next(self._names)
         static = rng.random() < self.profile.static_members
         regex = rng.random() < self.profile.regex_subscriptions
+        server_assignor = None if self.client_side else rng.choice((None, "uniform", "range"))
+        # Classic members join only groups that assign on the server side.
+        classic = rng.random() < self.profile.classic and not self.client_side
         return ProcessSpec(
             name=name,
             instance_id=f"instance-{name}" if static else None,
             topics=None if regex else BASE_TOPICS,
             regex=REGEX if regex else None,
-            server_assignor=None if self.client_side else rng.choice((None, "uniform", "range")),
+            server_assignor=server_assignor,
             client_versions=ROLL_PHASES[self._roll_phase] if self.client_side else None,
-            classic_assignor=self.classic_assignor if rng.random() < self.profile.classic else None,
+            classic_assignor=self.classic_assignor if classic else None,
         )
 
     # ------------------------------------------------------------------ faults
@@ -114,7 +122,9 @@ class RandomScenario:
             (profile.topic_changes_per_s, self._change_topics),
             (profile.failovers_per_s, self._fail_over),
             (profile.cuts_per_s, self._cut),
-            (profile.protocol_flips_per_s, self._flip_protocol),
+            (0.0 if self.client_side else profile.protocol_flips_per_s, self._flip_protocol),
+            (profile.node_kills_per_s, self._kill_node),
+            (profile.node_stops_per_s, self._stop_node),
         ):
             if rate > 0:
                 self._next(rate, action)
@@ -173,6 +183,27 @@ class RandomScenario:
     def _fail_over(self) -> None:
         self.world.fail_over(self.rng.randint(10, 400))
 
+    def _node_victim(self) -> str | None:
+        """A node that is up: the one serving the shard half the time (if one does)."""
+        cluster = self.world.cluster
+        assert cluster is not None
+        up = [name for name in cluster.names if cluster.nodes[name].up]
+        if not up:
+            return None
+        if cluster.serving is not None and self.rng.random() < 0.5:
+            return cluster.serving
+        return self.rng.choice(up)
+
+    def _kill_node(self) -> None:
+        victim = self._node_victim()
+        if victim is not None:
+            self.world.cluster.kill(victim)  # type: ignore[union-attr]
+
+    def _stop_node(self) -> None:
+        victim = self._node_victim()
+        if victim is not None:
+            self.world.cluster.stop(victim)  # type: ignore[union-attr]
+
     def _cut(self) -> None:
         running = self._running()
         if not running:
@@ -219,7 +250,7 @@ class RandomScenario:
 def run_seed(seed: int, profile: str | Profile = "chaos", *, trace: bool | Literal["all"] = False, timing: Timing | None = None) -> SeedResult:
     """Run one seed of a profile to the end; the result says what, if anything, went wrong."""
     profile = PROFILES[profile] if isinstance(profile, str) else profile
-    world = Simulation(seed, timing, trace=trace)
+    world = Simulation(seed, timing, trace=trace, nodes=profile.nodes)
     scenario = RandomScenario(world, profile)
     scenario.build()
     faults_end = world.rng.randint(*profile.fault_ms)
@@ -228,7 +259,7 @@ def run_seed(seed: int, profile: str | Profile = "chaos", *, trace: bool | Liter
     converged_after = None
     if not world.failed:
         world.stop_faults(profile.calm_network)
-        bound = convergence_bound_ms(world.timing)
+        bound = convergence_bound_ms(world.timing, profile.nodes)
         # Duplicated or held-back messages sent while faults lasted still land until then, and
         # requests lost meanwhile time out up to a request timeout later.
         world.quiet_since_ms = max(world.network.last_fault_arrival_ms, faults_end + world.timing.request_timeout_ms)

@@ -1,4 +1,4 @@
-"""The simulated world: virtual clock, event loop, network, coordinator node, member processes.
+"""The simulated world: virtual clock, event loop, network, coordinator node(s), member processes.
 
 A *step* is one event taken from the queue (a message arriving, a member or coordinator timer,
 an application callback, a fault). After every step the world re-arms the timers of whatever
@@ -8,6 +8,12 @@ Everything random comes from ``random.Random(seed)`` (split into independent str
 component drawing more numbers does not reshuffle the others); nothing reads the wall clock,
 and nothing iterates a set of strings (string hashing differs between interpreter runs), so a
 seed replays exactly in any process.
+
+With one coordinator node, every process talks to it. With several (``nodes > 1``, see
+``pystreams.sim.cluster``), a process finds the node that serves the group with FindCoordinator
+(asking the nodes in turn), sends its requests there, and forgets it, as the client's driver
+does, when an answer says NOT_COORDINATOR or COORDINATOR_NOT_AVAILABLE, a request times out,
+or the connection dies; requests made meanwhile wait until the next node is found.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from pystreams.partitions import TopicIdPartition
 from pystreams.protocol import consumer_protocol
 from pystreams.protocol import messages as m
 from pystreams.sim.assignors import Outcome
+from pystreams.sim.cluster import ClusterTiming, CoordinatorCluster
 from pystreams.sim.coordinator import CoordinatorNode
 from pystreams.sim.events import EventQueue
 from pystreams.sim.invariants import InvariantChecker, Violation, classic_assignment
@@ -41,6 +48,11 @@ from pystreams.sim.network import QUIET_NETWORK, Network, NetworkFaults
 from pystreams.sim.process import MemberProcess, ProcessSpec
 
 _LOADING = Errors.CoordinatorLoadInProgressError.errno
+_NOT_COORDINATOR = Errors.NotCoordinatorError.errno
+
+#: Where a request went and its answer comes back: with one node, the node's incarnation; with
+#: several, (node, the node's incarnation, the process's connection number).
+Link = Any
 
 
 @dataclass(frozen=True)
@@ -89,7 +101,15 @@ CALM = Misbehaviour()
 
 class Simulation:
     def __init__(
-        self, seed: int, timing: Timing | None = None, *, trace: bool | Literal["all"] = False, group_id: str = "sim-group", max_steps: int = 400_000
+        self,
+        seed: int,
+        timing: Timing | None = None,
+        *,
+        trace: bool | Literal["all"] = False,
+        group_id: str = "sim-group",
+        max_steps: int = 400_000,
+        nodes: int = 1,
+        cluster_timing: ClusterTiming | None = None,
     ) -> None:
         self.seed = seed
         self.timing = timing or Timing()
@@ -102,13 +122,20 @@ class Simulation:
         self.app_rng = random.Random(root.getrandbits(64))
         self.assignor_rng = random.Random(root.getrandbits(64))
         self._id_rng = random.Random(root.getrandbits(64))
+        # Drawn last, so that the streams above are those of a world with one node.
+        self.cluster_rng = random.Random(root.getrandbits(64))
 
         self.now = 0
         self.steps = 0
         self.queue = EventQueue()
         self.stats: Counter = Counter()
         self.network = Network(self.net_rng, self.queue, lambda: self.now, self.stats)
-        self.coordinator = CoordinatorNode(self.timing.coordinator_config(), self._new_member_id, self._answer_later)
+        self.coordinator = CoordinatorNode(self.timing.coordinator_config(), self._new_member_id, self._answer_later, serving=nodes == 1)
+        self.cluster: CoordinatorCluster | None = None
+        if nodes > 1:
+            self.cluster = CoordinatorCluster(self, nodes, cluster_timing or ClusterTiming(), self.cluster_rng)
+        #: The shard incarnation that produced the answer a step delivers (for the invariants).
+        self.answer_shard_incarnation: int | None = None
         self.processes: dict[str, MemberProcess] = {}
         self.invariants = InvariantChecker(self)
         self.violations: list[Violation] = []
@@ -123,6 +150,8 @@ class Simulation:
         self._timer_token = 0
         self._timer_at: int | None = None
         self.trace: deque[str] | None = deque(maxlen=400_000 if trace == "all" else 400) if trace else None
+        if self.cluster is not None:
+            self.cluster.start_all()
 
     # ------------------------------------------------------------------ identities
 
@@ -190,6 +219,7 @@ class Simulation:
             self.violation("exception", f"{type(exc).__name__} in {_label(action, args)}: {exc}")
             return
         self._after_step()
+        self.answer_shard_incarnation = None
 
     def _after_step(self) -> None:
         touched = list(self._touched.values())
@@ -259,42 +289,95 @@ class Simulation:
     # ------------------------------------------------------------------ the network and the coordinator
 
     def send_to_coordinator(self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage) -> None:
-        self.network.send(process.name, self._arrive_at_coordinator, process, incarnation, request_id, request, self.coordinator.incarnation, request=True)
+        if self.cluster is None:
+            link: Link = self.coordinator.incarnation
+        else:
+            assert process.coordinator is not None  # the process found one before sending
+            link = (*process.coordinator, process.connection)
+        self.network.send(process.name, self._arrive_at_coordinator, process, incarnation, request_id, request, link, request=True)
 
-    def _arrive_at_coordinator(self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage, coordinator_incarnation: int) -> None:
+    def _arrive_at_coordinator(self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage, link: Link) -> None:
         node = self.coordinator
-        if coordinator_incarnation != node.incarnation:
-            self.stats["net.lost_in_failover"] += 1
-            return
-        if not node.up:
+        if self.cluster is None:
+            if link != node.incarnation:
+                self.stats["net.lost_in_failover"] += 1
+                return
+            status = "serving" if node.up else "loading"
+        else:
+            name, node_incarnation, _ = link
+            if not self.cluster.alive(name, node_incarnation):
+                # The node died (or restarted): the connection is refused, the request fails.
+                self.stats["net.lost_in_failover"] += 1
+                self.at(self.now + 1, process.connection_lost, incarnation, link)
+                return
+            status = self.cluster.status(name)
+        if status == "loading":
             self.stats["coordinator.refused_while_loading"] += 1
-            response = _loading_response(request)
+            response = _error_response(request, _LOADING)
+        elif status == "elsewhere":
+            self.stats["cluster.not_coordinator"] += 1
+            response = _error_response(request, _NOT_COORDINATOR)
         elif isinstance(request, m.OffsetCommitRequest):
             context = self.invariants.before_commit(request)
             response = node.handle(request, self.now, process.name)
             self._coordinator_touched = True
             self.invariants.after_commit(process, request, context, response)
         else:
-            response = node.handle(request, self.now, process.name, (process, incarnation, request_id, request))
+            response = node.handle(request, self.now, process.name, (process, incarnation, request_id, request, link))
             self._coordinator_touched = True
             if response is DEFERRED:
                 return  # a classic long poll: answered when some later event completes it
+        self._answer(process, incarnation, request_id, request, response, link)
+
+    def _answer(self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage, response: ApiMessage, link: Link) -> None:
         process.note_answer(response)
-        self.network.send(process.name, self._arrive_at_member, process, incarnation, request_id, request, response, node.incarnation)
+        self.network.send(process.name, self._arrive_at_member, process, incarnation, request_id, request, response, link, self.coordinator.incarnation)
 
     def _answer_later(self, route: tuple, response: ApiMessage) -> None:
         """A deferred request's answer leaves the coordinator now."""
-        process, incarnation, request_id, request = route
-        process.note_answer(response)
-        self.network.send(process.name, self._arrive_at_member, process, incarnation, request_id, request, response, self.coordinator.incarnation)
+        process, incarnation, request_id, request, link = route
+        self._answer(process, incarnation, request_id, request, response, link)
 
     def _arrive_at_member(
-        self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage, response: ApiMessage, coordinator_incarnation: int
+        self, process: MemberProcess, incarnation: int, request_id: int, request: ApiMessage, response: ApiMessage, link: Link, shard_incarnation: int
     ) -> None:
-        if coordinator_incarnation != self.coordinator.incarnation:
+        if not self.link_alive(process, link):
             self.stats["net.lost_in_failover"] += 1  # the connection to that coordinator is gone
             return
+        self.answer_shard_incarnation = shard_incarnation
         process.on_answer(incarnation, request_id, request, response)
+
+    def link_alive(self, process: MemberProcess, link: Link) -> bool:
+        """Whether the connection a message went over still stands."""
+        if self.cluster is None:
+            return bool(link == self.coordinator.incarnation)
+        name, node_incarnation, connection = link
+        return self.cluster.alive(name, node_incarnation) and connection == process.connection
+
+    def find_coordinator(self, process: MemberProcess, incarnation: int, token: int, name: str) -> None:
+        """``process`` asks node ``name`` which node serves the group."""
+        assert self.cluster is not None
+        self.stats["cluster.find_coordinator"] += 1
+        node_incarnation = self.cluster.nodes[name].incarnation if self.cluster.nodes[name].up else None
+        self.network.send(process.name, self._find_arrives, process, incarnation, token, name, node_incarnation, request=True)
+
+    def _find_arrives(self, process: MemberProcess, incarnation: int, token: int, name: str, node_incarnation: int | None) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        if node_incarnation is None or not cluster.alive(name, node_incarnation):
+            self.at(self.now + 1, process.found, incarnation, token, None)  # refused
+            return
+        owner = cluster.locate(name)
+        self.network.send(process.name, self._found_arrives, process, incarnation, token, name, node_incarnation, owner)
+
+    def _found_arrives(self, process: MemberProcess, incarnation: int, token: int, name: str, node_incarnation: int, owner: str | None) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        if not cluster.alive(name, node_incarnation):
+            return  # that connection died with its node: the lookup times out
+        # The process connects to the node named; a node that is down refuses.
+        found = (owner, cluster.nodes[owner].incarnation) if owner is not None and cluster.nodes[owner].up else None
+        process.found(incarnation, token, found)
 
     def committed_offset(self, partition: TopicIdPartition) -> int:
         """The committed offset a new owner starts from (an OffsetFetch that cannot fail)."""
@@ -344,17 +427,33 @@ class Simulation:
             self.at(self.now + self.rng.randint(low, high), self.restart_if_wanted, process)
 
     def fail_over(self, load_ms: int) -> None:
-        """The coordinator dies now; a new one, replaying the log, serves after ``load_ms``."""
+        """The coordinator dies now; a new one, replaying the log, serves after ``load_ms``
+        (one node: with several, nodes die and the shard moves, ``pystreams.sim.cluster``)."""
+        assert self.cluster is None
         if not self.coordinator.up:
             return
+        self.kill_shard()
+        self.at(self.now + load_ms, self.load_shard)
+
+    def kill_shard(self) -> None:
+        """The node serving the shard dies: the connections of the requests it held close."""
         self.stats["coordinator.failovers"] += 1
-        for process, incarnation, request_id, _request in self.coordinator.crash():
-            self.at(self.now + 1, process.connection_closed, incarnation, request_id)
+        for process, incarnation, request_id, _request, link in self.coordinator.crash():
+            self.at(self.now + 1, process.connection_closed, incarnation, request_id, link)
         self._timer_token += 1
         self._timer_at = None
-        self.at(self.now + load_ms, self._load_coordinator)
 
-    def _load_coordinator(self) -> None:
+    def release_shard(self) -> None:
+        """The node serving the shard gives it up and stays up: it answers the requests the shard
+        held with NOT_COORDINATOR, as the runtime answers a released shard's deferred requests."""
+        self.stats["cluster.releases"] += 1
+        for process, incarnation, request_id, request, link in self.coordinator.crash():
+            self._answer(process, incarnation, request_id, request, _error_response(request, _NOT_COORDINATOR), link)
+        self._timer_token += 1
+        self._timer_at = None
+
+    def load_shard(self) -> None:
+        """A node has replayed the log: its shard serves from now on."""
         replayed = self.coordinator.load(self.now)
         self.invariants.check_failover(self.coordinator.snapshot_at_death, replayed)
         self._coordinator_touched = True
@@ -384,6 +483,8 @@ class Simulation:
         self.network.faults = network
         self.misbehaviour = CALM
         self.heal()
+        if self.cluster is not None:
+            self.cluster.start_all()
         for process in self.processes.values():
             self.restart_if_wanted(process)
 
@@ -427,6 +528,8 @@ class Simulation:
         shard = self.coordinator.shard
         if shard is None:
             return "the coordinator is loading"
+        if self.cluster is not None and not self.cluster.settled():
+            return "the coordinator nodes are moving the shard"
         wanted = [p for p in self.processes.values() if p.wanted]
         if any(not p.running for p in wanted) or any(p.running and not p.wanted for p in self.processes.values()):
             return "processes are starting or stopping"
@@ -504,33 +607,35 @@ class WorldTopics:
         return sorted(self._world.coordinator.topics)
 
 
-def _loading_response(request: ApiMessage) -> ApiMessage:
-    """What a coordinator that is still loading its log answers."""
+def _error_response(request: ApiMessage, error: int) -> ApiMessage:
+    """What a node answers when it cannot serve the request: COORDINATOR_LOAD_IN_PROGRESS while
+    its shard loads (two classic requests get other codes: ``while_loading``) or
+    NOT_COORDINATOR (every request)."""
+    if isinstance(request, (m.SyncGroupRequest, m.HeartbeatRequest)) and error == _LOADING:
+        error = while_loading(request)
     if isinstance(request, m.ConsumerGroupHeartbeatRequest):
-        return m.ConsumerGroupHeartbeatResponse(error_code=_LOADING, member_epoch=-1, heartbeat_interval_ms=0)
+        return m.ConsumerGroupHeartbeatResponse(error_code=error, member_epoch=-1, heartbeat_interval_ms=0)
     if isinstance(request, m.ConsumerGroupPrepareAssignmentRequest):
-        return m.ConsumerGroupPrepareAssignmentResponse(error_code=_LOADING)
+        return m.ConsumerGroupPrepareAssignmentResponse(error_code=error)
     if isinstance(request, m.ConsumerGroupInstallAssignmentRequest):
-        return m.ConsumerGroupInstallAssignmentResponse(error_code=_LOADING)
+        return m.ConsumerGroupInstallAssignmentResponse(error_code=error)
     if isinstance(request, m.OffsetCommitRequest):
         Topic = m.OffsetCommitResponse.OffsetCommitResponseTopic
         return m.OffsetCommitResponse(
             topics=[
-                Topic(
-                    name=t.name, partitions=[Topic.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=_LOADING) for p in t.partitions]
-                )
+                Topic(name=t.name, partitions=[Topic.OffsetCommitResponsePartition(partition_index=p.partition_index, error_code=error) for p in t.partitions])
                 for t in request.topics
             ]
         )
     if isinstance(request, m.JoinGroupRequest):
-        return m.JoinGroupResponse(error_code=_LOADING, generation_id=-1, member_id=request.member_id, members=[])
+        return m.JoinGroupResponse(error_code=error, generation_id=-1, member_id=request.member_id, members=[])
     if isinstance(request, m.SyncGroupRequest):
-        return m.SyncGroupResponse(error_code=while_loading(request), assignment=b"")
+        return m.SyncGroupResponse(error_code=error, assignment=b"")
     if isinstance(request, m.HeartbeatRequest):
-        return m.HeartbeatResponse(error_code=while_loading(request))
+        return m.HeartbeatResponse(error_code=error)
     if isinstance(request, m.LeaveGroupRequest):
-        return m.LeaveGroupResponse(error_code=_LOADING, members=[])
-    raise TypeError(f"no loading answer for {type(request).__name__}")
+        return m.LeaveGroupResponse(error_code=error, members=[])
+    raise TypeError(f"no error answer for {type(request).__name__}")
 
 
 def _label(action: Callable[..., Any], args: tuple) -> str:
