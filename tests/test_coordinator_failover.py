@@ -781,27 +781,27 @@ def test_reloads_after_failed_appends_leave_no_threads_behind(
 
     from kafka.protocol.api_header import RequestHeader
 
-    from pystreams.coordinator import log as log_module
     from pystreams.coordinator.log import KafkaLog
+    from pystreams.coordinator.log_writer import TransactionalWriter, WriterError
     from pystreams.coordinator.runtime import Coordinator, StaticTopics
 
     failures = {"left": 6}
-    original = log_module._KafkaPartition._append
+    original = TransactionalWriter.append
 
-    def sometimes_failing(self, records):
+    async def sometimes_failing(self, entries):
         if failures["left"] > 0:
             failures["left"] -= 1
-            raise RuntimeError("the broker refused the batch")
-        return original(self, records)
+            raise WriterError("the broker refused the batch")
+        return await original(self, entries)
 
-    monkeypatch.setattr(log_module._KafkaPartition, "_append", sometimes_failing)
+    monkeypatch.setattr(TransactionalWriter, "append", sometimes_failing)
 
-    async def scenario() -> tuple[int, int, int]:
+    async def scenario() -> tuple[int, int, int, int]:
         coordinator = Coordinator(KafkaLog(kafka_bootstrap, 1, topic=unique_topic("groups-log")), topic_source=StaticTopics({}))
         coordinator.runners[0]._backoff_s = (0.05, 0.2)
         await coordinator.start()
         await coordinator.wait_until_loaded()
-        baseline = threading.active_count()
+        baseline, baseline_tasks = threading.active_count(), len(asyncio.all_tasks())
         heartbeat = m.ConsumerGroupHeartbeatRequest
         request_header = RequestHeader(request_api_key=heartbeat.API_KEY, request_api_version=0, correlation_id=1, client_id="t")
         answers = []
@@ -818,10 +818,12 @@ def test_reloads_after_failed_appends_leave_no_threads_behind(
             await asyncio.sleep(0.02)
         reloads = coordinator.runners[0].reload_count
         await asyncio.sleep(1.0)  # closers of released writers finish
-        after = threading.active_count()
+        after, tasks = threading.active_count(), len(asyncio.all_tasks())
         await coordinator.close()
-        return reloads, after - baseline, answers[-1]
+        return reloads, after - baseline, tasks - baseline_tasks, answers[-1]
 
-    reloads, extra_threads, last = asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 3))
+    reloads, extra_threads, extra_tasks, last = asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 3))
     assert reloads == 6 and last == 0
     assert extra_threads <= 2, f"{extra_threads} threads more after {reloads} reloads"
+    # Each claim's writer holds a connection (a reader task): released writers close theirs.
+    assert extra_tasks <= 2, f"{extra_tasks} tasks more after {reloads} reloads"

@@ -16,10 +16,11 @@ Backends:
   the newer claim fences the older one, as a transactional id does in Kafka. An optional
   ``before_append`` hook lets tests and simulations delay or fail appends.
 * :class:`KafkaLog` — the compacted topic ``__pystreams_groups`` (``cleanup.policy=compact``),
-  one partition per shard, created if absent. Each partition is written by a *transactional*
-  kafka-python producer whose transactional id names the partition: one transaction per append
-  gives atomicity on Apache Kafka, and ``init_transactions()`` at claim time fences the previous
-  owner and aborts its open transaction. Reads use ``read_committed``.
+  one partition per shard, created if absent. Each partition is written transactionally, under a
+  transactional id that names the partition (``log_writer.TransactionalWriter``, which speaks
+  the transaction requests itself): one transaction per append gives atomicity on Apache Kafka,
+  and the claim's InitProducerId fences the previous owner and aborts its open transaction.
+  Reads use kafka-python consumers, ``read_committed``.
 
   The embedded broker (Tansu) holds back open transactions under ``read_committed`` but does not
   report *aborted* ones, so kafka-python would hand us the records of an aborted transaction.
@@ -42,8 +43,8 @@ records, whole appends), without claiming it: a hot standby replays them as they
 reader of a later claim go on from there (``read(resume=...)``), so that taking the shard over
 replays only the tail. The claim still fences the old owner first, so the tail is quiescent.
 
-Blocking kafka-python calls run on one worker thread per claimed or followed partition, so the
-event loop never blocks and one slow partition never holds up another.
+Blocking kafka-python reads run on one worker thread per claimed or followed partition, so the
+event loop never blocks and one slow partition never holds up another; appends are asyncio.
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ import dataclasses
 import functools
 import logging
 import struct
-import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -63,6 +63,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pystreams.coordinator import records as r
+from pystreams.coordinator.log_writer import TransactionalWriter, WriterError
+from pystreams.protocol.connection import parse_bootstrap
+from pystreams.protocol.security import ClientSecurity
 
 __all__ = [
     "DEFAULT_TOPIC",
@@ -323,6 +326,8 @@ class KafkaLog(RecordLog):
         self.load_timeout_s = load_timeout_s
         self.client_id = client_id
         self.client_config = client_config
+        #: The writer's connections take the security settings among ``client_config``.
+        self.security = ClientSecurity(**{field.name: client_config[field.name] for field in dataclasses.fields(ClientSecurity) if field.name in client_config})
         self._opened = False
 
     @property
@@ -360,7 +365,7 @@ class KafkaLog(RecordLog):
             await self.open()
         handle = _KafkaPartition(self, partition)
         try:
-            await handle._run(handle._init_producer, timeout_s=self.append_timeout_s)
+            await handle.claim()
         except BaseException:
             await handle.close()
             raise
@@ -397,19 +402,6 @@ class KafkaLog(RecordLog):
                 producer.close(timeout=5)
 
         await asyncio.get_running_loop().run_in_executor(None, write)
-
-
-def _is_fencing(error: BaseException) -> bool:
-    from kafka.errors import InvalidProducerEpochError, ProducerFencedError
-
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, (ProducerFencedError, InvalidProducerEpochError)):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 class _AppendAssembler:
@@ -475,13 +467,13 @@ class _AppendAssembler:
 
 
 class _KafkaPartition(PartitionLog):
-    """One claimed partition: a transactional producer and a worker thread of its own."""
+    """One claimed partition: a transactional writer, and a worker thread of its own for reads."""
 
     def __init__(self, owner: KafkaLog, partition: int) -> None:
         self._owner = owner
         self.partition = partition
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pystreams-log-{partition}")
-        self._producer: Any = None
+        self._writer: TransactionalWriter | None = None
         self._closed = False
 
     async def _run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
@@ -499,53 +491,6 @@ class _KafkaPartition(PartitionLog):
 
     def _common_config(self) -> dict[str, Any]:
         return {"bootstrap_servers": self._owner.bootstrap_servers, **self._owner.client_config}
-
-    def _init_producer(self) -> None:
-        from kafka import KafkaProducer
-
-        timeout_ms = int(self._owner.append_timeout_s * 1000)
-        producer = KafkaProducer(
-            **self._common_config(),
-            client_id=f"{self._owner.client_id}-{self.partition}",
-            transactional_id=self._owner.transactional_id(self.partition),
-            enable_idempotence=True,
-            linger_ms=0,
-            # kafka-python waits this long before its first FindCoordinator and its first
-            # InitProducerId: 100 ms each by default, most of what claiming a partition costs.
-            retry_backoff_ms=20,
-            batch_size=1024 * 1024,  # an append (a target assignment, a group commit) in few batches
-            max_block_ms=timeout_ms,
-            request_timeout_ms=min(timeout_ms, 30_000),
-        )
-        try:
-            # Fences the previous owner and completes (aborts) the transaction it left open.
-            producer.init_transactions()
-        except BaseException:
-            producer.close(timeout=1)
-            raise
-        self._producer = producer
-
-    def _append(self, records: Sequence[r.Record]) -> None:
-        producer = self._producer
-        append_id, count = uuid.uuid4().bytes, len(records)
-        producer.begin_transaction()
-        try:
-            for index, record in enumerate(records):
-                key, value = r.encode(record)
-                producer.send(
-                    self._owner.topic,
-                    key=key,
-                    value=value,
-                    partition=self.partition,
-                    headers=[(FRAME_HEADER, _FRAME.pack(append_id, index, count))],
-                )
-            producer.commit_transaction()
-        except BaseException as error:
-            if _is_fencing(error):
-                raise LogFencedError(f"log partition {self.partition}: another coordinator took over ({error!r})") from error
-            with contextlib.suppress(Exception):
-                producer.abort_transaction()
-            raise LogError(f"log partition {self.partition}: append failed: {error!r}") from error
 
     def _open_consumer(self, start_offset: int | None = None, fetch_max_wait_ms: int = 10) -> Any:
         """A reader from ``start_offset`` (None: the beginning). A loader's fetches wait little
@@ -604,22 +549,45 @@ class _KafkaPartition(PartitionLog):
             with contextlib.suppress(Exception):
                 await self._run(consumer.close)
 
+    async def claim(self) -> None:
+        """Fence every earlier writer of the partition (and abort what it left open)."""
+        owner = self._owner
+        writer = self._writer = TransactionalWriter(
+            parse_bootstrap(owner.bootstrap_servers),
+            owner.topic,
+            self.partition,
+            owner.transactional_id(self.partition),
+            client_id=f"{owner.client_id}-{self.partition}",
+            security=owner.security,
+            timeout_s=owner.append_timeout_s,
+        )
+        try:
+            await writer.claim()
+        except WriterError as error:
+            raise LogError(f"log partition {self.partition}: claim failed: {error}") from error
+
     async def append(self, records: Sequence[r.Record]) -> None:
-        if self._producer is None:
+        if self._closed or self._writer is None:
             raise LogError(f"log partition {self.partition} has no writer")
-        await self._run(self._append, list(records), timeout_s=self._owner.append_timeout_s)
+        append_id, count = uuid.uuid4().bytes, len(records)
+        entries = []
+        for index, record in enumerate(records):
+            key, value = r.encode(record)
+            entries.append((key, value, ((FRAME_HEADER, _FRAME.pack(append_id, index, count)),)))
+        try:
+            await self._writer.append(entries)
+        except WriterError as error:
+            if error.fenced:
+                raise LogFencedError(f"log partition {self.partition}: another coordinator took over ({error})") from error
+            raise LogError(f"log partition {self.partition}: append failed: {error}") from error
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            # On a thread of its own: if the worker is stuck in a call that never returns,
-            # closing must not wait for it.
-            closer = threading.Thread(target=_close_quietly, args=(producer,), daemon=True, name=f"pystreams-log-close-{self.partition}")
-            closer.start()
-            await asyncio.get_running_loop().run_in_executor(None, closer.join, 10.0)
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -661,10 +629,3 @@ class _KafkaFollower(LogFollower):
             with contextlib.suppress(Exception):
                 await self._reader._run(consumer.close, timeout_s=self._timeout_s)
         await self._reader.close()
-
-
-def _close_quietly(producer: Any) -> None:
-    try:
-        producer.close(timeout=5)
-    except Exception:  # closing is best effort; the next claim fences this producer anyway
-        log.debug("closing a log producer failed", exc_info=True)

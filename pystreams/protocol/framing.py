@@ -18,7 +18,7 @@ from kafka.protocol.api_header import RequestHeader, ResponseHeader
 from kafka.protocol.api_message import ApiMessage
 
 from pystreams.protocol.linear_decoding import decode_body
-from pystreams.protocol.registry import API_VERSIONS_KEY, ApiSpec, api_spec
+from pystreams.protocol.registry import API_VERSIONS_KEY, ApiSpec, client_api_spec
 
 _FRAME_SIZE = struct.Struct(">i")
 _CORRELATION_ID = struct.Struct(">i")
@@ -45,10 +45,10 @@ class ClientFraming:
 
     def request_bytes(self, request: ApiMessage, version: int) -> tuple[int, bytes]:
         """(correlation id, the framed request). Raises ValueError for an API or version the
-        registry does not serve."""
-        spec = api_spec(request.API_KEY)
+        registry does not list (served, or spoken to brokers)."""
+        spec = client_api_spec(request.API_KEY)
         if spec is None or not spec.supports(version):
-            raise ValueError(f"{type(request).__name__} v{version} is not a served API version")
+            raise ValueError(f"{type(request).__name__} v{version} is not an API version pystreams speaks")
         correlation_id = self._next_correlation_id
         self._next_correlation_id = (self._next_correlation_id + 1) & 0x7FFFFFFF
         header = RequestHeader(

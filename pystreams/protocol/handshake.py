@@ -21,7 +21,7 @@ import kafka.errors as Errors
 from kafka.protocol.api_message import ApiMessage
 
 from pystreams.protocol import messages as m
-from pystreams.protocol.registry import API_VERSIONS_KEY, api_spec
+from pystreams.protocol.registry import API_VERSIONS_KEY, api_spec, client_api_spec
 from pystreams.protocol.security import ClientSecurity
 
 CLIENT_SOFTWARE_NAME = "pystreams"
@@ -50,7 +50,7 @@ class ServerInfo:
 
     def version_for(self, api_key: int) -> int | None:
         """The newest version both sides speak, or None."""
-        spec = api_spec(api_key)
+        spec = client_api_spec(api_key)
         if spec is None or api_key not in self.versions:
             return None
         low, high = self.versions[api_key]

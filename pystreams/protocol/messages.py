@@ -40,6 +40,16 @@ from kafka.protocol.consumer.group import OffsetCommitResponse as _KafkaOffsetCo
 from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest, FindCoordinatorResponse
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.producer import (
+    AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse,
+    EndTxnRequest,
+    EndTxnResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ProduceRequest,
+    ProduceResponse,
+)
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,

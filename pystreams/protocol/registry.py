@@ -123,10 +123,30 @@ def _build_table(rows: tuple[tuple[type[ApiMessage], type[ApiMessage], int, int]
 
 SUPPORTED_APIS: Mapping[int, ApiSpec] = _build_table(_SERVED)
 
+# APIs pystreams only speaks to Kafka brokers, as a client (the coordinator's transactional log
+# writer): never served, never advertised.
+_SPOKEN_TO_BROKERS: tuple[tuple[type[ApiMessage], type[ApiMessage], int, int], ...] = (
+    # v3 is the first that carries a transactional id (record batches v2, KIP-98).
+    (m.ProduceRequest, m.ProduceResponse, 3, 11),
+    (m.InitProducerIdRequest, m.InitProducerIdResponse, 0, 5),
+    # v4 and up are the brokers' own batched form (KIP-890); clients send v3 at most.
+    (m.AddPartitionsToTxnRequest, m.AddPartitionsToTxnResponse, 0, 3),
+    # v5 is KIP-890's second part (transactions v2), which the log writer does not speak.
+    (m.EndTxnRequest, m.EndTxnResponse, 0, 4),
+)
+
+BROKER_CLIENT_APIS: Mapping[int, ApiSpec] = _build_table(_SPOKEN_TO_BROKERS)
+
 
 def api_spec(api_key: int) -> ApiSpec | None:
     """The served API with this key, or None if the coordinator does not serve it."""
     return SUPPORTED_APIS.get(api_key)
+
+
+def client_api_spec(api_key: int) -> ApiSpec | None:
+    """An API pystreams sends as a client: one it serves (to a coordinator) or one it speaks
+    to brokers."""
+    return SUPPORTED_APIS.get(api_key) or BROKER_CLIENT_APIS.get(api_key)
 
 
 def advertised_versions() -> Iterator[tuple[int, int, int]]:
