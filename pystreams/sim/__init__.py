@@ -2,12 +2,13 @@
 
 The real coordinator shard and the real member state machines, driven by one seeded event
 loop: a virtual clock, a faulty network, crashing and restarting members, coordinator
-fail-over by log replay, topic changes, misbehaving client-side assignors and version rolls.
+fail-over by log replay (or, with several coordinator nodes, the shard moving between them and
+members finding it), topic changes, misbehaving client-side assignors and version rolls.
 Invariants are checked after every step; ``run_seed(seed, profile)`` replays a seed exactly.
 
 * ``world`` — the event loop and the world (``Simulation``), ``scenario`` — seeded random
   scenarios per ``profiles``, ``batch`` — many seeds; ``invariants`` — what must always hold;
-  ``process``, ``coordinator``, ``network``, ``assignors``, ``events`` — the parts.
+  ``process``, ``coordinator``, ``cluster``, ``network``, ``assignors``, ``events`` — the parts.
 """
 
 from pystreams.sim.batch import BatchSummary, run_seeds
