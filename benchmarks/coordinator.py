@@ -10,7 +10,9 @@
   what encryption costs per heartbeat.
 * **offset commits** — the same closed loop with OffsetCommit (member epoch fenced), which
   *does* append a record each: memory log vs the Kafka log on the embedded broker (one
-  transaction per batch of requests — group commit), 4 shards.
+  transaction per batch of requests — group commit), 4 shards. Over TCP the Python load
+  generator saturates a core first, so the same commits are also sent in process
+  (``Coordinator.handle``, no sockets): what the shards and the log writer sustain.
 * **load** — a log of 10,000 groups (2 members each, converged, 2 committed offsets) replayed
   by a coordinator with 1 and 4 shards, from the memory log and from the Kafka log.
 
@@ -244,6 +246,79 @@ async def bench_commits(log_args: list[str], duration_s: float) -> dict:
         coordinator.stop()
 
 
+async def bench_commits_in_process(record_log, committers: int, commits: int) -> dict:
+    """OffsetCommit handled by a Coordinator in this process (``Coordinator.handle``, no TCP):
+    what the shards and the log sustain once the load generator is not the limit (over TCP
+    one Python generator process saturates a core at about 3k commits/s)."""
+    from kafka.protocol.api_header import RequestHeader
+
+    # The topic exists: a join that names an unknown topic waits for a metadata refresh.
+    topics = {"bench-topic": TopicMetadata(uuid.UUID(int=1), "bench-topic", 8)}
+    coordinator = Coordinator(record_log, config=CONFIG, topic_source=StaticTopics(topics))
+    await coordinator.start()
+    try:
+        await coordinator.wait_until_loaded()
+        join_header = RequestHeader(request_api_key=HB.API_KEY, request_api_version=0, correlation_id=1, client_id="bench")
+        Commit = m.OffsetCommitRequest
+        Topic = Commit.OffsetCommitRequestTopic
+        commit_header = RequestHeader(request_api_key=Commit.API_KEY, request_api_version=9, correlation_id=1, client_id="bench")
+        members = []
+        for index in range(committers):
+            join = HB(
+                group_id=f"commit-{index // MEMBERS_PER_GROUP}",
+                member_id="",
+                member_epoch=0,
+                rebalance_timeout_ms=30_000,
+                subscribed_topic_names=["bench-topic"],
+                topic_partitions=[],
+            )
+            join.API_VERSION = 0
+            joined = await coordinator.handle(join_header, join)
+            assert joined.error_code == 0, joined
+            members.append((join.group_id, joined.member_id, joined.member_epoch))
+        for index, (group_id, member_id, epoch) in enumerate(members):
+            while True:  # heartbeat until the epoch stops moving (everyone in the group has joined)
+                beat = HB(group_id=group_id, member_id=member_id, member_epoch=epoch, rebalance_timeout_ms=-1, topic_partitions=[])
+                beat.API_VERSION = 0
+                answer = await coordinator.handle(join_header, beat)
+                assert answer.error_code == 0, answer
+                if answer.member_epoch == epoch:
+                    break
+                epoch = answer.member_epoch
+            members[index] = (group_id, member_id, epoch)
+        latencies: list[float] = []
+        errors = 0
+
+        async def commit_in_a_loop(group_id: str, member_id: str, epoch: int, count: int) -> None:
+            nonlocal errors
+            for offset in range(count):
+                request = Commit(
+                    group_id=group_id,
+                    generation_id_or_member_epoch=epoch,
+                    member_id=member_id,
+                    topics=[Topic(name="bench-topic", partitions=[Topic.OffsetCommitRequestPartition(partition_index=0, committed_offset=offset)])],
+                )
+                request.API_VERSION = 9
+                started = time.perf_counter()
+                response = await coordinator.handle(commit_header, request)
+                latencies.append(time.perf_counter() - started)
+                errors += response.topics[0].partitions[0].error_code != 0
+
+        started = time.perf_counter()
+        await asyncio.gather(*(commit_in_a_loop(*member, commits // committers) for member in members))
+        elapsed = time.perf_counter() - started
+    finally:
+        await coordinator.close()
+    latencies.sort()
+    return {
+        "committers": committers,
+        "per_second": round(len(latencies) / elapsed),
+        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 3),
+        "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 3),
+        "errors": errors,
+    }
+
+
 async def bench_security(duration_s: float) -> dict:
     """Plaintext, TLS and SASL_SSL listeners under the same heartbeat loop (4 shards)."""
     import tempfile
@@ -410,6 +485,15 @@ async def main_async(args: argparse.Namespace) -> dict:
                 args.duration,
             )
         results["offset_commits_4_shards"] = commits
+        from pystreams.coordinator.log import KafkaLog, MemoryLog
+
+        in_process: dict = {}
+        for committers in CONCURRENCY:
+            in_process[f"memory_log_{committers}"] = await bench_commits_in_process(MemoryLog(4), committers, 40_000)
+            if broker is not None:
+                topic = f"__pystreams_groups_bench_{uuid.uuid4().hex[:8]}"
+                in_process[f"kafka_log_{committers}"] = await bench_commits_in_process(KafkaLog(broker.bootstrap_servers, 4, topic=topic), committers, 40_000)
+        results["offset_commits_4_shards_in_process"] = in_process
         results["load"] = await bench_load(args.groups, broker.bootstrap_servers if broker else None)
     finally:
         if broker is not None:
