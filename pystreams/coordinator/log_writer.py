@@ -38,6 +38,7 @@ from pystreams.protocol import messages as m
 from pystreams.protocol.connection import Address, ConnectionLost, KafkaConnection
 from pystreams.protocol.handshake import HandshakeError
 from pystreams.protocol.security import ClientSecurity
+from pystreams.protocol.sentinels import COORDINATOR_MOVED
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,6 @@ _SEQUENCE_LIMIT = 2**31
 
 _NONE = Errors.NoError.errno
 _FENCED = frozenset({Errors.ProducerFencedError.errno, Errors.InvalidProducerEpochError.errno})
-#: The transaction coordinator is elsewhere now: look it up again.
-_COORDINATOR_MOVED = frozenset({Errors.NotCoordinatorError.errno, Errors.CoordinatorNotAvailableError.errno})
 #: Ask the same coordinator again shortly.
 _COORDINATOR_BUSY = frozenset({Errors.CoordinatorLoadInProgressError.errno, Errors.ConcurrentTransactionsError.errno})
 #: The partition's leader is elsewhere or not ready: look it up again.
@@ -248,7 +247,7 @@ class TransactionalWriter:
                 return
             if code in _FENCED:
                 raise WriterError(f"{self.transactional_id}: another writer claimed it ({_name(code)})", fenced=True)
-            if code in _COORDINATOR_MOVED:
+            if code in COORDINATOR_MOVED:  # the transaction coordinator is elsewhere now
                 raise _Retry(_name(code), forget="coordinator")
             if code in _COORDINATOR_BUSY:
                 raise _Retry(_name(code))

@@ -60,6 +60,7 @@ from pystreams.coordinator.consumer_group import ConsumerGroup
 from pystreams.partitions import NO_PARTITIONS, PartitionSet, TopicIdPartition
 from pystreams.protocol import messages as m
 from pystreams.protocol.registry import api_spec
+from pystreams.protocol.sentinels import COORDINATOR_MOVED  # what sends the driver looking again
 from pystreams.sim.assignors import Outcome, SimAssignor
 
 if TYPE_CHECKING:
@@ -86,9 +87,6 @@ class ProcessSpec:
     #: KIP-429); None: KIP-848.
     classic_assignor: str | None = None
 
-
-#: Errors that send the driver looking for the coordinator again (its ``_COORDINATOR_MOVED``).
-_COORDINATOR_MOVED = (Errors.NotCoordinatorError.errno, Errors.CoordinatorNotAvailableError.errno)
 
 #: A failed lookup is retried after the retry back-off, doubled per failure up to this.
 MAX_LOOKUP_BACKOFF_MS = 1_000
@@ -388,7 +386,7 @@ class MemberProcess:
                 self.world.touched(self)
             return
         if outstanding.kind == "commit":
-            if any(p.error_code in _COORDINATOR_MOVED for t in response.topics for p in t.partitions):
+            if any(p.error_code in COORDINATOR_MOVED for t in response.topics for p in t.partitions):
                 self._forget_coordinator()
             self._commit_finished(outstanding)
             return
