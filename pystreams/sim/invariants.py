@@ -177,7 +177,9 @@ class InvariantChecker:
                 if group is None or isinstance(group, ClassicGroup):
                     group = live_groups.get(self.world.group_id) or group
                 newest = _newest_epoch(group)
-            if source != now_source:
+            # Learnt from a shard that is not the live one (with several nodes, a released
+            # shard's answer may arrive after the release, so the answer's own shard counts).
+            if source != (node.incarnation, self._group_life):
                 # Learnt from a shard that has died since (a classic generation it handed out
                 # in JoinGroup answers but never wrote died with it), or from an earlier life of
                 # the group, deleted since: bounded by what that shard told in that life.
