@@ -645,6 +645,7 @@ async def _join_cluster(settings: CoordinatorSettings, coordinator: Any, server:
         heartbeat_interval_ms=max(100, settings.cluster_session_timeout_ms // 10),
         client_config=broker_config,
     )
+    coordinator.serve_only_while(ownership.why_not_serving)
     keeper = asyncio.create_task(
         keep_serving(view, coordinator, lambda: ownership.held, refence_backoff_s=settings.cluster_session_timeout_ms / 1000, hot_standby=settings.hot_standby),
         name="pystreams-coordinator-shards",

@@ -31,7 +31,8 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -43,7 +44,7 @@ from pystreams.serdes import UNDECODABLE
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ClusterView", "DuplicateNodeId", "NodeInfo", "ShardAssignor", "ShardMap", "ShardOwnership", "keep_serving", "plan_shards"]
+__all__ = ["ClusterView", "DuplicateNodeId", "MembershipLease", "NodeInfo", "ShardAssignor", "ShardMap", "ShardOwnership", "keep_serving", "plan_shards"]
 
 #: The assignor's protocol name in the coordinators' group.
 PROTOCOL_NAME = "pystreams-shards"
@@ -139,6 +140,41 @@ def shard_map(generation: int, plan: ShardPlan, nodes: Mapping[str, NodeInfo], s
     return ShardMap(generation, tuple(owners), tuple(listed))
 
 
+class MembershipLease:
+    """How long a node may act on its membership of the coordinators' group without word from
+    the brokers (sans-IO: times are the caller's monotonic seconds).
+
+    The brokers keep a member for a session timeout after the last request of it they
+    received, and a request is received after it was sent. So a node that counts the session
+    from when it *sent* the last request the brokers accepted (a heartbeat answered without
+    error, or the JoinGroup of its assignment) stops serving no later than the brokers can
+    give its shards to another node. Without it, a node cut off from the brokers but not from
+    its clients (a zombie) would keep answering heartbeats from memory, partitions that the
+    new owner of its shards hands on included.
+    """
+
+    def __init__(self, duration_s: float) -> None:
+        self.duration_s = duration_s
+        #: When the newest accepted request was sent; None: no membership to act on.
+        self.confirmed_at: float | None = None
+
+    def confirm(self, sent_at: float) -> None:
+        """The brokers accepted a request sent at ``sent_at`` (an older one changes nothing)."""
+        if self.confirmed_at is None or sent_at > self.confirmed_at:
+            self.confirmed_at = sent_at
+
+    def end(self) -> None:
+        """The membership is gone (left, lost or failed): nothing to act on until confirmed."""
+        self.confirmed_at = None
+
+    def expires_at(self) -> float | None:
+        return None if self.confirmed_at is None else self.confirmed_at + self.duration_s
+
+    def valid(self, now: float) -> bool:
+        expires = self.expires_at()
+        return expires is not None and now < expires
+
+
 # --- kafka-python's side ----------------------------------------------------------------------
 
 
@@ -149,19 +185,30 @@ class ShardAssignor(AbstractPartitionAssignor):
     name = PROTOCOL_NAME
     version = 1  # ConsumerProtocolSubscription v1 carries OwnedPartitions (KIP-429)
 
-    def __init__(self, node: NodeInfo, on_map: Callable[[ShardMap, list[int]], None], owned_now: Callable[[], Iterable[int]] | None = None) -> None:
+    def __init__(
+        self,
+        node: NodeInfo,
+        on_map: Callable[[ShardMap, list[int]], None],
+        owned_now: Callable[[], Iterable[int]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """``owned_now()``: the shards this member holds now (its consumer's assignment, empty
         once the group evicted it); without it, those of its last assignment."""
         self.node = node
         self._on_map = on_map
         self._owned_now = owned_now
+        self._clock = clock
         self.owned: list[int] = []
         self._generation = 0
+        #: When this node last built its JoinGroup's metadata: no later than the JoinGroup was
+        #: sent, so the assignment that request led to is a membership confirmed from then.
+        self.join_sent_at: float | None = None
 
     def supported_protocols(self) -> list[Any]:
         return [RebalanceProtocol.COOPERATIVE]
 
     def metadata(self, topics: Iterable[str]) -> Any:
+        self.join_sent_at = self._clock()
         topics = sorted(topics)
         held = sorted(self._owned_now()) if self._owned_now is not None else self.owned
         owned = [ConsumerProtocolSubscription.TopicPartition(topic=topics[0], partitions=held)] if topics and held else []
@@ -241,6 +288,7 @@ class ShardOwnership:
         heartbeat_interval_ms: int = 1_000,
         client_config: Mapping[str, Any] | None = None,
         retry_backoff_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.group_id = f"{topic}.coordinators"
         self._bootstrap = bootstrap_servers
@@ -261,6 +309,11 @@ class ShardOwnership:
         #: The shards the group gives this node now: set with each assignment, emptied of what
         #: is revoked or lost (an evicted node's map is stale until it joins again; this is not).
         self.held: frozenset[int] = frozenset()
+        self._clock = clock
+        #: Renewed by every heartbeat the brokers accept and by every assignment: once it
+        #: lapses the node answers nothing for any shard (``why_not_serving``).
+        self.lease = MembershipLease(session_timeout_ms / 1000)
+        self._assignor: ShardAssignor | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -268,6 +321,15 @@ class ShardOwnership:
     def serving(self) -> bool:
         """Whether this node takes part: a member of the group, with a shard map."""
         return self._thread.is_alive() and self.failure is None and self.map is not None
+
+    def why_not_serving(self) -> str | None:
+        """Why this node must not answer for any shard now (None: it may answer for those it
+        serves): its membership lapsed, so the brokers may have handed its shards on."""
+        if self.lease.valid(self._clock()):
+            return None
+        if self.lease.confirmed_at is None:
+            return "this coordinator is not a member of the coordinators' group"
+        return f"this coordinator has had no word from the brokers for {self.lease.duration_s:g} s: its shards may have moved"
 
     async def stop(self) -> None:
         """Leave the group (the others take the shards over at once), after releasing ours."""
@@ -297,6 +359,7 @@ class ShardOwnership:
         self.map = mapped
         if mapped is None:
             self.held = frozenset()
+            self.lease.end()
         self._loop.call_soon_threadsafe(self._on_map, mapped)
 
     def _mapped(self, mapped: ShardMap, owned: list[int]) -> None:
@@ -307,6 +370,8 @@ class ShardOwnership:
             log.error("%s", self.failure)
             self._stop.set()
             return
+        if self._assignor is not None and self._assignor.join_sent_at is not None:
+            self.lease.confirm(self._assignor.join_sent_at)
         self.held = frozenset(owned)
         self._publish(mapped)
 
@@ -322,6 +387,18 @@ class ShardOwnership:
     def _leave_quietly(self) -> None:
         self._publish(None)
         self._release_now(self._served())
+
+    def _confirming(self, send_heartbeat: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+        """kafka-python's heartbeat request, renewing the lease from its send time when the
+        brokers answer it without error (REBALANCE_IN_PROGRESS and the rest raise)."""
+
+        async def send_and_confirm() -> Any:
+            sent_at = self._clock()
+            answer = await send_heartbeat()
+            self.lease.confirm(sent_at)
+            return answer
+
+        return send_and_confirm
 
     def _member(self) -> None:
         from kafka import KafkaConsumer
@@ -340,7 +417,8 @@ class ShardOwnership:
             def on_partitions_assigned(self, assigned: Any) -> None:
                 consumer.pause(*assigned)  # the group decides ownership; the shards read their own partitions
 
-        assignor = ShardAssignor(self.node, self._mapped, owned_now=lambda: [tp.partition for tp in consumer.assignment()])
+        assignor = ShardAssignor(self.node, self._mapped, owned_now=lambda: [tp.partition for tp in consumer.assignment()], clock=self._clock)
+        self._assignor = assignor
         try:
             consumer = KafkaConsumer(
                 bootstrap_servers=self._bootstrap,
@@ -353,6 +431,10 @@ class ShardOwnership:
                 max_poll_interval_ms=max(self._session_timeout_ms, 30_000),
                 **self._client_config,
             )
+            # The heartbeats run on kafka-python's own thread; wrapping its request is the one
+            # place that knows when an accepted one was sent (the lease needs the send time).
+            group_member = consumer._coordinator
+            group_member._send_heartbeat_request = self._confirming(group_member._send_heartbeat_request)
             consumer.subscribe([self._topic], listener=Listener())
             while not self._stop.is_set():
                 consumer.poll(timeout_ms=200)

@@ -655,6 +655,9 @@ class Coordinator:
         shards = range(self.shard_count) if owned_shards is None else sorted(set(owned_shards))
         self._runners: dict[int, ShardRunner] = {shard_id: new_runner(shard_id) for shard_id in shards}
         self._started = False
+        #: Why this node must not answer for any shard now (a cluster node whose membership
+        #: lapsed); None: no such condition (a coordinator of its own).
+        self._why_not_serving: Callable[[], str | None] | None = None
         #: One acquire or release of a shard at a time (each may wait on a runner stopping).
         self._shard_locks: dict[int, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         #: Counts of runners no longer served here, so that the totals never go down.
@@ -687,6 +690,12 @@ class Coordinator:
     @property
     def served_shards(self) -> list[int]:
         return sorted(self._runners)
+
+    def serve_only_while(self, why_not: Callable[[], str | None]) -> None:
+        """Answer requests for groups only while ``why_not()`` is None, checked as each request
+        arrives and again as its answer leaves: the answers of a node whose membership of the
+        cluster lapsed are NOT_COORDINATOR, even ones worked out just before."""
+        self._why_not_serving = why_not
 
     async def start(self) -> None:
         await self.log.open()
@@ -806,6 +815,8 @@ class Coordinator:
         next address it was given."""
         if self._closing:
             return "this coordinator is shutting down"
+        if self._why_not_serving is not None and (why := self._why_not_serving()) is not None:
+            return why
         shard_id = self.shard_for(group_id)
         runner = self._runners.get(shard_id)
         if runner is None:
@@ -892,8 +903,14 @@ class Coordinator:
         runner = self._runners.get(shard_id)
         if runner is None:
             return codec.error_response(header, Errors.NotCoordinatorError.errno, f"shard {shard_id} is not served by this coordinator", request)
+        lapsed = self._why_not_serving
+        if lapsed is not None and (why := lapsed()) is not None:
+            return codec.error_response(header, Errors.NotCoordinatorError.errno, why, request)
         try:
-            return await runner.submit(request, context)
+            answer = await runner.submit(request, context)
+            if lapsed is not None and (why := lapsed()) is not None:
+                return codec.error_response(header, Errors.NotCoordinatorError.errno, why, request)
+            return answer
         except Errors.CoordinatorLoadInProgressError as error:
             code = while_loading(request)
             return codec.error_response(header, code, str(error.args[0]) if code and error.args else None, request)
