@@ -138,7 +138,16 @@ def test_cluster_seeds_move_the_shard_and_converge():
     results = [run_seed(seed, "cluster") for seed in range(30)]
     assert all(r.ok for r in results), next(r.violations for r in results if not r.ok)
     stats = sum((r.stats for r in results), start=type(results[0].stats)())
-    for key in ("cluster.node_kills", "cluster.node_stops", "cluster.releases", "cluster.not_coordinator", "cluster.lookups_failed", "coordinator.failovers"):
+    for key in (
+        "cluster.node_kills",
+        "cluster.node_stops",
+        "cluster.node_cuts",
+        "cluster.lease_lapses",
+        "cluster.releases",
+        "cluster.not_coordinator",
+        "cluster.lookups_failed",
+        "coordinator.failovers",
+    ):
         assert stats[key] > 0, key
     assert convergence_bound_ms(Timing(), 3) > convergence_bound_ms(Timing())
 
@@ -179,6 +188,59 @@ def test_a_member_that_stays_with_a_node_that_gave_the_shard_up_is_caught(monkey
     start = world.now
     assert not world.run_until(start + convergence_bound_ms(world.timing, 3), until=world.converged)
     assert world.stats["cluster.not_coordinator"] > 0
+
+
+def test_a_node_cut_off_from_the_brokers_gives_the_shard_up_before_another_node_loads_it():
+    """The serving node loses the brokers (not its members): it keeps serving while its lease
+    runs, gives the shard up when the lease lapses, and answers lookups for it with no owner;
+    the brokers drop it a session after they last heard from it, and only then does another
+    node load the shard. The members follow, keeping their ids and epochs."""
+    world, processes = _world()
+    cluster = world.cluster
+    assert cluster is not None
+    before, old = _identities(processes), _serving(world)
+    loads = world.coordinator.incarnation
+    events: list[tuple[str, int]] = []
+    lapsed, loaded = cluster._lease_lapsed, cluster._load
+
+    def lapse(name: str, token: int) -> None:
+        events.append(("lapse", world.now))
+        lapsed(name, token)
+
+    def load(name: str) -> None:
+        events.append(("load", world.now))
+        loaded(name)
+
+    cluster._lease_lapsed, cluster._load = lapse, load  # type: ignore[method-assign]
+    cluster.cut(old, duration_ms=4_000)
+    cut_at = world.now
+    timing = cluster.timing
+    # Served while the lease runs (from a heartbeat sent at most an interval before the cut).
+    assert world.run_until(cut_at + timing.node_session_ms - timing.node_heartbeat_ms - 1, until=lambda: cluster.serving != old) is False
+    assert world.run_until(cut_at + 10_000, until=lambda: world.coordinator.incarnation > loads and cluster.serving is not None)
+    lapse_at = next(at for kind, at in events if kind == "lapse")
+    assert cut_at + timing.node_session_ms - timing.node_heartbeat_ms <= lapse_at <= cut_at + timing.node_session_ms
+    assert events[0][0] == "lapse" and all(at > lapse_at for kind, at in events if kind == "load")
+    assert world.run_until(world.now + 10_000, until=world.converged), world.convergence_gap()
+    assert not world.violations, world.violations
+    assert _identities(processes) == before
+
+
+def test_a_node_cut_off_from_the_brokers_without_a_lease_is_caught(monkeypatch):
+    """Without the lease a cut-off node serves from memory until it hears it was dropped, which
+    it cannot: the next owner loads the shard while it still serves it."""
+
+    def violations(lease: bool) -> set[str]:
+        kinds: set[str] = set()
+        with monkeypatch.context() as patch:
+            if not lease:
+                patch.setattr(CoordinatorCluster, "_lease_lapsed", lambda self, name, token: None)
+            for seed in range(30):
+                kinds |= {v.kind for v in run_seed(seed, "cluster").violations}
+        return kinds
+
+    assert "two-coordinators" in violations(lease=False)
+    assert violations(lease=True) == set()
 
 
 def test_the_cluster_profile_is_listed():

@@ -21,6 +21,14 @@ the real system's rules and draws their timing:
   loading it (COORDINATOR_LOAD_IN_PROGRESS), or one that does neither (NOT_COORDINATOR).
 * **Taking the shard over** (claim, then replay from a hot standby's position) takes
   ``load_ms``; the replayed shard must equal the one released or killed.
+* **Cut off from the brokers** (``cut``): a node whose requests to the brokers fail for a while
+  but that its members and its log still reach. It hears no maps and cannot leave; the brokers
+  drop it a session after they last heard from it. Its *lease* (``MembershipLease``) runs a
+  session from when it sent its last accepted heartbeat, which is no later than the brokers
+  received it, so it gives the shard up (answering NOT_COORDINATOR, and COORDINATOR_NOT_AVAILABLE
+  to lookups for it) before another node can be handed it. Without the lease it would go on
+  answering from memory while the next owner loads (``two-coordinators``). Once the cut heals
+  it rejoins.
 
 A killed or stopped node comes back after ``restart_ms``. Connections to a node die with it:
 each start and each death bumps its incarnation, and messages of an older one are lost.
@@ -49,11 +57,18 @@ class ClusterTiming:
     load_ms: tuple[int, int] = (10, 300)
     #: A node that stopped or was killed starts again after this long.
     restart_ms: tuple[int, int] = (100, 1_500)
+    #: How often a node heartbeats the brokers (the runtime's session / 10).
+    node_heartbeat_ms: int = 100
+    #: How long a node stays cut off from the brokers.
+    cut_ms: tuple[int, int] = (100, 2_500)
+    #: Whether a node gives its shard up when its lease lapses (False: a zombie, for the test
+    #: that shows what the lease prevents).
+    lease: bool = True
 
     def move_bound_ms(self) -> int:
-        """The longest a node's restart and the shard's move can take once faults stop."""
+        """The longest a node's cut, restart and the shard's move can take once faults stop."""
         rounds = 2 * (self.rebalance_ms[1] + self.map_delay_ms[1])
-        return self.restart_ms[1] + self.node_session_ms + 2 * rounds + self.load_ms[1]
+        return self.cut_ms[1] + self.restart_ms[1] + self.node_session_ms + 2 * rounds + self.load_ms[1]
 
 
 @dataclass
@@ -64,6 +79,12 @@ class Node:
     incarnation: int = 0
     #: The map it holds: (generation, owner); None while it is not in the coordinators' group.
     map: tuple[int, str | None] | None = None
+    #: Cut off from the brokers (not from its members or its log).
+    cut: bool = False
+    #: Its lease lapsed during the cut: it answers for no shard until it is back in the group.
+    lapsed: bool = False
+    #: Bumped by every cut and heal: a lapse scheduled for an earlier cut is void.
+    cut_token: int = 0
 
 
 class CoordinatorCluster:
@@ -113,14 +134,67 @@ class CoordinatorCluster:
         self._restart_later(name)
 
     def stop(self, name: str) -> None:
-        """SIGTERM: the node releases its shard and leaves the coordinators' group."""
+        """SIGTERM: the node releases its shard and leaves the coordinators' group (a node cut
+        off from the brokers cannot: they drop it when its session runs out)."""
         node = self.nodes[name]
         if not node.up:
             return
         self.world.stats["cluster.node_stops"] += 1
         self._down(node, graceful=True)
-        self._leave(name)
+        if not node.cut:
+            self._leave(name)
         self._restart_later(name)
+
+    def cut(self, name: str, duration_ms: int | None = None) -> None:
+        """The node's requests to the brokers fail from now on, for ``duration_ms`` (drawn from
+        ``cut_ms`` by default)."""
+        node = self.nodes[name]
+        if node.cut:
+            return
+        world, rng = self.world, self.rng
+        world.stats["cluster.node_cuts"] += 1
+        node.cut = True
+        node.cut_token += 1
+        joined_as = self.members.get(name)
+        if joined_as is not None and node.up and joined_as == node.incarnation:
+            # Its last accepted heartbeat left up to an interval ago and reached the brokers
+            # after it left: their session runs from the arrival, its lease from the sending.
+            sent = world.now - rng.randint(0, self.timing.node_heartbeat_ms)
+            received = rng.randint(sent, world.now)
+            world.at(received + self.timing.node_session_ms, self._cut_session_expired, name, joined_as, node.cut_token)
+            if self.timing.lease:
+                world.at(max(world.now, sent + self.timing.node_session_ms), self._lease_lapsed, name, node.cut_token)
+        world.at(world.now + (duration_ms if duration_ms is not None else rng.randint(*self.timing.cut_ms)), self._heal, name, node.cut_token)
+
+    def _cut_session_expired(self, name: str, joined_as: int, cut_token: int) -> None:
+        """The brokers drop a node cut off for a whole session (a heal first renews it)."""
+        if self.nodes[name].cut_token == cut_token:
+            self._session_expired(name, joined_as)
+
+    def _lease_lapsed(self, name: str, cut_token: int) -> None:
+        node = self.nodes[name]
+        if not node.up or node.cut_token != cut_token:
+            return  # healed (or dead) first
+        self.world.stats["cluster.lease_lapses"] += 1
+        node.lapsed = True
+        self._give_up(name)
+
+    def _heal(self, name: str, cut_token: int) -> None:
+        node = self.nodes[name]
+        if node.cut_token != cut_token:
+            return
+        node.cut = False
+        node.cut_token += 1
+        if not node.up:
+            return
+        if self.members.get(name) == node.incarnation:
+            # Still a member: its next heartbeat says a rebalance it missed is on, or renews
+            # its lease; either way it rejoins and hears the current map.
+            node.lapsed = False
+            self._rebalance_soon()
+        else:
+            node.map = None
+            self.world.at(self.world.now + self.rng.randint(*self.timing.rebalance_ms), self._joined, name, node.incarnation)
 
     def _restart_later(self, name: str) -> None:
         self.world.at(self.world.now + self.rng.randint(*self.timing.restart_ms), self.start, name)
@@ -142,8 +216,9 @@ class CoordinatorCluster:
 
     def _joined(self, name: str, incarnation: int) -> None:
         node = self.nodes[name]
-        if not node.up or node.incarnation != incarnation or self.members.get(name) == incarnation:
-            return
+        if not node.up or node.incarnation != incarnation or self.members.get(name) == incarnation or node.cut:
+            return  # a node cut off joins once the cut heals
+        node.lapsed = False
         # A node that was killed and rejoins before its session expired replaces its old self.
         self.members.pop(name, None)
         self.members[name] = incarnation
@@ -206,19 +281,26 @@ class CoordinatorCluster:
         node = self.nodes[name]
         if not node.up or node.incarnation != incarnation or generation != self.generation:
             return  # a later rebalance has begun: the node rejoins instead of acting on this one
+        if node.cut:
+            return  # the map does not reach it; it rejoins once the cut heals
         node.map = (generation, owner)
         if owner == name:
             if self.serving != name and self.loading != name:
                 self._load(name)
             return
+        held = self._give_up(name)
+        if held and name in self.members:
+            self._rebalance_soon()  # it rejoins having given the shard up: round 2
+
+    def _give_up(self, name: str) -> bool:
+        """The node stops loading or serving the shard; whether it had it."""
         held = self.loading == name or self.serving == name
         if self.loading == name:
             self.loading = None
             self._load_token += 1
         if self.serving == name:
             self._release(name)
-        if held and name in self.members:
-            self._rebalance_soon()  # it rejoins having given the shard up: round 2
+        return held
 
     # ------------------------------------------------------------------ serving the shard
 
@@ -261,12 +343,20 @@ class CoordinatorCluster:
 
     def locate(self, name: str) -> str | None:
         """The owner the node names in a FindCoordinator answer (None: not available)."""
-        held = self.nodes[name].map
-        return held[1] if held is not None else None
+        node = self.nodes[name]
+        if node.map is None or (node.lapsed and node.map[1] == name):
+            return None
+        return node.map[1]
 
     def settled(self) -> bool:
-        """Every node up and in the group, and the shard served by the node the map names."""
-        return all(node.up for node in self.nodes.values()) and len(self.members) == len(self.names) and self.serving is not None and self.serving == self.owner
+        """Every node up, reaching the brokers and in the group, and the shard served by the
+        node the map names."""
+        return (
+            all(node.up and not node.cut for node in self.nodes.values())
+            and len(self.members) == len(self.names)
+            and self.serving is not None
+            and self.serving == self.owner
+        )
 
     def start_all(self) -> None:
         for name in self.names:

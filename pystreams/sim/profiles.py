@@ -13,8 +13,9 @@
   network and coordinator fail-overs; server-side assignors.
 * ``cluster`` — three coordinator nodes share the group's shard: nodes are killed (the shard
   waits for the brokers to notice) and restarted gracefully (the shard moves in two rounds), a
-  node that comes back may take the shard over, and members find the node that serves the group
-  with FindCoordinator and follow NOT_COORDINATOR; under churn, a lossy network, KIP-848 and
+  node that comes back may take the shard over, a node cut off from the brokers gives the shard
+  up when its lease lapses, and members find the node that serves the group with
+  FindCoordinator and follow NOT_COORDINATOR; under churn, a lossy network, KIP-848 and
   classic members (server-side assignors), or client-side assignors that misbehave.
 * ``hostile`` — chaos on a network that also duplicates and reorders a member's requests,
   which KIP-848 does not survive by design (see ``pystreams.sim.network``); for exploration.
@@ -60,6 +61,8 @@ class Profile:
     #: Coordinator nodes SIGKILLed, and stopped gracefully, per second (each comes back).
     node_kills_per_s: float = 0.0
     node_stops_per_s: float = 0.0
+    #: Coordinator nodes cut off from the brokers (not from their members), per second.
+    node_cuts_per_s: float = 0.0
 
 
 PROFILES: dict[str, Profile] = {
@@ -124,6 +127,7 @@ PROFILES["cluster"] = Profile(
     nodes=3,
     node_kills_per_s=0.4,
     node_stops_per_s=0.4,
+    node_cuts_per_s=0.3,
 )
 
 # Chaos on a network that also duplicates requests and lets one member's requests overtake each

@@ -15,6 +15,7 @@ the whole log, which must equal the live one.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -71,6 +72,7 @@ class RandomScenario:
         self.world = world
         self.profile = profile
         self.rng = world.rng
+        self.node_cut_rng = random.Random(f"node-cuts-{world.seed}")
         self.client_side = False
         self._names = (f"p{i}" for i in range(1_000_000))
         self._joins = 0
@@ -128,19 +130,22 @@ class RandomScenario:
         ):
             if rate > 0:
                 self._next(rate, action)
+        if profile.node_cuts_per_s > 0:
+            # Drawn from a stream of their own: the other faults of a seed stay where they were.
+            self._next(profile.node_cuts_per_s, self._cut_node, self.node_cut_rng)
         if self.client_side and self.rng.random() < profile.roll:
             world.at(self.rng.randint(0, until_ms // 2), self._roll_next, 1, 0)
 
-    def _next(self, rate_per_s: float, action) -> None:
-        at = self.world.now + max(1, int(self.rng.expovariate(rate_per_s) * 1000))
+    def _next(self, rate_per_s: float, action, rng: random.Random | None = None) -> None:
+        at = self.world.now + max(1, int((rng or self.rng).expovariate(rate_per_s) * 1000))
         if at < self.faults_end_ms:
-            self.world.at(at, self._fire, rate_per_s, action)
+            self.world.at(at, self._fire, rate_per_s, action, rng)
 
-    def _fire(self, rate_per_s: float, action) -> None:
+    def _fire(self, rate_per_s: float, action, rng: random.Random | None = None) -> None:
         if not self.world.faults_on:
             return
         action()
-        self._next(rate_per_s, action)
+        self._next(rate_per_s, action, rng)
 
     def _running(self):
         return [p for p in self.world.processes.values() if p.running]
@@ -183,16 +188,17 @@ class RandomScenario:
     def _fail_over(self) -> None:
         self.world.fail_over(self.rng.randint(10, 400))
 
-    def _node_victim(self) -> str | None:
+    def _node_victim(self, rng: random.Random | None = None) -> str | None:
         """A node that is up: the one serving the shard half the time (if one does)."""
         cluster = self.world.cluster
         assert cluster is not None
+        rng = rng or self.rng
         up = [name for name in cluster.names if cluster.nodes[name].up]
         if not up:
             return None
-        if cluster.serving is not None and self.rng.random() < 0.5:
+        if cluster.serving is not None and rng.random() < 0.5:
             return cluster.serving
-        return self.rng.choice(up)
+        return rng.choice(up)
 
     def _kill_node(self) -> None:
         victim = self._node_victim()
@@ -203,6 +209,11 @@ class RandomScenario:
         victim = self._node_victim()
         if victim is not None:
             self.world.cluster.stop(victim)  # type: ignore[union-attr]
+
+    def _cut_node(self) -> None:
+        victim = self._node_victim(self.node_cut_rng)
+        if victim is not None:
+            self.world.cluster.cut(victim)  # type: ignore[union-attr]
 
     def _cut(self) -> None:
         running = self._running()
