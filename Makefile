@@ -20,8 +20,10 @@ check: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Two workers (CI has 2 cores): the process tests mostly wait on rebalances and sessions, so
+# they overlap well with the CPU-bound ones; the Spark tests keep to one worker (conftest.py).
 test: check
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/assignors.py

@@ -206,8 +206,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A test that asks for the Docker broker directly needs Docker, so say so with the marker
     # (``-m "not docker"`` then deselects it like the ``any_kafka[docker]`` cases).
     for item in items:
-        if "docker_kafka_bootstrap" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "docker_kafka_bootstrap" in fixtures:
             item.add_marker(pytest.mark.docker)
+        # ``make test`` runs two pytest-xdist workers (``--dist loadgroup``): the Spark tests
+        # share one worker, so one JVM runs at a time and the Spark session starts once; the
+        # other worker runs the rest meanwhile.
+        if "spark" in fixtures or item.path.name.startswith("test_spark_"):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 # -- topic names --------------------------------------------------------------------------------
