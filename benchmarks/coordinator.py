@@ -204,8 +204,10 @@ async def closed_loop(members: list[SimulatedMember], frames: list[bytes], error
 async def prepared_members(address: tuple[str, int], count: int, prefix: str, security=None) -> list[SimulatedMember]:
     members = [SimulatedMember(f"{prefix}-{i // MEMBERS_PER_GROUP}", security) for i in range(count)]
     await asyncio.gather(*(member.connect(address) for member in members))
-    for member in members:  # one by one: each join bumps its group's epoch
-        await member.join()
+    # Together: a join naming a topic the coordinator has not seen waits for a metadata refresh
+    # (250 ms), so 256 joins one by one would outlast the first members' sessions. Each join
+    # bumps its group's epoch; settle() then heartbeats each member to the final one.
+    await asyncio.gather(*(member.join() for member in members))
     for member in members:
         await member.settle()
     return members

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 import kafka.errors as Errors
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kafka.protocol.api_header import RequestHeader
 from pystreams.assignors.api import TopicMetadata
 
@@ -146,6 +148,17 @@ def test_group_routing_is_kafkas_partition_for() -> None:
     assert group_shard("hello", 50) == 99162322 % 50
     negative = java_string_hash("my-group-1")
     assert group_shard("my-group-1", 50) == abs(negative) % 50
+    # Past the cached length the answer is computed each time, and is the same rule.
+    long_id = "g" * 5_000 + "hello"
+    assert group_shard(long_id, 50) == abs(java_string_hash(long_id)) % 50 == group_shard(long_id, 50)
+
+
+@settings(max_examples=200)
+@given(st.text(max_size=300), st.integers(1, 64))
+def test_group_routing_is_the_same_rule_cached_or_not(group_id: str, shards: int) -> None:
+    from pystreams.coordinator.runtime import _group_shard
+
+    assert group_shard(group_id, shards) == group_shard(group_id, shards) == _group_shard(group_id, shards)
 
 
 # --- durability and independence --------------------------------------------------------------
