@@ -1,4 +1,4 @@
-"""Heartbeats over TCP against a cluster of 1 and 2 coordinator processes (``--cluster`` on the
+"""Heartbeats over TCP against a cluster of 1, 2 and 3 coordinator processes (``--cluster`` on the
 Kafka log of the embedded broker, 4 shards), and how long a shard move takes.
 
 * **heartbeats** — simulated members (5 per group, one TCP connection each) find their group's
@@ -6,7 +6,8 @@ Kafka log of the embedded broker, 4 shards), and how long a shard move takes.
   ``benchmarks/coordinator.py``. The load comes from ``--loaders`` processes of their own so that
   one Python load generator does not cap what two coordinators serve. Reported per cluster size:
   heartbeats/s, p50/p99, and the ratio to one node. On a 2-core machine the loaders and the
-  nodes share the cores: the ratio says how much a second process adds *here*, not on a fleet.
+  nodes share the cores: the ratio says how much a second (or third) process adds *here*, not
+  on a fleet.
 * **move** — a node stopped with SIGTERM (it releases its shards and leaves the group): seconds
   until FindCoordinator on the survivor names it for every shard; then a node SIGKILLed: seconds
   from the kill until the survivor serves every shard, with the brokers' session timeout
@@ -19,7 +20,7 @@ Kafka log of the embedded broker, 4 shards), and how long a shard move takes.
 
 Prints one JSON document.
 
-    python benchmarks/coordinator_cluster.py [--duration S] [--concurrency N] [--loaders P] [--groups G]
+    python benchmarks/coordinator_cluster.py [--duration S] [--concurrency N] [--loaders P] [--groups G] [--nodes 1,2,3] [--heartbeats-only]
 """
 
 from __future__ import annotations
@@ -310,16 +311,16 @@ async def bench_failover(bootstrap: str, group_count: int) -> dict:
 async def main_async(args: argparse.Namespace) -> dict:
     broker = EmbeddedBroker().start()
     try:
-        runs = [await bench_heartbeats(broker.bootstrap_servers, n, args.concurrency, args.loaders, args.duration) for n in (1, 2)]
-        return {
-            "benchmark": "coordinator_cluster",
-            "cpus": os.cpu_count(),
-            "shards": SHARDS,
-            "heartbeats": runs,
-            "ratio_2_nodes_over_1": round(runs[1]["per_second"] / runs[0]["per_second"], 2),
-            "moves": await bench_moves(broker.bootstrap_servers),
-            "failover": await bench_failover(broker.bootstrap_servers, args.groups),
-        }
+        runs = [await bench_heartbeats(broker.bootstrap_servers, n, args.concurrency, args.loaders, args.duration) for n in args.nodes]
+        result: dict = {"benchmark": "coordinator_cluster", "cpus": os.cpu_count(), "shards": SHARDS, "heartbeats": runs}
+        one = next((run["per_second"] for run in runs if run["nodes"] == 1), None)
+        for run in runs:
+            if one and run["nodes"] > 1:
+                result[f"ratio_{run['nodes']}_nodes_over_1"] = round(run["per_second"] / one, 2)
+        if not args.heartbeats_only:
+            result["moves"] = await bench_moves(broker.bootstrap_servers)
+            result["failover"] = await bench_failover(broker.bootstrap_servers, args.groups)
+        return result
     finally:
         broker.stop()
 
@@ -330,6 +331,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=200, help="simulated members in all (5 per group)")
     parser.add_argument("--loaders", type=int, default=2, help="load generator processes")
     parser.add_argument("--groups", type=int, default=1000, help="groups in the fail-over run (5 members each)")
+    parser.add_argument(
+        "--nodes", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2, 3], help="cluster sizes to time heartbeats on (default 1,2,3)"
+    )
+    parser.add_argument("--heartbeats-only", action="store_true", help="skip the shard moves and the fail-over")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
 

@@ -94,6 +94,10 @@ REGRESSION_SEEDS = [
     ("migration", 1017236),
     ("migration", 1002341),
     ("cluster", 30004649),  # a generation a released shard told in a JoinGroup answer, arriving after the release, was checked against the written one
+    # Fresh seeds (40000000..40004999): a node back from a cut rejoined and took the shard over
+    # after the checker had called the group converged (a rebalance of the nodes was still due).
+    ("cluster", 40000741),
+    ("cluster", 40002005),
 ]
 
 

@@ -107,6 +107,8 @@ class CoordinatorCluster:
         self.incoming: str | None = None
         self._load_token = 0
         self._rebalance_token = 0
+        #: A rebalance of the coordinators' group is due (a node joined or left).
+        self.rebalancing = False
         self.moves = 0
         self._last_owner: str | None = None
 
@@ -243,11 +245,13 @@ class CoordinatorCluster:
 
     def _rebalance_soon(self) -> None:
         self._rebalance_token += 1
+        self.rebalancing = True
         self.world.at(self.world.now + self.rng.randint(*self.timing.rebalance_ms), self._rebalance, self._rebalance_token)
 
     def _rebalance(self, token: int) -> None:
         if token != self._rebalance_token:
             return  # a later change restarted the rebalance
+        self.rebalancing = False
         members = list(self.members)
         incoming = self.incoming if self.incoming in self.members else None
         # Every rebalance hands every member a map, even one that changes nothing.
@@ -349,11 +353,14 @@ class CoordinatorCluster:
         return node.map[1]
 
     def settled(self) -> bool:
-        """Every node up, reaching the brokers and in the group, and the shard served by the
-        node the map names."""
+        """Every node up, reaching the brokers and in the group, no rebalance of the group due
+        (a node that just joined may take the shard over), and the shard served by the node
+        the map names."""
         return (
             all(node.up and not node.cut for node in self.nodes.values())
             and len(self.members) == len(self.names)
+            and not self.rebalancing
+            and self.incoming is None
             and self.serving is not None
             and self.serving == self.owner
         )
