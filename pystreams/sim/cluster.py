@@ -61,9 +61,6 @@ class ClusterTiming:
     node_heartbeat_ms: int = 100
     #: How long a node stays cut off from the brokers.
     cut_ms: tuple[int, int] = (100, 2_500)
-    #: Whether a node gives its shard up when its lease lapses (False: a zombie, for the test
-    #: that shows what the lease prevents).
-    lease: bool = True
 
     def move_bound_ms(self) -> int:
         """The longest a node's cut, restart and the shard's move can take once faults stop."""
@@ -164,8 +161,7 @@ class CoordinatorCluster:
             sent = world.now - rng.randint(0, self.timing.node_heartbeat_ms)
             received = rng.randint(sent, world.now)
             world.at(received + self.timing.node_session_ms, self._cut_session_expired, name, joined_as, node.cut_token)
-            if self.timing.lease:
-                world.at(max(world.now, sent + self.timing.node_session_ms), self._lease_lapsed, name, node.cut_token)
+            world.at(max(world.now, sent + self.timing.node_session_ms), self._lease_lapsed, name, node.cut_token)
         world.at(world.now + (duration_ms if duration_ms is not None else rng.randint(*self.timing.cut_ms)), self._heal, name, node.cut_token)
 
     def _cut_session_expired(self, name: str, joined_as: int, cut_token: int) -> None:
