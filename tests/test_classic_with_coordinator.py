@@ -25,6 +25,7 @@ from pystreams.client.topics import StaticTopics
 from pystreams.coordinator.log import MemoryLog
 from pystreams.partitions import TopicIdPartition
 from pystreams.protocol import messages as m
+from tests.aio import within
 
 GROUP = "g"
 NONE = 0
@@ -149,7 +150,7 @@ class KafkaPythonConsumer:
             return  # KIP-429: rejoin so that the next rebalance hands them on
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.1)
+                await within(stop.wait(), 0.1)
             heartbeat = await connection.send(
                 m.HeartbeatRequest(group_id=GROUP, generation_id=self.generation, member_id=self.member_id, group_instance_id=None), 4, 10
             )
@@ -254,7 +255,7 @@ async def test_classic_members_migrate_beside_a_kip848_member_and_back(protocol,
     finally:
         stop_raw.set()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(raw_task, GUARD_S)
+            await within(raw_task, GUARD_S)
         if newcomer is not None:
             await newcomer.close(timeout_s=2)
         await ours.close(timeout_s=2)

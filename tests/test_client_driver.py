@@ -40,6 +40,7 @@ from pystreams.coordinator.runtime import Coordinator, StaticTopics
 from pystreams.partitions import TopicIdPartition
 from pystreams.protocol import messages as m
 from pystreams.protocol.server import BrokerAddress, KafkaProtocolServer
+from tests.aio import run_within, within
 
 GUARD_S = 15.0
 FAST = CoordinatorConfig(
@@ -57,7 +58,7 @@ ALL_FOO = frozenset(TopicIdPartition(FOO.topic_id, p) for p in range(FOO.num_par
 def async_test(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     @functools.wraps(test)
     def run(*args: object, **kwargs: object) -> None:
-        asyncio.run(asyncio.wait_for(test(*args, **kwargs), GUARD_S * 3))
+        run_within(test(*args, **kwargs), GUARD_S * 3)
 
     return run
 
@@ -406,7 +407,7 @@ async def given_up_at(bootstrap: str, connect_timeout_ms: int) -> MemberFailed:
 
     try:
         await driver.start()
-        failed = await asyncio.wait_for(next_failure(), GUARD_S)
+        failed = await within(next_failure(), GUARD_S)
     finally:
         await driver.close(timeout_s=1)
     assert driver.gave_up == failed.message
@@ -510,7 +511,7 @@ async def test_events_queue_interface_and_static_leave() -> None:
         assert isinstance(revoke, RevokePartitions) and revoke.partitions == ALL_FOO
         assert not leave.done()  # waits for the application to release the partitions
         driver.revocation_done(revoke)
-        await asyncio.wait_for(leave, GUARD_S)
+        await within(leave, GUARD_S)
         left = await driver.events.get()
         assert isinstance(left, LeftGroup) and left.member_epoch_sent == -2
         assert harness.heartbeats[-1][1] == -2
@@ -584,4 +585,4 @@ def test_drivers_against_the_coordinator_process_survive_a_sigkill(kafka_bootstr
             for driver in drivers.values():
                 await driver.close(timeout_s=5)
 
-    asyncio.run(asyncio.wait_for(scenario(), 120))
+    run_within(scenario(), 120)

@@ -19,6 +19,7 @@ from pystreams.coordinator.log import MemoryLog
 from pystreams.coordinator.runtime import Coordinator, ShardState, StaticTopics, group_shard
 from pystreams.protocol import messages as m
 from pystreams.protocol.server import BrokerAddress
+from tests.aio import within
 
 TOPIC = "__pystreams_groups"
 
@@ -188,7 +189,7 @@ async def call(coordinator: Coordinator, request):
 
     version = request.API_VERSION = VERSIONS[type(request)]
     header = RequestHeader(request_api_key=request.API_KEY, request_api_version=version, correlation_id=1, client_id="test")
-    return await asyncio.wait_for(coordinator.handle(header, request), 10)
+    return await within(coordinator.handle(header, request), 10)
 
 
 def groups_on(shard: int, count: int = 4) -> str:

@@ -26,6 +26,7 @@ from pystreams.coordinator.log import KafkaLog, MemoryLog
 from pystreams.coordinator.runtime import Coordinator, StaticTopics
 from pystreams.protocol import messages as m
 from pystreams.protocol.server import BrokerAddress
+from tests.aio import within
 
 # --- the lease, sans-IO -------------------------------------------------------------------------
 
@@ -113,7 +114,7 @@ async def call(coordinator: Coordinator, request: Any) -> Any:
 
     request.API_VERSION = 0
     header = RequestHeader(request_api_key=request.API_KEY, request_api_version=0, correlation_id=1, client_id="test")
-    return await asyncio.wait_for(coordinator.handle(header, request), 10)
+    return await within(coordinator.handle(header, request), 10)
 
 
 def joining(group: str) -> m.ConsumerGroupHeartbeatRequest:

@@ -45,6 +45,7 @@ from pystreams.client.member import (
 from pystreams.cluster import ClusterMetadata, TopicSpec
 from pystreams.commands.coordinator import LISTEN_LINE_PREFIX, READY_LINE
 from pystreams.protocol import messages as m
+from tests.aio import run_within, within
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +174,7 @@ class Connection:
 
     @classmethod
     async def open(cls, address: tuple[str, int], client_id: str) -> Connection:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(*address), 5)
+        reader, writer = await within(asyncio.open_connection(*address), 5)
         return cls(reader, writer, client_id)
 
     async def call(self, request, version: int):
@@ -181,8 +182,8 @@ class Connection:
         self.protocol.send_request(request)
         self.writer.write(self.protocol.send_bytes())
         await self.writer.drain()
-        size = await asyncio.wait_for(self.reader.readexactly(4), 5)
-        body = await asyncio.wait_for(self.reader.readexactly(struct.unpack(">i", size)[0]), 5)
+        size = await within(self.reader.readexactly(4), 5)
+        body = await within(self.reader.readexactly(struct.unpack(">i", size)[0]), 5)
         [(_, response)] = self.protocol.receive_bytes(size + body)
         return response
 
@@ -222,7 +223,7 @@ class WireMember:
         """Stop sending; return once no request is in flight."""
         self.paused = True
         self.idle.clear()
-        await asyncio.wait_for(self.idle.wait(), GUARD_S)
+        await within(self.idle.wait(), GUARD_S)
 
     def resume(self) -> None:
         self.paused = False
@@ -421,7 +422,7 @@ def test_sigkill_mid_reconciliation_then_a_new_coordinator_continues_where_it_st
         finally:
             admin.close()
 
-    asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 4))
+    run_within(scenario(), GUARD_S * 4)
 
 
 def test_acknowledged_commits_survive_a_sigkill_under_load(
@@ -499,7 +500,7 @@ def test_acknowledged_commits_survive_a_sigkill_under_load(
             for member in members:
                 await member.stop()
 
-    asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 4))
+    run_within(scenario(), GUARD_S * 4)
 
 
 def test_a_log_topic_with_another_partition_count_is_refused_with_a_clear_error(
@@ -599,7 +600,7 @@ def test_kafka_log_reads_back_appends_in_order_and_a_new_claim_fences_the_old_wr
         finally:
             await old.close()
 
-    asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 2))
+    run_within(scenario(), GUARD_S * 2)
 
 
 def test_kafka_log_drops_an_append_its_writer_died_in_the_middle_of(
@@ -643,7 +644,7 @@ def test_kafka_log_drops_an_append_its_writer_died_in_the_middle_of(
         finally:
             await asyncio.to_thread(dying.close, 1)
 
-    asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 2))
+    run_within(scenario(), GUARD_S * 2)
 
 
 def test_kafka_log_follower_reads_whole_appends_and_a_claim_resumes_where_it_stopped(
@@ -702,7 +703,7 @@ def test_kafka_log_follower_reads_whole_appends_and_a_claim_resumes_where_it_sto
             await follower.close()
             await asyncio.to_thread(dying.close, 1)
 
-    asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 2))
+    run_within(scenario(), GUARD_S * 2)
 
 
 def test_a_poison_record_in_the_log_quarantines_its_group_and_repair_releases_it(
@@ -822,7 +823,7 @@ def test_reloads_after_failed_appends_leave_no_threads_behind(
         await coordinator.close()
         return reloads, after - baseline, tasks - baseline_tasks, answers[-1]
 
-    reloads, extra_threads, extra_tasks, last = asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 3))
+    reloads, extra_threads, extra_tasks, last = run_within(scenario(), GUARD_S * 3)
     assert reloads == 6 and last == 0
     assert extra_threads <= 2, f"{extra_threads} threads more after {reloads} reloads"
     # Each claim's writer holds a connection (a reader task): released writers close theirs.

@@ -15,6 +15,7 @@ from pystreams.coordinator import log_writer
 from pystreams.coordinator.log_writer import Entry, TransactionalWriter, WriterError
 from pystreams.protocol import messages as m
 from pystreams.protocol.connection import parse_bootstrap
+from tests.aio import run_within
 
 GUARD_S = 30
 
@@ -71,7 +72,7 @@ def test_appends_are_read_back_in_order_with_their_headers_across_batches(kafka_
         finally:
             await writer.close()
 
-    assert asyncio.run(asyncio.wait_for(scenario(), GUARD_S)) == len(appends)
+    assert run_within(scenario(), GUARD_S) == len(appends)
     expected = [(key, value, list(headers)) for entries in appends for key, value, headers in entries]
     assert _read_committed(kafka_bootstrap, topic) == expected
 
@@ -94,7 +95,7 @@ def test_a_new_claim_fences_the_old_writer_for_good(kafka_bootstrap: str, topic:
             await old.close()
             await new.close()
 
-    asyncio.run(asyncio.wait_for(scenario(), GUARD_S))
+    run_within(scenario(), GUARD_S)
     assert [key for key, _, _ in _read_committed(kafka_bootstrap, topic)] == [b"old-0", b"old-1", b"new-0"]
 
 
@@ -110,7 +111,7 @@ def test_a_lost_connection_between_appends_is_reopened(kafka_bootstrap: str, top
         finally:
             await writer.close()
 
-    asyncio.run(asyncio.wait_for(scenario(), GUARD_S))
+    run_within(scenario(), GUARD_S)
     assert [key for key, _, _ in _read_committed(kafka_bootstrap, topic)] == [b"before-0", b"after-0"]
 
 
@@ -135,7 +136,7 @@ def test_a_produce_sent_twice_is_written_once(kafka_bootstrap: str, topic: str, 
         finally:
             await writer.close()
 
-    asyncio.run(asyncio.wait_for(scenario(), GUARD_S))
+    run_within(scenario(), GUARD_S)
     assert [key for key, _, _ in _read_committed(kafka_bootstrap, topic)] == [b"once-0", b"once-1", b"once-2", b"again-0"]
 
 

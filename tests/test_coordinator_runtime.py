@@ -36,6 +36,7 @@ from pystreams.coordinator.runtime import (
 from pystreams.coordinator.shard import GroupCoordinatorShard
 from pystreams.protocol import messages as m
 from pystreams.protocol.consumer_protocol import Subscription, encode_subscription
+from tests.aio import run_within, within
 
 GUARD_S = 10.0
 
@@ -65,7 +66,7 @@ VERSIONS = {
 def async_test(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     @functools.wraps(test)
     def run(*args: object, **kwargs: object) -> None:
-        asyncio.run(asyncio.wait_for(test(*args, **kwargs), GUARD_S * 3))
+        run_within(test(*args, **kwargs), GUARD_S * 3)
 
     return run
 
@@ -74,7 +75,7 @@ async def call(coordinator: Coordinator, request, version: int | None = None):
     version = VERSIONS[type(request)] if version is None else version
     request.API_VERSION = version
     header = RequestHeader(request_api_key=request.API_KEY, request_api_version=version, correlation_id=1, client_id="test-client")
-    return await asyncio.wait_for(coordinator.handle(header, request), GUARD_S)
+    return await within(coordinator.handle(header, request), GUARD_S)
 
 
 def join(group_id: str, topics=("foo",), member_id: str = "") -> HB:
@@ -171,7 +172,7 @@ async def test_a_response_is_sent_only_after_its_records_are_in_the_log() -> Non
     async with coordinator_on(log) as coordinator:
         await coordinator.wait_until_loaded()
         pending = asyncio.create_task(call(coordinator, join("g")))
-        await asyncio.wait_for(gate.entered.wait(), GUARD_S)
+        await within(gate.entered.wait(), GUARD_S)
         await settle()
         assert not pending.done(), "answered before the records were durable"
         assert log.size(0) == 0
@@ -191,7 +192,7 @@ async def test_a_slow_shard_does_not_stall_another_shards_requests() -> None:
     async with coordinator_on(log) as coordinator:
         await coordinator.wait_until_loaded()
         slow = asyncio.create_task(call(coordinator, join(slow_group)))
-        await asyncio.wait_for(gate.entered.wait(), GUARD_S)
+        await within(gate.entered.wait(), GUARD_S)
         fast = await call(coordinator, join(fast_group))
         assert fast.error_code == 0
         assert not slow.done()
@@ -348,7 +349,7 @@ async def test_a_failed_append_answers_an_error_and_the_shard_reloads_to_what_th
         second = await call(coordinator, join(group))
         assert second.error_code == Errors.CoordinatorNotAvailableError.errno
         runner = coordinator.runners[shard]
-        await asyncio.wait_for(runner.loaded.wait(), GUARD_S)
+        await within(runner.loaded.wait(), GUARD_S)
         assert runner.load_count == 2
 
         # The shard forgot the half-done join: its state is exactly the log's.
@@ -407,7 +408,7 @@ async def test_a_full_queue_makes_callers_wait() -> None:
         await coordinator.wait_until_loaded()
         runner = coordinator.runners[0]
         first = asyncio.create_task(call(coordinator, join("g0")))
-        await asyncio.wait_for(gate.entered.wait(), GUARD_S)  # the runner is stuck appending
+        await within(gate.entered.wait(), GUARD_S)  # the runner is stuck appending
         waiting = [asyncio.create_task(call(coordinator, join(f"g{i}"))) for i in range(1, 7)]
         await settle()
         assert runner.queue_size == 2  # never more than the bound...
@@ -439,7 +440,7 @@ async def test_a_loading_shard_answers_load_in_progress_and_split_requests_say_s
     log = SlowClaims(2, {group_shard(loading_group, 2)})
     async with coordinator_on(log) as coordinator:
         ready_runner = coordinator.runners[group_shard(ready_group, 2)]
-        await asyncio.wait_for(ready_runner.loaded.wait(), GUARD_S)
+        await within(ready_runner.loaded.wait(), GUARD_S)
         assert (await call(coordinator, join(loading_group))).error_code == Errors.CoordinatorLoadInProgressError.errno
         assert (await call(coordinator, join(ready_group))).error_code == 0
         # Classic members would take LOAD_IN_PROGRESS from these two as fatal: Kafka answers a
@@ -605,7 +606,7 @@ async def http_get(port: int, path: str) -> tuple[int, str]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode())
     await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), GUARD_S)
+    raw = await within(reader.read(), GUARD_S)
     writer.close()
     head, _, body = raw.decode().partition("\r\n\r\n")
     return int(head.split()[1]), body
@@ -745,7 +746,7 @@ def test_a_new_coordinator_on_the_same_memory_log_replays_offsets_and_configs(sh
             )
             assert [(t.name, p.partition_index, p.committed_offset) for t in fetched.groups[0].topics for p in t.partitions] == [("foo", 3, 42)]
 
-    asyncio.run(asyncio.wait_for(scenario(), GUARD_S * 3))
+    run_within(scenario(), GUARD_S * 3)
 
 
 # --- the command's options -----------------------------------------------------------------------
@@ -876,8 +877,8 @@ async def test_close_does_not_wait_for_a_shard_that_cannot_load() -> None:
     log = SlowClaims(2, {0})  # shard 0 never gets its partition
     coordinator = coordinator_on(log)
     await coordinator.start()
-    await asyncio.wait_for(coordinator.runners[1].loaded.wait(), GUARD_S)
-    await asyncio.wait_for(coordinator.close(), GUARD_S)
+    await within(coordinator.runners[1].loaded.wait(), GUARD_S)
+    await within(coordinator.close(), GUARD_S)
     assert [runner.state for runner in coordinator.runners] == [ShardState.CLOSED, ShardState.CLOSED]
     [stuck] = groups_on_shard(0, 2, 1)
     assert (await call(coordinator, join(stuck))).error_code == Errors.NotCoordinatorError.errno

@@ -26,6 +26,7 @@ from pystreams.protocol import codec, framing
 from pystreams.protocol import messages as m
 from pystreams.protocol.server import ServerLimits, _ByteBudget
 from pystreams.protocol.validation import MAX_STRING_BYTES
+from tests.aio import within
 from tests.test_protocol_server import Client, answer_heartbeats, async_test, heartbeat, serving, wait_until
 
 Install = m.ConsumerGroupInstallAssignmentRequest
@@ -286,7 +287,7 @@ async def test_the_byte_budget_makes_large_frames_wait_in_order_and_never_overco
     await asyncio.sleep(0)
     assert not second.done() and not third.done()  # FIFO: the small one does not jump the queue
     budget.release(60)
-    await asyncio.wait_for(asyncio.gather(second, third), 1)
+    await within(asyncio.gather(second, third), 1)
     assert budget.used == 60
     cancelled = asyncio.create_task(budget.acquire(50))
     await asyncio.sleep(0)

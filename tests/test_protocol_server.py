@@ -23,6 +23,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from pystreams.protocol import messages as m
 from pystreams.protocol.registry import advertised_versions
 from pystreams.protocol.server import KafkaProtocolServer, ServerLimits, current_peer
+from tests.aio import run_within, within
 
 GUARD_S = 10.0  # only a safety net against hangs
 
@@ -30,7 +31,7 @@ GUARD_S = 10.0  # only a safety net against hangs
 def async_test(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
     @functools.wraps(test)
     def run(*args: object, **kwargs: object) -> None:
-        asyncio.run(asyncio.wait_for(test(*args, **kwargs), GUARD_S * 3))
+        run_within(test(*args, **kwargs), GUARD_S * 3)
 
     return run
 
@@ -65,8 +66,8 @@ class Client:
         await self.writer.drain()
 
     async def receive(self) -> tuple[int, ApiMessage]:
-        size_bytes = await asyncio.wait_for(self.reader.readexactly(4), GUARD_S)
-        body = await asyncio.wait_for(self.reader.readexactly(struct.unpack(">i", size_bytes)[0]), GUARD_S)
+        size_bytes = await within(self.reader.readexactly(4), GUARD_S)
+        body = await within(self.reader.readexactly(struct.unpack(">i", size_bytes)[0]), GUARD_S)
         [answer] = self.protocol.receive_bytes(size_bytes + body)
         return answer
 
@@ -81,7 +82,7 @@ class Client:
 
     async def closed_by_server(self) -> bool:
         try:
-            return await asyncio.wait_for(self.reader.read(1), GUARD_S) == b""
+            return await within(self.reader.read(1), GUARD_S) == b""
         except ConnectionResetError:
             return True
 
@@ -309,7 +310,7 @@ async def test_a_slow_handler_does_not_stall_other_connections():
         slow = await Client.connect(server, client_id="slow")
         fast = await Client.connect(server, client_id="fast")
         slow_call = asyncio.create_task(slow.call(heartbeat()))
-        await asyncio.wait_for(slow_entered.wait(), GUARD_S)
+        await within(slow_entered.wait(), GUARD_S)
 
         assert (await fast.call(heartbeat())).error_code == 0
         assert not slow_call.done()
@@ -556,7 +557,7 @@ async def test_close_drops_open_connections_and_cancels_requests_in_progress():
     idle = await Client.connect(server)
     busy = await Client.connect(server)
     await busy.send(heartbeat())
-    await asyncio.wait_for(entered.wait(), GUARD_S)
+    await within(entered.wait(), GUARD_S)
     assert server.connection_count == 2
 
     await server.close()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_parity import DEFAULT_TIMEOUT_S, decoded, read_final_table, read_log, run_on_spark, run_on_workers
+from spark_parity import SPARK_TIMEOUT_S, decoded, read_final_table, read_log, run_on_spark, run_on_workers
 from test_spark_examples import Record, create_topics, produce
 
 from pystreams import serdes
@@ -124,7 +124,7 @@ def run_both(
     outputs: list[str],
     phases: list[list[Record]],
     *,
-    spark_timeout_s: float = DEFAULT_TIMEOUT_S,
+    spark_timeout_s: float = SPARK_TIMEOUT_S,
     read: Callable[[str, str], Any] = read_final_table,
 ) -> dict[str, dict[str, Any]]:
     """Each output as ``read`` reads it (default: its final table), per runtime."""
@@ -190,8 +190,7 @@ def test_sliding_windows_and_a_windowed_cogroup_give_the_same_tables_on_both_run
     merged = sorted(records + views, key=lambda record: record[4] + (5_000 if record[0] == "views" else 0))
     outputs = ["recent", "activity"]
     topics = {"clicks": PARTITIONS, "views": PARTITIONS, **{topic: PARTITIONS for topic in outputs}}
-    # Two queries, each with a per-task step: more than the default minute on a busy machine.
-    tables = run_both(spark, tmp_path, SLIDING_COGROUP_APP, topics, outputs, [merged[:900], merged[900:]], spark_timeout_s=300)
+    tables = run_both(spark, tmp_path, SLIDING_COGROUP_APP, topics, outputs, [merged[:900], merged[900:]])
 
     windowed = serdes.WindowedKey(serdes.Text())
     recent = decoded(tables["workers"]["recent"], windowed, serdes.Int())

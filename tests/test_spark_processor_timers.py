@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaProducer
-from spark_parity import decoded, read_final_table
+from spark_parity import SPARK_TIMEOUT_S, decoded, read_final_table
 from test_spark_wordcount import WAIT_S
 
 from pystreams import serdes
@@ -86,7 +86,7 @@ def test_wall_clock_punctuations_fire_as_processing_time_timers(spark: Any, tmp_
         send(bootstrap, 2)
         backfill = job()
         backfill.start(available_now=True)
-        assert backfill.await_termination(WAIT_S)
+        assert backfill.await_termination(SPARK_TIMEOUT_S)
         assert decoded(read_final_table(bootstrap, "out"), serdes.Text(), serdes.Json())["tick-0_0"] == "5"
         send(bootstrap, 1)
         stream_until_tick("8")

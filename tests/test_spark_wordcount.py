@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from kafka import KafkaProducer
-from spark_parity import decoded, read_final_table, run_on_workers
+from spark_parity import SPARK_TIMEOUT_S, decoded, read_final_table, run_on_workers
 
 from pystreams import serdes
 from pystreams.app import load_app
@@ -95,7 +95,7 @@ def test_wordcount_on_spark_matches_the_task_engine(spark: Any, tmp_path: Path) 
 
         job = wordcount_job(spark, spark_broker.bootstrap_servers, tmp_path / "checkpoint")
         job.start(available_now=True)
-        assert job.await_termination(WAIT_S)
+        assert job.await_termination(SPARK_TIMEOUT_S)
         spark_table = read_table(spark_broker.bootstrap_servers)
 
     assert workers_table == expected_counts(CORPUS)
@@ -124,13 +124,13 @@ def test_stop_mid_stream_and_restart_from_the_checkpoint(spark: Any, broker: str
 
     restarted = wordcount_job(spark, broker, checkpoint)
     restarted.start(available_now=True)
-    assert restarted.await_termination(WAIT_S)
+    assert restarted.await_termination(SPARK_TIMEOUT_S)
     assert read_table(broker) == expected_counts(first + second + third)
 
     # A second backfill from the same checkpoint finds nothing new: the table is unchanged.
     again = wordcount_job(spark, broker, checkpoint)
     again.start(available_now=True)
-    assert again.await_termination(WAIT_S)
+    assert again.await_termination(SPARK_TIMEOUT_S)
     assert read_table(broker) == expected_counts(first + second + third)
 
 
@@ -206,7 +206,7 @@ def test_tumbling_and_hopping_aggregations_match_the_task_engine(spark: Any, tmp
         bootstrap = spark_broker.bootstrap_servers
         job = to_spark(load_app(str(app_file)), spark, bootstrap_servers=bootstrap, checkpoint=str(tmp_path / "cp"))
         assert len(job.start(available_now=True)) == 2  # one query per sink
-        assert job.await_termination(WAIT_S)
+        assert job.await_termination(SPARK_TIMEOUT_S)
         tables["spark"] = {t: read_windowed_table(bootstrap, t) for t in ("views-per-minute", "bytes-5m")}
 
     assert sum(tables["workers"]["views-per-minute"].values()) == len(events)

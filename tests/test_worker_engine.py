@@ -31,6 +31,7 @@ from pystreams.worker import (
     resolve_against_cluster,
 )
 from pystreams.worker.packing import unpack
+from tests.aio import within
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 WAIT_S = 30.0
@@ -768,14 +769,14 @@ def test_an_engine_thread_runs_a_command_without_waiting_out_its_poll(
             on_tasks_migrated=lambda error: None,
             on_failure=lambda error: None,
         )
-        await asyncio.wait_for(thread.start(), WAIT_S)
+        await within(thread.start(), WAIT_S)
         if with_task:
-            await asyncio.wait_for(thread.call(lambda: engine.add_tasks([TaskId(0, 0)])), WAIT_S)
+            await within(thread.call(lambda: engine.add_tasks([TaskId(0, 0)])), WAIT_S)
         await asyncio.sleep(0.2)  # the thread is inside its poll now
         assert bool(engine.tasks) is with_task
         polls_before = engine.counters.polls
-        answer = await asyncio.wait_for(thread.call(lambda: 41 + 1), WAIT_S)
-        await asyncio.wait_for(thread.stop(WAIT_S), WAIT_S)
+        answer = await within(thread.call(lambda: 41 + 1), WAIT_S)
+        await within(thread.stop(WAIT_S), WAIT_S)
         assert not thread.alive, "stop did not end the poll"
         return polls_before, answer
 

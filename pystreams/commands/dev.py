@@ -241,7 +241,8 @@ async def _worker_processes(args: argparse.Namespace, bootstrap: str, coordinato
                 process.send_signal(signal.SIGTERM)
         for index, process in enumerate(processes):
             try:
-                status = await asyncio.wait_for(process.wait(), 30)
+                async with asyncio.timeout(30):
+                    status = await process.wait()
             except TimeoutError:
                 process.kill()
                 status = await process.wait()

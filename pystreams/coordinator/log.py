@@ -483,7 +483,8 @@ class _KafkaPartition(PartitionLog):
         if timeout_s is None:
             return await future
         try:
-            return await asyncio.wait_for(future, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await future
         except TimeoutError:
             raise LogError(f"log partition {self.partition}: no answer within {timeout_s:g} s") from None
 

@@ -1065,10 +1065,9 @@ class Coordinator:
                         runner.offer_topics(topics)
             self._topics_ready.set()
             await self._note_fetch_finished()
-            try:
-                await asyncio.wait_for(self._refresh_requested.wait(), self._metadata_refresh_s)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._metadata_refresh_s):
+                    await self._refresh_requested.wait()
 
     async def _note_fetch_finished(self) -> None:
         async with self._fetch_finished:

@@ -69,10 +69,8 @@ class KafkaConnection:
     ) -> KafkaConnection:
         security = security or ClientSecurity()
         context = security.ssl_context()
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(*address, ssl=context, server_hostname=address[0] if context else None),
-            timeout_s,
-        )
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(*address, ssl=context, server_hostname=address[0] if context else None)
         connection = cls(reader, writer, address, client_id)
         try:
             connection.server = await connection._drive(client_handshake(security, address[0]), timeout_s)
