@@ -7,6 +7,7 @@ drops, mis-orders or mis-versions shows up as an inequality after the round trip
 
 from __future__ import annotations
 
+import io
 import itertools
 import struct
 import uuid
@@ -15,11 +16,11 @@ import kafka.errors as Errors
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka.protocol.api_header import RequestHeader
+from kafka.protocol.api_header import RequestHeader, ResponseHeader
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.parser import KafkaProtocol
 
-from pystreams.protocol import codec
+from pystreams.protocol import codec, encoding
 from pystreams.protocol import messages as m
 from pystreams.protocol.registry import API_VERSIONS_KEY, SUPPORTED_APIS, ApiSpec, advertised_versions
 
@@ -164,11 +165,83 @@ def test_every_response_is_read_by_kafka_python_client_parser(case, nulls):
         assert received == answer
 
 
+@ALL_VERSIONS
+@BOTH_VARIANTS
+def test_every_response_frame_is_byte_for_byte_what_kafka_python_writes(case, nulls):
+    """The compiled encoders write empty tag sections inline and the header by hand: the frame
+    is still exactly kafka-python's own response header and body."""
+    spec, version = case
+    answer = make(spec.response_class, version, nulls=nulls)
+    header = header_for(spec, version, correlation_id=2**31 - 5)
+    at = codec.response_version(header, answer)
+    reference = bytes(ResponseHeader(correlation_id=2**31 - 5).encode(flexible=spec.response_header_version(at) == 1)) + bytes(answer.encode(version=at))
+    assert codec.encode_response(header, answer) == codec.frame(reference)
+
+
+def test_a_large_response_does_not_keep_its_buffer():
+    spec = SUPPORTED_APIS[m.ListGroupsResponse.API_KEY]
+    header = header_for(spec, 4)
+    groups = [m.ListGroupsResponse.ListedGroup(group_id=f"g{i:07}", protocol_type="consumer", group_state="Stable") for i in range(100_000)]
+    big = codec.encode_response(header, m.ListGroupsResponse(version=4, throttle_time_ms=0, error_code=0, groups=groups))
+    assert len(big) > encoding.KEPT_BUFFER_BYTES
+    assert getattr(encoding._local, "buffer", None) is None
+    small = codec.encode_response(header, m.ListGroupsResponse(version=4, throttle_time_ms=0, error_code=0, groups=groups[:2]))
+    assert len(encoding._local.buffer.buf) <= encoding.KEPT_BUFFER_BYTES
+    assert m.ListGroupsResponse.decode(small[9:], version=4).groups == groups[:2]  # size, correlation id, no tags
+
+
 def test_null_client_id_round_trips():
     request = m.ListGroupsRequest(version=4, states_filter=[])
     decoded = codec.decode_request(payload_of(kafka_python_frame(request, client_id=None)))
     assert decoded.client_id is None
     assert decoded.request == request
+
+
+_HEADER_FIELDS = ("request_api_key", "request_api_version", "correlation_id", "client_id", "tags", "unknown_tags", "_version")
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    flexible=st.booleans(),
+    client_id=st.one_of(st.none(), st.text(max_size=20)),
+    length_delta=st.sampled_from([0, 0, 0, 1, 5, -1]),
+    null_length=st.sampled_from([-1, -2, -32768]),
+    tags=st.one_of(st.just(b"\x00"), st.binary(min_size=1, max_size=6)),
+    tail=st.binary(max_size=8),
+    cut=st.integers(min_value=0, max_value=40),
+)
+def test_the_plain_header_path_reads_what_kafka_pythons_header_decoder_reads(flexible, client_id, length_delta, null_length, tags, tail, cut):
+    """Any header bytes, also lying lengths, tagged fields and a cut frame: the fast path gives
+    the same header and body offset as kafka-python's decoder, or hands the bytes over to it."""
+    fixed = struct.pack(">hhi", 8, 9, 77)
+    if client_id is None:
+        name = struct.pack(">h", null_length)
+    else:
+        encoded = client_id.encode()
+        name = struct.pack(">h", len(encoded) + length_delta) + encoded
+    data = (fixed + name + (tags if flexible else b"") + tail)[: len(fixed) + cut] if cut < 30 else fixed + name + (tags if flexible else b"") + tail
+    try:
+        plain = codec._plain_header(memoryview(data), 8, 9, 77, flexible)
+    except UnicodeDecodeError:  # not a header: kafka-python's decoder refuses it too
+        with pytest.raises(UnicodeDecodeError):
+            RequestHeader.decode(io.BytesIO(data), flexible=flexible)
+        return
+    if plain is None:
+        return  # the generic decoder reads it, as before
+    header, offset = plain
+    stream = io.BytesIO(data)
+    reference = RequestHeader.decode(stream, flexible=flexible)
+    assert offset == stream.tell()
+    assert {f: getattr(header, f) for f in _HEADER_FIELDS} == {f: getattr(reference, f) for f in _HEADER_FIELDS}
+
+
+def test_the_plain_header_path_takes_the_usual_headers():
+    for flexible in (False, True):
+        data = struct.pack(">hhih", 8, 9, 77, 3) + b"cli" + (b"\x00" if flexible else b"") + b"body"
+        plain = codec._plain_header(memoryview(data), 8, 9, 77, flexible)
+        assert plain is not None and plain[0].client_id == "cli" and data[plain[1] :] == b"body"
+    assert codec._plain_header(memoryview(struct.pack(">hhih", 8, 9, 77, -1) + b"\x00"), 8, 9, 77, True) is not None
+    assert codec._plain_header(memoryview(struct.pack(">hhih", 8, 9, 77, 0) + b"\x01\x00\x00"), 8, 9, 77, True) is None  # a tag
 
 
 @pytest.mark.parametrize(

@@ -26,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import kafka.errors as Errors
-from kafka.protocol.api_header import RequestHeader, ResponseHeader
+from kafka.protocol.api_header import RequestHeader
 from kafka.protocol.api_message import ApiMessage
 
 from pystreams.protocol import messages as m
+from pystreams.protocol.encoding import response_frame
 from pystreams.protocol.linear_decoding import decode_body
 from pystreams.protocol.registry import API_VERSIONS_KEY, SUPPORTED_APIS, ApiSpec, api_spec
 from pystreams.protocol.validation import InvalidRequestField, check_message
@@ -37,6 +38,8 @@ from pystreams.protocol.validation import InvalidRequestField, check_message
 # api key (int16) + api version (int16) + correlation id (int32): readable before knowing the API.
 _FIXED_HEADER = struct.Struct(">hhi")
 _FRAME_SIZE = struct.Struct(">i")
+_INT16 = struct.Struct(">h")
+_HEADER_WITH_CLIENT_ID = _FIXED_HEADER.size + _INT16.size
 
 
 @dataclass(frozen=True)
@@ -133,10 +136,15 @@ def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest:
             correlation_id=correlation_id,
         )
 
+    flexible_header = spec.request_header_version(api_version) == 2
     try:
-        stream = io.BytesIO(data)
-        header = RequestHeader.decode(stream, flexible=spec.request_header_version(api_version) == 2)
-        body_offset = stream.tell()
+        plain = _plain_header(data, api_key, api_version, correlation_id, flexible_header)
+        if plain is not None:
+            header, body_offset = plain
+        else:
+            stream = io.BytesIO(data)
+            header = RequestHeader.decode(stream, flexible=flexible_header)
+            body_offset = stream.tell()
     except Exception as exc:  # any failure here means the bytes are not a header
         raise MalformedRequestError(
             f"cannot parse the {spec.name} v{api_version} request header: {exc!r}",
@@ -172,6 +180,39 @@ def decode_request(payload: bytes | bytearray | memoryview) -> DecodedRequest:
     return DecodedRequest(header=header, request=request, spec=spec)
 
 
+def _plain_header(data: memoryview, api_key: int, api_version: int, correlation_id: int, flexible: bool) -> tuple[RequestHeader, int] | None:
+    """The header and the body's offset when the header is the usual kind: a client id that is
+    null or lies whole in the frame and, in a flexible header, no tagged fields. None for
+    anything else, which kafka-python's generic decoder then reads (and refuses where it must).
+
+    The same object kafka-python builds, without its generic machinery: a quarter of the CPU of
+    decoding a small request went to the header alone."""
+    if len(data) < _HEADER_WITH_CLIENT_ID:
+        return None
+    (length,) = _INT16.unpack_from(data, _FIXED_HEADER.size)
+    offset = _HEADER_WITH_CLIENT_ID
+    if length == -1:
+        client_id = None
+    elif 0 <= length <= len(data) - offset:
+        client_id = str(data[offset : offset + length], "utf-8")
+        offset += length
+    else:
+        return None
+    if flexible:
+        if offset >= len(data) or data[offset] != 0:  # tagged fields follow: the generic path
+            return None
+        offset += 1
+    header = object.__new__(RequestHeader)
+    header.request_api_key = api_key
+    header.request_api_version = api_version
+    header.correlation_id = correlation_id
+    header.client_id = client_id
+    header.tags = None
+    header.unknown_tags = None
+    header._version = 2 if flexible else 1
+    return header, offset
+
+
 def response_version(header: RequestHeader, response: ApiMessage | None = None) -> int:
     """The version a response to this request is written at: the request's, except for ApiVersions
     at an unknown version (Kafka's rule) and any ApiVersions error, which are written at v0.
@@ -198,11 +239,7 @@ def encode_response(header: RequestHeader, response: ApiMessage) -> bytes:
     if not isinstance(response, spec.response_class):
         raise TypeError(f"a {spec.name} request needs a {spec.response_class.name}, got {type(response).__name__}")
     version = response_version(header, response)
-    # The header is written here rather than through response.with_header(): kafka-python's
-    # version setter expects a *request* header on the message.
-    response_header = ResponseHeader(correlation_id=header.correlation_id)
-    header_bytes = response_header.encode(flexible=spec.response_header_version(version) == 1)
-    return frame(bytes(header_bytes) + bytes(response.encode(version=version)))
+    return response_frame(header.correlation_id, spec.response_header_version(version) == 1, response, version)
 
 
 def frame(payload: bytes) -> bytes:

@@ -1,0 +1,91 @@
+"""Response frames written in one buffer, with encoders compiled by kafka-python's generator.
+
+kafka-python 3 compiles one flat encode function per message version, but every struct of a
+flexible version ends in a call to its generic tagged-fields writer, which looks up each tagged
+field by name even when the struct has none; with the response header (also written by generic
+code) and the copies that join header and body, that was most of the CPU of answering a small
+request. Here:
+
+* the encoders are compiled through a code generation context (``_InlineTagsCodegen``) that
+  writes the empty tagged-field section of a struct without tagged fields inline (one zero
+  byte, which is what the generic writer writes); a struct that has tagged fields keeps the
+  generic call, so the bytes are the same in every case;
+* the size, the response header (correlation id, and an empty tagged-field section when
+  flexible) and the body go into one thread-local buffer, copied out once.
+
+kafka-python's classes and its own caches are left as they are (see ``linear_decoding`` for the
+decoders).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kafka.protocol.schemas.fields.codecs.encode_buffer import EncodeBuffer
+from kafka.protocol.schemas.fields.codegen import CodegenContext
+
+_TAGGED_CALL = re.compile(r"(_tf\d+)\.encode_into\((.+), out, version=\d+\)")
+_SIZE_AND_CORRELATION = struct.Struct(">ii")
+#: A buffer that grew past this for one large response is dropped afterwards, not kept.
+KEPT_BUFFER_BYTES = 1 << 20
+
+
+class _InlineTagsCodegen(CodegenContext):
+    """kafka-python's code generation context, writing an empty tagged-field section inline."""
+
+    def emit(self, indent: str, line: str) -> None:
+        call = _TAGGED_CALL.fullmatch(line)
+        if call is not None and not self.globs[call[1]]._names:
+            # The generated code stored pos in out.pos just before, and reloads pos, buf and
+            # the capacity from out just after, as it does around the generic call.
+            line = "out.ensure(1); out.buf[out.pos] = 0; out.pos += 1"
+        super().emit(indent, line)
+
+
+_ENCODERS: dict[tuple[type, int], Callable[[Any, EncodeBuffer], None]] = {}
+
+
+def _compile_encoder(message_class: Any, version: int) -> Callable[[Any, EncodeBuffer], None]:
+    """What ``StructField.compiled_encode_into`` compiles, with empty tag sections inline."""
+    flexible = bool(message_class.flexible_version_q(version))
+    ctx = _InlineTagsCodegen()
+    indent = "    "
+    ctx.lines.append("def _encode(item, out):")
+    ctx.emit(indent, "buf = out.buf")
+    ctx.emit(indent, "pos = out.pos")
+    ctx.emit(indent, "_cap = len(buf)")
+    message_class._struct.emit_encode_into(ctx, "item", indent, version=version, compact=flexible, tagged=flexible)
+    ctx.emit(indent, "out.pos = pos")
+    exec(compile(ctx.source(), f"<pystreams_encode:{message_class.__name__}_v{version}>", "exec"), ctx.globs)
+    encode: Callable[[Any, EncodeBuffer], None] = ctx.globs["_encode"]
+    return encode
+
+
+_local = threading.local()
+
+
+def response_frame(correlation_id: int, flexible_header: bool, response: Any, version: int) -> bytes:
+    """The size-prefixed frame of ``response`` at ``version``: response header v1 when
+    ``flexible_header``, else v0, then the body."""
+    key = (type(response), version)
+    encode = _ENCODERS.get(key)
+    if encode is None:
+        encode = _ENCODERS[key] = _compile_encoder(type(response), version)
+    out = getattr(_local, "buffer", None)
+    if out is None:
+        out = _local.buffer = EncodeBuffer(4096)
+    out.pos = _SIZE_AND_CORRELATION.size
+    if flexible_header:
+        out.buf[out.pos] = 0
+        out.pos += 1
+    try:
+        encode(response, out)
+        _SIZE_AND_CORRELATION.pack_into(out.buf, 0, out.pos - 4, correlation_id)
+        return bytes(memoryview(out.buf)[: out.pos])
+    finally:
+        if len(out.buf) > KEPT_BUFFER_BYTES:
+            _local.buffer = None
