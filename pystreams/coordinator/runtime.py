@@ -479,16 +479,19 @@ class ShardRunner:
             else:
                 deadline = shard.next_deadline()
                 timeout = None if deadline is None else max(0.0, (deadline - self._clock_ms()) / 1000)
-            if self._queue.empty() and timeout == 0.0:
-                return []
-            self.idle.idle()
-            try:
-                async with asyncio.timeout(timeout):
-                    first = await self._queue.get()
-            except TimeoutError:
-                return []
-            finally:
-                self.idle.busy()
+            if self._queue.empty():
+                if timeout == 0.0:
+                    return []
+                self.idle.idle()
+                try:
+                    async with asyncio.timeout(timeout):
+                        first = await self._queue.get()
+                except TimeoutError:
+                    return []
+                finally:
+                    self.idle.busy()
+            else:  # work is waiting: no timer to arm
+                first = self._queue.get_nowait()
             events = [first]
             while len(events) < self._max_batch and not self._queue.empty():
                 events.append(self._queue.get_nowait())
