@@ -22,7 +22,8 @@ from kafka.protocol.parser import KafkaProtocol
 
 from pystreams.protocol import codec, encoding
 from pystreams.protocol import messages as m
-from pystreams.protocol.registry import API_VERSIONS_KEY, SUPPORTED_APIS, ApiSpec, advertised_versions
+from pystreams.protocol.framing import ClientFraming
+from pystreams.protocol.registry import API_VERSIONS_KEY, BROKER_CLIENT_APIS, SUPPORTED_APIS, ApiSpec, advertised_versions
 
 # --- building messages from their schema ---------------------------------------------------------
 
@@ -176,6 +177,25 @@ def test_every_response_frame_is_byte_for_byte_what_kafka_python_writes(case, nu
     at = codec.response_version(header, answer)
     reference = bytes(ResponseHeader(correlation_id=2**31 - 5).encode(flexible=spec.response_header_version(at) == 1)) + bytes(answer.encode(version=at))
     assert codec.encode_response(header, answer) == codec.frame(reference)
+
+
+def client_versions() -> list[tuple[ApiSpec, int]]:
+    specs = {**SUPPORTED_APIS, **BROKER_CLIENT_APIS}
+    return [(spec, version) for spec in specs.values() for version in range(spec.min_version, spec.max_version + 1)]
+
+
+@pytest.mark.parametrize("case", client_versions(), ids=_case_id)
+@BOTH_VARIANTS
+def test_every_request_frame_is_byte_for_byte_what_kafka_python_writes(case, nulls):
+    """pystreams' own clients (the log writer, the tools) write requests with the same encoders."""
+    spec, version = case
+    for client_id in ("client-é", None):
+        request = make(spec.request_class, version, nulls=nulls)
+        framer = ClientFraming(client_id)  # type: ignore[arg-type]
+        framer._next_correlation_id = 0x7FFF_FFF0
+        correlation_id, framed = framer.request_bytes(request, version)
+        assert framed == kafka_python_frame(make(spec.request_class, version, nulls=nulls), correlation_id=correlation_id, client_id=client_id)
+        assert request.API_VERSION == version
 
 
 def test_a_large_response_does_not_keep_its_buffer():

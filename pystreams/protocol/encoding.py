@@ -1,4 +1,5 @@
-"""Response frames written in one buffer, with encoders compiled by kafka-python's generator.
+"""Request and response frames written in one buffer, with encoders compiled by kafka-python's
+generator.
 
 kafka-python 3 compiles one flat encode function per message version, but every struct of a
 flexible version ends in a call to its generic tagged-fields writer, which looks up each tagged
@@ -10,8 +11,9 @@ request. Here:
   writes the empty tagged-field section of a struct without tagged fields inline (one zero
   byte, which is what the generic writer writes); a struct that has tagged fields keeps the
   generic call, so the bytes are the same in every case;
-* the size, the response header (correlation id, and an empty tagged-field section when
-  flexible) and the body go into one thread-local buffer, copied out once.
+* the size, the header (written here: a few fixed fields, and an empty tagged-field section
+  when flexible) and the body go into one thread-local buffer, copied out once. The server
+  writes its responses so, and pystreams' own Kafka clients (the log writer) their requests.
 
 kafka-python's classes and its own caches are left as they are (see ``linear_decoding`` for the
 decoders).
@@ -29,7 +31,10 @@ from kafka.protocol.schemas.fields.codecs.encode_buffer import EncodeBuffer
 from kafka.protocol.schemas.fields.codegen import CodegenContext
 
 _TAGGED_CALL = re.compile(r"(_tf\d+)\.encode_into\((.+), out, version=\d+\)")
-_SIZE_AND_CORRELATION = struct.Struct(">ii")
+_SIZE = _CORRELATION = struct.Struct(">i")
+_INT16 = struct.Struct(">h")
+_REQUEST_HEADER = struct.Struct(">hhi")  # api key, api version, correlation id
+_NULL_STRING = _INT16.pack(-1)
 #: A buffer that grew past this for one large response is dropped afterwards, not kept.
 KEPT_BUFFER_BYTES = 1 << 20
 
@@ -71,20 +76,37 @@ _local = threading.local()
 def response_frame(correlation_id: int, flexible_header: bool, response: Any, version: int) -> bytes:
     """The size-prefixed frame of ``response`` at ``version``: response header v1 when
     ``flexible_header``, else v0, then the body."""
-    key = (type(response), version)
+    return _frame(_CORRELATION.pack(correlation_id) + (b"\x00" if flexible_header else b""), response, version)
+
+
+def request_frame(correlation_id: int, client_id: str | None, flexible_header: bool, request: Any, version: int) -> bytes:
+    """The size-prefixed frame of ``request`` at ``version``: request header v2 when
+    ``flexible_header``, else v1 (the client id is a legacy string in both), then the body."""
+    header = _REQUEST_HEADER.pack(request.API_KEY, version, correlation_id)
+    if client_id is None:
+        name = _NULL_STRING
+    else:
+        encoded = client_id.encode("utf-8")
+        name = _INT16.pack(len(encoded)) + encoded
+    return _frame(header + name + (b"\x00" if flexible_header else b""), request, version)
+
+
+def _frame(header: bytes, message: Any, version: int) -> bytes:
+    key = (type(message), version)
     encode = _ENCODERS.get(key)
     if encode is None:
-        encode = _ENCODERS[key] = _compile_encoder(type(response), version)
+        encode = _ENCODERS[key] = _compile_encoder(type(message), version)
     out = getattr(_local, "buffer", None)
     if out is None:
         out = _local.buffer = EncodeBuffer(4096)
-    out.pos = _SIZE_AND_CORRELATION.size
-    if flexible_header:
-        out.buf[out.pos] = 0
-        out.pos += 1
+    start = _SIZE.size + len(header)
+    out.pos = 0
+    out.ensure(start)
+    out.buf[_SIZE.size : start] = header
+    out.pos = start
     try:
-        encode(response, out)
-        _SIZE_AND_CORRELATION.pack_into(out.buf, 0, out.pos - 4, correlation_id)
+        encode(message, out)
+        _SIZE.pack_into(out.buf, 0, out.pos - _SIZE.size)
         return bytes(memoryview(out.buf)[: out.pos])
     finally:
         if len(out.buf) > KEPT_BUFFER_BYTES:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import io
 import struct
 
-from kafka.protocol.api_header import RequestHeader, ResponseHeader
+from kafka.protocol.api_header import ResponseHeader
 from kafka.protocol.api_message import ApiMessage
 
+from pystreams.protocol.encoding import request_frame
 from pystreams.protocol.linear_decoding import decode_body
 from pystreams.protocol.registry import API_VERSIONS_KEY, ApiSpec, client_api_spec
 
@@ -51,15 +52,10 @@ class ClientFraming:
             raise ValueError(f"{type(request).__name__} v{version} is not an API version pystreams speaks")
         correlation_id = self._next_correlation_id
         self._next_correlation_id = (self._next_correlation_id + 1) & 0x7FFFFFFF
-        header = RequestHeader(
-            request_api_key=request.API_KEY,
-            request_api_version=version,
-            correlation_id=correlation_id,
-            client_id=self.client_id,
-        )
-        payload = bytes(header.encode(flexible=spec.request_header_version(version) == 2)) + bytes(request.encode(version=version))
+        request.API_VERSION = version  # as kafka-python's encode(version=...) leaves it
+        framed = request_frame(correlation_id, self.client_id, spec.request_header_version(version) == 2, request, version)
         self._pending[correlation_id] = (spec, version)
-        return correlation_id, _FRAME_SIZE.pack(len(payload)) + payload
+        return correlation_id, framed
 
     def forget(self, correlation_id: int) -> None:
         """The caller gave up on this request (a timeout): its response, if it comes, is dropped."""
@@ -90,15 +86,20 @@ class ClientFraming:
         if entry is None:
             return None  # given up on (timed out): drop it
         spec, version = entry
-        stream = io.BytesIO(frame)
-        try:
-            ResponseHeader.decode(stream, flexible=spec.response_header_version(version) == 1)
-        except Exception as error:
-            raise FramingError(f"cannot parse the {spec.name} response header: {error!r}") from error
-        body = stream.read()
+        if spec.response_header_version(version) == 1 and frame[_CORRELATION_ID.size : _CORRELATION_ID.size + 1] == b"\x00":
+            body = memoryview(frame)[_CORRELATION_ID.size + 1 :]  # the usual flexible header: no tags
+        elif spec.response_header_version(version) == 0:
+            body = memoryview(frame)[_CORRELATION_ID.size :]
+        else:
+            stream = io.BytesIO(frame)
+            try:
+                ResponseHeader.decode(stream, flexible=True)
+            except Exception as error:
+                raise FramingError(f"cannot parse the {spec.name} response header: {error!r}") from error
+            body = memoryview(stream.read())
         if spec.api_key == API_VERSIONS_KEY and len(body) >= 2 and struct.unpack_from(">h", body)[0] != 0:
             version = 0  # ApiVersions errors are written at v0, the one form every client reads
         try:
-            return correlation_id, decode_body(spec.response_class, memoryview(body), version)[0]
+            return correlation_id, decode_body(spec.response_class, body, version)[0]
         except Exception as error:  # the generated decoder raises struct.error, ValueError, ...
             raise FramingError(f"cannot parse the {spec.name} v{version} response: {error!r}") from error
