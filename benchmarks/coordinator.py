@@ -17,7 +17,9 @@
   by a coordinator with 1 and 4 shards, from the memory log and from the Kafka log.
 
 The load generator pre-encodes its requests and reads only the error code of each answer, so
-the coordinator, not the generator, is what is measured. Prints one JSON document.
+the coordinator, not the generator, is what is measured; each TCP run also reports the
+coordinator process's CPU per request answered (``coordinator_cpu_us_per_request``, from
+``/proc``), the figure that bounds one process once it saturates a core. Prints one JSON document.
 
     python benchmarks/coordinator.py [--duration S] [--groups N] [--skip-kafka]
 """
@@ -171,34 +173,55 @@ class SimulatedMember:
         self.writer.close()
 
 
-async def closed_loop(members: list[SimulatedMember], frames: list[bytes], error_offset: int, duration_s: float, warmup_s: float) -> dict:
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU a process has used (Linux ``/proc``; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def closed_loop(
+    members: list[SimulatedMember], frames: list[bytes], error_offset: int, duration_s: float, warmup_s: float, coordinator_pid: int | None = None
+) -> dict:
+    """Each member sends its frame again as soon as it is answered. With ``coordinator_pid``,
+    also the coordinator's CPU per request (µs): what bounds it once it saturates a core."""
     latencies: list[float] = []
     errors = 0
+    answered = 0
+    cpu_before = None if coordinator_pid is None else cpu_seconds(coordinator_pid)
     start = time.perf_counter()
     measure_from, measure_to = start + warmup_s, start + warmup_s + duration_s
 
     async def run(member: SimulatedMember, data: bytes) -> None:
-        nonlocal errors
+        nonlocal errors, answered
         while True:
             sent = time.perf_counter()
             if sent >= measure_to:
                 return
             body = await roundtrip(member.reader, member.writer, data)
             done = time.perf_counter()
+            answered += 1
             if sent >= measure_from:
                 latencies.append(done - sent)
                 if struct.unpack_from(">h", body, error_offset)[0] != 0:
                     errors += 1
 
     await asyncio.gather(*(run(member, data) for member, data in zip(members, frames)))
+    cpu_after = None if coordinator_pid is None else cpu_seconds(coordinator_pid)
     latencies.sort()
-    return {
+    result = {
         "concurrency": len(members),
         "per_second": round(len(latencies) / duration_s),
         "p50_ms": round(statistics.median(latencies) * 1000, 3),
         "p99_ms": round(latencies[int(len(latencies) * 0.99) - 1] * 1000, 3),
         "errors": errors,
     }
+    if cpu_before is not None and cpu_after is not None and answered:
+        result["coordinator_cpu_us_per_request"] = round((cpu_after - cpu_before) / answered * 1e6, 1)
+    return result
 
 
 async def prepared_members(address: tuple[str, int], count: int, prefix: str, security=None) -> list[SimulatedMember]:
@@ -225,7 +248,8 @@ async def bench_heartbeats(shards: int, duration_s: float, listener_args: tuple[
         for concurrency in CONCURRENCY:
             members = await prepared_members(coordinator.address, concurrency, f"hb-{concurrency}", security)
             try:
-                runs.append(await closed_loop(members, [member.heartbeat_frame() for member in members], HEARTBEAT_ERROR_AT, duration_s, 0.5))
+                frames = [member.heartbeat_frame() for member in members]
+                runs.append(await closed_loop(members, frames, HEARTBEAT_ERROR_AT, duration_s, 0.5, coordinator.process.pid))
             finally:
                 for member in members:
                     member.close()
@@ -240,7 +264,7 @@ async def bench_commits(log_args: list[str], duration_s: float) -> dict:
     try:
         members = await prepared_members(coordinator.address, CONCURRENCY[0], "commit")
         try:
-            return await closed_loop(members, [member.commit_frame() for member in members], COMMIT_ERROR_AT, duration_s, 0.5)
+            return await closed_loop(members, [member.commit_frame() for member in members], COMMIT_ERROR_AT, duration_s, 0.5, coordinator.process.pid)
         finally:
             for member in members:
                 member.close()
