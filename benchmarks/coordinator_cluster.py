@@ -36,8 +36,9 @@ import subprocess
 import sys
 import time
 import uuid
+from typing import Any
 
-from coordinator import HEARTBEAT_ERROR_AT, MEMBERS_PER_GROUP, SimulatedMember, closed_loop
+from coordinator import HEARTBEAT_ERROR_AT, MEMBERS_PER_GROUP, SimulatedMember, closed_loop, cpu_seconds
 
 from pystreams.broker import EmbeddedBroker, free_port
 from pystreams.client.driver import KafkaConnection
@@ -106,9 +107,10 @@ async def settled(nodes: list[Node], timeout_s: float = 120) -> float:
     raise RuntimeError(f"the cluster did not settle on nodes {sorted(ids)}")
 
 
-def load(args: tuple[dict[int, int], int, str, float, multiprocessing.Queue]) -> None:
-    """One load generator process: its members, routed to their groups' nodes, in a closed loop."""
-    ports, count, prefix, duration_s, results = args
+def load(args: tuple[dict[int, int], int, str, float, multiprocessing.Queue, Any]) -> None:
+    """One load generator process: its members, routed to their groups' nodes, in a closed loop.
+    Every loader starts its loop at the barrier, so that their rates add up over one window."""
+    ports, count, prefix, duration_s, results, barrier = args
 
     async def run() -> dict:
         members = [SimulatedMember(f"{prefix}-{i // MEMBERS_PER_GROUP}") for i in range(count)]
@@ -123,6 +125,7 @@ def load(args: tuple[dict[int, int], int, str, float, multiprocessing.Queue]) ->
             await member.join()
         for member in members:
             await member.settle()
+        await asyncio.to_thread(barrier.wait)
         try:
             return await closed_loop(members, [member.heartbeat_frame() for member in members], HEARTBEAT_ERROR_AT, duration_s, 1.0)
         finally:
@@ -140,13 +143,21 @@ async def bench_heartbeats(bootstrap: str, node_count: int, concurrency: int, lo
         ports = {node.node_id: node.port for node in nodes}
         results: multiprocessing.Queue = multiprocessing.Queue()
         context = multiprocessing.get_context("fork")
-        processes = [context.Process(target=load, args=((ports, concurrency // loaders, f"hb-{node_count}-{i}", duration_s, results),)) for i in range(loaders)]
+        barrier = context.Barrier(loaders + 1)  # the loaders and this process
+        processes = [
+            context.Process(target=load, args=((ports, concurrency // loaders, f"hb-{node_count}-{i}", duration_s, results, barrier),)) for i in range(loaders)
+        ]
         for process in processes:
             process.start()
-        runs = [results.get(timeout=300) for _ in processes]
+        await asyncio.to_thread(barrier.wait, 300)
+        cpu_before = [cpu_seconds(node.process.pid) for node in nodes]
+        started = time.monotonic()
+        runs = [await asyncio.to_thread(results.get, timeout=300) for _ in processes]
+        elapsed = time.monotonic() - started
+        cpu_after = [cpu_seconds(node.process.pid) for node in nodes]
         for process in processes:
             process.join()
-        return {
+        result = {
             "nodes": node_count,
             "concurrency": concurrency,
             "per_second": sum(run["per_second"] for run in runs),
@@ -154,6 +165,11 @@ async def bench_heartbeats(bootstrap: str, node_count: int, concurrency: int, lo
             "p99_ms": max(run["p99_ms"] for run in runs),
             "errors": sum(run["errors"] for run in runs),
         }
+        if None not in cpu_before and None not in cpu_after:
+            # Cores each node kept busy over the loaders' window (warm-up included): a node near
+            # 1.0 is saturated; nodes well below it share the machine's cores with the load.
+            result["node_cpu_cores"] = [round((after - before) / elapsed, 2) for before, after in zip(cpu_before, cpu_after)]  # type: ignore[operator]
+        return result
     finally:
         for node in nodes:
             node.stop()
