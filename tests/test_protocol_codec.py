@@ -198,6 +198,13 @@ def test_every_request_frame_is_byte_for_byte_what_kafka_python_writes(case, nul
         assert request.API_VERSION == version
 
 
+def test_a_request_class_with_its_own_encode_fix_ups_keeps_them():
+    """kafka-python's MetadataRequest writes "all topics" as an empty array at v0 (null at v1+)."""
+    framed = ClientFraming("c").request_bytes(m.MetadataRequest(topics=None), 0)[1]
+    assert framed == kafka_python_frame(m.MetadataRequest(topics=None, version=0), correlation_id=0, client_id="c")
+    assert framed.endswith(b"\x00\x00\x00\x00")
+
+
 def test_a_large_response_does_not_keep_its_buffer():
     spec = SUPPORTED_APIS[m.ListGroupsResponse.API_KEY]
     header = header_for(spec, 4)

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.schemas.fields.codecs.encode_buffer import EncodeBuffer
 from kafka.protocol.schemas.fields.codegen import CodegenContext
 
@@ -92,6 +93,11 @@ def request_frame(correlation_id: int, client_id: str | None, flexible_header: b
 
 
 def _frame(header: bytes, message: Any, version: int) -> bytes:
+    if type(message).encode is not ApiMessage.encode:
+        # A class with fix-ups of its own (MetadataRequest writes "all topics" as [] at v0):
+        # its encode, as kafka-python would call it.
+        body = bytes(message.encode(version=version))
+        return _SIZE.pack(len(header) + len(body)) + header + body
     key = (type(message), version)
     encode = _ENCODERS.get(key)
     if encode is None:
