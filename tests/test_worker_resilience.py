@@ -22,9 +22,14 @@ APP = ROOT / "examples" / "wordcount.py"
 CORPUS = (ROOT / "examples" / "data" / "corpus.txt").read_text(encoding="utf-8").splitlines()
 
 
+#: Sessions of 8 s, not the usual 3: a worker restarted after a SIGKILL must join while its old
+#: session still runs, and on a busy CI machine a Python process can take 3 s to get there.
+GROUP_ARGS = ("--heartbeat-interval-ms", "300", "--session-timeout-ms", "8000", "--metadata-refresh-ms", "500")
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    running = Cluster(tmp_path, log="kafka")
+    running = Cluster(tmp_path, log="kafka", group_args=GROUP_ARGS)
     try:
         ensure_input_topics(running.bootstrap, ["text-lines"], partitions=4)
         yield running
