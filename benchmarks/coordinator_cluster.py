@@ -125,7 +125,7 @@ def load(args: tuple[dict[int, int], int, str, float, multiprocessing.Queue, Any
             await member.join()
         for member in members:
             await member.settle()
-        await asyncio.to_thread(barrier.wait)
+        await asyncio.to_thread(barrier.wait, 300)
         try:
             return await closed_loop(members, [member.heartbeat_frame() for member in members], HEARTBEAT_ERROR_AT, duration_s, 1.0)
         finally:
