@@ -22,8 +22,9 @@ check: $(STAMP)
 
 # Two workers (CI has 2 cores): the process tests mostly wait on rebalances and sessions, so
 # they overlap well with the CPU-bound ones; the Spark tests keep to one worker (conftest.py).
+# The 15 slowest tests are listed, so that CI logs show what to trim before the suite nears 30 min.
 test: check
-	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup
+	$(VENV)/bin/python -m pytest -q -n 2 --dist loadgroup --durations=15
 
 bench: $(STAMP)
 	$(VENV)/bin/python benchmarks/assignors.py
