@@ -100,7 +100,11 @@ class Output:
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    running = Cluster(tmp_path)
+    # The consumer members' sessions as long as the classic ones: a restarted static worker
+    # must join before its old session ends, or its tasks move and move back (under CI load a
+    # restart took longer than the usual 3 s).
+    group_args = ("--heartbeat-interval-ms", "300", "--session-timeout-ms", str(int(SESSION_S * 1000)), "--metadata-refresh-ms", "500")
+    running = Cluster(tmp_path, group_args=group_args)
     try:
         ensure_input_topics(running.bootstrap, ["text-lines"], partitions=4)
         yield running
